@@ -1,0 +1,115 @@
+"""Hugging Face `config.json` of the supported base families (LLaMA, Mistral, Qwen2), read into one dataclass."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtspec.errors import CheckpointError
+
+# HF architecture → family; every family here is a LLaMA-style decoder (RMSNorm, RoPE, SwiGLU).
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+}
+TORCH_DTYPE_NAMES = ("float32", "float16", "bfloat16")
+
+
+def read_json(path: Path) -> dict:
+    """Read a JSON object from `path`, with a one-line error naming the file."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: file not found") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaseModelConfig:
+    """What the converter needs to know about a base model, independent of the config.json dialect."""
+
+    path: Path
+    architecture: str
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    hidden_act: str
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    dtype: str | None
+    raw: dict = field(repr=False, compare=False, default_factory=dict)
+
+    @property
+    def family(self) -> str:
+        return SUPPORTED_ARCHITECTURES[self.architecture]
+
+
+def read_base_config(directory: Path) -> BaseModelConfig:
+    """Read and validate a supported HF base model's config.json."""
+    path = Path(directory) / "config.json"
+    raw = read_json(path)
+    arch = _architecture(raw, path)
+    family = SUPPORTED_ARCHITECTURES[arch]
+    hidden, heads = _int(raw, "hidden_size", path), _int(raw, "num_attention_heads", path)
+    head_dim = raw.get("head_dim") or hidden // heads
+    rope = raw.get("rope_parameters") or {}  # transformers 5 moves rope_theta / rope_type here
+    scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    attention_bias = bool(raw.get("attention_bias", False))
+    return BaseModelConfig(
+        path=path, architecture=arch, model_type=raw.get("model_type", family),
+        hidden_size=hidden, num_layers=_int(raw, "num_hidden_layers", path), num_heads=heads,
+        num_kv_heads=raw.get("num_key_value_heads") or heads, head_dim=head_dim,
+        intermediate_size=_int(raw, "intermediate_size", path), vocab_size=_int(raw, "vocab_size", path),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(raw.get("rope_theta", rope.get("rope_theta", 10000.0))),
+        rope_scaling=dict(scaling) if scaling else None,
+        max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+        hidden_act=raw.get("hidden_act", "silu"),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        qkv_bias=family == "qwen2" or attention_bias,
+        o_bias=family != "qwen2" and attention_bias,
+        mlp_bias=bool(raw.get("mlp_bias", False)),
+        dtype=_dtype_name(raw.get("torch_dtype") or raw.get("dtype")),
+        raw=raw,
+    )
+
+
+def _architecture(raw: dict, path: Path) -> str:
+    archs = raw.get("architectures") or []
+    for arch in archs:
+        if arch in SUPPORTED_ARCHITECTURES:
+            return arch
+    shown = ", ".join(archs) if archs else f"none (model_type={raw.get('model_type')!r})"
+    raise CheckpointError(
+        f"{path}: unsupported architecture {shown}; trtspec converts {', '.join(SUPPORTED_ARCHITECTURES)}")
+
+
+def _int(raw: dict, key: str, path: Path) -> int:
+    value = raw.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise CheckpointError(f"{path}: field {key} must be a positive integer, found {value!r}")
+    return value
+
+
+def _dtype_name(value) -> str | None:
+    if isinstance(value, str):
+        value = value.removeprefix("torch.")
+        return value if value in TORCH_DTYPE_NAMES else None
+    return None

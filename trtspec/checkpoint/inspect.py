@@ -1,0 +1,122 @@
+"""`trtspec inspect`: detect what a checkpoint directory holds and summarise it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from trtspec.checkpoint.eagle import is_eagle3, read_eagle3_draft, read_eagle_draft
+from trtspec.checkpoint.hf_config import read_base_config, read_json
+from trtspec.checkpoint.medusa import HEAD_FILES, has_embedded_heads, read_medusa_heads
+from trtspec.checkpoint.tensorfile import TensorStore, open_hf_weights
+from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
+from trtspec.errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class CheckpointSummary:
+    """What `inspect` reports; `details` holds the format-specific facts (heads, layers, shards …)."""
+
+    path: str
+    format: str  # trtllm | hf | medusa | eagle | eagle3
+    architecture: str
+    dtypes: dict[str, int]  # dtype → tensor count
+    num_parameters: int
+    files: dict[str, int]  # file → bytes
+    details: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def inspect_checkpoint(directory: Path) -> CheckpointSummary:
+    """Detect the format of `directory` and summarise it; raise CheckpointError when it is none we know."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: not a directory")
+    config = read_json(directory / "config.json") if (directory / "config.json").is_file() else {}
+    if "architecture" in config:
+        return _trtllm(directory)
+    if any((directory / name).is_file() for name in HEAD_FILES):
+        return _medusa(directory)
+    if is_eagle3(directory):
+        return _eagle3(directory)
+    if set(config.get("architectures") or []) & {"LlamaForCausalLM"} and _looks_like_eagle(directory):
+        return _eagle(directory)
+    return _hf(directory)
+
+
+def _looks_like_eagle(directory: Path) -> bool:
+    try:
+        store = open_hf_weights(directory)
+    except CheckpointError:
+        return False
+    return "fc.weight" in store and not any(k.startswith("model.") for k in store.keys())
+
+
+def _tensor_stats(store: TensorStore) -> tuple[dict[str, int], int, dict[str, int]]:
+    dtypes = Counter(str(store.info(k).dtype).removeprefix("torch.") for k in store.keys())
+    params = sum(store.info(k).numel for k in store.keys())
+    files = {p.name: p.stat().st_size for p in store.files}
+    return dict(dtypes), params, files
+
+
+def _summary(directory: Path, fmt: str, arch: str, store: TensorStore, details: dict) -> CheckpointSummary:
+    dtypes, params, files = _tensor_stats(store)
+    return CheckpointSummary(str(directory), fmt, arch, dtypes, params, files, details)
+
+
+def _hf(directory: Path) -> CheckpointSummary:
+    cfg = read_base_config(directory)
+    store = open_hf_weights(directory)
+    details = {"hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers, "num_heads": cfg.num_heads,
+               "num_kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size,
+               "vocab_size": cfg.vocab_size, "tie_word_embeddings": cfg.tie_word_embeddings,
+               "config_dtype": cfg.dtype, "shards": len(store.files)}
+    if has_embedded_heads(store):
+        heads = read_medusa_heads(directory)
+        details["medusa"] = {"variant": heads.variant, "heads": heads.stored_heads, "layers": heads.num_layers}
+    return _summary(directory, "hf", cfg.architecture, store, details)
+
+
+def _medusa(directory: Path) -> CheckpointSummary:
+    heads = read_medusa_heads(directory)
+    details = {"variant": heads.variant, "heads": heads.stored_heads, "config_num_heads": heads.config_num_heads,
+               "layers_per_head": heads.num_layers, "per_head_lm_head": heads.per_head_lm_head,
+               "hidden_size": heads.store.info("0.0.linear.weight").shape[0]}
+    if heads.per_head_lm_head:
+        details["vocab_size"] = heads.store.info(heads.lm_head_key(0)).shape[0]
+    return _summary(directory, "medusa", "Medusa heads", heads.store, details)
+
+
+def _eagle(directory: Path) -> CheckpointSummary:
+    d = read_eagle_draft(directory)
+    details = {"draft_layers": d.num_layers, "hidden_size": d.hidden_size, "num_heads": d.num_heads,
+               "num_kv_heads": d.num_kv_heads, "fc_bias": d.has_fc_bias, "embed_tokens": d.has_embed_tokens}
+    return _summary(directory, "eagle", "EAGLE-1/2 draft", d.store, details)
+
+
+def _eagle3(directory: Path) -> CheckpointSummary:
+    d = read_eagle3_draft(directory)
+    details = {"draft_layers": d.num_layers, "hidden_size": d.hidden_size,
+               "target_hidden_size": d.target_hidden_size, "vocab_size": d.vocab_size,
+               "draft_vocab_size": d.draft_vocab_size, "embed_tokens": d.has_embed_tokens,
+               "engine_flow": "not supported by TensorRT-LLM's engine flow (PyTorch backend only)"}
+    return _summary(directory, "eagle3", "EAGLE-3 draft", d.store, details)
+
+
+def _trtllm(directory: Path) -> CheckpointSummary:
+    ckpt = read_trtllm_checkpoint(directory)
+    cfg = ckpt.config
+    dtypes = Counter(str(i.dtype).removeprefix("torch.") for f in ckpt.ranks for i in f.infos.values())
+    keys = ("dtype", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "vocab_size", "max_draft_len", "num_medusa_heads", "num_medusa_layers", "num_eagle_layers",
+            "max_non_leaves_per_layer")
+    details = {k: cfg[k] for k in keys if k in cfg}
+    details.update(tp_size=ckpt.mapping.tp_size, pp_size=ckpt.mapping.pp_size, tensors=len(ckpt.names()))
+    if "eagle_net_config" in cfg:
+        details["eagle_draft_layers"] = cfg["eagle_net_config"]["num_hidden_layers"]
+    files = {f.path.name: f.path.stat().st_size for f in ckpt.ranks}
+    return CheckpointSummary(str(directory), "trtllm", ckpt.architecture, dict(dtypes), ckpt.num_parameters(),
+                             files, details)

@@ -1,0 +1,115 @@
+"""Read a TensorRT-LLM checkpoint back: reassemble tensor- and pipeline-parallel shards into full tensors.
+
+Names come back global (`transformer.layers.{i}` over all stages), vocabulary padding is removed, the fused
+qkv is returned whole ([q; k; v] with duplicated KV heads folded back); `split_qkv` separates it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from trtspec.checkpoint.hf_config import read_json
+from trtspec.checkpoint.sharding import Mapping, QkvLayout, Split, split_of, unshard
+from trtspec.checkpoint.tensorfile import SafetensorsFile
+from trtspec.errors import CheckpointError
+
+_LAYER = re.compile(r"^transformer\.layers\.(\d+)\.(.*)$")
+
+
+@dataclass
+class TrtllmCheckpoint:
+    """A TensorRT-LLM checkpoint directory opened for reading, one full tensor at a time."""
+
+    directory: Path
+    config: dict
+    mapping: Mapping
+    ranks: list[SafetensorsFile]
+    _locations: dict[str, list[tuple[int, str]]] = field(default_factory=dict, repr=False)  # name → [(rank, key)]
+
+    @property
+    def architecture(self) -> str:
+        return self.config["architecture"]
+
+    def names(self) -> list[str]:
+        return list(self._locations)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._locations
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The full (unsharded) tensor; for attention.qkv the concatenation [q; k; v]."""
+        return torch.cat(self.tensor_parts(name), dim=0) if split_of(name) is Split.QKV else self.tensor_parts(name)[0]
+
+    def tensor_parts(self, name: str) -> tuple[torch.Tensor, ...]:
+        locs = self._locations.get(name)
+        if locs is None:
+            raise CheckpointError(f"{self.directory}: no tensor {name}")
+        pieces = [self.ranks[rank].load(key) for rank, key in locs]
+        return unshard(pieces, split_of(name), self._qkv_layout(name), self.config.get("vocab_size"))
+
+    def split_qkv(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = self.tensor_parts(name)
+        return q, k, v
+
+    def num_parameters(self) -> int:
+        """Parameters of the unsharded model (replicated tensors counted once, vocab padding included)."""
+        total = 0
+        for name, locs in self._locations.items():
+            sizes = [self.ranks[r].infos[k].numel for r, k in locs]
+            total += sizes[0] if split_of(name) is Split.REPLICATE else sum(sizes)
+        return total
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {name: self.tensor(name) for name in self.names()}
+
+    def _qkv_layout(self, name: str) -> QkvLayout | None:
+        if split_of(name) is not Split.QKV:
+            return None
+        cfg = self.config["eagle_net_config"] if name.startswith("eagle_nets.") else self.config
+        heads = cfg["num_attention_heads"]
+        head_dim = cfg.get("head_size") or cfg["hidden_size"] // heads
+        return QkvLayout(heads, cfg.get("num_key_value_heads") or heads, head_dim)
+
+
+def read_trtllm_checkpoint(directory: Path) -> TrtllmCheckpoint:
+    """Open `directory` (config.json + rank*.safetensors) and index where each tensor's shards live."""
+    directory = Path(directory)
+    config = read_json(directory / "config.json")
+    if "architecture" not in config:
+        raise CheckpointError(f"{directory / 'config.json'}: no 'architecture' field; not a TensorRT-LLM checkpoint")
+    m = config.get("mapping") or {}
+    mapping = Mapping(tp_size=m.get("tp_size", 1), pp_size=m.get("pp_size", 1))
+    if m.get("world_size", mapping.world_size) != mapping.world_size:
+        raise CheckpointError(f"{directory / 'config.json'}: mapping.world_size={m['world_size']} != tp_size*pp_size")
+    ranks = []
+    for r in range(mapping.world_size):
+        path = directory / f"rank{r}.safetensors"
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing (mapping says world_size={mapping.world_size})")
+        ranks.append(SafetensorsFile(path))
+    ckpt = TrtllmCheckpoint(directory, config, mapping, ranks)
+    ckpt._locations = _index(ckpt)
+    return ckpt
+
+
+def _index(ckpt: TrtllmCheckpoint) -> dict[str, list[tuple[int, str]]]:
+    """Global name → the (rank, local key) of each TP piece, in tp_rank order."""
+    mapping, num_layers = ckpt.mapping, ckpt.config["num_hidden_layers"]
+    if num_layers % mapping.pp_size:
+        raise CheckpointError(f"{ckpt.directory}: {num_layers} layers do not split evenly over pp_size={mapping.pp_size}")
+    locations: dict[str, list[tuple[int, str]]] = {}
+    for rank, f in enumerate(ckpt.ranks):
+        offset = mapping.pp_layers(num_layers, mapping.pp_rank(rank)).start
+        for key in f.infos:
+            m = _LAYER.match(key)
+            name = f"transformer.layers.{int(m[1]) + offset}.{m[2]}" if m else key
+            locations.setdefault(name, []).append((rank, key))
+    for name, locs in locations.items():
+        if len(locs) != mapping.tp_size:
+            raise CheckpointError(f"{ckpt.directory}: tensor {name} is in {len(locs)} rank files, "
+                                  f"expected one per tensor-parallel rank ({mapping.tp_size})")
+    return locations

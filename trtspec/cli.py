@@ -1,0 +1,94 @@
+"""The `trtspec` command line: parse options, call the library, print. No logic lives here."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+
+import trtspec
+from trtspec.errors import TrtspecError
+
+DIR = click.Path(file_okay=False, path_type=Path)
+EXISTING_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+
+
+def user_errors(fn):
+    """Turn TrtspecError into one line on stderr and exit code 1 (TRTSPEC_DEBUG=1 keeps the traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except TrtspecError as e:
+            if os.environ.get("TRTSPEC_DEBUG"):
+                raise
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+
+    return wrapper
+
+
+@click.group()
+@click.version_option(trtspec.__version__, prog_name="trtspec")
+@click.option("-v", "--verbose", is_flag=True, help="Log debug messages to stderr.")
+def cli(verbose: bool) -> None:
+    """Speculative decoding in production: checkpoints → static-K engines → Triton repositories."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(message)s",
+                        stream=sys.stderr)
+
+
+@cli.command()
+@click.option("--base", required=True, type=EXISTING_DIR, help="Hugging Face base model folder.")
+@click.option("--out", required=True, type=DIR, help="Output TensorRT-LLM checkpoint folder.")
+@click.option("--medusa", type=EXISTING_DIR, help="Medusa heads folder (FasterDecoding, full-model or ModelOpt).")
+@click.option("--num-medusa-heads", type=int, help="Heads to convert (default: all stored heads).")
+@click.option("--num-medusa-layers", type=int, help="ResBlock layers per head (checked against the weights).")
+@click.option("--eagle", type=EXISTING_DIR, help="EAGLE-1/2 draft folder.")
+@click.option("--num-eagle-layers", type=int, default=4, show_default=True,
+              help="EAGLE tree depth (EagleNet invocations), not draft transformer layers.")
+@click.option("--max-non-leaves-per-layer", type=int, default=10, show_default=True,
+              help="EAGLE: most non-leaf tree nodes per level.")
+@click.option("--max-draft-len", type=int, default=63, show_default=True, help="K: draft tokens per step.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
+              help="Weight dtype (default: the base model's).")
+@click.option("--tp-size", type=int, default=1, show_default=True, help="Tensor-parallel ranks.")
+@click.option("--pp-size", type=int, default=1, show_default=True, help="Pipeline-parallel stages.")
+@click.option("--force", is_flag=True, help="Replace a non-empty --out.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@user_errors
+def convert(as_json: bool, **flags) -> None:
+    """Convert a HF base (+ Medusa heads / EAGLE draft) into a TensorRT-LLM checkpoint."""
+    result = trtspec.convert(trtspec.ConvertOptions(**flags), show_progress=not as_json)
+    if as_json:
+        click.echo(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(result).items()}))
+    else:
+        click.echo(f"wrote {result.out}: {result.architecture}, {result.world_size} rank file(s), "
+                   f"{result.num_tensors} tensors, {result.bytes_written / 2**20:.1f} MiB in {result.seconds:.1f} s")
+
+
+@cli.command()
+@click.argument("directory", type=EXISTING_DIR)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@user_errors
+def inspect(directory: Path, as_json: bool) -> None:
+    """Summarise any HF / Medusa / EAGLE / TensorRT-LLM checkpoint folder."""
+    summary = trtspec.inspect_checkpoint(directory)
+    if as_json:
+        click.echo(json.dumps(summary.to_dict(), indent=2))
+        return
+    click.echo(f"{summary.path}: {summary.format} · {summary.architecture}")
+    click.echo(f"  parameters                 {summary.num_parameters:,}")
+    click.echo(f"  dtypes                     {', '.join(f'{k} ×{v}' for k, v in summary.dtypes.items())}")
+    click.echo(f"  files                      {', '.join(f'{k} ({v / 2**20:.1f} MiB)' for k, v in summary.files.items())}")
+    for key, value in summary.details.items():
+        click.echo(f"  {key:<26} {value}")
+
+
+def main() -> None:
+    cli(prog_name="trtspec")

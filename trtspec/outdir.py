@@ -1,0 +1,44 @@
+"""Atomic output directories: write into a temporary sibling, rename into place only on success."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from trtspec.errors import ConfigError
+
+
+def check_output_dir(out: Path, *, force: bool) -> None:
+    """Refuse an existing non-empty output directory unless force is set."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output path {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ConfigError(f"output directory {out} is not empty; pass --force to replace it")
+
+
+@contextlib.contextmanager
+def atomic_output_dir(out: Path, *, force: bool = False) -> Iterator[Path]:
+    """Yield a temporary directory beside `out`; on success it replaces `out`, on failure it vanishes."""
+    out = Path(out)
+    check_output_dir(out, force=force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes 0700; the result should look like any mkdir'd folder
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        out.rename(trash / out.name)
+        tmp.rename(out)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        tmp.rename(out)
