@@ -92,3 +92,7 @@ def inspect(directory: Path, as_json: bool) -> None:
 
 def main() -> None:
     cli(prog_name="trtspec")
+
+
+if __name__ == "__main__":
+    main()

@@ -156,7 +156,7 @@ def test_tied_embeddings_have_no_lm_head(tmp_path: Path) -> None:
 
 
 def test_same_seed_same_values_across_storages(tmp_path: Path) -> None:
-    states = [read_state(write_hf_base(tmp_path / s, storage=s)) for s in ("safetensors", "sharded", "bin")]
+    states = [read_state(write_hf_base(tmp_path / s, storage=s)) for s in ("safetensors", "sharded", "bin", "streamed")]
     for state in states[1:]:
         assert all(torch.equal(state[k], states[0][k]) for k in states[0])
     other = read_state(write_hf_base(tmp_path / "seed1", seed=1))

@@ -16,14 +16,14 @@ from pathlib import Path
 import torch
 
 from trtspec.checkpoint import plan as P
-from trtspec.checkpoint.eagle import read_eagle_draft
-from trtspec.checkpoint.hf_config import BaseModelConfig, read_base_config
+from trtspec.checkpoint.eagle import EagleDraft, read_eagle_draft
+from trtspec.checkpoint.hf_config import BaseModelConfig, read_base_config, read_json
 from trtspec.checkpoint.medusa import FULL_MODEL_PREFIX, MODELOPT_PREFIX, has_embedded_heads, read_medusa_heads
 from trtspec.checkpoint.safetensors_writer import PlannedTensor, write_safetensors
 from trtspec.checkpoint.sharding import Mapping, check_tp_divisibility
 from trtspec.checkpoint.tensorfile import open_hf_weights
 from trtspec.checkpoint.trtllm_config import base_config, eagle_config, medusa_config
-from trtspec.errors import ConfigError
+from trtspec.errors import CheckpointError, ConfigError
 from trtspec.outdir import atomic_output_dir, check_output_dir
 from trtspec.progress import progress_bar
 
@@ -82,6 +82,9 @@ def convert(opts: ConvertOptions, *, show_progress: bool = True) -> ConvertResul
     start = time.perf_counter()
     check_output_dir(Path(opts.out), force=opts.force)
     cfg = read_base_config(opts.base)
+    for directory in (opts.base, opts.medusa, opts.eagle):
+        if directory is not None:
+            _check_not_quantized(directory)
     mapping = Mapping(tp_size=opts.tp_size, pp_size=opts.pp_size)
     _check_parallelism(cfg, mapping)
     dtype = opts.dtype or cfg.dtype or "float32"
@@ -123,6 +126,7 @@ def _make_plan(opts: ConvertOptions, cfg: BaseModelConfig, mapping: Mapping,
             raise ConfigError(f"{cfg.path}: TensorRT-LLM's EagleForCausalLM is LLaMA-based; "
                               f"a {cfg.architecture} base cannot take an EAGLE draft in the engine flow")
         draft = read_eagle_draft(opts.eagle)
+        _check_draft_fits(draft, cfg, mapping)
         P.add_eagle(plan, draft, store, cfg, opts.num_eagle_layers)
         P.check_all_consumed(plan, draft.store, ("layers.0.input_layernorm.",))
         config = eagle_config(cfg, draft, dtype=dtype_name, mapping=mapping, max_draft_len=opts.max_draft_len,
@@ -137,6 +141,26 @@ def _make_plan(opts: ConvertOptions, cfg: BaseModelConfig, mapping: Mapping,
                     opts.base, opts.base)
     P.check_all_consumed(plan, store, embedded)
     return plan, config, provenance
+
+
+def _check_draft_fits(draft: EagleDraft, cfg: BaseModelConfig, mapping: Mapping) -> None:
+    where = str(draft.directory / "config.json")
+    vocab = draft.config.get("vocab_size", cfg.vocab_size)
+    if vocab != cfg.vocab_size:
+        raise CheckpointError(f"{where}: EAGLE draft vocab_size={vocab} but the base {cfg.path} has "
+                              f"vocab_size={cfg.vocab_size}; the draft was trained for another model")
+    check_tp_divisibility(mapping.tp_size, num_heads=draft.num_heads, num_kv_heads=draft.num_kv_heads,
+                          hidden_size=draft.hidden_size, intermediate_size=draft.intermediate_size, where=where)
+
+
+def _check_not_quantized(directory: Path) -> None:
+    """Quantized (ModelOpt FP8 / INT4 …) checkpoints need calibration scales trtspec does not convert yet."""
+    path = Path(directory) / "hf_quant_config.json"
+    if path.is_file():
+        algo = (read_json(path).get("quantization") or {}).get("quant_algo")
+        if algo:
+            raise ConfigError(f"{path}: quant_algo={algo!r}; trtspec converts unquantized checkpoints only "
+                              "(use the unquantized export of this model)")
 
 
 def _check_parallelism(cfg: BaseModelConfig, mapping: Mapping) -> None:

@@ -61,7 +61,10 @@ def read_medusa_heads(directory: Path, *, num_heads: int | None = None,
     directory = Path(directory)
     variant, store = _open_heads(directory)
     stored_heads, stored_layers, per_head_lm_head = _scan_keys(store)
-    config_heads, _ = _config_counts(directory)
+    config_heads, config_layers = _config_counts(directory)
+    if config_layers is not None and config_layers != stored_layers:
+        log.warning("%s says medusa_num_layers=%s but the weights hold %d layer(s) per head; using %d",
+                    directory / "config.json", config_layers, stored_layers, stored_layers)
     if num_layers is not None and num_layers != stored_layers:
         raise ConfigError(
             f"{store.files[0]} stores {stored_layers} ResBlock layer(s) per head but --num-medusa-layers "

@@ -20,7 +20,7 @@ StateDict = dict[str, torch.Tensor]
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-HF_STORAGES = ("safetensors", "sharded", "bin")
+HF_STORAGES = ("safetensors", "sharded", "bin", "streamed")
 MEDUSA_VARIANTS = ("pt", "safetensors", "full_model", "modelopt")
 MEDUSA_CONFIGS = ("match", "mismatch", "alt_key", "no_count", "absent")
 EAGLE_STORAGES = ("bin", "safetensors")
@@ -259,6 +259,16 @@ def _write_sharded(out: Path, m: TinyModel, seed: int) -> None:
                 {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
 
 
+def _write_streamed(out: Path, m: TinyModel, seed: int) -> None:
+    """Write one model.safetensors tensor by tensor (same values as "safetensors"): for multi-GB bases."""
+    from trtspec.checkpoint.safetensors_writer import PlannedTensor, write_safetensors
+
+    shapes: Shapes = {k: v for group in _base_groups(m) for k, v in group.items()}
+    values = _random_tensors(shapes, m.torch_dtype, torch.Generator().manual_seed(seed))
+    planned = [PlannedTensor(k, tuple(s), m.torch_dtype, lambda: next(values)[1]) for k, s in shapes.items()]
+    write_safetensors(out / "model.safetensors", planned)
+
+
 def _base_state(m: TinyModel, seed: int) -> StateDict:
     """Return the whole HF base state dict (same values as every storage with this seed)."""
     shapes: Shapes = {k: v for group in _base_groups(m) for k, v in group.items()}
@@ -282,6 +292,8 @@ def write_hf_base(out_dir: str | Path, model: TinyModel = TinyModel(), *, storag
         _write_sharded(out, model, seed)
     elif storage == "bin":
         torch.save(_base_state(model, seed), out / "pytorch_model.bin")
+    elif storage == "streamed":
+        _write_streamed(out, model, seed)
     else:
         _save_safetensors(_base_state(model, seed), out / "model.safetensors")
     return out
