@@ -6,7 +6,9 @@ contract: exit code 1, exactly one line on stderr, no traceback, and no `out` or
 
 from __future__ import annotations
 
+import datetime
 import json
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -178,9 +180,42 @@ def garbage_bin(tmp: Path) -> list[str]:
     return convert_args(tmp)
 
 
+def truncated_bin(tmp: Path) -> list[str]:
+    path = write_hf_base(tmp / "base", GQA, storage="bin") / "pytorch_model.bin"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return convert_args(tmp)
+
+
+def bin_with_non_tensor_object(tmp: Path) -> list[str]:
+    # Training scripts save extra state next to the weights; weights_only loading refuses the pickle global.
+    base = write_hf_base(tmp / "base", GQA, storage="bin")
+    torch.save({"model.embed_tokens.weight": torch.zeros(2), "saved_on": datetime.date(2024, 1, 1)},
+               base / "pytorch_model.bin")
+    return convert_args(tmp)
+
+
+def safetensors_entry_without_offsets(tmp: Path) -> list[str]:
+    base = write_hf_base(tmp / "base", GQA)
+    header = json.dumps({"model.embed_tokens.weight": {"dtype": "F32", "shape": [256, 64]}}).encode()
+    (base / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    return convert_args(tmp)
+
+
+def index_weight_map_not_object(tmp: Path) -> list[str]:
+    base = write_hf_base(tmp / "base", GQA, storage="sharded")
+    (base / "model.safetensors.index.json").write_text('{"metadata": {}, "weight_map": ["model-00001.safetensors"]}')
+    return convert_args(tmp)
+
+
 def missing_shard(tmp: Path) -> list[str]:
     base = write_hf_base(tmp / "base", GQA, storage="sharded")
-    (base / "model-00002-of-00002.safetensors").unlink()
+    index_path = base / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    last = sorted(set(index["weight_map"].values()))[-1]
+    (base / last).unlink()  # the index now points at a file that is gone, named so the test can expect it
+    index["weight_map"] = {k: "model-lost.safetensors" if v == last else v for k, v in index["weight_map"].items()}
+    index_path.write_text(json.dumps(index))
     return convert_args(tmp)
 
 
@@ -197,6 +232,11 @@ def config_without_hidden_size(tmp: Path) -> list[str]:
 def config_not_json(tmp: Path) -> list[str]:
     base = write_hf_base(tmp / "base", GQA)
     (base / "config.json").write_text('{"hidden_size": 64,')
+    return convert_args(tmp)
+
+
+def config_kv_heads_not_int(tmp: Path) -> list[str]:
+    edit_config(write_hf_base(tmp / "base", GQA), num_key_value_heads="2")
     return convert_args(tmp)
 
 
@@ -222,12 +262,6 @@ def out_not_empty(tmp: Path) -> list[str]:
     write_hf_base(tmp / "base", GQA)
     (tmp / "out").mkdir()
     (tmp / "out" / "keep.txt").write_text("precious\n")
-    return convert_args(tmp)
-
-
-def out_is_file(tmp: Path) -> list[str]:
-    write_hf_base(tmp / "base", GQA)
-    (tmp / "out").write_text("a file, not a folder\n")
     return convert_args(tmp)
 
 
@@ -261,11 +295,20 @@ BAD_INPUT: list = [
     pytest.param(zero_tp, ("tp_size", "0", ">= 1"), id="tp-size-0"),
     pytest.param(truncated_safetensors, ("base/model.safetensors", "truncated"), id="truncated-safetensors"),
     pytest.param(garbage_bin, ("base/pytorch_model.bin", "cannot read torch checkpoint"), id="garbage-bin"),
-    pytest.param(missing_shard, ("base/model-00002-of-00002.safetensors", "not found"), id="missing-shard"),
+    pytest.param(truncated_bin, ("base/pytorch_model.bin", "cannot read torch checkpoint"), id="truncated-bin"),
+    pytest.param(bin_with_non_tensor_object, ("base/pytorch_model.bin", "cannot read torch checkpoint",
+                                              "datetime.date"), id="bin-with-non-tensor-object"),
+    pytest.param(safetensors_entry_without_offsets, ("base/model.safetensors", "model.embed_tokens.weight",
+                                                     "data_offsets"), id="safetensors-entry-without-offsets"),
+    pytest.param(index_weight_map_not_object, ("base/model.safetensors.index.json", "weight_map"),
+                 id="index-weight-map-not-object"),
+    pytest.param(missing_shard, ("base/model-lost.safetensors", "not found"), id="missing-shard"),
     pytest.param(unknown_architecture, ("base/config.json", "GPT2LMHeadModel", "LlamaForCausalLM"),
                  id="unknown-architecture"),
     pytest.param(config_without_hidden_size, ("base/config.json", "hidden_size", "None"), id="config-no-hidden-size"),
     pytest.param(config_not_json, ("base/config.json", "not valid JSON"), id="config-not-json"),
+    pytest.param(config_kv_heads_not_int, ("base/config.json", "num_key_value_heads", "'2'"),
+                 id="config-kv-heads-not-int"),
     pytest.param(base_missing_tensor, ("base", "model.layers.1.mlp.up_proj.weight", "not found"),
                  id="base-missing-tensor"),
     pytest.param(base_extra_tensor, ("base/model.safetensors", "model.layers.0.mlp.extra_proj.weight",
@@ -274,7 +317,6 @@ BAD_INPUT: list = [
                                     "[48, 64]", "expected [32, 64]", "num_key_value_heads=2"),
                  id="base-wrong-shape"),
     pytest.param(out_not_empty, ("/out", "not empty", "--force"), id="out-not-empty"),
-    pytest.param(out_is_file, ("/out", "not a directory"), id="out-is-a-file"),
 ]
 
 

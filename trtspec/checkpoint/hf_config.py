@@ -68,14 +68,17 @@ def read_base_config(directory: Path) -> BaseModelConfig:
     arch = _architecture(raw, path)
     family = SUPPORTED_ARCHITECTURES[arch]
     hidden, heads = _int(raw, "hidden_size", path), _int(raw, "num_attention_heads", path)
-    head_dim = raw.get("head_dim") or hidden // heads
+    head_dim = _int(raw, "head_dim", path) if raw.get("head_dim") is not None else hidden // heads
+    kv_heads = _int(raw, "num_key_value_heads", path) if raw.get("num_key_value_heads") is not None else heads
+    if heads % kv_heads:
+        raise CheckpointError(f"{path}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
     rope = raw.get("rope_parameters") or {}  # transformers 5 moves rope_theta / rope_type here
     scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     attention_bias = bool(raw.get("attention_bias", False))
     return BaseModelConfig(
         path=path, architecture=arch, model_type=raw.get("model_type", family),
         hidden_size=hidden, num_layers=_int(raw, "num_hidden_layers", path), num_heads=heads,
-        num_kv_heads=raw.get("num_key_value_heads") or heads, head_dim=head_dim,
+        num_kv_heads=kv_heads, head_dim=head_dim,
         intermediate_size=_int(raw, "intermediate_size", path), vocab_size=_int(raw, "vocab_size", path),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         rope_theta=float(raw.get("rope_theta", rope.get("rope_theta", 10000.0))),

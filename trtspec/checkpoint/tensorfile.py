@@ -7,7 +7,9 @@ flight resident, never the whole file.
 from __future__ import annotations
 
 import json
+import re
 import struct
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +85,8 @@ def _read_safetensors_header(path: Path) -> tuple[dict, int]:
             header = json.loads(f.read(n))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: cannot read safetensors header ({e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: safetensors header is a JSON {type(header).__name__}, not an object")
     header.pop("__metadata__", None)
     data_len = size - 8 - n
     for key, e in header.items():
@@ -91,9 +95,12 @@ def _read_safetensors_header(path: Path) -> tuple[dict, int]:
 
 
 def _check_entry(path: Path, key: str, e: dict, data_len: int) -> None:
-    if not isinstance(e, dict) or e.get("dtype") not in SAFETENSORS_DTYPES:
-        dtype = e.get("dtype") if isinstance(e, dict) else e
-        raise CheckpointError(f"{path}: tensor {key} has unsupported dtype {dtype!r}")
+    if not (isinstance(e, dict) and _int_list(e.get("shape")) and _int_list(e.get("data_offsets"))
+            and len(e["data_offsets"]) == 2 and 0 <= e["data_offsets"][0] <= e["data_offsets"][1]):
+        raise CheckpointError(f"{path}: tensor {key} has a malformed header entry {e!r} "
+                              "(needs dtype, shape, data_offsets)")
+    if e.get("dtype") not in SAFETENSORS_DTYPES:
+        raise CheckpointError(f"{path}: tensor {key} has unsupported dtype {e.get('dtype')!r}")
     begin, end = e["data_offsets"]
     numel = 1
     for d in e["shape"]:
@@ -104,6 +111,10 @@ def _check_entry(path: Path, key: str, e: dict, data_len: int) -> None:
         raise CheckpointError(
             f"{path}: truncated safetensors file: tensor {key} ends at data byte {end} "
             f"but the file holds only {data_len}")
+
+
+def _int_list(value) -> bool:
+    return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
 
 
 class TorchPickleFile:
@@ -120,14 +131,19 @@ class TorchPickleFile:
 
 def _load_torch_state_dict(path: Path) -> dict[str, torch.Tensor]:
     try:
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as e:
-            if "mmap" not in str(e):
-                raise
-            obj = torch.load(path, map_location="cpu", weights_only=True)  # legacy (non-zip) format
-    except Exception as e:  # torch raises many types for corrupt pickles
-        raise CheckpointError(f"{path}: cannot read torch checkpoint ({type(e).__name__}: {e})") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about legacy pickle protocols; the result decides
+            try:
+                obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:
+                if "mmap" not in str(e):
+                    raise
+                obj = torch.load(path, map_location="cpu", weights_only=True)  # legacy (non-zip) format
+    except Exception as e:  # torch raises many types for corrupt pickles; keep its first line only
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        reason = (f"it holds a non-tensor object ({found[1]}); re-save it as a plain state dict of tensors" if found
+                  else f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}")
+        raise CheckpointError(f"{path}: cannot read torch checkpoint ({reason})") from None
     if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         raise CheckpointError(f"{path}: expected a flat state dict of tensors, found {type(obj).__name__}")
     return obj
@@ -207,7 +223,10 @@ def _open_sharded(index_path: Path) -> TensorStore:
     try:
         weight_map = json.loads(index_path.read_text())["weight_map"]
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{index_path}: not a valid shard index ({e})") from None
+        raise CheckpointError(f"{index_path}: not a valid shard index ({type(e).__name__}: {e})") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{index_path}: weight_map must map tensor names to shard files, "
+                              f"found {type(weight_map).__name__}")
     files = {name: open_tensor_file(index_path.parent / name) for name in sorted(set(weight_map.values()))}
     store = TensorStore.from_files(list(files.values()), index_path.parent)
     for key, name in weight_map.items():
