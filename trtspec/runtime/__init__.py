@@ -1,0 +1,1 @@
+"""Engines and the speculative loop that drives them."""

@@ -1,0 +1,1 @@
+"""Speculative decoding maths shared by every backend: trees, sampling and acceptance rules, proposers."""
