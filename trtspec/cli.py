@@ -90,6 +90,35 @@ def inspect(directory: Path, as_json: bool) -> None:
         click.echo(f"  {key:<26} {value}")
 
 
+@cli.command()
+@click.option("--choices", help="Tree choices: JSON [[0],[0,1]], C++ {{0},{0,1}} or Python [(0,),(0,1)].")
+@click.option("--preset", help="Named tree, e.g. mc_sim_7b_63, eagle_25, medusa_small_8, chain_3 "
+                               "(an unknown name lists them all).")
+@click.option("--num-heads", type=int, help="Medusa heads: the tree depth must not exceed it.")
+@click.option("--max-draft-len", type=int, help="K: the node count must not exceed it.")
+@click.option("--max-non-leaves-per-layer", type=int, help="EAGLE: most non-leaf nodes allowed per level.")
+@click.option("--json", "as_json", is_flag=True, help="Print the tree buffers as one JSON object.")
+@click.option("--png", type=click.Path(dir_okay=False, path_type=Path), help="Draw the tree to this PNG file.")
+@user_errors
+def tree(choices: str | None, preset: str | None, as_json: bool, png: Path | None, **limits) -> None:
+    """Validate a draft tree and show its buffers (topks, paths, packed mask)."""
+    if (choices is None) == (preset is None):
+        raise click.UsageError("pass exactly one of --choices or --preset")
+    from trtspec.spec.tree import build_tree, parse_choices  # numpy only, loaded on use
+    from trtspec.spec.tree_presets import preset as preset_choices
+
+    built = build_tree(parse_choices(choices) if choices is not None else preset_choices(preset), **limits)
+    if png is not None:
+        from trtspec.spec.tree_plot import draw_tree
+
+        click.echo(f"wrote the tree drawing to {draw_tree(built, png)}", err=True)
+    if as_json:
+        click.echo(json.dumps(built.to_json_dict()))
+        return
+    for key, value in built.summary().items():
+        click.echo(f"  {key:<26} {', '.join(map(str, value)) if isinstance(value, list) else value}")
+
+
 def main() -> None:
     cli(prog_name="trtspec")
 

@@ -1,0 +1,38 @@
+"""Medusa drafting: a static tree filled from the heads' top-k candidates at the last accepted position.
+
+At slot s the base logits give the next token (the tree root), head h the token h + 2 positions after s,
+so a node at depth d and rank r takes the r-th best candidate of head d − 1.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trtspec.errors import ConfigError
+from trtspec.runtime.engine import StepOutput
+from trtspec.spec.acceptance import Accepted
+from trtspec.spec.proposer import Draft, top_ranked
+from trtspec.spec.tree import Tree
+
+
+class MedusaProposer:
+    def __init__(self, tree: Tree, num_heads: int):
+        if tree.depth > num_heads:
+            raise ConfigError(f"tree depth {tree.depth} exceeds the {num_heads} Medusa heads of the engine")
+        self.tree = tree
+        self._head_logits: np.ndarray | None = None  # [num_heads, V] at the last accepted slot
+
+    def start(self, engine, seq, prefill: StepOutput, prompt_ids, root) -> None:
+        self._head_logits = prefill.medusa_logits[:, -1]
+
+    def propose(self, root: int) -> Draft:
+        tree = self.tree
+        candidates = [top_ranked(self._head_logits[d], k) for d, k in enumerate(tree.topks)]
+        tokens = np.empty(tree.num_nodes + 1, dtype=np.int64)
+        tokens[0] = root
+        for node in range(1, tree.num_nodes + 1):
+            tokens[node] = candidates[tree.position_offsets[node] - 1][tree.ranks[node]]
+        return Draft(tree, tokens)
+
+    def observe(self, verify: StepOutput, accepted: Accepted) -> None:
+        self._head_logits = verify.medusa_logits[:, accepted.last_slot]

@@ -1,0 +1,53 @@
+"""What every drafter hands the loop: a tree of draft tokens rooted at the last emitted token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from trtspec.runtime.engine import Engine, StepOutput
+from trtspec.spec.acceptance import Accepted
+from trtspec.spec.tree import Tree, chain_tree
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Draft tokens laid out on a tree: tokens[0] is the root (last emitted token), tokens[i] node i."""
+
+    tree: Tree
+    tokens: np.ndarray  # int64 [n+1]
+
+
+class Proposer(Protocol):
+    """A drafter: sees the prefill and every verify step of one sequence, proposes the next tree."""
+
+    def start(self, engine: Engine, seq: int, prefill: StepOutput, prompt_ids: np.ndarray, root: int) -> None: ...
+
+    def propose(self, root: int) -> Draft: ...
+
+    def observe(self, verify: StepOutput, accepted: Accepted) -> None: ...
+
+
+EMPTY_TREE = chain_tree(0)
+
+
+class NoDraft:
+    """Speculation off: every step verifies the root alone, i.e. plain decoding through the same engine."""
+
+    def start(self, engine, seq, prefill, prompt_ids, root) -> None:
+        pass
+
+    def propose(self, root: int) -> Draft:
+        return Draft(EMPTY_TREE, np.array([root], dtype=np.int64))
+
+    def observe(self, verify, accepted) -> None:
+        pass
+
+
+def top_ranked(logits: np.ndarray, k: int) -> np.ndarray:
+    """The k highest-scoring token ids in descending order (ties: lower id first)."""
+    k = min(k, logits.shape[-1])
+    part = np.argpartition(-logits, k - 1)[:k] if k < logits.shape[-1] else np.arange(logits.shape[-1])
+    return part[np.lexsort((part, -logits[part]))]
