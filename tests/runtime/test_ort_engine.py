@@ -1,0 +1,90 @@
+"""The ONNX Runtime engine: same numbers as the torch reference, lossless speculation, clear limits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trtspec import ConvertOptions, convert
+from trtspec.engine.onnx_builder import BuildOptions, build
+from trtspec.errors import RuntimeEngineError
+from trtspec.runtime.loop import GenerationConfig, generate
+from trtspec.runtime.ort_engine import OrtEngine
+from trtspec.runtime.torch_engine import TorchEngine
+from trtspec.spec.eagle_proposer import DynamicTree
+from trtspec.spec.methods import make_proposer
+from trtspec.spec.sampling import SamplingParams
+from trtspec.spec.tree import build_tree
+from trtspec.testing import TinyModel, write_eagle_draft, write_hf_base, write_medusa_heads
+
+MODEL = TinyModel(vocab_size=64)
+TREE = "[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0],[0,0,1]]"
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ort")
+    base = write_hf_base(root / "base", MODEL)
+    heads = write_medusa_heads(root / "heads", MODEL, num_heads=3)
+    eagle = write_eagle_draft(root / "eagle", MODEL)
+    out = {}
+    for name, kwargs, extra in (("medusa", {"medusa": heads}, {"choices": TREE, "max_draft_len": 10}),
+                                ("eagle", {"eagle": eagle}, {"choices": TREE}),
+                                ("eagle2", {"eagle": eagle}, {"dynamic_tree": DynamicTree(depth=3, top_k=3,
+                                                                                          total_tokens=8)})):
+        convert(ConvertOptions(base=base, out=root / f"ckpt-{name}", **kwargs), show_progress=False)
+        build(BuildOptions(source=root / f"ckpt-{name}", out=root / f"engine-{name}", max_input_len=64,
+                           max_seq_len=160, **extra))
+        out[name] = (OrtEngine(root / f"engine-{name}", threads=1), TorchEngine.from_checkpoint(root / f"ckpt-{name}"))
+    return out
+
+
+def _prompts(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, MODEL.vocab_size, size=int(rng.integers(1, 48))) for _ in range(n)]
+
+
+def _proposer(name, engine, no_spec=False):
+    if no_spec:
+        return make_proposer("none", engine)
+    if name == "eagle2":
+        return make_proposer("eagle2", engine, dynamic=DynamicTree(depth=3, top_k=3, total_tokens=8))
+    return make_proposer(name, engine, tree=build_tree(eval(TREE)))
+
+
+@pytest.mark.parametrize("name", ["medusa", "eagle", "eagle2"])
+def test_ort_engine_matches_torch_reference_step_by_step(engines, name):
+    ort_engine, torch_engine = engines[name]
+    for prompt in _prompts(3):
+        outs = [generate(e, prompt, _proposer(name, e), GenerationConfig(max_tokens=24)) for e in engines[name]]
+        assert outs[0].output_ids == outs[1].output_ids
+        assert outs[0].stats.to_dict() == outs[1].stats.to_dict()
+
+
+@pytest.mark.parametrize("name", ["medusa", "eagle", "eagle2"])
+def test_speculative_equals_no_spec_on_the_same_engine(engines, name):
+    engine = engines[name][0]
+    rng = np.random.default_rng(1)
+    for prompt in _prompts(50, seed=2):
+        max_tokens = int(rng.integers(1, 40))
+        plain = generate(engine, prompt, _proposer(name, engine, no_spec=True), GenerationConfig(max_tokens=max_tokens))
+        end_id = plain.output_ids[-1] if rng.random() < 0.3 else None
+        config = GenerationConfig(max_tokens=max_tokens, end_id=end_id)
+        plain = generate(engine, prompt, _proposer(name, engine, no_spec=True), config)
+        spec = generate(engine, prompt, _proposer(name, engine), config)
+        assert spec.output_ids == plain.output_ids and spec.finish_reason == plain.finish_reason
+
+
+def test_sampling_matches_torch_reference_with_the_same_seed(engines):
+    ort_engine, torch_engine = engines["medusa"]
+    config = GenerationConfig(max_tokens=20, sampling=SamplingParams(temperature=0.8, seed=5))
+    outs = [generate(e, _prompts(1)[0], _proposer("medusa", e), config).output_ids for e in (ort_engine, torch_engine)]
+    assert outs[0] == outs[1]
+
+
+def test_limits_are_clear_errors(engines):
+    engine = engines["medusa"][0]
+    with pytest.raises(RuntimeEngineError, match="prompt of 65 tokens; the engine takes 1..64"):
+        generate(engine, np.zeros(65, np.int64), _proposer("medusa", engine), GenerationConfig(max_tokens=4))
+    with pytest.raises(RuntimeEngineError, match="max_seq_len is 160"):
+        generate(engine, np.zeros(60, np.int64), _proposer("medusa", engine), GenerationConfig(max_tokens=200))

@@ -1,0 +1,193 @@
+"""`trtspec build --backend onnx`: a TRT-LLM checkpoint → ONNX graphs with the padded static-K profile.
+
+Writes context.onnx (variable prompt length), generation.onnx (exactly K + 1 token slots), their shared
+weights, the EAGLE draft graphs when the checkpoint has a draft, the tokenizer, and manifest.json last.
+Every inconsistency is rejected before anything is exported; every graph is checked and compared with the
+torch reference network on random inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from trtspec import __version__
+from trtspec.checkpoint.convert import PROVENANCE_FILE
+from trtspec.checkpoint.hf_config import read_json
+from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
+from trtspec.engine.manifest import Backend, Manifest, Method, ModelInfo, Profile
+from trtspec.errors import BuildError, ConfigError
+from trtspec.model.config import ModelConfig
+from trtspec.outdir import atomic_output_dir, check_output_dir
+from trtspec.spec.eagle_proposer import DynamicTree
+from trtspec.spec.tree import Tree, build_tree, parse_choices
+from trtspec.spec.tree_presets import preset
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json")
+NUMERICS_TOLERANCE = 1e-3  # max |ORT − torch reference| accepted per output, fp32
+DEFAULT_PRESET = "medusa_small_8"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildOptions:
+    source: Path
+    out: Path
+    max_draft_len: int | None = None
+    choices: str | None = None  # JSON / C++ `{0, 1}` / tuple syntax
+    preset: str | None = None
+    dynamic_tree: DynamicTree | None = None  # EAGLE-2 instead of a static tree
+    no_spec: bool = False  # build a plain engine even from a Medusa / EAGLE checkpoint
+    max_batch_size: int = 8
+    max_input_len: int = 1024
+    max_seq_len: int | None = None
+    tokenizer: Path | None = None
+    name: str | None = None
+    force: bool = False
+
+    def __post_init__(self):
+        if self.choices is not None and self.preset is not None:
+            raise ConfigError("pass either --choices or --preset, not both")
+
+
+def plan_build(opts: BuildOptions) -> Manifest:
+    """Validate the build and return the manifest it will write (without files and numerics)."""
+    ckpt_config = read_json(Path(opts.source) / "config.json")
+    cfg = ModelConfig.from_trtllm(ckpt_config)
+    method = _method(cfg, opts)
+    tree = _tree(cfg, method, opts)
+    draft_tokens = opts.dynamic_tree.total_tokens if method is Method.EAGLE2 else tree.num_nodes if tree else 0
+    k = opts.max_draft_len if opts.max_draft_len is not None else draft_tokens
+    if k < draft_tokens:
+        what = "EAGLE-2 total_tokens" if method is Method.EAGLE2 else f"the tree's {tree.num_nodes} nodes"
+        raise BuildError(f"--max-draft-len {k} is smaller than {what}; pass --max-draft-len {draft_tokens} "
+                         "or a smaller tree")
+    max_seq_len = opts.max_seq_len or max(2 * opts.max_input_len, opts.max_input_len + k + 1)
+    if max_seq_len > cfg.max_position_embeddings:
+        raise BuildError(f"--max-seq-len {max_seq_len} exceeds the model's max_position_embeddings="
+                         f"{cfg.max_position_embeddings} ({Path(opts.source) / 'config.json'})")
+    profile = Profile(max_batch_size=opts.max_batch_size, max_input_len=opts.max_input_len,
+                      max_seq_len=max_seq_len, max_draft_len=k)
+    end_id, pad_id = _special_ids(_tokenizer_dir(opts))
+    return Manifest(name=opts.name or Path(opts.out).name, backend=Backend.ONNX, method=method,
+                    model=_model_info(cfg, end_id, pad_id), profile=profile,
+                    tree=tree.choices if tree is not None else None,
+                    dynamic_tree=vars(opts.dynamic_tree) if method is Method.EAGLE2 else None,
+                    source=str(Path(opts.source).resolve()), versions=_versions())
+
+
+def build(opts: BuildOptions) -> Manifest:
+    """Plan, export, check, compare with the reference, and write the engine dir atomically."""
+    from trtspec.model.onnx_graph import check_graph, compare_with_reference, export_graphs
+
+    manifest = plan_build(opts)
+    check_output_dir(Path(opts.out), force=opts.force)
+    ckpt = read_trtllm_checkpoint(opts.source)
+    with atomic_output_dir(Path(opts.out), force=opts.force) as tmp:
+        graphs = export_graphs(ckpt, tmp, generation_tokens=manifest.profile.tokens_per_step)
+        for graph in graphs.values():
+            check_graph(graph.path)
+        numerics = compare_with_reference(opts.source, tmp, graphs)
+        worst = max(numerics.items(), key=lambda kv: kv[1])
+        if worst[1] > NUMERICS_TOLERANCE:
+            raise BuildError(f"exported graph output {worst[0]} differs from the torch reference by {worst[1]:.2e} "
+                             f"(tolerance {NUMERICS_TOLERANCE:.0e}); this is a trtspec bug, please report it")
+        files = {role: g.path.name for role, g in graphs.items()}
+        files.update({p.stem: p.name for p in tmp.glob("*.bin")})
+        tokenizer = _copy_tokenizer(_tokenizer_dir(opts), tmp)
+        manifest = replace(manifest, files=files, numerics=numerics, tokenizer=tokenizer)
+        manifest.write(tmp)
+    return manifest
+
+
+def _method(cfg: ModelConfig, opts: BuildOptions) -> Method:
+    if opts.no_spec or cfg.architecture not in ("MedusaForCausalLM", "EagleForCausalLM"):
+        if opts.dynamic_tree or opts.choices or opts.preset:
+            raise BuildError(f"{opts.source} has no drafter ({cfg.architecture}); tree options need a Medusa or "
+                             "EAGLE checkpoint")
+        return Method.NONE
+    if cfg.architecture == "MedusaForCausalLM":
+        if opts.dynamic_tree:
+            raise BuildError("a dynamic (EAGLE-2) tree needs an EAGLE checkpoint; Medusa trees are static")
+        return Method.MEDUSA
+    return Method.EAGLE2 if opts.dynamic_tree else Method.EAGLE
+
+
+def _tree(cfg: ModelConfig, method: Method, opts: BuildOptions) -> Tree | None:
+    if method in (Method.NONE, Method.EAGLE2):
+        return None
+    choices = parse_choices(opts.choices) if opts.choices is not None else preset(opts.preset or DEFAULT_PRESET)
+    heads = cfg.num_medusa_heads if method is Method.MEDUSA else None
+    if opts.choices is None and opts.preset is None and heads is not None and heads < 3:
+        choices = [[0] * d for d in range(1, heads + 1)]  # the default tree needs 3 heads; a chain fits any
+    return build_tree(choices, num_heads=heads, max_draft_len=opts.max_draft_len)
+
+
+def _model_info(cfg: ModelConfig, end_id: int | None, pad_id: int | None) -> ModelInfo:
+    d = cfg.eagle
+    return ModelInfo(architecture=cfg.architecture, dtype=cfg.dtype, vocab_size=cfg.vocab_size,
+                     hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
+                     num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, num_medusa_heads=cfg.num_medusa_heads,
+                     num_eagle_layers=cfg.num_eagle_layers, draft_layers=d.num_layers if d else 0,
+                     draft_num_kv_heads=d.num_kv_heads if d else 0, draft_head_dim=d.head_dim if d else 0,
+                     end_id=end_id, pad_id=pad_id)
+
+
+def _tokenizer_dir(opts: BuildOptions) -> Path | None:
+    """The tokenizer folder: --tokenizer, else the HF base the checkpoint was converted from."""
+    if opts.tokenizer is not None:
+        if not (Path(opts.tokenizer) / "tokenizer.json").is_file():
+            raise ConfigError(f"--tokenizer {opts.tokenizer}: no tokenizer.json there")
+        return Path(opts.tokenizer)
+    provenance = Path(opts.source) / PROVENANCE_FILE
+    if provenance.is_file():
+        base = Path(read_json(provenance).get("base", ""))
+        if (base / "tokenizer.json").is_file():
+            return base
+    return None
+
+
+def _special_ids(tokenizer_dir: Path | None) -> tuple[int | None, int | None]:
+    """End and pad ids from generation_config.json / config.json of the tokenizer's folder."""
+    if tokenizer_dir is None:
+        return None, None
+    ids: dict = {}
+    for name in ("config.json", "generation_config.json"):  # the later file wins, as in transformers
+        if (tokenizer_dir / name).is_file():
+            raw = read_json(tokenizer_dir / name)
+            ids.update({k: raw[k] for k in ("eos_token_id", "pad_token_id") if raw.get(k) is not None})
+    first = lambda v: v[0] if isinstance(v, list) else v  # noqa: E731
+    return first(ids.get("eos_token_id")), first(ids.get("pad_token_id"))
+
+
+def _copy_tokenizer(source: Path | None, engine_dir: Path) -> str | None:
+    if source is None:
+        log.warning("no tokenizer found (pass --tokenizer DIR); the engine will take token ids only")
+        return None
+    target = engine_dir / "tokenizer"
+    target.mkdir()
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, target / name)
+    return "tokenizer"
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"trtspec": __version__}
+    for pkg in ("onnx", "onnxruntime", "torch"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def plan_summary(manifest: Manifest) -> str:
+    """The dry-run plan, as printed by `trtspec build --dry-run`."""
+    return json.dumps(manifest.to_dict(), indent=2)

@@ -1,0 +1,123 @@
+"""Local generation over a built engine: prompts → tokens → the speculative loop → text and statistics.
+
+This is what `trtspec generate ENGINE` runs in process; the Triton engine model hosts the same pieces.
+Serving path: ONNX Runtime, numpy, tokenizers only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtspec.engine.manifest import Method
+from trtspec.errors import ConfigError
+from trtspec.runtime.loop import GenerationConfig, GenerationResult, generate
+from trtspec.runtime.ort_engine import OrtEngine
+from trtspec.spec.eagle_proposer import DynamicTree
+from trtspec.spec.methods import make_proposer
+from trtspec.spec.proposer import Proposer
+from trtspec.spec.sampling import SamplingParams
+from trtspec.spec.tree import build_tree
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateOptions:
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    no_spec: bool = False
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One prompt's result, as `generate --json` prints it."""
+
+    prompt_index: int
+    output_ids: list[int]
+    text: str | None
+    result: GenerationResult
+
+    def to_dict(self) -> dict:
+        s = self.result.stats
+        stats = {"steps": s.steps, "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
+                 "acceptance_rate": round(s.acceptance_rate, 4), "acceptance_length": round(s.acceptance_length, 4),
+                 "ttft_ms": round(self.result.ttft_s * 1000, 2),
+                 "tokens_per_second": round(self.result.tokens_per_second, 2)}
+        return {"prompt_index": self.prompt_index, "output_ids": self.output_ids, "text": self.text,
+                "finish_reason": self.result.finish_reason, "stats": stats}
+
+
+class LocalGenerator:
+    """An engine dir opened for generation: ONNX Runtime sessions, tokenizer, and the manifest's method."""
+
+    def __init__(self, engine_dir: str | Path, *, threads: int | None = None):
+        self.engine = OrtEngine(engine_dir, threads=threads)
+        self.manifest = self.engine.manifest
+        self.tokenizer = None
+        if self.manifest.tokenizer is not None:
+            from trtspec.runtime.tokenizer import Tokenizer
+
+            self.tokenizer = Tokenizer.from_dir(Path(engine_dir) / self.manifest.tokenizer)
+        self._tree = build_tree([list(c) for c in self.manifest.tree]) if self.manifest.tree else None
+
+    def proposer(self, no_spec: bool = False) -> Proposer:
+        method = "none" if no_spec else self.manifest.method.value
+        dynamic = DynamicTree(**self.manifest.dynamic_tree) if self.manifest.method is Method.EAGLE2 else None
+        return make_proposer(method, self.engine, tree=self._tree, dynamic=dynamic)
+
+    def encode(self, prompt: str | list[dict] | list[int]) -> list[int]:
+        """Token ids of a prompt: ids as is; text and chat messages through the tokenizer's chat template."""
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return prompt
+        if self.tokenizer is None:
+            raise ConfigError(f"engine {self.engine.engine_dir} has no tokenizer; pass token ids or rebuild with "
+                              "--tokenizer DIR")
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        return self.tokenizer.encode_chat(messages)
+
+    def generate(self, prompt, options: GenerateOptions = GenerateOptions(), *, index: int = 0,
+                 on_text: Callable[[str], None] | None = None) -> Generation:
+        ids = self.encode(prompt)
+        profile = self.manifest.profile
+        if len(ids) > profile.max_input_len:
+            raise ConfigError(f"prompt {index} has {len(ids)} tokens; the engine's max_input_len is "
+                              f"{profile.max_input_len}")
+        if len(ids) + options.max_tokens > profile.max_seq_len:
+            raise ConfigError(f"prompt {index}: {len(ids)} prompt tokens + max_tokens {options.max_tokens} exceed "
+                              f"the engine's max_seq_len {profile.max_seq_len}; lower --max-tokens")
+        config = GenerationConfig(max_tokens=options.max_tokens, end_id=self.manifest.model.end_id,
+                                  sampling=SamplingParams(temperature=options.temperature, top_k=options.top_k,
+                                                          top_p=options.top_p, seed=options.seed))
+        on_tokens = None
+        if on_text is not None and self.tokenizer is not None:
+            from trtspec.runtime.tokenizer import IncrementalDecoder
+
+            decoder = IncrementalDecoder(self.tokenizer)
+            on_tokens = lambda tokens: on_text(decoder.feed(tokens))  # noqa: E731
+        result = generate(self.engine, ids, self.proposer(options.no_spec), config, on_tokens)
+        text = self.tokenizer.decode(result.output_ids) if self.tokenizer is not None else None
+        return Generation(index, result.output_ids, text, result)
+
+
+def read_prompt_file(path: Path) -> list:
+    """Prompts from a JSONL file: text (`prompt`), chat (`messages`) or token ids (`input_ids`) per line."""
+    import json
+
+    prompts = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}:{number}: not JSON ({e.msg})") from None
+        for key in ("prompt", "messages", "input_ids"):
+            if isinstance(obj, dict) and key in obj:
+                prompts.append(obj[key])
+                break
+        else:
+            raise ConfigError(f"{path}:{number}: expected an object with 'prompt', 'messages' or 'input_ids'")
+    return prompts

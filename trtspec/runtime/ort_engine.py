@@ -1,0 +1,198 @@
+"""The embedded CPU engine: ONNX Runtime sessions over the graphs `trtspec build --backend onnx` wrote.
+
+KV caches are pre-allocated per sequence as [S_max, 1, nkv, hd] buffers per layer (past length first), so
+the past is bound as a contiguous prefix view and new keys / values are written by ONNX Runtime straight
+into the buffer (I/O binding): no per-step allocation of the cache. After a verify step, `commit` compacts
+the accepted slots' rows in place. Plain decoding runs the context graph with one token; speculative steps
+run the generation graph with exactly K + 1 slots, padding shorter drafts with masked slots.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from trtspec.engine.manifest import Manifest, read_manifest
+from trtspec.errors import BuildError, RuntimeEngineError
+from trtspec.runtime.engine import StepOutput
+
+
+@dataclass
+class _Cache:
+    """One network's KV cache of one sequence: per layer a key and a value buffer [S_max, 1, nkv, hd]."""
+
+    keys: list[np.ndarray]
+    values: list[np.ndarray]
+    length: int = 0
+
+    @classmethod
+    def allocate(cls, layers: int, size: int, kv_heads: int, head_dim: int) -> _Cache:
+        shape = (size, 1, kv_heads, head_dim)
+        return cls([np.zeros(shape, np.float32) for _ in range(layers)],
+                   [np.zeros(shape, np.float32) for _ in range(layers)])
+
+    def compact(self, start: int, slots: tuple[int, ...]) -> None:
+        """Move rows start + slots[i] to start + i (slots ascend, so moving in order is safe)."""
+        src = start + np.asarray(slots)
+        for buf in itertools.chain(self.keys, self.values):
+            buf[start:start + len(slots)] = buf[src]
+
+
+@dataclass
+class _Sequence:
+    base: _Cache
+    draft: _Cache | None
+    pending: int = 0  # slots written by the last verify, awaiting commit
+    extra: dict = field(default_factory=dict)
+
+
+class _Graph:
+    """One ONNX Runtime session and its I/O names."""
+
+    def __init__(self, path: Path, options: ort.SessionOptions):
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as e:  # ORT raises its own exception types for bad files
+            raise BuildError(f"{path}: ONNX Runtime cannot load it ({str(e).splitlines()[0]})") from None
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.layers = sum(1 for o in self.outputs if o.startswith("new_key_"))
+
+    def run(self, feeds: dict[str, np.ndarray], cache: _Cache, tokens: int) -> dict[str, np.ndarray]:
+        """Run with the cache's prefix bound as the past and the new K/V written into it after that prefix."""
+        binding = self.session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(value))
+        plain = [n for n in self.outputs if not n.startswith("new_")]
+        for name in plain:  # bound first: get_outputs() returns them in binding order
+            binding.bind_output(name, "cpu")
+        p = cache.length
+        for l in range(self.layers):
+            for kind, bufs in (("key", cache.keys), ("value", cache.values)):
+                buf = bufs[l]
+                binding.bind_input(f"past_{kind}_{l}", "cpu", 0, np.float32, [p, *buf.shape[1:]], buf.ctypes.data)
+                out = buf[p:p + tokens]
+                binding.bind_output(f"new_{kind}_{l}", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+        self.session.run_with_iobinding(binding)
+        return dict(zip(plain, (v.numpy() for v in binding.get_outputs()[:len(plain)])))
+
+
+class OrtEngine:
+    """The Engine interface over ONNX Runtime, one sequence per call."""
+
+    def __init__(self, engine_dir: str | Path, *, threads: int | None = None):
+        from trtspec.model.onnx_graph import session_options
+
+        self.engine_dir = Path(engine_dir)
+        self.manifest: Manifest = read_manifest(self.engine_dir)
+        options = session_options(threads)
+        files = self.manifest.files
+        graph = lambda role: _Graph(self.engine_dir / files[role], options) if role in files else None  # noqa: E731
+        self._context, self._generation = graph("context"), graph("generation")
+        self._draft_context, self._draft_generation = graph("draft_context"), graph("draft_generation")
+        m, p = self.manifest.model, self.manifest.profile
+        self.vocab_size, self.max_draft_len = m.vocab_size, p.max_draft_len
+        self.num_medusa_heads = m.num_medusa_heads
+        self.has_eagle_draft = self._draft_context is not None
+        self._slots = p.tokens_per_step
+        self._size = p.max_seq_len + self._slots  # room for one padded step past max_seq_len
+        self._seqs: dict[int, _Sequence] = {}
+        self._ids = itertools.count()
+
+    def open(self) -> int:
+        m = self.manifest.model
+        base = _Cache.allocate(m.num_layers, self._size, m.num_kv_heads, m.head_dim)
+        draft = (_Cache.allocate(m.draft_layers, self._size, m.draft_num_kv_heads, m.draft_head_dim)
+                 if self.has_eagle_draft else None)
+        seq = next(self._ids)
+        self._seqs[seq] = _Sequence(base, draft)
+        return seq
+
+    def close(self, seq: int) -> None:
+        self._seqs.pop(seq, None)
+
+    def prefill(self, seq: int, token_ids: np.ndarray) -> StepOutput:
+        t = len(token_ids)
+        if not 1 <= t <= self.manifest.profile.max_input_len:
+            raise RuntimeEngineError(f"prompt of {t} tokens; the engine takes 1..{self.manifest.profile.max_input_len} "
+                                     "(max_input_len in the manifest)")
+        cache = self._seqs[seq].base
+        out = self._context.run(_feeds(token_ids, np.arange(t), np.tril(np.ones((t, t), bool))), cache, t)
+        cache.length += t
+        return _step(out, t)
+
+    def verify(self, seq: int, tokens: np.ndarray, depths: np.ndarray, mask: np.ndarray) -> StepOutput:
+        state = self._seqs[seq]
+        cache, n = state.base, len(tokens)
+        self._check_room(cache, n)
+        if n == 1:  # speculation off: one token through the context graph, no padding
+            out = self._context.run(_feeds(tokens, cache.length + np.asarray(depths), np.ones((1, 1), bool),
+                                           past=cache.length), cache, 1)
+        else:
+            ids, pos, full = _pad(tokens, cache.length + np.asarray(depths), mask, self._slots)
+            out = self._generation.run(_feeds(ids, pos, full, past=cache.length), cache, self._slots)
+        state.pending = n
+        return _step(out, n)
+
+    def commit(self, seq: int, slots: tuple[int, ...]) -> None:
+        state = self._seqs[seq]
+        assert slots[0] == 0 and state.pending >= len(slots), (slots, state.pending)
+        if slots != tuple(range(len(slots))):
+            state.base.compact(state.base.length, slots)
+        state.base.length += len(slots)
+        state.pending = 0
+
+    def draft_extend(self, seq: int, token_ids: np.ndarray, features: np.ndarray) -> StepOutput:
+        cache = self._seqs[seq].draft
+        t = len(token_ids)
+        self._check_room(cache, t)
+        feeds = _feeds(token_ids, cache.length + np.arange(t), np.tril(np.ones((t, t), bool)), past=cache.length)
+        feeds["features"] = np.asarray(features, np.float32)[None]
+        out = self._draft_context.run(feeds, cache, t)
+        cache.length += t
+        return _step(out, t)
+
+    def draft_step(self, seq: int, token_ids: np.ndarray, features: np.ndarray, depths: np.ndarray,
+                   mask: np.ndarray) -> StepOutput:
+        cache = self._seqs[seq].draft
+        m = len(token_ids)
+        self._check_room(cache, self._slots)
+        ids, pos, full = _pad(token_ids, cache.length + np.asarray(depths) - 1, mask, self._slots)
+        feeds = _feeds(ids, pos, full, past=cache.length)
+        feats = np.zeros((1, self._slots, features.shape[-1]), np.float32)
+        feats[0, :m] = features
+        feeds["features"] = feats
+        return _step(self._draft_generation.run(feeds, cache, self._slots), m)  # scratch rows, not committed
+
+    def _check_room(self, cache: _Cache, tokens: int) -> None:
+        """The committed length must stay below max_seq_len; a step's slots may use the buffer's spare K + 1."""
+        if cache.length >= self.manifest.profile.max_seq_len or cache.length + tokens > self._size:
+            raise RuntimeEngineError(f"sequence of {cache.length} tokens cannot take {tokens} more: "
+                                     f"max_seq_len is {self.manifest.profile.max_seq_len}")
+
+
+def _feeds(ids, positions, mask: np.ndarray, past: int = 0) -> dict[str, np.ndarray]:
+    """Graph inputs for one sequence; `mask` covers the new tokens, the whole past is visible."""
+    t = mask.shape[0]
+    full = np.ones((1, t, past + t), bool)  # [1, T, P+T]
+    full[0, :, past:] = mask
+    return {"input_ids": np.asarray(ids, np.int64)[None], "position_ids": np.asarray(positions, np.int64)[None],
+            "attention_mask": full}
+
+
+def _pad(tokens, positions, mask: np.ndarray, slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pad n slots to the static `slots`: padded slots see only themselves and nobody sees them."""
+    n = len(tokens)
+    ids, pos = np.zeros(slots, np.int64), np.full(slots, positions[0], np.int64)
+    ids[:n], pos[:n] = tokens, positions
+    full = np.eye(slots, dtype=bool)
+    full[:n, :n] = mask
+    return ids, pos, full
+
+
+def _step(out: dict[str, np.ndarray], n: int) -> StepOutput:
+    medusa = out.get("medusa_logits")
+    return StepOutput(out["logits"][0, :n], out["hidden"][0, :n], medusa[:, 0, :n] if medusa is not None else None)
