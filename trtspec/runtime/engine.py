@@ -20,8 +20,7 @@ class StepOutput:
     """What one forward pass returns for the T fed slots."""
 
     logits: np.ndarray  # [T, V] float32
-    hidden: np.ndarray | None = None  # [T, H] final hidden states (EAGLE features / draft hidden)
-    medusa_logits: np.ndarray | None = None  # [num_medusa_heads, T, V]
+    hidden: np.ndarray | None = None  # [T, H] final hidden states (Medusa / EAGLE features, draft hidden)
 
 
 class Engine(Protocol):
@@ -41,6 +40,9 @@ class Engine(Protocol):
 
     def commit(self, seq: int, slots: tuple[int, ...]) -> None:
         """Keep the KV of these slots of the last verify step, in this order; drop the others."""
+
+    def medusa_logits(self, hidden: np.ndarray) -> np.ndarray:
+        """Medusa: the heads' logits [num_medusa_heads, V] over one final hidden state [H]."""
 
     def draft_extend(self, seq: int, token_ids: np.ndarray, features: np.ndarray) -> StepOutput:
         """EAGLE: append committed draft entries (token_{t+1}, feature_t); return their hidden and logits."""

@@ -93,6 +93,7 @@ class OrtEngine:
         graph = lambda role: _Graph(self.engine_dir / files[role], options) if role in files else None  # noqa: E731
         self._context, self._generation = graph("context"), graph("generation")
         self._draft_context, self._draft_generation = graph("draft_context"), graph("draft_generation")
+        self._medusa = graph("medusa")
         m, p = self.manifest.model, self.manifest.profile
         self.vocab_size, self.max_draft_len = m.vocab_size, p.max_draft_len
         self.num_medusa_heads = m.num_medusa_heads
@@ -145,6 +146,10 @@ class OrtEngine:
         state.base.length += len(slots)
         state.pending = 0
 
+    def medusa_logits(self, hidden: np.ndarray) -> np.ndarray:
+        (logits,) = self._medusa.session.run(None, {"hidden": np.asarray(hidden, np.float32)[None]})
+        return logits[:, 0]  # [heads, V]
+
     def draft_extend(self, seq: int, token_ids: np.ndarray, features: np.ndarray) -> StepOutput:
         cache = self._seqs[seq].draft
         t = len(token_ids)
@@ -194,5 +199,4 @@ def _pad(tokens, positions, mask: np.ndarray, slots: int) -> tuple[np.ndarray, n
 
 
 def _step(out: dict[str, np.ndarray], n: int) -> StepOutput:
-    medusa = out.get("medusa_logits")
-    return StepOutput(out["logits"][0, :n], out["hidden"][0, :n], medusa[:, 0, :n] if medusa is not None else None)
+    return StepOutput(out["logits"][0, :n], out["hidden"][0, :n])

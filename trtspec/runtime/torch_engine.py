@@ -93,6 +93,11 @@ class TorchEngine:
         state.pending = None
 
     @torch.inference_mode()
+    def medusa_logits(self, hidden: np.ndarray) -> np.ndarray:
+        x = torch.as_tensor(np.asarray(hidden))[None].to(next(self.model.parameters()).dtype)  # [1, H]
+        return torch.stack([head(x)[0] for head in self.model.medusa_heads]).float().numpy()  # [heads, V]
+
+    @torch.inference_mode()
     def draft_extend(self, seq: int, token_ids: np.ndarray, features: np.ndarray) -> StepOutput:
         cache = self._seqs[seq].draft
         t = len(token_ids)
@@ -130,5 +135,4 @@ def _ids(values) -> torch.Tensor:
 
 
 def _step_output(out) -> StepOutput:
-    medusa = out.medusa_logits[:, 0].float().numpy() if out.medusa_logits is not None else None
-    return StepOutput(out.logits[0].float().numpy(), out.hidden[0].float().numpy(), medusa)
+    return StepOutput(out.logits[0].float().numpy(), out.hidden[0].float().numpy())

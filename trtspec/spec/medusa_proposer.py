@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from trtspec.errors import ConfigError
-from trtspec.runtime.engine import StepOutput
+from trtspec.runtime.engine import Engine, StepOutput
 from trtspec.spec.acceptance import Accepted
 from trtspec.spec.proposer import Draft, top_ranked
 from trtspec.spec.tree import Tree
@@ -20,10 +20,12 @@ class MedusaProposer:
         if tree.depth > num_heads:
             raise ConfigError(f"tree depth {tree.depth} exceeds the {num_heads} Medusa heads of the engine")
         self.tree = tree
+        self._engine: Engine | None = None
         self._head_logits: np.ndarray | None = None  # [num_heads, V] at the last accepted slot
 
-    def start(self, engine, seq, prefill: StepOutput, prompt_ids, root) -> None:
-        self._head_logits = prefill.medusa_logits[:, -1]
+    def start(self, engine: Engine, seq, prefill: StepOutput, prompt_ids, root) -> None:
+        self._engine = engine
+        self._head_logits = engine.medusa_logits(prefill.hidden[-1])
 
     def propose(self, root: int) -> Draft:
         tree = self.tree
@@ -35,4 +37,4 @@ class MedusaProposer:
         return Draft(tree, tokens)
 
     def observe(self, verify: StepOutput, accepted: Accepted) -> None:
-        self._head_logits = verify.medusa_logits[:, accepted.last_slot]
+        self._head_logits = self._engine.medusa_logits(verify.hidden[accepted.last_slot])

@@ -1,0 +1,416 @@
+"""Export a TensorRT-LLM checkpoint to the CPU engine's ONNX graphs (static-K profile), check them, and compare
+them with the torch reference.
+
+Graphs: `context` (T dynamic) and `generation` (T = K + 1 fixed) over one shared `weights.bin`; for EAGLE also
+`draft_context` / `draft_generation` over `draft_weights.bin`. Compute is float32 whatever the stored dtype.
+KV layout is past length first, [P, B, nkv, hd], so the runtime binds a prefix view of its cache buffer.
+Importing this module does not import torch (the serving path uses `session_options` only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from trtspec.errors import BuildError
+from trtspec.model.config import ModelConfig
+from trtspec.model.onnx_ops import Dims, Graph, WeightFile, decoder_layer, embed, linear, prelude, rms_norm
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+    from trtspec.checkpoint.trtllm_reader import TrtllmCheckpoint
+
+BASE_WEIGHTS, DRAFT_WEIGHTS = "weights.bin", "draft_weights.bin"
+# Unfused tensors of a decoder layer: ONNX weight → TensorRT-LLM tensor below the layer prefix. q/k/v
+# (attention.qkv) and gate/up (mlp.fc = HF gate_proj, mlp.gate = HF up_proj) are fused by _write_layer.
+LAYER_TENSORS = {"input_norm.weight": "input_layernorm.weight", "post_norm.weight": "post_layernorm.weight",
+                 "o.weight": "attention.dense.weight", "o.bias": "attention.dense.bias",
+                 "down.weight": "mlp.proj.weight", "down.bias": "mlp.proj.bias"}
+
+
+@dataclass(frozen=True)
+class ExportedGraph:
+    """One written graph and its I/O names, in order."""
+
+    path: Path
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What the weight writer found: tied embeddings, and which lm_head each Medusa head reads."""
+
+    tied: bool
+    medusa_lm_heads: tuple[str, ...] = ()
+
+
+# ---- weights ------------------------------------------------------------------------------------------------
+
+class _Source:
+    """Reads checkpoint tensors as float32 numpy, checking shapes and recording what was consumed."""
+
+    def __init__(self, ckpt: TrtllmCheckpoint):
+        self.ckpt, self.used = ckpt, set()
+
+    def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name not in self.ckpt:
+            raise BuildError(f"{self.ckpt.directory}: no tensor {name}; config.json implies it (shape {list(shape)})")
+        self.used.add(name)
+        return self._check(name, self.ckpt.tensor(name), shape)
+
+    def qkv(self, name: str, shapes: tuple[tuple[int, ...], ...]) -> list[np.ndarray]:
+        self.get(name, (sum(s[0] for s in shapes), *shapes[0][1:]))  # presence and whole shape
+        parts = zip("qkv", self.ckpt.split_qkv(name), shapes)
+        return [self._check(f"{name} ({part} part)", tensor, shape) for part, tensor, shape in parts]
+
+    def check_all_used(self, belongs) -> None:
+        leftover = sorted(n for n in self.ckpt.names() if belongs(n) and n not in self.used)
+        if leftover:
+            raise BuildError(f"{self.ckpt.directory}: tensor {leftover[0]} (and {len(leftover) - 1} more) has no "
+                             "place in the exported graph; config.json does not describe it (attn_bias / mlp_bias?)")
+
+    def _check(self, name: str, tensor, shape: tuple[int, ...]) -> np.ndarray:
+        if tuple(tensor.shape) != tuple(shape):
+            raise BuildError(f"{self.ckpt.directory}: tensor {name} has shape {list(tensor.shape)}, but config.json "
+                             f"implies {list(shape)}")
+        return tensor.float().numpy()
+
+
+def _write_layer(src: _Source, wf: WeightFile, c: ModelConfig, prefix: str, dst: str, *, input_norm: bool) -> None:
+    """One decoder layer; matrices stored [in, out] for MatMul, q/k/v fused [H, (nh + 2 nkv) hd] with q (and its
+    bias) pre-scaled by 1/sqrt(hd) so the scores come out scaled, gate/up fused [H, 2I]."""
+    H, I = c.hidden_size, c.intermediate_size
+    q_out, kv_out = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    scale, rows = np.float32(1 / math.sqrt(c.head_dim)), (q_out, kv_out, kv_out)
+    q, k, v = src.qkv(f"{prefix}.attention.qkv.weight", tuple((n, H) for n in rows))
+    wf.add(f"{dst}.qkv.weight", np.concatenate([q * scale, k, v]).T)
+    if c.qkv_bias:
+        q, k, v = src.qkv(f"{prefix}.attention.qkv.bias", tuple((n,) for n in rows))
+        wf.add(f"{dst}.qkv.bias", np.concatenate([q * scale, k, v]))
+    wf.add(f"{dst}.gate_up.weight", np.concatenate([src.get(f"{prefix}.mlp.{n}.weight", (I, H))
+                                                    for n in ("fc", "gate")]).T)
+    if c.mlp_bias:
+        wf.add(f"{dst}.gate_up.bias", np.concatenate([src.get(f"{prefix}.mlp.{n}.bias", (I,)) for n in ("fc", "gate")]))
+    shapes = {"input_norm.weight": (H,), "post_norm.weight": (H,), "o.weight": (H, q_out), "o.bias": (H,),
+              "down.weight": (H, I), "down.bias": (H,)}
+    present = {"input_norm.weight": input_norm, "o.bias": c.o_bias, "down.bias": c.mlp_bias}
+    for name, trt in LAYER_TENSORS.items():
+        if present.get(name, True):
+            wf.add(f"{dst}.{name}", src.get(f"{prefix}.{trt}", shapes[name]).T)  # .T: no-op on vectors
+
+
+def _write_head(src: _Source, wf: WeightFile, embedding: str, lm_head: str, shape: tuple[int, int]) -> bool:
+    """Embedding [V, H] and lm_head (stored [H, V]); when equal (tied) only the lm_head is written."""
+    table, head = src.get(embedding, shape), src.get(lm_head, shape)
+    tied = np.array_equal(table, head)
+    if not tied:
+        wf.add("embedding.weight", table)
+    wf.add("lm_head.weight", head.T)
+    return tied
+
+
+def _write_base(src: _Source, wf: WeightFile, c: ModelConfig) -> _Layout:
+    H, V = c.hidden_size, c.vocab_size
+    tied = _write_head(src, wf, "transformer.vocab_embedding.weight", "lm_head.weight", (V, H))
+    for layer in range(c.num_layers):
+        _write_layer(src, wf, c, f"transformer.layers.{layer}", f"layers.{layer}", input_norm=True)
+    wf.add("ln_f.weight", src.get("transformer.ln_f.weight", (H,)))
+    base_head = src.get("lm_head.weight", (V, H)) if c.num_medusa_heads else None
+    heads = []
+    for h in range(c.num_medusa_heads):
+        for layer in range(c.num_medusa_layers):
+            name = f"medusa_heads.{h}.medusa_layers.{layer}.linear"
+            wf.add(f"medusa.{h}.{layer}.weight", src.get(f"{name}.weight", (H, H)).T)
+            wf.add(f"medusa.{h}.{layer}.bias", src.get(f"{name}.bias", (H,)))
+        head = src.get(f"medusa_heads.{h}.lm_head.weight", (V, H))
+        if np.array_equal(head, base_head):  # heads-only Medusa: the base lm_head, stored once
+            heads.append("lm_head.weight")
+        else:
+            heads.append(f"medusa.{h}.lm_head.weight")
+            wf.add(heads[-1], head.T)
+    src.check_all_used(lambda name: not name.startswith("eagle_nets."))
+    return _Layout(tied, tuple(heads))
+
+
+def _draft_config(c: ModelConfig) -> ModelConfig:
+    return dataclasses.replace(c.eagle, vocab_size=c.vocab_size)
+
+
+def _write_draft(src: _Source, wf: WeightFile, c: ModelConfig) -> _Layout:
+    d, p = _draft_config(c), "eagle_nets.0"
+    tied = _write_head(src, wf, f"{p}.drafter.vocab_embedding.weight", f"{p}.lm_head.weight",
+                       (d.vocab_size, d.hidden_size))
+    wf.add("fc.weight", src.get(f"{p}.drafter.fc.weight", (d.hidden_size, 2 * d.hidden_size)).T)
+    wf.add("fc.bias", src.get(f"{p}.drafter.fc.bias", (d.hidden_size,)))
+    for j in range(d.num_layers):
+        _write_layer(src, wf, d, f"{p}.drafter.layers.{j}", f"layers.{j}", input_norm=j > 0)
+    src.check_all_used(lambda name: name.startswith(f"{p}."))
+    return _Layout(tied)
+
+
+# ---- graphs ---------------------------------------------------------------------------------------------------
+
+def _dims(c: ModelConfig) -> Dims:
+    return Dims(c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps)
+
+
+def _inv_freq(c: ModelConfig) -> np.ndarray:
+    from trtspec.model.rope import rope_inv_freq  # torch, at build time only
+
+    return rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling).numpy()  # [hd/2] float32
+
+
+def _io(c: ModelConfig, tokens: int | None, extra_inputs=(), outputs=()) -> tuple[list, list]:
+    """Graph inputs and outputs; every KV tensor is [length, B, nkv, hd]."""
+    t = tokens if tokens is not None else "tokens"
+    info = helper.make_tensor_value_info
+    kv = [c.num_kv_heads, c.head_dim]
+    inputs = [info("input_ids", TensorProto.INT64, ["batch", t]), *extra_inputs,
+              info("position_ids", TensorProto.INT64, ["batch", t]),
+              info("attention_mask", TensorProto.BOOL, ["batch", t, "past_plus_tokens"])]
+    outs = [info("logits", TensorProto.FLOAT, ["batch", t, c.vocab_size]),
+            info("hidden", TensorProto.FLOAT, ["batch", t, c.hidden_size]), *outputs]
+    for layer in range(c.num_layers):
+        inputs += [info(f"past_{kind}_{layer}", TensorProto.FLOAT, ["past", "batch", *kv]) for kind in ("key", "value")]
+        outs += [info(f"new_{kind}_{layer}", TensorProto.FLOAT, [t, "batch", *kv]) for kind in ("key", "value")]
+    return inputs, outs
+
+
+def base_graph(c: ModelConfig, layout: _Layout, wf: WeightFile, tokens: int | None) -> onnx.ModelProto:
+    """The base network over T = `tokens` new tokens (None: dynamic)."""
+    g = Graph(wf)
+    pre = prelude(g, _dims(c), _inv_freq(c), "past_key_0", tokens)
+    x = embed(g, "input_ids", tied=layout.tied)  # [B, T, H]
+    for layer in range(c.num_layers):
+        x = decoder_layer(g, _dims(c), pre, x, f"layers.{layer}", layer, c.intermediate_size)
+    hidden = rms_norm(g, x, "ln_f.weight", c.rms_norm_eps, "hidden")
+    g.op("MatMul", hidden, g.w("lm_head.weight"), name="logits")  # [B, T, V]
+    inputs, outputs = _io(c, tokens)
+    return g.model("trtspec_base", inputs, outputs)
+
+
+def medusa_graph(c: ModelConfig, layout: _Layout, wf: WeightFile) -> onnx.ModelProto:
+    """Medusa heads over N final hidden states: `hidden` [N, H] → `medusa_logits` [heads, N, V].
+
+    A separate graph so a step pays for the heads once, at the accepted slot only, and plain decoding not at
+    all. Heads that share the base lm_head project together in one MatMul (one pass over the weights)."""
+    g = Graph(wf)
+    outs = [_medusa_resblocks(g, "hidden", h, c.num_medusa_layers) for h in range(c.num_medusa_heads)]
+    shared = [h for h, lm in enumerate(layout.medusa_lm_heads) if lm == "lm_head.weight"]
+    logits = {}
+    if shared:
+        stacked = g.op("Concat", *[g.op("Unsqueeze", outs[h], g.const([0])) for h in shared], axis=0)
+        projected = g.op("MatMul", stacked, g.w("lm_head.weight"))  # [len(shared), N, V]
+        for i, h in enumerate(shared):
+            logits[h] = g.op("Slice", projected, g.const([i]), g.const([i + 1]), g.const([0]))
+    for h, lm in enumerate(layout.medusa_lm_heads):
+        if h not in logits:
+            logits[h] = g.op("Unsqueeze", g.op("MatMul", outs[h], g.w(lm)), g.const([0]))
+    g.op("Concat", *[logits[h] for h in range(c.num_medusa_heads)], axis=0, name="medusa_logits")
+    info = helper.make_tensor_value_info
+    return g.model("trtspec_medusa_heads", [info("hidden", TensorProto.FLOAT, ["rows", c.hidden_size])],
+                   [info("medusa_logits", TensorProto.FLOAT, [c.num_medusa_heads, "rows", c.vocab_size])])
+
+
+def _medusa_resblocks(g: Graph, x: str, head: int, layers: int) -> str:
+    """ResBlocks x + silu(x W + b) of one head."""
+    for layer in range(layers):
+        y = linear(g, x, f"medusa.{head}.{layer}", f"medusa.{head}.{layer}")
+        x = g.op("Add", x, g.op("Mul", y, g.op("Sigmoid", y)))
+    return x
+
+
+def draft_graph(c: ModelConfig, layout: _Layout, wf: WeightFile, tokens: int | None) -> onnx.ModelProto:
+    """The EAGLE drafter: fc(cat[embed, feature]), its layers (layer 0 without input norm), the lm_head."""
+    d = _draft_config(c)
+    g = Graph(wf)
+    pre = prelude(g, _dims(d), _inv_freq(d), "past_key_0", tokens)
+    x = linear(g, g.op("Concat", embed(g, "input_ids", tied=layout.tied), "features", axis=-1), "fc", "fc")
+    for j in range(d.num_layers):
+        x = decoder_layer(g, _dims(d), pre, x, f"layers.{j}", j, d.intermediate_size)
+    g.op("MatMul", g.op("Identity", x, name="hidden"), g.w("lm_head.weight"), name="logits")
+    t = tokens if tokens is not None else "tokens"
+    features = helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", t, d.hidden_size])
+    inputs, outputs = _io(d, tokens, extra_inputs=[features])
+    return g.model("trtspec_eagle_draft", inputs, outputs)
+
+
+# ---- export, check, compare ---------------------------------------------------------------------------------
+
+def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, generation_tokens: int) -> dict[str, ExportedGraph]:
+    """Write context.onnx / generation.onnx over weights.bin (and the EAGLE draft pair over draft_weights.bin)."""
+    if isinstance(generation_tokens, bool) or not isinstance(generation_tokens, int) or generation_tokens < 1:
+        raise BuildError(f"generation_tokens must be a positive int (K + 1), got {generation_tokens!r}")
+    c, out_dir = ModelConfig.from_trtllm(ckpt.config), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    parts = [("", BASE_WEIGHTS, _write_base, base_graph)]
+    if c.eagle is not None:
+        _check_eagle_copies(ckpt, c)
+        parts.append(("draft_", DRAFT_WEIGHTS, _write_draft, draft_graph))
+    graphs = {}
+    for role_prefix, weights, write, build in parts:
+        wf = WeightFile(out_dir / weights)
+        try:
+            layout = write(_Source(ckpt), wf, c)
+        finally:
+            wf.close()
+        for role, tokens in (("context", None), ("generation", generation_tokens)):
+            graphs[role_prefix + role] = _save(build(c, layout, wf, tokens), out_dir / f"{role_prefix}{role}.onnx")
+        if layout.medusa_lm_heads:
+            graphs["medusa"] = _save(medusa_graph(c, layout, wf), out_dir / "medusa.onnx")
+    return graphs
+
+
+def _check_eagle_copies(ckpt: TrtllmCheckpoint, c: ModelConfig) -> None:
+    from trtspec.model.eagle_draft import check_identical_copies  # torch, at build time only
+
+    check_identical_copies(ckpt, c.num_eagle_layers)
+
+
+def _save(model: onnx.ModelProto, path: Path) -> ExportedGraph:
+    onnx.save_model(model, str(path))
+    return ExportedGraph(path, tuple(i.name for i in model.graph.input), tuple(o.name for o in model.graph.output))
+
+
+def check_graph(path: Path) -> None:
+    """Run the ONNX checker and strict shape inference on a saved graph (external data beside it)."""
+    path = Path(path)
+    try:
+        onnx.checker.check_model(str(path))
+        with tempfile.TemporaryDirectory() as tmp:
+            onnx.shape_inference.infer_shapes_path(str(path), str(Path(tmp) / path.name), strict_mode=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, OSError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise BuildError(f"{path}: not a valid ONNX graph ({first}); this is a trtspec export bug") from None
+
+
+def session_options(threads: int | None = None) -> onnxruntime.SessionOptions:
+    """The ONNX Runtime options the engine runs with: all graph optimisations, sequential, `threads` intra-op.
+
+    Workers spin between the ops of a run (fast dispatch) but stop at its end: a worker left spinning after its
+    session's run takes a core from the session that runs next, which doubled a step's time when context and
+    generation sessions alternate on 2 cores (ONNX Runtime 1.32; spinning off altogether costs about 10%)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads, options.inter_op_num_threads = threads or os.cpu_count() or 1, 1
+    options.add_session_config_entry("session.force_spinning_stop", "1")
+    return options
+
+
+def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], *, seed: int = 0) -> dict[str, float]:
+    """Run each graph in ONNX Runtime and the torch reference on one random step; return max abs diff per output.
+
+    Keys are "<graph>.<output>" (new_key / new_value: the maximum over layers). Context graphs get causal prompts
+    (P = 0); generation graphs a random past, a random tree mask with depth positions, and a batch row whose
+    first past columns are padding. `out_dir` holds the graphs (their paths in `graphs` are used)."""
+    from trtspec.model.eagle_draft import EagleDraftModel  # torch, at build time only
+    from trtspec.model.reference import ReferenceModel
+
+    rng = np.random.default_rng(seed)
+    models = {"": ReferenceModel.from_checkpoint(Path(ckpt_dir))}
+    if any(role.startswith("draft_") for role in graphs):
+        models["draft_"] = EagleDraftModel.from_checkpoint(Path(ckpt_dir))
+    diffs = {}
+    for role, graph in graphs.items():
+        model = models["draft_" if role.startswith("draft_") else ""]
+        session = ort_session(graph.path)
+        if role == "medusa":
+            diffs["medusa.medusa_logits"] = _compare_medusa(session, model, rng)
+            continue
+        tokens = session.get_inputs()[0].shape[1]  # an int for the generation graphs, "tokens" otherwise
+        feeds = random_step(model.config, rng, tokens=tokens if isinstance(tokens, int) else 6,
+                            past=0 if role.endswith("context") else 5, features=role.startswith("draft_"))
+        ours = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+        for name, diff in max_diffs(ours, reference_outputs(model, feeds)).items():
+            diffs[f"{role}.{name}"] = diff
+    return diffs
+
+
+def _compare_medusa(session, model, rng: np.random.Generator) -> float:
+    import torch
+
+    hidden = rng.standard_normal((3, model.config.hidden_size), dtype=np.float32)
+    (ours,) = session.run(None, {"hidden": hidden})
+    with torch.no_grad():
+        ref = torch.stack([head(torch.from_numpy(hidden)) for head in model.medusa_heads]).float().numpy()
+    return float(np.abs(ours - ref).max())
+
+
+def ort_session(path: Path, threads: int | None = None) -> onnxruntime.InferenceSession:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
+
+
+def random_step(c: ModelConfig, rng: np.random.Generator, *, tokens: int, past: int, batch: int = 2,
+                features: bool = False) -> dict[str, np.ndarray]:
+    """Graph feeds for one step: row 0 sees the whole past, row 1 has `past // 2` leading padding columns.
+
+    With past = 0 the new tokens are causal; otherwise they form a random tree (each slot's parent is an
+    earlier slot) with positions = past length + depth."""
+    parents = [-1] + [int(rng.integers(0, i)) for i in range(1, tokens)] if past else list(range(-1, tokens - 1))
+    tree, depth = np.eye(tokens, dtype=bool), np.zeros(tokens, np.int64)
+    for slot, parent in enumerate(parents):
+        depth[slot] = depth[parent] + 1 if parent >= 0 else 0
+        tree[slot] |= tree[parent] if parent >= 0 else False
+    mask = np.ones((batch, tokens, past + tokens), bool)
+    mask[:, :, past:] = tree
+    pad = np.zeros(batch, np.int64)
+    pad[1:] = past // 2
+    for b in range(batch):
+        mask[b, :, :pad[b]] = False  # padding slots: garbage in the cache, masked out
+    kv = (past, batch, c.num_kv_heads, c.head_dim)
+    feeds = {"input_ids": rng.integers(0, c.vocab_size, (batch, tokens)),
+             "position_ids": (past - pad)[:, None] + depth[None], "attention_mask": mask}
+    if features:
+        feeds["features"] = rng.standard_normal((batch, tokens, c.hidden_size), dtype=np.float32)
+    for layer in range(c.num_layers):
+        for kind in ("key", "value"):
+            feeds[f"past_{kind}_{layer}"] = rng.standard_normal(kv, dtype=np.float32)
+    return feeds
+
+
+def reference_outputs(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run a ReferenceModel / EagleDraftModel on graph feeds; return its outputs named and laid out as the graph's."""
+    import torch
+
+    L = model.config.num_layers
+    t = {k: torch.from_numpy(np.array(v)) for k, v in feeds.items()}  # a writable copy
+    past = [torch.stack([t[f"past_{kind}_{layer}"].permute(1, 2, 0, 3) for layer in range(L)])
+            for kind in ("key", "value")]
+    args = (t["input_ids"], t["features"]) if "features" in t else (t["input_ids"],)
+    with torch.no_grad():
+        out = model(*args, t["position_ids"], t["attention_mask"], *past)  # past [L, B, nkv, P, hd]
+    result = {"logits": out.logits.numpy(), "hidden": out.hidden.float().numpy()}
+    for layer in range(L):  # [B, nkv, T, hd] → [T, B, nkv, hd]
+        result[f"new_key_{layer}"] = out.new_key[layer].permute(2, 0, 1, 3).float().numpy()
+        result[f"new_value_{layer}"] = out.new_value[layer].permute(2, 0, 1, 3).float().numpy()
+    return result
+
+
+def max_diffs(ours: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict[str, float]:
+    """Max abs difference per output; new_key_{l} / new_value_{l} fold into new_key / new_value."""
+    if ours.keys() != reference.keys():
+        raise BuildError(f"graph outputs {sorted(ours)} differ from the reference's {sorted(reference)}")
+    diffs: dict[str, float] = {}
+    for name, value in ours.items():
+        if value.shape != reference[name].shape:
+            raise BuildError(f"graph output {name} has shape {list(value.shape)}, the reference "
+                             f"{list(reference[name].shape)}")
+        key = name.rsplit("_", 1)[0] if name.startswith("new_") else name
+        diffs[key] = max(diffs.get(key, 0.0), float(np.abs(value - reference[name]).max(initial=0.0)))
+    return diffs

@@ -1,0 +1,1 @@
+"""Drafter training and initialisation: Medusa heads and EAGLE drafts for any base model."""
