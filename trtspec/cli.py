@@ -148,7 +148,7 @@ def build(source: Path, backend: str, eagle2: str | None, dry_run: bool, **flags
     manifest = build_engine(opts)
     worst = max(manifest.numerics.values(), default=0.0)
     click.echo(f"wrote {opts.out}: {manifest.method.value} engine, K={manifest.profile.max_draft_len} "
-               f"({manifest.profile.tokens_per_step} slots per step), max |ORT - reference| {worst:.1e}")
+               f"({manifest.profile.tokens_per_step} slots per step), max ORT vs reference error {worst:.1e} of scale")
 
 
 def _dynamic_tree(text: str | None, cls):

@@ -107,7 +107,7 @@ class Manifest:
     tokenizer: str | None = None  # relative path of the tokenizer folder, when the source had one
     source: str = ""
     versions: dict[str, str] = field(default_factory=dict)
-    numerics: dict[str, float] = field(default_factory=dict)  # max |ORT − torch reference| per graph output
+    numerics: dict[str, float] = field(default_factory=dict)  # max |ORT − reference| / max(1, |reference|) per output
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -29,7 +29,7 @@ from trtspec.spec.tree_presets import preset
 log = logging.getLogger(__name__)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json")
-NUMERICS_TOLERANCE = 1e-3  # max |ORT − torch reference| accepted per output, fp32
+NUMERICS_TOLERANCE = 1e-4  # max |ORT − torch reference| / max(1, |reference|) per output, fp32
 DEFAULT_PRESET = "medusa_small_8"
 
 
@@ -94,8 +94,8 @@ def build(opts: BuildOptions) -> Manifest:
         numerics = compare_with_reference(opts.source, tmp, graphs)
         worst = max(numerics.items(), key=lambda kv: kv[1])
         if worst[1] > NUMERICS_TOLERANCE:
-            raise BuildError(f"exported graph output {worst[0]} differs from the torch reference by {worst[1]:.2e} "
-                             f"(tolerance {NUMERICS_TOLERANCE:.0e}); this is a trtspec bug, please report it")
+            raise BuildError(f"exported graph output {worst[0]} differs from the torch reference by {worst[1]:.2e} of "
+                             f"its scale (tolerance {NUMERICS_TOLERANCE:.0e}); this is a trtspec bug, please report it")
         files = {role: g.path.name for role, g in graphs.items()}
         files.update({p.stem: p.name for p in tmp.glob("*.bin")})
         tokenizer = _copy_tokenizer(_tokenizer_dir(opts), tmp)

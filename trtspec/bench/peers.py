@@ -1,0 +1,178 @@
+"""Greedy decode runners for the CPU engine benchmark (trtspec, onnxruntime-genai, transformers), each run in its
+own child process so that no two systems share threads, allocators or warm caches.
+
+A runner takes prompt token ids and yields one row per prompt: output ids, time to first token, total time.
+`run_child("trtspec.bench.peers:run_trtspec", {...})` starts `python -m trtspec.bench.peers`, which calls
+the named function and prints its rows as JSON lines.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from trtspec.errors import ConfigError
+
+GENAI_MODULES = ("onnxruntime_genai", "onnx_ir")  # the builder imports onnx_ir but does not declare it
+GENAI_INSTALL = "pip install onnxruntime-genai onnx-ir"
+TRANSFORMERS_MODULES = ("transformers", "torch")
+TRANSFORMERS_INSTALL = "pip install 'trtspec[build]'"
+GENAI_CONFIG = "genai_config.json"
+WARMUP_TOKENS = 8  # a short generation before timing: first-run allocations and lazy initialisation
+
+
+def missing_modules(modules: Iterable[str]) -> list[str]:
+    """Return the modules of `modules` that are not installed (located, never imported)."""
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+def _sample(prompt: int, output_ids, start: float, first: float, end: float) -> dict:
+    return {"prompt": prompt, "output_ids": [int(t) for t in output_ids], "ttft_s": first - start,
+            "total_s": end - start}
+
+
+# ---- trtspec ------------------------------------------------------------------------------------------------
+
+def run_trtspec(engine: str, prompts: list[list[int]], *, max_tokens: int, threads: int) -> Iterator[dict]:
+    """Plain greedy decoding (speculation off) with trtspec's LocalGenerator; ttft and total as it measures them."""
+    from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+
+    generator = LocalGenerator(engine, threads=threads)
+    generator.generate(prompts[0], GenerateOptions(max_tokens=WARMUP_TOKENS, no_spec=True))
+    options = GenerateOptions(max_tokens=max_tokens, no_spec=True)
+    for index, ids in enumerate(prompts):
+        result = generator.generate(ids, options, index=index).result
+        yield _sample(index, result.output_ids, 0.0, result.ttft_s, result.total_s)
+
+
+# ---- onnxruntime-genai --------------------------------------------------------------------------------------
+
+def build_genai_model(hf_dir: Path, out: Path, *, log: Path) -> Path:
+    """Run onnxruntime-genai's model builder (fp32, CPU) offline on a local HF folder; reuse a finished build."""
+    if (out / GENAI_CONFIG).is_file():
+        return out
+    cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out),
+           "-p", "fp32", "-e", "cpu", "-c", str(out.parent / "genai-cache")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    with open(log, "w") as f:
+        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    if code or not (out / GENAI_CONFIG).is_file():
+        raise ConfigError(f"onnxruntime-genai's model builder failed (exit code {code}); see {log}")
+    return out
+
+
+def run_genai(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int) -> Iterator[dict]:
+    """Greedy search with onnxruntime-genai's Generator, max_length = prompt + max_tokens."""
+    import onnxruntime_genai as og
+
+    config = og.Config(model)
+    options = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+    loaded = og.Model(config)
+
+    def generate(ids: list[int], new_tokens: int) -> tuple[list[int], float, float, float]:
+        params = og.GeneratorParams(loaded)
+        params.set_search_options(do_sample=False, max_length=len(ids) + new_tokens)
+        start = time.perf_counter()
+        generator = og.Generator(loaded, params)
+        generator.append_tokens([ids])  # runs the prompt
+        generator.generate_next_token()  # picks the first token from the prompt's logits
+        first = time.perf_counter()
+        while not generator.is_done():
+            generator.generate_next_token()
+        end = time.perf_counter()
+        return list(generator.get_sequence(0))[len(ids):], start, first, end
+
+    generate(prompts[0], WARMUP_TOKENS)
+    for index, ids in enumerate(prompts):
+        yield _sample(index, *generate(ids, max_tokens))
+
+
+# ---- transformers -------------------------------------------------------------------------------------------
+
+class _FirstTokenClock:
+    """A generate() streamer that notes when the first new token arrives (the first put() is the prompt)."""
+
+    def __init__(self):
+        self.puts, self.first = 0, None
+
+    def put(self, value) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.first = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
+def run_transformers(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int) -> Iterator[dict]:
+    """Greedy `generate` of Hugging Face transformers in fp32 with `threads` torch threads."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    loaded = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    eos = loaded.generation_config.eos_token_id
+
+    def generate(ids: list[int], new_tokens: int) -> tuple[list[int], float, float, float]:
+        x = torch.tensor([ids])
+        clock = _FirstTokenClock()
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = loaded.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
+                                  do_sample=False, pad_token_id=eos, streamer=clock)
+        end = time.perf_counter()
+        return out[0, len(ids):].tolist(), start, clock.first or end, end
+
+    generate(prompts[0], WARMUP_TOKENS)
+    for index, ids in enumerate(prompts):
+        yield _sample(index, *generate(ids, max_tokens))
+
+
+# ---- the child process --------------------------------------------------------------------------------------
+
+def run_child(function: str, kwargs: dict, *, log: Path, on_row: Callable[[dict], None] = lambda row: None,
+              threads: int | None = None) -> list[dict]:
+    """Call `module:function` (in trtspec.bench) in a fresh interpreter; return its rows, passing each to on_row."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    if threads is not None:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    rows = []
+    with open(log, "a") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "trtspec.bench.peers", function], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        proc.stdin.write(json.dumps(kwargs))
+        proc.stdin.close()
+        for line in proc.stdout:
+            rows.append(json.loads(line))
+            on_row(rows[-1])
+        code = proc.wait()
+    if code:
+        tail = "".join(Path(log).read_text().splitlines(keepends=True)[-5:]).strip()
+        raise ConfigError(f"{function} failed in its child process (exit code {code}); see {log}:\n{tail}")
+    return rows
+
+
+def _resolve(function: str) -> Callable:
+    module, _, name = function.partition(":")
+    if not module.startswith("trtspec.bench.") or not name:
+        raise ConfigError(f"{function!r}: expected trtspec.bench.<module>:<function>")
+    return getattr(importlib.import_module(module), name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    (function,) = argv if argv is not None else sys.argv[1:]
+    result = _resolve(function)(**json.loads(sys.stdin.read()))
+    for row in [result] if isinstance(result, dict) else result:
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
