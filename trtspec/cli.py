@@ -185,15 +185,19 @@ def generate(engine: Path, prompt: str | None, prompts_file: Path | None, as_jso
 
     generator = LocalGenerator(engine, threads=threads)
     prompts = [prompt] if prompt is not None else read_prompt_file(prompts_file)
+    options = GenerateOptions(**flags)
+    if not stream:  # all prompts at once, with in-flight batching
+        for result in generator.generate_many(prompts, options):
+            click.echo(json.dumps(result.to_dict()) if as_json else _text(result))
+        return
     for i, p in enumerate(prompts):
-        on_text = (lambda piece: click.echo(piece, nl=False)) if stream and not as_json else None
-        result = generator.generate(p, GenerateOptions(**flags), index=i, on_text=on_text)
-        if as_json:
-            click.echo(json.dumps(result.to_dict()))
-        elif stream:
-            click.echo()
-        else:
-            click.echo(result.text if result.text is not None else " ".join(map(str, result.output_ids)))
+        on_text = None if as_json else (lambda piece: click.echo(piece, nl=False))
+        result = generator.generate(p, options, index=i, on_text=on_text)
+        click.echo(json.dumps(result.to_dict()) if as_json else "")
+
+
+def _text(result) -> str:
+    return result.text if result.text is not None else " ".join(map(str, result.output_ids))
 
 
 @cli.group()

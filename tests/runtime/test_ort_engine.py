@@ -8,7 +8,7 @@ import pytest
 from trtspec import ConvertOptions, convert
 from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.errors import RuntimeEngineError
-from trtspec.runtime.loop import GenerationConfig, generate
+from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.runtime.torch_engine import TorchEngine
 from trtspec.spec.eagle_proposer import DynamicTree
@@ -88,3 +88,26 @@ def test_limits_are_clear_errors(engines):
         generate(engine, np.zeros(65, np.int64), _proposer("medusa", engine), GenerationConfig(max_tokens=4))
     with pytest.raises(RuntimeEngineError, match="max_seq_len is 160"):
         generate(engine, np.zeros(60, np.int64), _proposer("medusa", engine), GenerationConfig(max_tokens=200))
+
+
+@pytest.mark.parametrize("name", ["medusa", "eagle", "eagle2"])
+def test_in_flight_batch_equals_each_sequence_alone(engines, name):
+    """8 prompts of different lengths, speculation on and off mixed, max_tokens and trees differing per
+    request, 3 at a time: sequences join as others leave, and every output equals its run alone."""
+    engine = engines[name][0]
+    rng = np.random.default_rng(7)
+    prompts = _prompts(8, seed=9)
+    configs = [GenerationConfig(max_tokens=int(rng.integers(4, 30))) for _ in prompts]
+    no_spec = [i % 3 == 2 for i in range(len(prompts))]
+    alone = [generate(engine, p, _proposer(name, engine, s), c).output_ids
+             for p, c, s in zip(prompts, configs, no_spec)]
+    requests = [Request(p, _proposer(name, engine, s), c) for p, c, s in zip(prompts, configs, no_spec)]
+    calls = []
+    verify_batch = engine.verify_batch
+    engine.verify_batch = lambda items: (calls.append(len(items)), verify_batch(items))[1]
+    try:
+        batched = generate_batch(engine, requests, max_batch_size=3)
+    finally:
+        del engine.verify_batch
+    assert [r.output_ids for r in batched] == alone
+    assert max(calls) == 3 and len(engine._seqs) == 0  # batched steps happened; every sequence was closed

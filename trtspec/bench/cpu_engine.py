@@ -199,13 +199,21 @@ def summarize(samples: list[dict]) -> dict:
 
 
 def identical_outputs(samples: dict[str, list[dict]]) -> dict:
-    """Per prompt, whether every system (and every round) produced the same greedy token ids."""
-    outputs: dict[int, set] = {}
-    for rows in samples.values():
+    """Per prompt, whether every system (and every round) produced the same greedy token ids; for the others,
+    which systems agree with each other and the first token index where the outputs part."""
+    outputs: dict[int, dict[tuple, set]] = {}
+    for name, rows in samples.items():
         for row in rows:
-            outputs.setdefault(row["prompt"], set()).add(tuple(row["output_ids"]))
-    same = sorted(p for p, seen in outputs.items() if len(seen) == 1)
-    return {"identical": len(same), "prompts": len(outputs), "differ": sorted(set(outputs) - set(same))}
+            outputs.setdefault(row["prompt"], {}).setdefault(tuple(row["output_ids"]), set()).add(name)
+    differ = []
+    for prompt, seen in sorted(outputs.items()):
+        if len(seen) > 1:
+            ids = list(seen)
+            first = min(next((i for i, (a, b) in enumerate(zip(x, ids[0])) if a != b), min(len(x), len(ids[0])))
+                        for x in ids[1:])
+            groups = sorted(sorted(names) for names in seen.values())
+            differ.append({"prompt": prompt, "first_diff": first, "groups": groups})
+    return {"identical": len(outputs) - len(differ), "prompts": len(outputs), "differ": differ}
 
 
 # ---- report -------------------------------------------------------------------------------------------------
@@ -226,6 +234,9 @@ def render_table(report: dict) -> str:
     if (same := report.get("identical")) is not None:
         lines.append(f"greedy outputs token-identical across {', '.join(report['decode'])}: "
                      f"{same['identical']}/{same['prompts']} prompts")
+        for d in same["differ"]:
+            lines.append(f"  prompt {d['prompt']}: {' ≠ '.join(', '.join(g) for g in d['groups'])} "
+                         f"from generated token {d['first_diff']}")
     lines.append("")
     lines.append(f"verify cost curve (P = {s['past']}, median of {s['repeats']}): slots  ms  ÷ 1-slot step")
     lines += [f"  {p['slots']:>3} {p['ms']:8.2f} {p['ratio']:6.2f}×" for p in report["curve"]]

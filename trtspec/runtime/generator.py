@@ -12,7 +12,7 @@ from pathlib import Path
 
 from trtspec.engine.manifest import Method
 from trtspec.errors import ConfigError
-from trtspec.runtime.loop import GenerationConfig, GenerationResult, generate
+from trtspec.runtime.loop import GenerationConfig, GenerationResult, Request, generate, generate_batch
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.spec.eagle_proposer import DynamicTree
 from trtspec.spec.methods import make_proposer
@@ -78,8 +78,34 @@ class LocalGenerator:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         return self.tokenizer.encode_chat(messages)
 
+    def generate_many(self, prompts: list, options: GenerateOptions = GenerateOptions()) -> list[Generation]:
+        """All prompts with in-flight batching (up to the manifest's max_batch_size per step)."""
+        requests = [Request(self._checked_ids(p, options, i), self.proposer(options.no_spec), self._config(options))
+                    for i, p in enumerate(prompts)]
+        results = generate_batch(self.engine, requests, max_batch_size=self.manifest.profile.max_batch_size)
+        return [Generation(i, r.output_ids, self._decode(r.output_ids), r) for i, r in enumerate(results)]
+
     def generate(self, prompt, options: GenerateOptions = GenerateOptions(), *, index: int = 0,
                  on_text: Callable[[str], None] | None = None) -> Generation:
+        ids = self._checked_ids(prompt, options, index)
+        on_tokens = None
+        if on_text is not None and self.tokenizer is not None:
+            from trtspec.runtime.tokenizer import IncrementalDecoder
+
+            decoder = IncrementalDecoder(self.tokenizer)
+            on_tokens = lambda tokens: on_text(decoder.feed(tokens))  # noqa: E731
+        result = generate(self.engine, ids, self.proposer(options.no_spec), self._config(options), on_tokens)
+        return Generation(index, result.output_ids, self._decode(result.output_ids), result)
+
+    def _decode(self, ids: list[int]) -> str | None:
+        return self.tokenizer.decode(ids) if self.tokenizer is not None else None
+
+    def _config(self, options: GenerateOptions) -> GenerationConfig:
+        return GenerationConfig(max_tokens=options.max_tokens, end_id=self.manifest.model.end_id,
+                                sampling=SamplingParams(temperature=options.temperature, top_k=options.top_k,
+                                                        top_p=options.top_p, seed=options.seed))
+
+    def _checked_ids(self, prompt, options: GenerateOptions, index: int) -> list[int]:
         ids = self.encode(prompt)
         profile = self.manifest.profile
         if len(ids) > profile.max_input_len:
@@ -88,18 +114,7 @@ class LocalGenerator:
         if len(ids) + options.max_tokens > profile.max_seq_len:
             raise ConfigError(f"prompt {index}: {len(ids)} prompt tokens + max_tokens {options.max_tokens} exceed "
                               f"the engine's max_seq_len {profile.max_seq_len}; lower --max-tokens")
-        config = GenerationConfig(max_tokens=options.max_tokens, end_id=self.manifest.model.end_id,
-                                  sampling=SamplingParams(temperature=options.temperature, top_k=options.top_k,
-                                                          top_p=options.top_p, seed=options.seed))
-        on_tokens = None
-        if on_text is not None and self.tokenizer is not None:
-            from trtspec.runtime.tokenizer import IncrementalDecoder
-
-            decoder = IncrementalDecoder(self.tokenizer)
-            on_tokens = lambda tokens: on_text(decoder.feed(tokens))  # noqa: E731
-        result = generate(self.engine, ids, self.proposer(options.no_spec), config, on_tokens)
-        text = self.tokenizer.decode(result.output_ids) if self.tokenizer is not None else None
-        return Generation(index, result.output_ids, text, result)
+        return ids
 
 
 def read_prompt_file(path: Path) -> list:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtspec.errors import ConfigError
-from trtspec.runtime.engine import Engine
+from trtspec.runtime.engine import Engine, StepOutput
 from trtspec.spec.acceptance import Accepted, accept_greedy, accept_rejection_tree, accept_typical
 from trtspec.spec.proposer import Draft, Proposer
 from trtspec.spec.sampling import SamplingParams, logits_to_probs, make_rng, sample
@@ -53,35 +53,104 @@ class GenerationResult:
         return len(self.output_ids) / self.total_s if self.total_s else 0.0
 
 
+@dataclass
+class Request:
+    """One sequence to generate: its prompt, its drafter, its limits, and where its tokens stream to."""
+
+    prompt_ids: object
+    proposer: Proposer
+    config: GenerationConfig = GenerationConfig()
+    on_tokens: Callable[[list[int]], None] | None = None
+
+
+class _Decoding:
+    """One sequence in flight: prefill once, then draft → (batched) verify → accept → commit per step."""
+
+    def __init__(self, engine: Engine, request: Request):
+        self.engine, self.request, self.config = engine, request, request.config
+        self.rng = make_rng(self.config.sampling.seed)
+        self.start = time.perf_counter()
+        self.result = GenerationResult([], "length")
+        self.seq = engine.open()
+        self.finish: str | None = None
+        self.draft: Draft | None = None
+        prompt = np.asarray(request.prompt_ids, dtype=np.int64)
+        try:
+            prefill = engine.prefill(self.seq, prompt)
+            self.root = _pick(prefill.logits[-1], self.config.sampling, self.rng)
+            self.result.ttft_s = time.perf_counter() - self.start
+            self._emit([self.root])
+            if self.finish is None:
+                request.proposer.start(engine, self.seq, prefill, prompt, self.root)
+        except BaseException:
+            self.close()
+            raise
+
+    def propose(self) -> Draft:
+        self.draft = self.request.proposer.propose(self.root)
+        return self.draft
+
+    def advance(self, verify: StepOutput) -> None:
+        """Accept against the verify output of self.draft, commit, emit, and let the drafter see the step."""
+        draft = self.draft
+        accepted = _accept(draft, verify.logits, self.config, self.rng)
+        self.engine.commit(self.seq, (0, *accepted.slots))
+        self.result.stats.record(drafted=draft.tree.num_nodes, depth=draft.tree.depth, accepted=accepted.num_accepted)
+        self._emit(list(accepted.tokens))
+        self.root = accepted.tokens[-1]
+        if self.finish is None:
+            self.request.proposer.observe(verify, accepted)
+
+    def _emit(self, tokens: list[int]) -> None:
+        self.finish = _emit(self.result.output_ids, tokens, self.config, self.request.on_tokens)
+
+    def close(self) -> GenerationResult:
+        self.engine.close(self.seq)
+        self.result.finish_reason = self.finish or "length"
+        self.result.total_s = time.perf_counter() - self.start
+        return self.result
+
+
 def generate(engine: Engine, prompt_ids, proposer: Proposer, config: GenerationConfig = GenerationConfig(),
              on_tokens: Callable[[list[int]], None] | None = None) -> GenerationResult:
     """Generate up to config.max_tokens tokens after prompt_ids; stream each step's tokens to on_tokens."""
-    prompt = np.asarray(prompt_ids, dtype=np.int64)
-    rng = make_rng(config.sampling.seed)
-    start = time.perf_counter()
-    seq = engine.open()
+    return generate_batch(engine, [Request(prompt_ids, proposer, config, on_tokens)], max_batch_size=1)[0]
+
+
+def generate_batch(engine: Engine, requests: list[Request], *, max_batch_size: int = 8) -> list[GenerationResult]:
+    """In-flight batching: up to max_batch_size sequences share each verify step; a sequence joins as soon as
+    another leaves. Each sequence keeps its own drafter and tree; the engine pads every draft to K + 1 slots.
+    Results come back in request order and equal what `generate` gives each request alone."""
+    queue = list(enumerate(requests))[::-1]
+    active: list[tuple[int, _Decoding]] = []
+    results: list[GenerationResult | None] = [None] * len(requests)
     try:
-        prefill = engine.prefill(seq, prompt)
-        root = _pick(prefill.logits[-1], config.sampling, rng)
-        result = GenerationResult([], "length", ttft_s=time.perf_counter() - start)
-        finish = _emit(result.output_ids, [root], config, on_tokens)
-        if finish is None:
-            proposer.start(engine, seq, prefill, prompt, root)
-        while finish is None:
-            draft = proposer.propose(root)
-            verify = engine.verify(seq, draft.tokens, draft.tree.position_offsets, draft.tree.mask)
-            accepted = _accept(draft, verify.logits, config, rng)
-            engine.commit(seq, (0, *accepted.slots))
-            result.stats.record(drafted=draft.tree.num_nodes, depth=draft.tree.depth, accepted=accepted.num_accepted)
-            finish = _emit(result.output_ids, list(accepted.tokens), config, on_tokens)
-            root = accepted.tokens[-1]
-            if finish is None:
-                proposer.observe(verify, accepted)
-        result.finish_reason = finish
-    finally:
-        engine.close(seq)
-    result.total_s = time.perf_counter() - start
-    return result
+        while queue or active:
+            while queue and len(active) < max_batch_size:
+                index, request = queue.pop()
+                active.append((index, _Decoding(engine, request)))
+            for index, decoding in [a for a in active if a[1].finish is not None]:
+                results[index] = decoding.close()
+            active = [a for a in active if a[1].finish is None]
+            if not active:
+                continue
+            drafts = [d.propose() for _, d in active]
+            outputs = _verify_all(engine, [d.seq for _, d in active], drafts)
+            for (_, decoding), output in zip(active, outputs):
+                decoding.advance(output)
+    except BaseException:
+        for _, decoding in active:
+            engine.close(decoding.seq)
+        raise
+    return results
+
+
+def _verify_all(engine: Engine, seqs: list[int], drafts: list[Draft]) -> list[StepOutput]:
+    """One batched verify step when the engine has one, else one call per sequence."""
+    items = [(seq, d.tokens, d.tree.position_offsets, d.tree.mask) for seq, d in zip(seqs, drafts)]
+    if len(items) > 1 and hasattr(engine, "verify_batch"):
+        return engine.verify_batch(items)
+    return [engine.verify(*item) for item in items]
 
 
 def _pick(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:

@@ -30,8 +30,8 @@ class _Cache:
     length: int = 0
 
     @classmethod
-    def allocate(cls, layers: int, size: int, kv_heads: int, head_dim: int) -> _Cache:
-        shape = (size, 1, kv_heads, head_dim)
+    def allocate(cls, layers: int, size: int, kv_heads: int, head_dim: int, batch: int = 1) -> _Cache:
+        shape = (size, batch, kv_heads, head_dim)
         return cls([np.zeros(shape, np.float32) for _ in range(layers)],
                    [np.zeros(shape, np.float32) for _ in range(layers)])
 
@@ -102,6 +102,7 @@ class OrtEngine:
         self._size = p.max_seq_len + self._slots  # room for one padded step past max_seq_len
         self._seqs: dict[int, _Sequence] = {}
         self._ids = itertools.count()
+        self._staging: dict[int, _Cache] = {}  # batch size → [S_max, B, nkv, hd] per layer, reused every step
 
     def open(self) -> int:
         m = self.manifest.model
@@ -137,6 +138,37 @@ class OrtEngine:
             out = self._generation.run(_feeds(ids, pos, full, past=cache.length), cache, self._slots)
         state.pending = n
         return _step(out, n)
+
+    def verify_batch(self, items: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]) -> list[StepOutput]:
+        """One generation-graph run over several sequences' drafts (seq, tokens, depths, mask) in one batch.
+
+        The sequences' caches are gathered into a staging batch [P_max, B, nkv, hd] (shorter pasts are
+        masked), the new K/V are scattered back after the run; commit then works per sequence as usual."""
+        states = [self._seqs[seq] for seq, *_ in items]
+        for state, (_, tokens, _, _) in zip(states, items):
+            self._check_room(state.base, len(tokens))
+        plain = all(len(tokens) == 1 for _, tokens, _, _ in items)
+        slots = 1 if plain else self._slots
+        lengths = [state.base.length for state in states]
+        feeds = _batch_feeds(items, lengths, slots)
+        staging = self._staging_cache(len(items))
+        staging.length = max(lengths)
+        for b, state in enumerate(states):  # gather the pasts
+            for src, dst in zip(state.base.keys + state.base.values, staging.keys + staging.values):
+                dst[:lengths[b], b] = src[:lengths[b], 0]
+        out = (self._context if plain else self._generation).run(feeds, staging, slots)
+        p = staging.length
+        for b, state in enumerate(states):  # scatter the new rows after each sequence's own past
+            for src, dst in zip(staging.keys + staging.values, state.base.keys + state.base.values):
+                dst[lengths[b]:lengths[b] + slots, 0] = src[p:p + slots, b]
+            state.pending = len(items[b][1])
+        return [StepOutput(out["logits"][b, :len(t)], out["hidden"][b, :len(t)]) for b, (_, t, _, _) in enumerate(items)]
+
+    def _staging_cache(self, batch: int) -> _Cache:
+        if batch not in self._staging:
+            m = self.manifest.model
+            self._staging[batch] = _Cache.allocate(m.num_layers, self._size, m.num_kv_heads, m.head_dim, batch)
+        return self._staging[batch]
 
     def commit(self, seq: int, slots: tuple[int, ...]) -> None:
         state = self._seqs[seq]
@@ -186,6 +218,17 @@ def _feeds(ids, positions, mask: np.ndarray, past: int = 0) -> dict[str, np.ndar
     full[0, :, past:] = mask
     return {"input_ids": np.asarray(ids, np.int64)[None], "position_ids": np.asarray(positions, np.int64)[None],
             "attention_mask": full}
+
+
+def _batch_feeds(items, lengths: list[int], slots: int) -> dict[str, np.ndarray]:
+    """Graph inputs for a batch: row b sees its own past (lengths[b] columns) and its padded draft."""
+    batch, past = len(items), max(lengths)
+    ids, pos = np.zeros((batch, slots), np.int64), np.zeros((batch, slots), np.int64)
+    mask = np.zeros((batch, slots, past + slots), bool)  # [B, T, P_max + T]
+    for b, (_, tokens, depths, tree_mask) in enumerate(items):
+        ids[b], pos[b], mask[b, :, past:] = _pad(tokens, lengths[b] + np.asarray(depths), tree_mask, slots)
+        mask[b, :, :lengths[b]] = True
+    return {"input_ids": ids, "position_ids": pos, "attention_mask": mask}
 
 
 def _pad(tokens, positions, mask: np.ndarray, slots: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

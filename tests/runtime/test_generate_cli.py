@@ -1,0 +1,81 @@
+"""`trtspec generate` on a tiny engine: JSON output, speculation on / off identical, clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from trtspec import ConvertOptions, convert
+from trtspec.cli import cli
+from trtspec.engine.onnx_builder import BuildOptions, build
+from trtspec.testing import TinyModel, write_hf_base, write_medusa_heads
+
+MODEL = TinyModel(vocab_size=64)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gen")
+    base = write_hf_base(root / "base", MODEL)
+    heads = write_medusa_heads(root / "heads", MODEL, num_heads=3)
+    convert(ConvertOptions(base=base, medusa=heads, out=root / "ckpt"), show_progress=False)
+    build(BuildOptions(source=root / "ckpt", out=root / "engine", max_input_len=64, max_seq_len=128,
+                       max_batch_size=4))
+    return root / "engine"
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"input_ids": rng.integers(0, 64, int(n)).tolist()}) + "\n"
+                            for n in rng.integers(1, 40, 10)))
+    return path
+
+
+def _run(*args):
+    return CliRunner().invoke(cli, ["generate", *map(str, args)])
+
+
+def test_json_lines_and_speculation_off_identical(engine, prompts_file):
+    spec, plain = (_run(engine, "--prompts", prompts_file, "--max-tokens", 24, "--json", *extra)
+                   for extra in ((), ("--no-spec",)))
+    assert spec.exit_code == 0 and plain.exit_code == 0, spec.output + plain.output
+    spec_rows, plain_rows = ([json.loads(line) for line in r.output.splitlines()] for r in (spec, plain))
+    assert [r["prompt_index"] for r in spec_rows] == list(range(10))
+    assert [r["output_ids"] for r in spec_rows] == [r["output_ids"] for r in plain_rows]
+    stats = spec_rows[0]["stats"]
+    assert set(stats) == {"steps", "draft_tokens", "accepted_tokens", "acceptance_rate", "acceptance_length",
+                          "ttft_ms", "tokens_per_second"}
+    assert stats["draft_tokens"] == 8 * stats["steps"] and plain_rows[0]["stats"]["draft_tokens"] == 0
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--prompt", "hello"], "has no tokenizer; pass token ids or rebuild with --tokenizer DIR"),
+    (["--prompts", "{prompts}", "--max-tokens", "120"], "exceed the engine's max_seq_len 128"),
+    (["--prompts", "{bad}"], "bad.jsonl:2: expected an object with 'prompt', 'messages' or 'input_ids'"),
+])
+def test_errors_are_one_line(engine, prompts_file, tmp_path, args, message):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input_ids": [1, 2]}\n{"text": "x"}\n')
+    res = _run(engine, *[a.format(prompts=prompts_file, bad=bad) for a in args])
+    assert res.exit_code == 1 and res.output.count("\n") == 1 and message in res.output, res.output
+
+
+def test_missing_or_corrupt_engine_files(engine, tmp_path, prompts_file):
+    res = _run(tmp_path, "--prompts", prompts_file)
+    assert res.exit_code == 1 and "no manifest.json; not an engine directory" in res.output
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in engine.iterdir():
+        if f.is_file():
+            (broken / f.name).write_bytes(f.read_bytes())
+    (broken / "generation.onnx").write_bytes(b"garbage")
+    res = _run(broken, "--prompts", prompts_file)
+    assert res.exit_code == 1 and "generation.onnx: ONNX Runtime cannot load it" in res.output, res.output
+    (broken / "medusa.onnx").unlink()
+    res = _run(broken, "--prompts", prompts_file)
+    assert res.exit_code == 1 and "file medusa.onnx (medusa) is missing from the engine directory" in res.output
