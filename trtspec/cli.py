@@ -217,6 +217,21 @@ def models_fetch(name: str, out: Path | None, force: bool) -> None:
     click.echo(fetch_model(name, out, force=force))
 
 
+@cli.group()
+def bench() -> None:
+    """Benchmarks that measure side by side in one run and print ratios."""
+
+
+@bench.command("cpu-engine", context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench_cpu_engine(args: tuple[str, ...]) -> None:
+    """SmolLM2 plain decoding vs onnxruntime-genai and transformers, verify cost curve, bandwidth floor
+    (`trtspec bench cpu-engine --help` for its options)."""
+    from trtspec.bench.cpu_engine import main as run
+
+    run(list(args))
+
+
 def main() -> None:
     cli(prog_name="trtspec")
 

@@ -29,7 +29,9 @@ from trtspec.spec.tree_presets import preset
 log = logging.getLogger(__name__)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json")
-NUMERICS_TOLERANCE = 1e-4  # max |ORT − torch reference| / max(1, |reference|) per output, fp32
+# max |ORT − torch reference| / max(1, |reference|) per output, fp32: the 30-layer real model's 64-slot random
+# step reaches 4e-4 (same argmax everywhere); a wrong weight or rope gives > 2e-3 (tests/model/test_reference_parity)
+NUMERICS_TOLERANCE = 1e-3
 DEFAULT_PRESET = "medusa_small_8"
 
 
