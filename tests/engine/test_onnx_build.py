@@ -8,27 +8,19 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from trtspec import ConvertOptions, convert
 from trtspec.cli import cli
 from trtspec.engine.manifest import Manifest, read_manifest
 from trtspec.engine.onnx_builder import BuildOptions, build, plan_build
 from trtspec.errors import BuildError, ConfigError
-from trtspec.testing import TinyModel, write_eagle_draft, write_hf_base, write_medusa_heads
+from trtspec.testing import TinyModel, tiny_trtllm_checkpoints
 
 MODEL = TinyModel(vocab_size=64)
 
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ckpts")
-    base = write_hf_base(root / "base", MODEL)
-    heads = write_medusa_heads(root / "heads", MODEL, num_heads=3)
-    eagle = write_eagle_draft(root / "eagle", MODEL)
-    out = {}
-    for name, kwargs in (("plain", {}), ("medusa", {"medusa": heads}), ("eagle", {"eagle": eagle})):
-        convert(ConvertOptions(base=base, out=root / f"ckpt-{name}", **kwargs), show_progress=False)
-        out[name] = root / f"ckpt-{name}"
-    return out
+    out = tiny_trtllm_checkpoints(tmp_path_factory.mktemp("ckpts"), MODEL)
+    return {"plain": out["none"], "medusa": out["medusa"], "eagle": out["eagle"]}
 
 
 @pytest.mark.parametrize("name,kwargs,method,k", [

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from trtspec import ConvertOptions, convert
 from trtspec.cli import cli
 from trtspec.engine.onnx_builder import BuildOptions, build
-from trtspec.testing import TinyModel, write_hf_base, write_medusa_heads
+from trtspec.testing import TinyModel, tiny_trtllm_checkpoints
 
 MODEL = TinyModel(vocab_size=64)
 
@@ -19,10 +18,8 @@ MODEL = TinyModel(vocab_size=64)
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     root = tmp_path_factory.mktemp("gen")
-    base = write_hf_base(root / "base", MODEL)
-    heads = write_medusa_heads(root / "heads", MODEL, num_heads=3)
-    convert(ConvertOptions(base=base, medusa=heads, out=root / "ckpt"), show_progress=False)
-    build(BuildOptions(source=root / "ckpt", out=root / "engine", max_input_len=64, max_seq_len=128,
+    ckpt = tiny_trtllm_checkpoints(root, MODEL, ("medusa",))["medusa"]
+    build(BuildOptions(source=ckpt, out=root / "engine", max_input_len=64, max_seq_len=128,
                        max_batch_size=4))
     return root / "engine"
 

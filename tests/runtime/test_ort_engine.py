@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtspec import ConvertOptions, convert
 from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.errors import RuntimeEngineError
 from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
@@ -15,7 +14,7 @@ from trtspec.spec.eagle_proposer import DynamicTree
 from trtspec.spec.methods import make_proposer
 from trtspec.spec.sampling import SamplingParams
 from trtspec.spec.tree import build_tree
-from trtspec.testing import TinyModel, write_eagle_draft, write_hf_base, write_medusa_heads
+from trtspec.testing import TinyModel, tiny_trtllm_checkpoints
 
 MODEL = TinyModel(vocab_size=64)
 TREE = "[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0],[0,0,1]]"
@@ -24,18 +23,13 @@ TREE = "[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0],[0,0,1]]"
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     root = tmp_path_factory.mktemp("ort")
-    base = write_hf_base(root / "base", MODEL)
-    heads = write_medusa_heads(root / "heads", MODEL, num_heads=3)
-    eagle = write_eagle_draft(root / "eagle", MODEL)
+    ckpts = tiny_trtllm_checkpoints(root, MODEL, ("medusa", "eagle"))
     out = {}
-    for name, kwargs, extra in (("medusa", {"medusa": heads}, {"choices": TREE, "max_draft_len": 10}),
-                                ("eagle", {"eagle": eagle}, {"choices": TREE}),
-                                ("eagle2", {"eagle": eagle}, {"dynamic_tree": DynamicTree(depth=3, top_k=3,
-                                                                                          total_tokens=8)})):
-        convert(ConvertOptions(base=base, out=root / f"ckpt-{name}", **kwargs), show_progress=False)
-        build(BuildOptions(source=root / f"ckpt-{name}", out=root / f"engine-{name}", max_input_len=64,
-                           max_seq_len=160, **extra))
-        out[name] = (OrtEngine(root / f"engine-{name}", threads=1), TorchEngine.from_checkpoint(root / f"ckpt-{name}"))
+    for name, ckpt, extra in (("medusa", ckpts["medusa"], {"choices": TREE, "max_draft_len": 10}),
+                              ("eagle", ckpts["eagle"], {"choices": TREE}),
+                              ("eagle2", ckpts["eagle"], {"dynamic_tree": DynamicTree(depth=3, top_k=3, total_tokens=8)})):
+        build(BuildOptions(source=ckpt, out=root / f"engine-{name}", max_input_len=64, max_seq_len=160, **extra))
+        out[name] = (OrtEngine(root / f"engine-{name}", threads=1), TorchEngine.from_checkpoint(ckpt))
     return out
 
 

@@ -1,5 +1,6 @@
 """Test helpers: tiny random checkpoints in every released on-disk format."""
 
+from trtspec.testing.checkpoints import tiny_trtllm_checkpoints
 from trtspec.testing.factory import (
     TinyModel,
     write_eagle3_draft,
@@ -10,6 +11,7 @@ from trtspec.testing.factory import (
 )
 
 __all__ = [
+    "tiny_trtllm_checkpoints",
     "TinyModel",
     "write_eagle3_draft",
     "write_eagle_draft",

@@ -1,0 +1,28 @@
+"""Tiny TensorRT-LLM checkpoints with a drafter, converted from factory checkpoints: the fixture tests share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trtspec.testing.factory import TinyModel, write_eagle_draft, write_hf_base, write_medusa_heads
+
+DRAFTERS = ("none", "medusa", "eagle")
+
+
+def tiny_trtllm_checkpoints(root: Path, model: TinyModel, drafters=DRAFTERS, *, num_medusa_heads: int = 3,
+                            **convert_options) -> dict[str, Path]:
+    """Write one base and convert it once per drafter ("none", "medusa", "eagle") into root/ckpt-{drafter}."""
+    from trtspec.checkpoint.convert import ConvertOptions, convert
+
+    root = Path(root)
+    base = write_hf_base(root / "base", model)
+    out = {}
+    for name in drafters:
+        drafter = {}
+        if name == "medusa":
+            drafter["medusa"] = write_medusa_heads(root / "heads", model, num_heads=num_medusa_heads)
+        elif name == "eagle":
+            drafter["eagle"] = write_eagle_draft(root / "eagle", model)
+        out[name] = root / f"ckpt-{name}"
+        convert(ConvertOptions(base=base, out=out[name], **drafter, **convert_options), show_progress=False)
+    return out
