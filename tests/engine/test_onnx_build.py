@@ -73,6 +73,14 @@ def test_build_cli_dry_run_and_errors(ckpts, tmp_path):
     assert not (tmp_path / "e").exists()
 
 
+def test_building_a_hugging_face_folder_says_to_convert_first(tmp_path):
+    from trtspec.testing import write_hf_base
+
+    base = write_hf_base(tmp_path / "hf", MODEL)
+    with pytest.raises(BuildError, match="looks like a Hugging Face folder: run `trtspec convert --base"):
+        plan_build(BuildOptions(source=base, out=tmp_path / "e"))
+
+
 def test_manifest_rejects_unknown_keys_and_versions(ckpts, tmp_path):
     m = plan_build(BuildOptions(source=ckpts["medusa"], out=tmp_path / "e", max_input_len=64)).to_dict()
     with pytest.raises(ConfigError, match="unknown key 'colour'; valid keys"):

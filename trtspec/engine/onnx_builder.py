@@ -59,6 +59,11 @@ class BuildOptions:
 def plan_build(opts: BuildOptions) -> Manifest:
     """Validate the build and return the manifest it will write (without files and numerics)."""
     ckpt_config = read_json(Path(opts.source) / "config.json")
+    if "architecture" not in ckpt_config:
+        hint = (f"; it looks like a Hugging Face folder: run `trtspec convert --base {opts.source} --out CKPT` first"
+                if "architectures" in ckpt_config else "")
+        raise BuildError(f"{Path(opts.source) / 'config.json'} has no 'architecture': {opts.source} is not a "
+                         f"TensorRT-LLM checkpoint{hint}")
     cfg = ModelConfig.from_trtllm(ckpt_config)
     method = _method(cfg, opts)
     tree = _tree(cfg, method, opts)
