@@ -5,7 +5,6 @@ the torch-free import of the module.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,7 +13,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import safetensors.torch
 import torch
 
 from trtspec import BuildError, ConvertOptions, convert, read_trtllm_checkpoint
@@ -22,7 +20,7 @@ from trtspec.model.eagle_draft import EagleDraftModel
 from trtspec.model.onnx_graph import (check_graph, compare_with_reference, export_graphs, max_diffs,
                                       reference_outputs, session_options)
 from trtspec.model.reference import ReferenceModel
-from trtspec.testing import TinyModel, write_eagle_draft, write_hf_base, write_medusa_heads
+from trtspec.testing import add_llama_biases, TinyModel, write_eagle_draft, write_hf_base, write_medusa_heads
 
 TOL = 1e-4  # max abs diff, ONNX Runtime vs the torch reference, both float32 (observed <= 1e-6)
 K = 3  # generation graphs take K + 1 = 4 slots
@@ -45,16 +43,6 @@ CASES = {
     "eagle_1_layer": (TinyModel(), ("eagle", {"num_layers": 1})),
     "eagle_2_layers": (TinyModel(num_kv_heads=1), ("eagle", {"num_layers": 2})),
 }
-
-
-def add_llama_biases(folder) -> None:
-    state = safetensors.torch.load_file(folder / "model.safetensors")
-    gen = torch.Generator().manual_seed(7)
-    for key in [k for k in state if k.endswith("_proj.weight")]:
-        state[key.removesuffix("weight") + "bias"] = 0.02 * torch.randn(state[key].shape[0], generator=gen)
-    safetensors.torch.save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(config | {"attention_bias": True, "mlp_bias": True}))
 
 
 class Exported:

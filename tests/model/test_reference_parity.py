@@ -17,7 +17,7 @@ from trtspec import CheckpointError, ConfigError, ConvertOptions, convert, read_
 from trtspec.model.config import ModelConfig
 from trtspec.model.reference import ReferenceModel
 from trtspec.model.rope import rope_inv_freq
-from trtspec.testing import TinyModel, write_hf_base, write_medusa_heads
+from trtspec.testing import add_llama_biases, TinyModel, write_hf_base, write_medusa_heads
 
 FP32_TOL = 1e-5  # max abs logit diff vs HF, both float32 (observed <= 3e-7; a 1% RoPE frequency error gives 1.5e-4)
 SELF_TOL = 1e-5  # max abs difference between two runs of the reference model itself
@@ -51,17 +51,6 @@ def load_hf(folder) -> transformers.PreTrainedModel:
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, local_files_only=True,
                                                               attn_implementation="eager")
     return model.eval()
-
-
-def add_llama_biases(folder) -> None:
-    """Turn a written LLaMA base into one with attention_bias and mlp_bias (random biases)."""
-    state = safetensors.torch.load_file(folder / "model.safetensors")
-    gen = torch.Generator().manual_seed(7)
-    for key in [k for k in state if k.endswith("_proj.weight")]:
-        state[key.removesuffix("weight") + "bias"] = 0.02 * torch.randn(state[key].shape[0], generator=gen)
-    safetensors.torch.save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(config | {"attention_bias": True, "mlp_bias": True}))
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from trtspec.testing.checkpoints import tiny_trtllm_checkpoints
 from trtspec.testing.factory import (
+    add_llama_biases,
     TinyModel,
     write_eagle3_draft,
     write_eagle_draft,
@@ -11,6 +12,7 @@ from trtspec.testing.factory import (
 )
 
 __all__ = [
+    "add_llama_biases",
     "tiny_trtllm_checkpoints",
     "TinyModel",
     "write_eagle3_draft",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 Shapes = dict[str, tuple[int, ...]]
 StateDict = dict[str, torch.Tensor]
@@ -395,3 +395,16 @@ def write_example(out_dir: str | Path) -> dict[str, Path]:
     return {"base": write_hf_base(out / "base", model),
             "medusa": write_medusa_heads(out / "medusa", model, variant="pt", config="mismatch"),
             "eagle": write_eagle_draft(out / "eagle", model, storage="bin")}
+
+
+def add_llama_biases(folder: str | Path, *, seed: int = 7) -> Path:
+    """Turn a written LLaMA base into one with attention_bias and mlp_bias (random biases on every projection)."""
+    folder = Path(folder)
+    state = load_file(str(folder / "model.safetensors"))
+    gen = torch.Generator().manual_seed(seed)
+    for key in [k for k in state if k.endswith("_proj.weight")]:
+        state[key.removesuffix("weight") + "bias"] = 0.02 * torch.randn(state[key].shape[0], generator=gen)
+    _save_safetensors(state, folder / "model.safetensors")
+    config = json.loads((folder / "config.json").read_text())
+    _write_json(folder / "config.json", config | {"attention_bias": True, "mlp_bias": True})
+    return folder
