@@ -122,8 +122,8 @@ def tree(choices: str | None, preset: str | None, as_json: bool, png: Path | Non
 @cli.command()
 @click.argument("source", type=EXISTING_DIR)
 @click.option("--out", required=True, type=DIR, help="Output engine folder.")
-@click.option("--backend", type=click.Choice(["onnx"]), default="onnx", show_default=True,
-              help="onnx: ONNX Runtime on any CPU (the embedded default).")
+@click.option("--backend", type=click.Choice(["onnx", "trtllm"]), default="onnx", show_default=True,
+              help="onnx: ONNX Runtime on any CPU (the embedded default); trtllm: plan and run trtllm-build.")
 @click.option("--max-draft-len", type=int, help="K: slots per generation step minus one (default: the tree size).")
 @click.option("--choices", help="Draft tree as JSON / C++ {0, 1} syntax.")
 @click.option("--preset", help="Named draft tree (see `trtspec tree --preset`).")
@@ -135,9 +135,21 @@ def tree(choices: str | None, preset: str | None, as_json: bool, png: Path | Non
 @click.option("--tokenizer", type=EXISTING_DIR, help="Tokenizer folder (default: the converted HF base's).")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out.")
 @click.option("--dry-run", is_flag=True, help="Validate and print the plan (the manifest) without building.")
+@click.option("--trtllm-version",
+              help="trtllm: TensorRT-LLM version to plan for, 0.15-1.2 (default: the installed one, else 1.2).")
+@click.option("--lookahead", help="trtllm: lookahead decoding W,N,G on a plain checkpoint, e.g. 7,7,7.")
+@click.option("--draft-target", is_flag=True, help="trtllm: a target engine verifying an external draft model's "
+                                                     "tokens (needs --max-draft-len).")
+@click.option("--max-num-tokens", type=int, help="trtllm: tokens per engine step (default min(8192, batch x seq), "
+                                                 "at least batch x (K+1)).")
+@click.option("--json", "as_json", is_flag=True,
+              help="trtllm: print the plan as JSON (command, build and runtime config).")
 @user_errors
 def build(source: Path, backend: str, eagle2: str | None, dry_run: bool, **flags) -> None:
     """Build an engine with a padded static-K profile from a TensorRT-LLM checkpoint."""
+    if backend == "trtllm":
+        return _build_trtllm(source, eagle2, dry_run, **flags)
+    _reject_trtllm_flags(flags)
     from trtspec.engine.onnx_builder import BuildOptions, build as build_engine, plan_build, plan_summary
     from trtspec.spec.eagle_proposer import DynamicTree
 
@@ -149,6 +161,43 @@ def build(source: Path, backend: str, eagle2: str | None, dry_run: bool, **flags
     worst = max(manifest.numerics.values(), default=0.0)
     click.echo(f"wrote {opts.out}: {manifest.method.value} engine, K={manifest.profile.max_draft_len} "
                f"({manifest.profile.tokens_per_step} slots per step), max ORT vs reference error {worst:.1e} of scale")
+
+
+TRTLLM_ONLY = {"trtllm_version": "--trtllm-version", "lookahead": "--lookahead", "draft_target": "--draft-target",
+               "max_num_tokens": "--max-num-tokens", "as_json": "--json"}
+
+
+def _reject_trtllm_flags(flags: dict) -> None:
+    for key, flag in TRTLLM_ONLY.items():
+        if flags.pop(key, None):
+            raise click.UsageError(f"{flag} applies to --backend trtllm only")
+
+
+def _build_trtllm(source: Path, eagle2: str | None, dry_run: bool, *, as_json: bool, lookahead: str | None,
+                  **flags) -> None:
+    if eagle2 is not None:
+        raise click.UsageError("--eagle2: the Triton tensorrt_llm model exposes no dynamic tree (EAGLE-2); build "
+                               "the EAGLE engine with a static tree")
+    from trtspec.engine.trtllm_builder import build as build_engine, trtllm_available
+    from trtspec.engine.trtllm_plan import Lookahead, TrtllmBuildOptions, plan_trtllm_build
+
+    opts = TrtllmBuildOptions(source=source, lookahead=Lookahead.parse(lookahead) if lookahead else None, **flags)
+    plan = plan_trtllm_build(opts)
+    if dry_run or not (trtllm_available() or (opts.out / "config.json").is_file()):
+        click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else _plan_text(plan))
+        if dry_run:
+            return
+    manifest = build_engine(opts)
+    click.echo(f"wrote {opts.out}: {manifest.method.value} TensorRT-LLM {manifest.versions['tensorrt_llm']} engine, "
+               f"K={manifest.profile.max_draft_len} ({manifest.profile.tokens_per_step} tokens per step)")
+
+
+def _plan_text(plan) -> str:
+    lines = [plan.command_line, ""]
+    lines += [f"  {k:<26} {v}" for k, v in plan.runtime.items() if not isinstance(v, (dict, list))]
+    lines.append(f"  {'engine max_seq_len':<26} {plan.build_config['max_seq_len']}")
+    lines.append(f"  {'container':<26} {plan.version.container or 'see NGC release notes'}")
+    return "\n".join(lines)
 
 
 def _dynamic_tree(text: str | None, cls):

@@ -91,6 +91,8 @@ class ModelInfo:
     draft_head_dim: int = 0
     end_id: int | None = None
     pad_id: int | None = None
+    max_non_leaves_per_layer: int = 0  # EAGLE: most expanding nodes per tree level the engine allows
+    logits_dtype: str = "float32"  # the engine's logits dtype (Triton `logits_datatype` must match it)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +110,14 @@ class Manifest:
     source: str = ""
     versions: dict[str, str] = field(default_factory=dict)
     numerics: dict[str, float] = field(default_factory=dict)  # max |ORT − reference| / max(1, |reference|) per output
+    # lookahead (W, N, G) as {"window_size", "ngram_size", "verification_set_size"}; K = f(W, N, G)
+    lookahead: dict[str, int] | None = None
+    tp_size: int = 1  # tensor-parallel ranks (trtllm engines: one rank{r}.engine per rank, one MPI rank per GPU)
+    pp_size: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

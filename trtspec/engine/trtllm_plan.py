@@ -1,0 +1,409 @@
+"""`trtspec build --backend trtllm`, the plan: a TRT-LLM checkpoint → the exact `trtllm-build` invocation.
+
+Pure (reads the checkpoint's config.json, nothing else): every constraint of the TensorRT-LLM 0.15–1.2.x engine
+flow is applied here, before anything runs, so a bad combination fails in seconds with a message naming both
+sides instead of at request time on the server. Rules cite `reference/trtllm-engine-flow.md` (EF §n) and
+`reference/triton-trtllm-backend.md` (TB §n).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtspec import __version__
+from trtspec.checkpoint.hf_config import read_json
+from trtspec.engine.manifest import Backend, Manifest, Method, ModelInfo, Profile
+from trtspec.engine.trtllm_versions import TrtllmVersion, installed_version, newest, parse_version
+from trtspec.errors import BuildError, CheckpointError, ConfigError
+from trtspec.model.config import ModelConfig
+from trtspec.spec.tree import Tree, build_tree, parse_choices
+from trtspec.spec.tree_presets import preset
+
+# TensorRT-LLM's own default tree for both Medusa and EAGLE-1 (EF §5.2 `mDefaultEagleChoices`, TB §4.2).
+DEFAULT_TREE = "mc_sim_7b_63"
+DEFAULT_MAX_NUM_TOKENS = 8192  # trtllm-build's default (EF §3.1)
+EAGLE_MAX_BATCH_SIZE = 512  # EF §3.2 item 9: asserted by builder.build() for EAGLE
+EAGLE_MAX_DRAFT_LEN = 256  # EF §3.2 item 9 and the EAGLE converter's assert (EF §1.5)
+
+
+class SpecMode(enum.Enum):
+    """`--speculative_decoding_mode` values, with the integer bit the engine config.json stores (EF §4)."""
+
+    NONE = (None, 1)
+    DRAFT_TOKENS_EXTERNAL = ("draft_tokens_external", 2)
+    MEDUSA = ("medusa", 4)
+    LOOKAHEAD = ("lookahead_decoding", 8)
+    EAGLE = ("eagle", 32)
+
+    @property
+    def flag(self) -> str | None:
+        return self.value[0]
+
+    @property
+    def bit(self) -> int:
+        return self.value[1]
+
+
+MODE_OF_METHOD = {Method.NONE: SpecMode.NONE, Method.MEDUSA: SpecMode.MEDUSA, Method.EAGLE: SpecMode.EAGLE,
+                  Method.LOOKAHEAD: SpecMode.LOOKAHEAD, Method.DRAFT_TARGET: SpecMode.DRAFT_TOKENS_EXTERNAL}
+# The Triton tensorrt_llm model's `decoding_mode` per method (TB §2.2, §4.1); plain and draft-target engines
+# sample normally. A Medusa engine with top_k / top_p returns all-zero ids (TensorRT-LLM#1449).
+DECODING_MODE = {Method.NONE: "top_k_top_p", Method.DRAFT_TARGET: "top_k_top_p", Method.MEDUSA: "medusa",
+                 Method.EAGLE: "eagle", Method.LOOKAHEAD: "lookahead"}
+
+
+@dataclass(frozen=True)
+class Lookahead:
+    """Lookahead decoding's executor-level (W, N, G): window, n-gram size, verification set (EF §5.6)."""
+
+    window_size: int
+    ngram_size: int
+    verification_set_size: int
+
+    def __post_init__(self):
+        w, n, g = self.window_size, self.ngram_size, self.verification_set_size
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in (w, n, g)):
+            raise ConfigError(f"--lookahead W,N,G takes three integers, got {w!r},{n!r},{g!r}")
+        # EF §5.2: (1,1,0) is plain decoding, (2,2,1) the smallest configuration that drafts anything.
+        if w < 2 or n < 2 or g < 1:
+            raise ConfigError(f"--lookahead {w},{n},{g} drafts nothing; the smallest meaningful (W,N,G) is 2,2,1")
+
+    @property
+    def max_draft_len(self) -> int:
+        """maxDraftTokens = (N==1 ? 0 : N-2) + (W-1+G)(N-1) (EF §5.2, `calculate_speculative_resource_tuple`)."""
+        w, n, g = self.window_size, self.ngram_size, self.verification_set_size
+        return (0 if n == 1 else n - 2) + (w - 1 + g) * (n - 1)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"window_size": self.window_size, "ngram_size": self.ngram_size,
+                "verification_set_size": self.verification_set_size}
+
+    @classmethod
+    def parse(cls, text: str) -> Lookahead:
+        try:
+            w, n, g = (int(x) for x in str(text).split(","))
+        except ValueError:
+            raise ConfigError(f"--lookahead expects W,N,G (three integers, e.g. 7,7,7), got {text!r}") from None
+        return cls(w, n, g)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrtllmBuildOptions:
+    source: Path
+    out: Path
+    trtllm_version: str | None = None  # default: the installed tensorrt_llm, else the newest supported
+    max_draft_len: int | None = None
+    choices: str | None = None  # JSON / C++ `{0, 1}` / tuple syntax
+    preset: str | None = None
+    lookahead: Lookahead | None = None  # plain checkpoint → lookahead decoding
+    draft_target: bool = False  # plain checkpoint → a target that verifies an external draft model's tokens
+    no_spec: bool = False
+    max_batch_size: int = 8
+    max_input_len: int = 1024
+    max_seq_len: int | None = None  # prompt + output; trtllm-build adds the draft slots itself (EF §3.2)
+    max_num_tokens: int | None = None
+    tokenizer: Path | None = None
+    name: str | None = None
+    force: bool = False
+
+    def __post_init__(self):
+        if self.choices is not None and self.preset is not None:
+            raise ConfigError("pass either --choices or --preset, not both")
+        if self.lookahead is not None and self.draft_target:
+            raise ConfigError("pass either --lookahead or --draft-target, not both")
+
+
+@dataclass(frozen=True)
+class TrtllmPlan:
+    """What `build` runs and what it expects back: the command, the engine config fields, the runtime config."""
+
+    version: TrtllmVersion
+    argv: tuple[str, ...]
+    build_config: dict  # fields the engine's config.json `build_config` must hold after trtllm-build
+    pretrained_config: dict  # fields its `pretrained_config` must hold
+    runtime: dict  # what the server side needs: decoding_mode, the C++ choices string, lookahead, ...
+    manifest: Manifest  # written last by build (files and tokenizer filled in then)
+
+    @property
+    def command_line(self) -> str:
+        return shlex.join(self.argv)
+
+    def to_dict(self) -> dict:
+        return {"trtllm_version": self.version.text, "container": self.version.container,
+                "command": list(self.argv), "command_line": self.command_line,
+                "build_config": self.build_config, "pretrained_config": self.pretrained_config,
+                "runtime_config": self.runtime, "manifest": self.manifest.to_dict()}
+
+
+def plan_trtllm_build(opts: TrtllmBuildOptions) -> TrtllmPlan:
+    """Validate the build against the checkpoint and the target version; return the plan."""
+    version = _version(opts.trtllm_version)
+    config_path = Path(opts.source) / "config.json"
+    raw = _checkpoint_config(config_path)
+    cfg = _model_config(raw, config_path)
+    method = _method(cfg, opts)
+    tree = _tree(cfg, method, opts)
+    k = _max_draft_len(cfg, method, tree, opts, config_path)
+    tp, pp = _mapping(raw, config_path)
+    _check_limits(method, k, tree, opts, pp)
+    max_seq_len = _max_seq_len(cfg, opts, config_path)
+    max_num_tokens = _max_num_tokens(opts, k, max_seq_len, method)
+    manifest = _manifest(opts, cfg, raw, method, tree, k, max_seq_len, tp, pp, version)
+    return TrtllmPlan(version=version, argv=_argv(opts, cfg, method, k, max_seq_len, max_num_tokens),
+                      build_config=_expected_build_config(opts, cfg, method, k, max_seq_len, max_num_tokens),
+                      pretrained_config=_expected_pretrained(cfg, method, k),
+                      runtime=_runtime(method, tree, k, opts, tp, pp), manifest=manifest)
+
+
+# ---- inputs -------------------------------------------------------------------------------------------
+
+def _version(text: str | None) -> TrtllmVersion:
+    if text is not None:
+        return parse_version(text)
+    installed = installed_version()
+    return parse_version(installed) if installed else newest()
+
+
+def _checkpoint_config(path: Path) -> dict:
+    raw = read_json(path)
+    if "architecture" not in raw:
+        hint = (f"; it looks like a Hugging Face folder: run `trtspec convert --base {path.parent} --out CKPT` "
+                "first" if "architectures" in raw else "")
+        raise BuildError(f"{path} has no 'architecture': {path.parent} is not a TensorRT-LLM checkpoint{hint}")
+    return raw
+
+
+def _model_config(raw: dict, path: Path) -> ModelConfig:
+    try:
+        return ModelConfig.from_trtllm(raw)
+    except CheckpointError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+
+
+def _mapping(raw: dict, path: Path) -> tuple[int, int]:
+    mapping = raw.get("mapping") or {}
+    tp, pp = mapping.get("tp_size", 1), mapping.get("pp_size", 1)
+    world = mapping.get("world_size", tp * pp)
+    if not all(isinstance(x, int) and x >= 1 for x in (tp, pp, world)) or world != tp * pp:
+        raise CheckpointError(f"{path}: mapping {mapping} is inconsistent; world_size must equal tp_size * pp_size")
+    return tp, pp
+
+
+def _method(cfg: ModelConfig, opts: TrtllmBuildOptions) -> Method:
+    drafter = cfg.architecture in ("MedusaForCausalLM", "EagleForCausalLM")
+    tree_flags = opts.choices is not None or opts.preset is not None
+    if opts.lookahead is not None or opts.draft_target:
+        what = "--lookahead" if opts.lookahead is not None else "--draft-target"
+        if drafter:
+            raise BuildError(f"{what} needs a plain checkpoint, but {opts.source} is a {cfg.architecture}; "
+                             f"convert the base alone (trtspec convert --base ...) for {what}")
+        if tree_flags:
+            raise BuildError(f"{what} drafts without a tree; drop --choices / --preset")
+        return Method.LOOKAHEAD if opts.lookahead is not None else Method.DRAFT_TARGET
+    if opts.no_spec or not drafter:
+        if tree_flags:
+            raise BuildError(f"{opts.source} has no drafter ({cfg.architecture}); tree options need a Medusa or "
+                             "EAGLE checkpoint (or pass --lookahead W,N,G / --draft-target)")
+        return Method.NONE
+    return Method.MEDUSA if cfg.architecture == "MedusaForCausalLM" else Method.EAGLE
+
+
+def _tree(cfg: ModelConfig, method: Method, opts: TrtllmBuildOptions) -> Tree | None:
+    if method not in (Method.MEDUSA, Method.EAGLE):
+        return None
+    choices = parse_choices(opts.choices) if opts.choices is not None else preset(opts.preset or DEFAULT_TREE)
+    where = "" if opts.choices is not None or opts.preset is not None else f" (the default tree {DEFAULT_TREE})"
+    try:
+        if method is Method.MEDUSA:  # depth <= heads (TB §4.2)
+            return build_tree(choices, num_heads=cfg.num_medusa_heads)
+        # EAGLE-1: depth == num_eagle_layers, non-leaves per level <= max_non_leaves_per_layer (EF §5.2)
+        return build_tree(choices, exact_depth=cfg.num_eagle_layers,
+                          max_non_leaves_per_layer=cfg.max_non_leaves_per_layer)
+    except ConfigError as e:
+        raise BuildError(f"{opts.source / 'config.json'}{where}: {e}") from None
+
+
+def _max_draft_len(cfg: ModelConfig, method: Method, tree: Tree | None, opts: TrtllmBuildOptions,
+                   config_path: Path) -> int:
+    if method is Method.NONE:
+        if opts.max_draft_len not in (None, 0):
+            raise BuildError(f"--max-draft-len {opts.max_draft_len} needs a speculative method; "
+                             "pass --lookahead, --draft-target or a Medusa / EAGLE checkpoint")
+        return 0
+    if method is Method.LOOKAHEAD:
+        k = opts.lookahead.max_draft_len
+        if opts.max_draft_len is not None and opts.max_draft_len != k:  # TB §4.3, tensorrtllm_backend#710
+            raise BuildError(f"--lookahead {_wng(opts.lookahead)} needs max_draft_len == (N-2)+(W-1+G)(N-1) = {k}, "
+                             f"got --max-draft-len {opts.max_draft_len}; drop --max-draft-len")
+        return k
+    if method is Method.DRAFT_TARGET:
+        if not opts.max_draft_len or opts.max_draft_len < 1:
+            raise BuildError("--draft-target needs --max-draft-len K (the most draft tokens per step, "
+                             "the BLS's num_draft_tokens must not exceed it)")
+        return opts.max_draft_len
+    k = opts.max_draft_len if opts.max_draft_len is not None else cfg.max_draft_len
+    # Medusa: the C++ runtime reads max_draft_len from pretrained_config, not build_config (EF §4).
+    if method is Method.MEDUSA and k != cfg.max_draft_len:
+        raise BuildError(f"--max-draft-len {k} disagrees with {config_path} max_draft_len={cfg.max_draft_len}; "
+                         f"the Medusa runtime reads the checkpoint's value, so reconvert with --max-draft-len {k} "
+                         f"or drop the flag")
+    if tree.num_nodes > k:  # number of choices <= max_draft_len (EF §5.2, TB §4.2)
+        raise BuildError(f"the tree has {tree.num_nodes} nodes but max_draft_len is {k}; pass --max-draft-len "
+                         f">= {tree.num_nodes} (Medusa: reconvert with it) or a smaller tree")
+    return k
+
+
+def _check_limits(method: Method, k: int, tree: Tree | None, opts: TrtllmBuildOptions, pp: int) -> None:
+    if method is Method.EAGLE:
+        if opts.max_batch_size > EAGLE_MAX_BATCH_SIZE or k > EAGLE_MAX_DRAFT_LEN:  # EF §3.2 item 9
+            raise BuildError(f"EAGLE engines take --max-batch-size <= {EAGLE_MAX_BATCH_SIZE} and max_draft_len <= "
+                             f"{EAGLE_MAX_DRAFT_LEN}; got {opts.max_batch_size} and {k}")
+        if pp > 1:  # EF §1.5, §5.5: no pipeline parallelism for EAGLE
+            raise BuildError(f"EAGLE does not support pipeline parallelism; the checkpoint has pp_size={pp}, "
+                             "reconvert with --pp-size 1")
+    # EF §4 / §8 item 7: the engine packs ceil((K+1)/32) mask words per row, the C++ module divUp(K, 32);
+    # they disagree exactly when K is a multiple of 32. Draft-target engines take no packed mask (EF §3.3).
+    if method in (Method.MEDUSA, Method.EAGLE, Method.LOOKAHEAD) and k % 32 == 0:
+        raise BuildError(f"max_draft_len {k} is a multiple of 32: TensorRT-LLM's engine and C++ runtime disagree "
+                         f"on the packed-mask width there ({math.ceil((k + 1) / 32)} vs {k // 32} words); "
+                         f"use {k - 1} or {k + 1}")
+
+
+def _max_seq_len(cfg: ModelConfig, opts: TrtllmBuildOptions, config_path: Path) -> int:
+    if opts.max_input_len < 1 or opts.max_batch_size < 1:
+        raise ConfigError(f"--max-input-len and --max-batch-size must be >= 1, got {opts.max_input_len} and "
+                          f"{opts.max_batch_size}")
+    limit = _position_limit(cfg)
+    max_seq_len = opts.max_seq_len if opts.max_seq_len is not None else min(2 * opts.max_input_len, limit)
+    if max_seq_len <= opts.max_input_len:
+        raise ConfigError(f"--max-seq-len {max_seq_len} leaves no room to generate after --max-input-len "
+                          f"{opts.max_input_len}; raise --max-seq-len or lower --max-input-len")
+    if max_seq_len > limit:
+        raise BuildError(f"--max-seq-len {max_seq_len} exceeds what {config_path} supports "
+                         f"(max_position_embeddings={cfg.max_position_embeddings}{_rope_note(cfg)}); lower it")
+    return max_seq_len
+
+
+def _position_limit(cfg: ModelConfig) -> int:
+    """max_position_embeddings × the rope factor, which trtllm-build applies except for llama3 / su / longrope
+    scaling (EF §3.2 item 1)."""
+    scaling = cfg.rope_scaling or {}
+    kind = scaling.get("type") or scaling.get("rope_type")
+    factor = scaling.get("factor", 1.0) if kind not in (None, "llama3", "su", "longrope") else 1.0
+    return int(cfg.max_position_embeddings * factor)
+
+
+def _rope_note(cfg: ModelConfig) -> str:
+    limit = _position_limit(cfg)
+    return f" × rope factor = {limit}" if limit != cfg.max_position_embeddings else ""
+
+
+def _max_num_tokens(opts: TrtllmBuildOptions, k: int, max_seq_len: int, method: Method) -> int:
+    floor = opts.max_batch_size * (k + 1)  # EF §3.2 item 6: every sequence feeds K + 1 slots per step
+    if opts.max_num_tokens is None:
+        return max(min(DEFAULT_MAX_NUM_TOKENS, opts.max_batch_size * max_seq_len), floor)
+    if method is not Method.NONE and opts.max_num_tokens < floor:
+        raise BuildError(f"--max-num-tokens {opts.max_num_tokens} is below max_batch_size * (max_draft_len + 1) = "
+                         f"{opts.max_batch_size} * {k + 1} = {floor}; raise it or lower --max-batch-size")
+    if opts.max_num_tokens < opts.max_input_len:
+        raise BuildError(f"--max-num-tokens {opts.max_num_tokens} is below --max-input-len {opts.max_input_len}: "
+                         "one prompt must fit in a context step; raise it")
+    return opts.max_num_tokens
+
+
+# ---- outputs ------------------------------------------------------------------------------------------
+
+def _argv(opts: TrtllmBuildOptions, cfg: ModelConfig, method: Method, k: int, max_seq_len: int,
+          max_num_tokens: int) -> tuple[str, ...]:
+    mode = MODE_OF_METHOD[method]
+    argv = ["trtllm-build", "--checkpoint_dir", str(opts.source), "--output_dir", str(opts.out),
+            "--gemm_plugin", cfg.dtype]  # every example passes the model dtype (EF §3.2 "Requirements")
+    if mode is not SpecMode.NONE:
+        argv += ["--speculative_decoding_mode", mode.flag, "--max_draft_len", str(k)]
+    argv += ["--max_batch_size", str(opts.max_batch_size), "--max_input_len", str(opts.max_input_len),
+             "--max_seq_len", str(max_seq_len), "--max_num_tokens", str(max_num_tokens),
+             # required for EAGLE and draft-target (both sides, KV reuse), the default on main for the rest;
+             # passed always so every version builds the same engine (EF §3.1, §3.2 item 9, TB §4.3)
+             "--use_paged_context_fmha", "enable"]
+    return tuple(argv)
+
+
+def _expected_build_config(opts: TrtllmBuildOptions, cfg: ModelConfig, method: Method, k: int,
+                           max_seq_len: int, max_num_tokens: int) -> dict:
+    mode = MODE_OF_METHOD[method]
+    return {"max_batch_size": opts.max_batch_size, "max_input_len": opts.max_input_len,
+            "max_seq_len": _engine_seq_len(cfg, method, k, max_seq_len), "max_num_tokens": max_num_tokens,
+            "max_draft_len": k, "speculative_decoding_mode": mode.bit, "max_beam_width": 1,
+            "plugin_config": {"use_paged_context_fmha": True}}
+
+
+def _engine_seq_len(cfg: ModelConfig, method: Method, k: int, max_seq_len: int) -> int:
+    """EF §3.2 items 4-5: trtllm-build adds the draft slots (and EAGLE's layers) to max_seq_len itself."""
+    if method is Method.NONE:
+        return max_seq_len
+    return max_seq_len + k + (cfg.num_eagle_layers if method is Method.EAGLE else 0)
+
+
+def _expected_pretrained(cfg: ModelConfig, method: Method, k: int) -> dict:
+    out = {"architecture": cfg.architecture, "dtype": cfg.dtype, "vocab_size": cfg.vocab_size}
+    if method is Method.MEDUSA:  # EF §4: the C++ Medusa module reads these two from pretrained_config
+        out.update(max_draft_len=k, num_medusa_heads=cfg.num_medusa_heads)
+    if method is Method.EAGLE:
+        out.update(num_eagle_layers=cfg.num_eagle_layers, max_non_leaves_per_layer=cfg.max_non_leaves_per_layer)
+    return out
+
+
+def _runtime(method: Method, tree: Tree | None, k: int, opts: TrtllmBuildOptions, tp: int, pp: int) -> dict:
+    out = {"decoding_mode": DECODING_MODE[method], "tokens_per_step": k + 1, "world_size": tp * pp}
+    if tree is not None:
+        key = "medusa_choices" if method is Method.MEDUSA else "eagle_choices"
+        out.update({key: cpp_choices(tree.choices), "tree_nodes": tree.num_nodes, "tree_depth": tree.depth,
+                    "topks": list(tree.topks), "paths": tree.num_leaves,
+                    "non_leaves_per_level": list(tree.non_leaves_per_level())})
+    if method in (Method.MEDUSA, Method.EAGLE, Method.LOOKAHEAD):
+        out["packed_mask_words"] = math.ceil((k + 1) / 32)  # EF §3.3: P = ceil(T/32), T = K + 1
+    if method is Method.LOOKAHEAD:
+        n = opts.lookahead.ngram_size  # EF §5.2: (maxDecodingTokens, maxPathLen, maxDraftTokens, maxDraftPathLen)
+        out["lookahead"] = {**opts.lookahead.to_dict(), "max_decoding_tokens": k + 1, "max_path_len": n,
+                            "max_draft_tokens": k, "max_draft_path_len": n - 1}
+    if method is Method.DRAFT_TARGET:
+        out["num_draft_tokens"] = k  # the BLS default; requests may ask for fewer, never more (TB §6.3 item 1)
+    return out
+
+
+def _manifest(opts: TrtllmBuildOptions, cfg: ModelConfig, raw: dict, method: Method, tree: Tree | None, k: int,
+              max_seq_len: int, tp: int, pp: int, version: TrtllmVersion) -> Manifest:
+    # the engine's own (raised) max_seq_len: the KV capacity the static-K profile was built for
+    profile = Profile(max_batch_size=opts.max_batch_size, max_input_len=opts.max_input_len,
+                      max_seq_len=_engine_seq_len(cfg, method, k, max_seq_len), max_draft_len=k)
+    d = cfg.eagle
+    model = ModelInfo(architecture=cfg.architecture, dtype=cfg.dtype, vocab_size=cfg.vocab_size,
+                      hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
+                      num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, num_medusa_heads=cfg.num_medusa_heads,
+                      num_eagle_layers=cfg.num_eagle_layers, draft_layers=d.num_layers if d else 0,
+                      draft_num_kv_heads=d.num_kv_heads if d else 0, draft_head_dim=d.head_dim if d else 0,
+                      max_non_leaves_per_layer=cfg.max_non_leaves_per_layer,
+                      logits_dtype=raw.get("logits_dtype") or "float32")
+    return Manifest(name=opts.name or Path(opts.out).name, backend=Backend.TRTLLM, method=method, model=model,
+                    profile=profile, tree=tree.choices if tree is not None else None,
+                    source=str(Path(opts.source).resolve()),
+                    versions={"trtspec": __version__, "tensorrt_llm": version.text},
+                    lookahead=opts.lookahead.to_dict() if opts.lookahead is not None else None,
+                    tp_size=tp, pp_size=pp)
+
+
+def cpp_choices(choices) -> str:
+    """Choices in the C++ backend's brace syntax, `{0}, {0, 0}, {1}`: the only form both Triton backends parse.
+
+    TB §4.2: the C++ backend reads brace groups; Python `[[0], [0, 0]]` parses to nothing and it silently falls
+    back to mc_sim_7b_63 with only a warning.
+    """
+    return ", ".join("{" + ", ".join(str(int(x)) for x in c) + "}" for c in choices)
+
+
+def _wng(la: Lookahead) -> str:
+    return f"{la.window_size},{la.ngram_size},{la.verification_set_size}"
