@@ -211,7 +211,8 @@ def _dynamic_tree(text: str | None, cls):
 
 
 @cli.command()
-@click.argument("engine", type=EXISTING_DIR)
+@click.argument("engine", type=EXISTING_DIR, required=False)
+@click.option("--url", help="HOST:PORT of a Triton gRPC endpoint (`trtspec serve`) instead of a local ENGINE.")
 @click.option("--prompt", help="One prompt (goes through the chat template).")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="JSONL file: one {\"prompt\": ...} or {\"messages\": [...]} per line.")
@@ -221,20 +222,32 @@ def _dynamic_tree(text: str | None, cls):
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.")
 @click.option("--seed", type=int, help="Sampling seed.")
 @click.option("--no-spec", is_flag=True, help="Same engine, speculation off.")
-@click.option("--stream", is_flag=True, help="Print text as it is generated.")
+@click.option("--stream/--no-stream", default=None,
+              help="Print text as it is generated (default: on with --url, off locally, where prompts are batched).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt.")
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads (default: all cores).")
+@click.option("--concurrency", type=int, default=1, show_default=True,
+              help="--url: prompts in flight at once (each on its own gRPC stream).")
+@click.option("--model", "model_name", default="ensemble", show_default=True, help="--url: the model to call.")
 @user_errors
-def generate(engine: Path, prompt: str | None, prompts_file: Path | None, as_json: bool, stream: bool,
-             threads: int | None, **flags) -> None:
-    """Generate with a built engine, in process."""
+def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_file: Path | None, as_json: bool,
+             stream: bool | None, threads: int | None, concurrency: int, model_name: str, **flags) -> None:
+    """Generate with a built engine in process, or with a served one over gRPC (--url)."""
     if (prompt is None) == (prompts_file is None):
         raise click.UsageError("pass exactly one of --prompt or --prompts")
-    from trtspec.runtime.generator import GenerateOptions, LocalGenerator, read_prompt_file
+    if (engine is None) == (url is None):
+        raise click.UsageError("pass an ENGINE directory or --url HOST:PORT (not both)")
+    from trtspec.runtime.generator import GenerateOptions, read_prompt_file
 
-    generator = LocalGenerator(engine, threads=threads)
     prompts = [prompt] if prompt is not None else read_prompt_file(prompts_file)
     options = GenerateOptions(**flags)
+    if url is not None:
+        _generate_remote(url, model_name, prompts, options, stream=stream is not False, as_json=as_json,
+                         concurrency=concurrency)
+        return
+    from trtspec.runtime.generator import LocalGenerator
+
+    generator = LocalGenerator(engine, threads=threads)
     if not stream:  # all prompts at once, with in-flight batching
         for result in generator.generate_many(prompts, options):
             click.echo(json.dumps(result.to_dict()) if as_json else _text(result))
@@ -245,8 +258,88 @@ def generate(engine: Path, prompt: str | None, prompts_file: Path | None, as_jso
         click.echo(json.dumps(result.to_dict()) if as_json else "")
 
 
+def _generate_remote(url: str, model: str, prompts: list, options, *, stream: bool, as_json: bool,
+                     concurrency: int) -> None:
+    from trtspec.errors import ConfigError
+    from trtspec.triton.client import TritonClient, generate_concurrently
+
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str):
+            raise ConfigError(f"prompt {i}: --url sends text prompts (\"prompt\"); chat messages and token ids "
+                              "need a local ENGINE")
+    if concurrency < 1:
+        raise click.BadParameter(f"must be >= 1, got {concurrency}", param_hint="--concurrency")
+    with TritonClient(url, model=model) as client:
+        client.check_ready()
+        if concurrency == 1:
+            for i, p in enumerate(prompts):
+                on_text = None if as_json or not stream else (lambda piece: click.echo(piece, nl=False))
+                result = client.generate(p, options, index=i, stream=stream, on_text=on_text)
+                click.echo(json.dumps(result.to_dict()) if as_json else ("" if stream else result.text))
+            return
+    for result in generate_concurrently(url, prompts, options, concurrency=concurrency, stream=stream, model=model):
+        if isinstance(result, BaseException):
+            raise result
+        click.echo(json.dumps(result.to_dict()) if as_json else result.text)
+
+
 def _text(result) -> str:
     return result.text if result.text is not None else " ".join(map(str, result.output_ids))
+
+
+@cli.command()
+@click.argument("engine", type=EXISTING_DIR)
+@click.option("--out", required=True, type=DIR, help="Model repository folder to write.")
+@click.option("--flavour", type=click.Choice(["cpu", "trtllm"]),
+              help="cpu: trtspec runtime on ONNX Runtime (Python backend); trtllm: tensorrtllm_backend "
+                   "(default: from the engine's backend).")
+@click.option("--instances", type=int, default=1, show_default=True, help="Engine model instances.")
+@click.option("--max-batch-size", type=int, help="Triton max_batch_size (default: the engine profile's).")
+@click.option("--decoupled/--no-decoupled", default=True, show_default=True,
+              help="Streaming responses (needed for stream=true and in-flight joining of new requests).")
+@click.option("--chat-template/--no-chat-template", default=True, show_default=True,
+              help="Preprocessing renders text_input through the tokenizer's chat template.")
+@click.option("--copy-engine", is_flag=True, help="Copy the engine into the repository (self-contained).")
+@click.option("--threads", type=int, help="ONNX Runtime intra-op threads per engine instance (default: all cores).")
+@click.option("--force", is_flag=True, help="Replace a non-empty --out.")
+@user_errors
+def deploy(engine: Path, out: Path, **flags) -> None:
+    """Write a Triton model repository for a built engine (everything read from its manifest)."""
+    from trtspec.triton.deploy import DeployOptions, deploy as write_repository
+
+    repo = write_repository(DeployOptions(engine_dir=engine, out=out, **flags))
+    click.echo(f"wrote {repo}: serve it with `trtspec serve {repo}`")
+
+
+@cli.command()
+@click.argument("repository", type=EXISTING_DIR)
+@click.option("--address", default="127.0.0.1", show_default=True,
+              help="Address to listen on (loopback by default; 0.0.0.0 for every interface).")
+@click.option("--grpc-port", type=int, default=8001, show_default=True)
+@click.option("--http-port", type=int, default=8000, show_default=True)
+@click.option("--metrics-port", type=int, default=8002, show_default=True)
+@click.option("--tritonserver", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The server binary (default: on PATH, else the one bundled in nvidia-pytriton).")
+@click.option("--log-verbose", type=int, default=0, show_default=True, help="Triton's --log-verbose level.")
+@user_errors
+def serve(repository: Path, **flags) -> None:
+    """Run tritonserver on a model repository until Ctrl-C / SIGTERM."""
+    import signal
+
+    from trtspec.triton.server import ServerOptions, TritonServer
+
+    server = TritonServer(ServerOptions(repository=repository, **flags),
+                          on_log=lambda line: click.echo(line, err=True))
+    stop = lambda *_: server.stop()  # noqa: E731
+    signal.signal(signal.SIGTERM, stop)
+    with server:
+        click.echo(f"serving {repository}: gRPC {server.grpc_url}, HTTP {server.http_url}, "
+                   f"metrics {server.metrics_url} (Ctrl-C stops)")
+        try:
+            code = server.wait()
+        except KeyboardInterrupt:
+            code = server.stop()
+    click.echo(f"tritonserver exited ({code})", err=True)
 
 
 @cli.group()
@@ -264,6 +357,81 @@ def models_fetch(name: str, out: Path | None, force: bool) -> None:
     from trtspec.models.fetch import fetch_model
 
     click.echo(fetch_model(name, out, force=force))
+
+
+@cli.group()
+def train() -> None:
+    """Train drafters for a base model by self-distillation (its own greedy replies to training prompts)."""
+
+
+def _train_options(fn):
+    """Options `train medusa` and `train eagle` share."""
+    options = [
+        click.option("--base", required=True, type=EXISTING_DIR, help="Hugging Face base model folder."),
+        click.option("--out", required=True, type=DIR, help="Output drafter folder (written when training ends)."),
+        click.option("--prompts", default="sharegpt", show_default=True,
+                     help="Training prompts: sharegpt, champ or a .jsonl file (never mt-bench / humaneval)."),
+        click.option("--samples", type=int, default=256, show_default=True, help="Training sequences."),
+        click.option("--eval-samples", type=int, default=16, show_default=True,
+                     help="Held-out sequences for the accuracy report."),
+        click.option("--max-new-tokens", type=int, default=256, show_default=True, help="Reply tokens per prompt."),
+        click.option("--max-prompt-tokens", type=int, default=384, show_default=True,
+                     help="Longer prompts are skipped."),
+        click.option("--epochs", type=int, default=2, show_default=True, help="Passes over the training data."),
+        click.option("--lr", type=float, help="Peak learning rate (default: medusa 1e-3, eagle 5e-4)."),
+        click.option("--full-vocab-loss", is_flag=True, help="Cross-entropy over the whole vocabulary (slower)."),
+        click.option("--top-k", type=int, default=10, show_default=True, help="Report accuracy@1..K."),
+        click.option("--save-dtype", type=click.Choice(["float16", "float32", "bfloat16"]), default="float16",
+                     show_default=True, help="Stored weight dtype."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Seed of weights, order and noise."),
+        click.option("--work", type=DIR, help="Work folder: data, base engine, checkpoint (default: OUT.work)."),
+        click.option("--data", type=DIR, help="Data cache folder, shareable between runs (default: WORK/data)."),
+        click.option("--threads", type=int, help="Torch and ONNX Runtime threads (default: all cores)."),
+        click.option("--resume", is_flag=True, help="Continue the checkpoint in the work folder."),
+        click.option("--force", is_flag=True, help="Start over and replace a non-empty --out."),
+        click.option("--json", "as_json", is_flag=True, help="Print training.json to stdout."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _train(method: str, as_json: bool, flags: dict) -> None:
+    from trtspec.train.run import TrainOptions, train as run_training
+
+    result = run_training(TrainOptions(method=method, show_progress=not as_json, **flags))
+    if as_json:
+        click.echo(json.dumps(result.report, indent=2))
+        return
+    r = result.report
+    key, rows = ("head", r["accuracy"]["heads"]) if method == "medusa" else ("depth", r["accuracy"]["depths"])
+    click.echo(f"wrote {result.out}: {method} drafter, {r['training']['steps']} steps in "
+               f"{r['training']['seconds']:.0f} s, data {r['data']['bytes'] / 2**20:.1f} MiB")
+    for row in rows:
+        k = len(row["accuracy_at"])
+        click.echo(f"  {key} {row[key]}: top-1 {row['top1']:.3f}  top-{k} {row[f'top{k}']:.3f}")
+
+
+@train.command("medusa")
+@_train_options
+@click.option("--heads", type=int, default=4, show_default=True, help="Medusa heads (head k predicts token t+k+2).")
+@click.option("--layers", type=int, default=1, show_default=True, help="ResBlock layers per head.")
+@click.option("--batch-size", type=int, default=256, show_default=True, help="Positions per optimizer step.")
+@user_errors
+def train_medusa(as_json: bool, **flags) -> None:
+    """Medusa-1 heads sharing the base lm_head, FasterDecoding layout (medusa_lm_head.safetensors)."""
+    _train("medusa", as_json, flags)
+
+
+@train.command("eagle")
+@_train_options
+@click.option("--noise", type=float, default=0.1, show_default=True, help="Uniform feature noise half-width.")
+@click.option("--intermediate-size", type=int, help="Draft MLP width (default: the base's).")
+@click.option("--with-embeddings", is_flag=True, help="Also store embed_tokens (a copy of the base's; large).")
+@user_errors
+def train_eagle(as_json: bool, **flags) -> None:
+    """An EAGLE-1 draft (one decoder layer over [embedding, feature]), EAGLE repository layout."""
+    _train("eagle", as_json, flags)
 
 
 @cli.group()

@@ -43,7 +43,7 @@ class GenerationConfig:
 @dataclass
 class GenerationResult:
     output_ids: list[int]
-    finish_reason: str  # "length" | "end_id" | "stop_word"
+    finish_reason: str  # "length" | "end_id" | "stop_word" | "cancelled"
     stats: SpecStats = field(default_factory=SpecStats)
     ttft_s: float = 0.0
     total_s: float = 0.0
@@ -61,6 +61,10 @@ class Request:
     proposer: Proposer
     config: GenerationConfig = GenerationConfig()
     on_tokens: Callable[[list[int]], None] | None = None
+    cancelled: Callable[[], bool] | None = None  # polled between steps (a client that went away)
+    # called after every emission with (new tokens, the result so far, finish reason or None): servers stream
+    # from it with the acceptance counters of the step that produced the tokens
+    on_progress: Callable[[list[int], GenerationResult, str | None], None] | None = None
 
 
 class _Decoding:
@@ -102,7 +106,10 @@ class _Decoding:
             self.request.proposer.observe(verify, accepted)
 
     def _emit(self, tokens: list[int]) -> None:
+        before = len(self.result.output_ids)
         self.finish = _emit(self.result.output_ids, tokens, self.config, self.request.on_tokens)
+        if self.request.on_progress is not None:
+            self.request.on_progress(self.result.output_ids[before:], self.result, self.finish)
 
     def close(self) -> GenerationResult:
         self.engine.close(self.seq)
@@ -122,27 +129,69 @@ def generate_batch(engine: Engine, requests: list[Request], *, max_batch_size: i
     another leaves. Each sequence keeps its own drafter and tree; the engine pads every draft to K + 1 slots.
     Results come back in request order and equal what `generate` gives each request alone."""
     queue = list(enumerate(requests))[::-1]
-    active: list[tuple[int, _Decoding]] = []
     results: list[GenerationResult | None] = [None] * len(requests)
-    try:
-        while queue or active:
-            while queue and len(active) < max_batch_size:
-                index, request = queue.pop()
-                active.append((index, _Decoding(engine, request)))
-            for index, decoding in [a for a in active if a[1].finish is not None]:
-                results[index] = decoding.close()
-            active = [a for a in active if a[1].finish is None]
-            if not active:
-                continue
-            drafts = [d.propose() for _, d in active]
-            outputs = _verify_all(engine, [d.seq for _, d in active], drafts)
-            for (_, decoding), output in zip(active, outputs):
-                decoding.advance(output)
-    except BaseException:
-        for _, decoding in active:
-            engine.close(decoding.seq)
-        raise
+    with InflightBatch(engine, max_batch_size) as batch:
+        while queue or batch.active:
+            while queue and batch.has_room:
+                batch.add(*queue.pop())
+            for index, result in batch.step():
+                results[index] = result
     return results
+
+
+class InflightBatch:
+    """The sequences in flight on one engine: `add` prefills a sequence (it joins the next step), `step` runs
+    one batched draft → verify → accept → commit over all of them and returns those that finished.
+
+    A request whose `cancelled()` turns true leaves before the next step with finish reason "cancelled".
+    Not thread-safe: one thread drives it (the Triton engine model runs it on its scheduler thread).
+    """
+
+    def __init__(self, engine: Engine, max_batch_size: int):
+        self.engine, self.max_batch_size = engine, max_batch_size
+        self.active: list[tuple[object, _Decoding]] = []
+
+    @property
+    def has_room(self) -> bool:
+        return len(self.active) < self.max_batch_size
+
+    def add(self, key, request: Request) -> None:
+        """Prefill the request's prompt (its first token streams now); it verifies from the next step on."""
+        if not self.has_room:
+            raise RuntimeError("InflightBatch is full")
+        self.active.append((key, _Decoding(self.engine, request)))
+
+    def step(self) -> list[tuple[object, GenerationResult]]:
+        """One verify step over every unfinished sequence; return (key, result) of each sequence that finished."""
+        done = self._drain_finished()
+        if self.active:
+            drafts = [d.propose() for _, d in self.active]
+            outputs = _verify_all(self.engine, [d.seq for _, d in self.active], drafts)
+            for (_, decoding), output in zip(self.active, outputs):
+                decoding.advance(output)
+            done += self._drain_finished()
+        return done
+
+    def _drain_finished(self) -> list[tuple[object, GenerationResult]]:
+        for _, decoding in self.active:
+            cancelled = decoding.request.cancelled
+            if decoding.finish is None and cancelled is not None and cancelled():
+                decoding.finish = "cancelled"
+        done = [(key, decoding.close()) for key, decoding in self.active if decoding.finish is not None]
+        self.active = [a for a in self.active if a[1].finish is None]
+        return done
+
+    def close(self) -> None:
+        """Free every sequence still in flight (after an error)."""
+        for _, decoding in self.active:
+            self.engine.close(decoding.seq)
+        self.active = []
+
+    def __enter__(self) -> InflightBatch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _verify_all(engine: Engine, seqs: list[int], drafts: list[Draft]) -> list[StepOutput]:

@@ -1,6 +1,7 @@
 """Test helpers: tiny random checkpoints in every released on-disk format."""
 
 from trtspec.testing.checkpoints import tiny_trtllm_checkpoints
+from trtspec.testing.tokenizers import write_tiny_tokenizer
 from trtspec.testing.factory import (
     add_llama_biases,
     TinyModel,
@@ -20,4 +21,5 @@ __all__ = [
     "write_example",
     "write_hf_base",
     "write_medusa_heads",
+    "write_tiny_tokenizer",
 ]

@@ -1,0 +1,220 @@
+"""A gRPC client of a deployed trtspec (or tensorrtllm_backend) ensemble, over `tritonclient`.
+
+Streams by default (the bidirectional gRPC stream: the only way to talk to a decoupled model), printing text as
+it arrives, and returns the same record as local generation (`generate --json`): ids, text, finish reason and
+acceptance statistics from trtspec's extra outputs.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trtspec.errors import ServerError
+from trtspec.runtime.generator import GenerateOptions
+
+MODEL = "ensemble"
+
+
+@dataclass
+class RemoteGeneration:
+    """One prompt's result from the server, shaped like `trtspec.runtime.generator.Generation.to_dict()`."""
+
+    prompt_index: int
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str = ""
+    steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+    responses: int = 0
+
+    def to_dict(self) -> dict:
+        rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+        length = 1 + self.accepted_tokens / self.steps if self.steps else 1.0
+        tps = len(self.output_ids) / self.total_s if self.total_s else 0.0
+        stats = {"steps": self.steps, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
+                 "acceptance_rate": round(rate, 4), "acceptance_length": round(length, 4),
+                 "ttft_ms": round(self.ttft_s * 1000, 2), "tokens_per_second": round(tps, 2)}
+        return {"prompt_index": self.prompt_index, "output_ids": self.output_ids, "text": self.text,
+                "finish_reason": self.finish_reason, "stats": stats}
+
+
+def build_inputs(prompt: str, options: GenerateOptions, *, stream: bool, stop_words: list[str] = ()) -> list:
+    """The request tensors of the client contract for one prompt (batch 1)."""
+    import tritonclient.grpc as grpcclient
+
+    def tensor(name, array):
+        t = grpcclient.InferInput(name, list(array.shape), _wire_type(array))
+        t.set_data_from_numpy(array)
+        return t
+
+    inputs = [tensor("text_input", np.array([[prompt.encode()]], np.object_)),
+              tensor("max_tokens", np.array([[options.max_tokens]], np.int32)),
+              tensor("stream", np.array([[stream]], np.bool_)),
+              tensor("exclude_input_in_output", np.array([[True]], np.bool_)),
+              tensor("temperature", np.array([[options.temperature]], np.float32)),
+              tensor("top_k", np.array([[options.top_k]], np.int32)),
+              tensor("top_p", np.array([[options.top_p]], np.float32))]
+    if options.seed is not None:
+        inputs.append(tensor("random_seed", np.array([[options.seed]], np.uint64)))
+    if options.no_spec:
+        inputs.append(tensor("use_speculation", np.array([[False]], np.bool_)))
+    if stop_words:
+        inputs.append(tensor("stop_words", np.array([[w.encode() for w in stop_words]], np.object_)))
+    return inputs
+
+
+def _wire_type(array: np.ndarray) -> str:
+    from tritonclient.utils import np_to_triton_dtype
+
+    return np_to_triton_dtype(array.dtype)
+
+
+class TritonClient:
+    """One gRPC connection and stream; `generate` may be called from one thread at a time per client."""
+
+    def __init__(self, url: str, *, model: str = MODEL, timeout_s: float = 600.0):
+        import tritonclient.grpc as grpcclient
+
+        self.url, self.model, self.timeout_s = url, model, timeout_s
+        self._client = grpcclient.InferenceServerClient(url)
+        self._responses: dict[str, queue.Queue] = {}
+        self._lock = threading.Lock()
+        self._streaming = False
+
+    def check_ready(self) -> None:
+        try:
+            ready = self._client.is_model_ready(self.model)
+        except Exception as e:
+            raise ServerError(f"cannot reach a Triton server at {self.url} ({_first_line(e)}); start one with "
+                              "`trtspec serve REPO`") from None
+        if not ready:
+            raise ServerError(f"model {self.model!r} is not ready on {self.url}")
+
+    def _callback(self, result=None, error=None) -> None:
+        request_id = None
+        if result is not None:
+            request_id = result.get_response().id
+        elif error is not None:
+            request_id = getattr(error, "request_id", None) or None
+        with self._lock:
+            targets = [self._responses[request_id]] if request_id in self._responses else list(
+                self._responses.values())
+        for q in targets[:1] if request_id else targets:
+            q.put((result, error))
+
+    def _ensure_stream(self) -> None:
+        if not self._streaming:
+            self._client.start_stream(callback=self._callback)
+            self._streaming = True
+
+    def generate(self, prompt: str, options: GenerateOptions = GenerateOptions(), *, index: int = 0,
+                 stream: bool = True, on_text: Callable[[str], None] | None = None,
+                 stop_words: list[str] = ()) -> RemoteGeneration:
+        """Send one prompt on the bidirectional stream; collect (and pass on) text until the final response."""
+        self._ensure_stream()
+        request_id = uuid.uuid4().hex
+        responses: queue.Queue = queue.Queue()
+        with self._lock:
+            self._responses[request_id] = responses
+        out = RemoteGeneration(index)
+        start = time.perf_counter()
+        try:
+            self._client.async_stream_infer(self.model, build_inputs(prompt, options, stream=stream,
+                                                                     stop_words=stop_words),
+                                            request_id=request_id, enable_empty_final_response=True)
+            while True:
+                try:
+                    result, error = responses.get(timeout=self.timeout_s)
+                except queue.Empty:
+                    raise ServerError(f"no response from {self.url} within {self.timeout_s:.0f} s") from None
+                if error is not None:
+                    raise ServerError(f"{self.url}: {_first_line(error)}")
+                response = result.get_response()
+                if response.outputs:
+                    self._absorb(out, result, on_text, start)
+                if response.parameters.get("triton_final_response") and \
+                        response.parameters["triton_final_response"].bool_param:
+                    break
+        finally:
+            with self._lock:
+                self._responses.pop(request_id, None)
+        out.total_s = time.perf_counter() - start
+        return out
+
+    @staticmethod
+    def _absorb(out: RemoteGeneration, result, on_text, start: float) -> None:
+        ids = result.as_numpy("output_ids")
+        ids = [] if ids is None else ids.reshape(-1).tolist()
+        if ids and not out.output_ids:
+            out.ttft_s = time.perf_counter() - start
+        out.output_ids += ids
+        text = result.as_numpy("text_output")
+        piece = b"".join(np.ravel(text)).decode("utf-8", errors="replace") if text is not None else ""
+        out.text += piece
+        if on_text is not None and piece:
+            on_text(piece)
+        for name, attr in (("num_verify_steps", "steps"), ("num_draft_tokens", "draft_tokens"),
+                           ("num_accepted_tokens", "accepted_tokens")):
+            value = result.as_numpy(name)
+            if value is not None and value.size:
+                setattr(out, attr, int(value.reshape(-1)[0]))
+        reason = result.as_numpy("finish_reason")
+        if reason is not None and reason.size and reason.reshape(-1)[0]:
+            out.finish_reason = reason.reshape(-1)[0].decode()
+        out.responses += 1
+
+    def close(self) -> None:
+        if self._streaming:
+            self._client.stop_stream()
+            self._streaming = False
+        self._client.close()
+
+    def __enter__(self) -> TritonClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def generate_concurrently(url: str, prompts: list[str], options: GenerateOptions = GenerateOptions(), *,
+                          concurrency: int = 8, stream: bool = True, model: str = MODEL,
+                          options_for: Callable[[int], GenerateOptions] | None = None) -> list[RemoteGeneration]:
+    """Send every prompt with `concurrency` clients at once (each its own connection); results in prompt order."""
+    results: list[RemoteGeneration | BaseException | None] = [None] * len(prompts)
+    next_index = iter(range(len(prompts)))
+    lock = threading.Lock()
+
+    def worker():
+        with TritonClient(url, model=model) as client:
+            while True:
+                with lock:
+                    i = next(next_index, None)
+                if i is None:
+                    return
+                try:
+                    results[i] = client.generate(prompts[i], options_for(i) if options_for else options, index=i,
+                                                 stream=stream)
+                except BaseException as e:  # reported per prompt
+                    results[i] = e
+
+    threads = [threading.Thread(target=worker) for _ in range(min(concurrency, len(prompts)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def _first_line(error) -> str:
+    text = error.message() if hasattr(error, "message") and callable(error.message) else str(error)
+    return text.strip().splitlines()[0] if text.strip() else type(error).__name__

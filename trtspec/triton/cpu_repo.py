@@ -1,0 +1,191 @@
+"""The CPU flavour's model repository: preprocessing → tensorrt_llm (the trtspec runtime on ONNX Runtime) →
+postprocessing, wired by an `ensemble` that exposes the client contract of `trtspec.triton.contract`.
+
+The engine model keeps tensorrtllm_backend's name and tensor names (a client that talks to `tensorrt_llm`
+directly works too); it is decoupled by default (streaming, in-flight batching across requests). The tokenizer
+is copied into the pre- and postprocessing models; the engine is referenced by a path relative to the repository
+(or copied into it with `--copy-engine`), so the repository plus the engine dir can move to another machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtspec.engine.manifest import Manifest
+from trtspec.errors import RepositoryError
+from trtspec.triton.contract import TensorSpec, _t, cpu_ensemble_inputs, cpu_ensemble_outputs
+from trtspec.triton.deploy import DeployOptions, check_options
+
+MODEL_SOURCES = Path(__file__).parent / "python_models"
+ENGINE_MODEL = "tensorrt_llm"
+
+
+@dataclass(frozen=True)
+class Step:
+    model: str
+    inputs: dict[str, str]  # model tensor ← ensemble tensor
+    outputs: dict[str, str]  # model tensor → ensemble tensor
+
+
+PRE_INPUTS = (_t("QUERY", "TYPE_STRING", optional=False), _t("REQUEST_OUTPUT_LEN", "TYPE_INT32", optional=False),
+              _t("BAD_WORDS_DICT", "TYPE_STRING", (-1,)), _t("STOP_WORDS_DICT", "TYPE_STRING", (-1,)),
+              _t("END_ID", "TYPE_INT32"), _t("PAD_ID", "TYPE_INT32"))
+PRE_OUTPUTS = (_t("INPUT_ID", "TYPE_INT32", (-1,)), _t("REQUEST_INPUT_LEN", "TYPE_INT32"),
+               _t("REQUEST_OUTPUT_LEN", "TYPE_INT32"), _t("STOP_WORDS_IDS", "TYPE_INT32", (2, -1)),
+               _t("BAD_WORDS_IDS", "TYPE_INT32", (2, -1)), _t("OUT_END_ID", "TYPE_INT32"),
+               _t("OUT_PAD_ID", "TYPE_INT32"))
+
+ENGINE_INPUTS = (
+    _t("input_ids", "TYPE_INT32", (-1,), optional=False), _t("input_lengths", "TYPE_INT32", optional=False),
+    _t("request_output_len", "TYPE_INT32", optional=False), _t("end_id", "TYPE_INT32"), _t("pad_id", "TYPE_INT32"),
+    _t("stop_words_list", "TYPE_INT32", (2, -1)), _t("bad_words_list", "TYPE_INT32", (2, -1)),
+    _t("runtime_top_k", "TYPE_INT32"), _t("runtime_top_p", "TYPE_FP32"), _t("temperature", "TYPE_FP32"),
+    _t("len_penalty", "TYPE_FP32"), _t("repetition_penalty", "TYPE_FP32"), _t("min_length", "TYPE_INT32"),
+    _t("min_tokens", "TYPE_INT32"), _t("presence_penalty", "TYPE_FP32"), _t("frequency_penalty", "TYPE_FP32"),
+    _t("random_seed", "TYPE_UINT64"), _t("seed", "TYPE_UINT64"), _t("return_log_probs", "TYPE_BOOL"),
+    _t("return_context_logits", "TYPE_BOOL"), _t("return_generation_logits", "TYPE_BOOL"),
+    _t("beam_width", "TYPE_INT32"), _t("num_return_sequences", "TYPE_INT32"), _t("streaming", "TYPE_BOOL"),
+    _t("exclude_input_in_output", "TYPE_BOOL"), _t("use_speculation", "TYPE_BOOL"),
+)
+ENGINE_OUTPUTS = (
+    _t("output_ids", "TYPE_INT32", (-1, -1)), _t("sequence_length", "TYPE_INT32", (-1,)),
+    _t("context_ids", "TYPE_INT32", (-1,)), _t("is_final", "TYPE_BOOL"),
+    _t("cum_log_probs", "TYPE_FP32", (-1,)), _t("output_log_probs", "TYPE_FP32", (-1, -1)),
+    _t("batch_index", "TYPE_INT32"), _t("sequence_index", "TYPE_INT32"),
+    _t("num_draft_tokens", "TYPE_INT32"), _t("num_accepted_tokens", "TYPE_INT32"),
+    _t("num_verify_steps", "TYPE_INT32"), _t("finish_reason", "TYPE_STRING"),
+)
+POST_INPUTS = (_t("TOKENS_BATCH", "TYPE_INT32", (-1, -1), optional=False),
+               _t("SEQUENCE_LENGTH", "TYPE_INT32", (-1,), optional=False),
+               _t("CONTEXT_IDS", "TYPE_INT32", (-1,)), _t("IS_FINAL", "TYPE_BOOL"))
+POST_OUTPUTS = (_t("OUTPUT", "TYPE_STRING", (-1,)),)
+
+# The engine step takes these client tensors under another name (as upstream's ensemble does).
+ENGINE_RENAMES = {"runtime_top_k": "top_k", "runtime_top_p": "top_p", "len_penalty": "length_penalty",
+                  "streaming": "stream"}
+
+
+def ensemble_steps() -> list[Step]:
+    pre = Step("preprocessing",
+               {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words",
+                "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id", "PAD_ID": "pad_id"},
+               {"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
+                "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "STOP_WORDS_IDS": "_STOP_WORDS_IDS",
+                "BAD_WORDS_IDS": "_BAD_WORDS_IDS", "OUT_END_ID": "_PREPROCESSOR_END_ID",
+                "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID"})
+    from_pre = {"input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN",
+                "request_output_len": "_REQUEST_OUTPUT_LEN", "end_id": "_PREPROCESSOR_END_ID",
+                "pad_id": "_PREPROCESSOR_PAD_ID", "stop_words_list": "_STOP_WORDS_IDS",
+                "bad_words_list": "_BAD_WORDS_IDS"}
+    client = {t.name: ENGINE_RENAMES.get(t.name, t.name) for t in ENGINE_INPUTS if t.name not in from_pre}
+    engine = Step(ENGINE_MODEL, {**from_pre, **client},
+                  {"output_ids": "output_ids", "sequence_length": "_SEQUENCE_LENGTH", "context_ids": "_CONTEXT_IDS",
+                   "is_final": "_IS_FINAL",
+                   **{t.name: t.name for t in ENGINE_OUTPUTS
+                      if t.name not in ("output_ids", "sequence_length", "context_ids", "is_final")}})
+    post = Step("postprocessing", {"TOKENS_BATCH": "output_ids", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH",
+                                   "CONTEXT_IDS": "_CONTEXT_IDS", "IS_FINAL": "_IS_FINAL"},
+                {"OUTPUT": "text_output"})
+    return [pre, engine, post]
+
+
+def _tensors(kind: str, specs: tuple[TensorSpec, ...]) -> str:
+    blocks = []
+    for t in specs:
+        dims = ", ".join(map(str, t.dims))
+        optional = "\n    optional: true" if kind == "input" and t.optional else ""
+        blocks.append(f'  {{\n    name: "{t.name}"\n    data_type: {t.data_type}\n    dims: [ {dims} ]{optional}\n  }}')
+    return f"{kind} [\n" + ",\n".join(blocks) + "\n]\n"
+
+
+def _parameters(values: dict[str, str]) -> str:
+    return "".join(f'parameters {{\n  key: "{k}"\n  value: {{ string_value: "{v}" }}\n}}\n' for k, v in values.items())
+
+
+def _header(name: str, batch: int, backend: str | None = "python") -> str:
+    head = f'name: "{name}"\n'
+    head += f'backend: "{backend}"\n' if backend else 'platform: "ensemble"\n'
+    return head + f"max_batch_size: {batch}\n"
+
+
+def _instances(count: int) -> str:
+    return f"instance_group [\n  {{\n    count: {count}\n    kind: KIND_CPU\n  }}\n]\n"
+
+
+def preprocessing_config(batch: int, options: DeployOptions, end_id: int | None, pad_id: int | None) -> str:
+    params = {"tokenizer_dir": "1/tokenizer", "chat_template": str(options.chat_template).lower(),
+              "add_special_tokens": "true"}
+    if end_id is not None:
+        params["end_id"] = str(end_id)
+    if pad_id is not None:
+        params["pad_id"] = str(pad_id)
+    return (_header("preprocessing", batch) + "dynamic_batching {}\n" + _tensors("input", PRE_INPUTS)
+            + _tensors("output", PRE_OUTPUTS) + _instances(1) + _parameters(params))
+
+
+def engine_config(batch: int, options: DeployOptions, engine_path: str) -> str:
+    params = {"engine_dir": engine_path, "threads": str(options.threads or 0), "exclude_input_in_output": "false"}
+    policy = f"model_transaction_policy {{\n  decoupled: {str(options.decoupled).lower()}\n}}\n"
+    return (_header(ENGINE_MODEL, batch) + policy + "dynamic_batching {}\n" + _tensors("input", ENGINE_INPUTS)
+            + _tensors("output", ENGINE_OUTPUTS) + _instances(options.instances) + _parameters(params))
+
+
+def postprocessing_config(batch: int) -> str:
+    return (_header("postprocessing", batch) + "dynamic_batching {}\n" + _tensors("input", POST_INPUTS)
+            + _tensors("output", POST_OUTPUTS) + _instances(1)
+            + _parameters({"tokenizer_dir": "1/tokenizer", "skip_special_tokens": "true"}))
+
+
+def ensemble_config(batch: int) -> str:
+    steps = []
+    for order, step in enumerate(ensemble_steps()):
+        maps = "".join(f'      input_map {{\n        key: "{k}"\n        value: "{v}"\n      }}\n'
+                       for k, v in step.inputs.items())
+        maps += "".join(f'      output_map {{\n        key: "{k}"\n        value: "{v}"\n      }}\n'
+                        for k, v in step.outputs.items())
+        steps.append(f'    {{\n      model_name: "{step.model}"\n      model_version: -1\n{maps}    }}')
+    schedule = "ensemble_scheduling {\n  step [\n" + ",\n".join(steps) + "\n  ]\n}\n"
+    return (_header("ensemble", batch, backend=None) + _tensors("input", cpu_ensemble_inputs())
+            + _tensors("output", cpu_ensemble_outputs()) + schedule)
+
+
+def _model_source(name: str) -> str:
+    return (MODEL_SOURCES / f"{name}.py").read_text()
+
+
+def write_cpu_repository(manifest: Manifest, options: DeployOptions, staging: Path) -> None:
+    """Write the four models into the empty staging directory."""
+    batch = check_options(manifest, options)
+    engine_dir = Path(options.engine_dir).resolve()
+    if manifest.tokenizer is None:
+        raise RepositoryError(f"{engine_dir / 'manifest.json'}: the engine has no tokenizer (field 'tokenizer' is "
+                              "null); rebuild it with --tokenizer DIR so preprocessing can turn text into tokens")
+    tokenizer = engine_dir / manifest.tokenizer
+    for name in ("preprocessing", "postprocessing"):
+        version = staging / name / "1"
+        version.mkdir(parents=True)
+        (version / "model.py").write_text(_model_source(name))
+        shutil.copytree(tokenizer, version / "tokenizer")
+    (staging / "preprocessing" / "config.pbtxt").write_text(
+        preprocessing_config(batch, options, manifest.model.end_id, manifest.model.pad_id))
+    (staging / "postprocessing" / "config.pbtxt").write_text(postprocessing_config(batch))
+
+    version = staging / ENGINE_MODEL / "1"
+    version.mkdir(parents=True)
+    (version / "model.py").write_text(_model_source(ENGINE_MODEL))
+    if options.copy_engine:
+        shutil.copytree(engine_dir, version / "engine")
+        engine_path = f"{ENGINE_MODEL}/1/engine"
+    else:
+        # relative to the repository root, so the pair can move together; absolute when they share no root
+        final_repo = Path(options.out).resolve()
+        engine_path = os.path.relpath(engine_dir, final_repo)
+        if engine_path.startswith(".." + os.sep + ".." + os.sep + ".." + os.sep):
+            engine_path = str(engine_dir)
+    (staging / ENGINE_MODEL / "config.pbtxt").write_text(engine_config(batch, options, engine_path))
+
+    (staging / "ensemble" / "1").mkdir(parents=True)
+    (staging / "ensemble" / "config.pbtxt").write_text(ensemble_config(batch))

@@ -1,0 +1,88 @@
+"""`trtspec deploy`: an engine dir becomes a Triton model repository, everything read from its manifest.
+
+Two flavours keep one client contract (`trtspec.triton.contract`): `cpu` hosts the trtspec runtime on ONNX
+Runtime in Python-backend models; `trtllm` writes tensorrtllm_backend's `inflight_batcher_llm` layout for a
+TensorRT-LLM engine. The repository is written to a temporary sibling and renamed into place on success.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtspec.engine.manifest import Backend, Manifest, read_manifest
+from trtspec.errors import ConfigError, RepositoryError
+from trtspec.outdir import atomic_output_dir
+
+log = logging.getLogger(__name__)
+
+FLAVOURS = ("cpu", "trtllm")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeployOptions:
+    engine_dir: Path
+    out: Path
+    flavour: str | None = None  # default: cpu for an onnx engine, trtllm for a trtllm engine
+    instances: int = 1  # engine model instances (CPU flavour: each hosts its own sessions and batcher)
+    max_batch_size: int | None = None  # Triton max_batch_size; default and upper bound: the engine profile's
+    decoupled: bool = True  # streaming responses (gRPC bidirectional stream); required for stream=true
+    chat_template: bool = True  # preprocessing applies the tokenizer's chat template to text_input
+    copy_engine: bool = False  # CPU flavour: copy the engine into the repository (fully self-contained)
+    threads: int | None = None  # CPU flavour: ONNX Runtime intra-op threads per engine instance
+    force: bool = False
+    # trtllm flavour knobs (the tensorrt_llm model's parameters)
+    batching_strategy: str = "inflight_fused_batching"
+    kv_cache_free_gpu_mem_fraction: float = 0.9
+    max_queue_delay_microseconds: int = 0
+
+
+def resolve_flavour(manifest: Manifest, flavour: str | None) -> str:
+    default = "trtllm" if manifest.backend is Backend.TRTLLM else "cpu"
+    flavour = flavour or default
+    if flavour not in FLAVOURS:
+        raise ConfigError(f"--flavour {flavour!r} is not one of {', '.join(FLAVOURS)}")
+    if flavour == "cpu" and manifest.backend is not Backend.ONNX:
+        raise ConfigError(f"--flavour cpu needs an onnx engine; the manifest's backend is {manifest.backend.value!r}")
+    if flavour == "trtllm" and manifest.backend is not Backend.TRTLLM:
+        raise ConfigError(f"--flavour trtllm needs a trtllm engine; the manifest's backend is "
+                          f"{manifest.backend.value!r} (build with --backend trtllm)")
+    return flavour
+
+
+def check_options(manifest: Manifest, options: DeployOptions) -> int:
+    """Validate the options against the manifest; return the Triton max_batch_size to write."""
+    engine_batch = manifest.profile.max_batch_size
+    batch = options.max_batch_size if options.max_batch_size is not None else engine_batch
+    if batch < 1:
+        raise ConfigError(f"--max-batch-size must be >= 1, got {batch}")
+    if batch > engine_batch:
+        raise ConfigError(f"--max-batch-size {batch} exceeds the engine's max_batch_size {engine_batch} "
+                          f"({options.engine_dir / 'manifest.json'})")
+    if options.instances < 1:
+        raise ConfigError(f"--instances must be >= 1, got {options.instances}")
+    return batch
+
+
+def deploy(options: DeployOptions) -> Path:
+    """Write the repository; return its path."""
+    engine_dir = Path(options.engine_dir)
+    manifest = read_manifest(engine_dir)
+    flavour = resolve_flavour(manifest, options.flavour)
+    check_options(manifest, options)
+    with atomic_output_dir(Path(options.out), force=options.force) as staging:
+        if flavour == "cpu":
+            from trtspec.triton.cpu_repo import write_cpu_repository
+
+            write_cpu_repository(manifest, options, staging)
+        else:
+            from trtspec.triton.trtllm_repo import write_trtllm_repository
+
+            write_trtllm_repository(manifest, options, staging)
+        leftover = [p for p in staging.rglob("*") if p.is_file() and p.suffix in (".pbtxt", ".py", ".json", ".sh")
+                    and "${" in p.read_text(errors="replace")]
+        if leftover:
+            raise RepositoryError(f"unfilled template placeholder left in {leftover[0].relative_to(staging)}")
+    log.info("wrote %s repository %s", flavour, options.out)
+    return Path(options.out)

@@ -1,0 +1,193 @@
+# trtspec CPU flavour: the engine model. Hosts the trtspec runtime on ONNX Runtime (Triton Python backend).
+# Written by `trtspec deploy`; the logic lives in trtspec.triton.serving (importable and tested without Triton).
+# Named `tensorrt_llm` with tensorrtllm_backend's tensor names so clients of a GPU deployment work unchanged.
+import os
+import site
+import sys
+
+for _path in os.environ.get("TRTSPEC_SITE_PACKAGES", "").split(os.pathsep):
+    if _path and _path not in sys.path:
+        site.addsitedir(_path)  # the serving venv (the stub's embedded interpreter ignores PYTHONPATH)
+
+import json  # noqa: E402
+import threading  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from trtspec.errors import TrtspecError  # noqa: E402
+from trtspec.runtime.generator import LocalGenerator  # noqa: E402
+from trtspec.triton.serving import EngineService, Job, parse_request  # noqa: E402
+from trtspec.triton.text import CONTEXT_TOKENS  # noqa: E402
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+LOG_EVERY_STEPS = 500
+
+
+def _parameter(config: dict, key: str, default: str = "") -> str:
+    return config.get("parameters", {}).get(key, {}).get("string_value", default)
+
+
+def _outputs(b: int, ids: list[int], result, finish: str | None, context: list[int], final: bool):
+    stats = result.stats
+    scalar = lambda v, dtype: np.array([[v]], dtype)  # noqa: E731
+    return [
+        pb_utils.Tensor("output_ids", np.array([[ids]], np.int32).reshape(1, 1, len(ids))),
+        pb_utils.Tensor("sequence_length", scalar(len(ids), np.int32)),
+        pb_utils.Tensor("context_ids", np.array([context], np.int32).reshape(1, len(context))),
+        pb_utils.Tensor("is_final", scalar(final, np.bool_)),
+        pb_utils.Tensor("cum_log_probs", scalar(0.0, np.float32)),
+        pb_utils.Tensor("output_log_probs", np.zeros((1, 1, len(ids)), np.float32)),
+        pb_utils.Tensor("batch_index", scalar(b, np.int32)),
+        pb_utils.Tensor("sequence_index", scalar(0, np.int32)),
+        pb_utils.Tensor("num_draft_tokens", scalar(stats.draft_tokens, np.int32)),
+        pb_utils.Tensor("num_accepted_tokens", scalar(stats.accepted_tokens, np.int32)),
+        pb_utils.Tensor("num_verify_steps", scalar(stats.steps, np.int32)),
+        pb_utils.Tensor("finish_reason", np.array([[(finish or "").encode()]], np.object_)),
+    ]
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        repo = Path(args["model_repository"]).parent
+        engine_dir = Path(_parameter(config, "engine_dir"))
+        engine_dir = engine_dir if engine_dir.is_absolute() else (repo / engine_dir).resolve()
+        threads = int(_parameter(config, "threads", "0")) or None
+        self.exclude_input = _parameter(config, "exclude_input_in_output", "false").lower() in ("1", "true", "yes")
+        self.generator = LocalGenerator(engine_dir, threads=threads)
+        self.manifest = self.generator.manifest
+        batch = int(config.get("max_batch_size") or self.manifest.profile.max_batch_size)
+        self.service = EngineService(self.generator.engine, lambda spec: self.generator.proposer(no_spec=not spec),
+                                     max_batch_size=min(batch, self.manifest.profile.max_batch_size))
+        self._logged_steps = 0
+        pb_utils.Logger.log_info(f"trtspec engine {engine_dir} ({self.manifest.method.value}, K="
+                                 f"{self.manifest.profile.max_draft_len}), decoupled={self.decoupled}")
+
+    def execute(self, requests):
+        if self.decoupled:
+            for request in requests:
+                self._submit_streaming(request)
+            self._log_batching()
+            return None
+        return self._execute_blocking(requests)
+
+    def _inputs(self, request) -> dict:
+        return {t.name(): t.as_numpy() for t in request.inputs()}
+
+    def _submit_streaming(self, request):
+        sender = request.get_response_sender()
+        try:
+            items = parse_request(self._inputs(request), self.manifest, default_exclude_input=self.exclude_input)
+        except TrtspecError as e:
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
+            return
+        lock = threading.Lock()
+        sent: dict[int, list[int]] = {}  # batch index → tokens already streamed
+
+        def finish_if_last(job):
+            if job.remaining == 0:
+                sender.send(flags=FINAL)
+
+        def on_progress(b, tokens, result, finish):
+            item = items[b]
+            if not item.streaming or not tokens:
+                return
+            before = sent.setdefault(b, [])
+            context = before[-CONTEXT_TOKENS:]
+            with lock:
+                sender.send(pb_utils.InferenceResponse(_outputs(b, tokens, result, finish, context, finish is not None)))
+            before.extend(tokens)
+
+        def on_done(b, result):
+            item = items[b]
+            with lock:
+                if not item.streaming:  # one response with the whole output
+                    ids = (item.prompt_ids if not item.exclude_input_in_output else []) + result.output_ids
+                    sender.send(pb_utils.InferenceResponse(_outputs(b, ids, result, result.finish_reason, [], True)))
+                finish_if_last(job)
+
+        def on_error(b, message):
+            with lock:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)))
+                finish_if_last(job)
+
+        job = Job(items, on_progress, on_done, on_error, cancelled=sender.is_cancelled)
+        self.service.submit(job)
+
+    def _execute_blocking(self, requests):
+        """Non-decoupled: every request of this execute call joins the batcher; one response each at the end."""
+        waits, responses = [], [None] * len(requests)
+        for r, request in enumerate(requests):
+            try:
+                items = parse_request(self._inputs(request), self.manifest, default_exclude_input=self.exclude_input)
+            except TrtspecError as e:
+                responses[r] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
+                continue
+            if any(item.streaming for item in items):
+                responses[r] = pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "Streaming is only supported in decoupled mode (redeploy with --decoupled)"))
+                continue
+            done = threading.Event()
+            results, errors = {}, []
+
+            def on_done(b, result, results=results, done=done, n=len(items)):
+                results[b] = result
+                if len(results) + len(errors) == n:
+                    done.set()
+
+            def on_error(b, message, results=results, errors=errors, done=done, n=len(items)):
+                errors.append(message)
+                if len(results) + len(errors) == n:
+                    done.set()
+
+            self.service.submit(Job(items, lambda *a: None, on_done, on_error))
+            waits.append((r, items, results, errors, done))
+        for r, items, results, errors, done in waits:
+            done.wait()
+            if errors:
+                responses[r] = pb_utils.InferenceResponse(error=pb_utils.TritonError(errors[0]))
+                continue
+            rows = [((item.prompt_ids if not item.exclude_input_in_output else []) + results[b].output_ids)
+                    for b, item in enumerate(items)]
+            width = max(len(row) for row in rows)
+            pad = self.manifest.model.pad_id or 0
+            ids = np.full((len(rows), 1, width), pad, np.int32)
+            for b, row in enumerate(rows):
+                ids[b, 0, :len(row)] = row
+            stats = [results[b].stats for b in range(len(items))]
+            column = lambda values, dtype: np.array(values, dtype).reshape(len(rows), 1)  # noqa: E731
+            responses[r] = pb_utils.InferenceResponse([
+                pb_utils.Tensor("output_ids", ids),
+                pb_utils.Tensor("sequence_length", column([len(row) for row in rows], np.int32)),
+                pb_utils.Tensor("context_ids", np.zeros((len(rows), 0), np.int32)),
+                pb_utils.Tensor("is_final", column([True] * len(rows), np.bool_)),
+                pb_utils.Tensor("cum_log_probs", column([0.0] * len(rows), np.float32)),
+                pb_utils.Tensor("output_log_probs", np.zeros((len(rows), 1, width), np.float32)),
+                pb_utils.Tensor("batch_index", column(range(len(rows)), np.int32)),
+                pb_utils.Tensor("sequence_index", column([0] * len(rows), np.int32)),
+                pb_utils.Tensor("num_draft_tokens", column([s.draft_tokens for s in stats], np.int32)),
+                pb_utils.Tensor("num_accepted_tokens", column([s.accepted_tokens for s in stats], np.int32)),
+                pb_utils.Tensor("num_verify_steps", column([s.steps for s in stats], np.int32)),
+                pb_utils.Tensor("finish_reason", column([results[b].finish_reason.encode() for b in range(len(rows))],
+                                                        np.object_)),
+            ])
+        self._log_batching()
+        return responses
+
+    def _log_batching(self):
+        stats = self.service.stats
+        if stats.steps - self._logged_steps >= LOG_EVERY_STEPS:
+            self._logged_steps = stats.steps
+            pb_utils.Logger.log_info(self._batching_line())
+
+    def _batching_line(self) -> str:
+        s = self.service.stats
+        return (f"trtspec batching: {s.steps} engine steps, {s.mean_sequences:.2f} sequences per step on average, "
+                f"at most {s.max_sequences}")
+
+    def finalize(self):
+        pb_utils.Logger.log_info(self._batching_line())
+        self.service.shutdown()

@@ -1,0 +1,242 @@
+"""Find, start, watch and stop a real `tritonserver` for a model repository.
+
+Where the server comes from, in order: `--tritonserver PATH`, `tritonserver` on PATH (the NGC container), or
+the build bundled in the `nvidia-pytriton` wheel (pip install 'trtspec[serve]'). For the bundled build a
+backend directory is prepared once per interpreter: the Python backend plus the stub matching this Python.
+The stub's embedded interpreter ignores PYTHONPATH, so the models add the serving environment's site-packages
+from TRTSPEC_SITE_PACKAGES. The server listens on loopback unless an address is given.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtspec.errors import ServerError
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = ("install the bundled server with `pip install 'trtspec[serve]'` (nvidia-pytriton), or run inside "
+                "an NGC Triton container (nvcr.io/nvidia/tritonserver:<yy.mm>-py3) where `tritonserver` is on PATH")
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    backend_dir: Path | None  # None: the binary's default (/opt/tritonserver/backends)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _bundled() -> Path | None:
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("pytriton")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+    return root if (root / "bin" / "tritonserver").is_file() else None
+
+
+def _site_packages() -> list[str]:
+    paths = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    return list(dict.fromkeys(p for p in paths if p))
+
+
+def _prepare_backends(root: Path, cache: Path) -> Path:
+    """A backend dir with python/ = the bundled Python backend + the stub for this interpreter."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise ServerError(f"the bundled Triton has no Python backend stub for Python {version} ({stub})")
+    target = cache / f"py{version}" / "python"
+    marker = target / ".source"
+    if not (marker.is_file() and marker.read_text() == str(root)):
+        tmp = target.with_name(f"python.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(root / "backends" / "python", tmp)
+        shutil.copy2(stub, tmp / "triton_python_backend_stub")
+        (tmp / ".source").write_text(str(root))
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    return target.parent
+
+
+def find_tritonserver(binary: str | Path | None = None, *, cache: Path | None = None) -> TritonInstall:
+    """Locate a server and the environment it needs; ServerError with how to get one when there is none."""
+    site = os.pathsep.join(_site_packages())
+    env = {"TRTSPEC_SITE_PACKAGES": site}
+    if binary is not None:
+        path = Path(binary)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise ServerError(f"--tritonserver {binary}: not an executable file")
+        return TritonInstall(path, None, env)
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return TritonInstall(Path(on_path), None, env)
+    root = _bundled()
+    if root is None:
+        raise ServerError(f"no tritonserver found (not on PATH, nvidia-pytriton not installed); {INSTALL_HINT}")
+    libs = root.parent.parent / "nvidia_pytriton.libs"
+    cache = cache or Path(os.environ.get("TRTSPEC_CACHE", Path.home() / ".cache" / "trtspec")) / "triton-backends"
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(libs), os.environ.get("LD_LIBRARY_PATH", "")) if p)
+    return TritonInstall(root / "bin" / "tritonserver", _prepare_backends(root, cache), env)
+
+
+def free_port(address: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerOptions:
+    repository: Path
+    address: str = "127.0.0.1"
+    grpc_port: int = 8001
+    http_port: int = 8000
+    metrics_port: int = 8002
+    tritonserver: Path | None = None
+    log_verbose: int = 0
+    exit_timeout_s: int = 30
+    startup_timeout_s: float = 180.0
+    extra_args: tuple[str, ...] = ()
+
+
+class TritonServer:
+    """A running tritonserver; use as a context manager. Its log lines go to `on_log` (default: logging)."""
+
+    def __init__(self, options: ServerOptions, *, on_log: Callable[[str], None] | None = None):
+        self.options = options
+        self.on_log = on_log or (lambda line: log.info("%s", line))
+        self.process: subprocess.Popen | None = None
+        self.log_lines: list[str] = []
+        self._reader: threading.Thread | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.options.address}:{self.options.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.options.address}:{self.options.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.options.address}:{self.options.metrics_port}/metrics"
+
+    def command(self, install: TritonInstall) -> list[str]:
+        o = self.options
+        argv = [str(install.binary), f"--model-repository={Path(o.repository).resolve()}",
+                f"--grpc-port={o.grpc_port}", f"--http-port={o.http_port}", f"--metrics-port={o.metrics_port}",
+                f"--grpc-address={o.address}", f"--http-address={o.address}", f"--metrics-address={o.address}",
+                f"--exit-timeout-secs={o.exit_timeout_s}", "--disable-auto-complete-config",
+                f"--log-verbose={o.log_verbose}"]
+        if install.backend_dir is not None:
+            argv.append(f"--backend-directory={install.backend_dir}")
+        return argv + list(o.extra_args)
+
+    def start(self) -> TritonServer:
+        repo = Path(self.options.repository)
+        if not (repo / "ensemble" / "config.pbtxt").is_file():
+            raise ServerError(f"{repo} is not a trtspec model repository (no ensemble/config.pbtxt); "
+                              "write one with `trtspec deploy ENGINE_DIR --out REPO`")
+        install = find_tritonserver(self.options.tritonserver)
+        for port in (self.options.grpc_port, self.options.http_port, self.options.metrics_port):
+            _check_port_free(self.options.address, port)
+        env = {**os.environ, **install.env}
+        argv = self.command(install)
+        log.debug("starting %s", " ".join(argv))
+        self.process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, text=True, errors="replace",
+                                        start_new_session=True)
+        self._reader = threading.Thread(target=self._read_log, daemon=True)
+        self._reader.start()
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _read_log(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for line in self.process.stdout:
+            line = line.rstrip("\n")
+            self.log_lines.append(line)
+            self.on_log(line)
+
+    def _wait_ready(self) -> None:
+        import tritonclient.grpc as grpcclient
+
+        deadline = time.monotonic() + self.options.startup_timeout_s
+        client = grpcclient.InferenceServerClient(self.grpc_url)
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    reason = _failure_reason(self.log_lines)
+                    raise ServerError(f"tritonserver exited with code {self.process.returncode} while starting"
+                                      f"{': ' + reason if reason else ''}")
+                try:
+                    if client.is_server_ready() and client.is_model_ready("ensemble"):
+                        return
+                except Exception:  # not listening yet
+                    pass
+                time.sleep(0.25)
+        finally:
+            client.close()
+        raise ServerError(f"tritonserver did not become ready within {self.options.startup_timeout_s:.0f} s")
+
+    def stop(self, timeout: float | None = None) -> int | None:
+        """SIGTERM, wait for in-flight requests (up to the exit timeout), then SIGKILL."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout if timeout is not None else self.options.exit_timeout_s + 10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        if self._reader is not None:
+            self._reader.join(5)
+        return self.process.returncode
+
+    def wait(self) -> int:
+        assert self.process is not None
+        return self.process.wait()
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _check_port_free(address: str, port: int) -> None:
+    with socket.socket() as s:
+        try:
+            s.bind((address, port))
+        except OSError:
+            raise ServerError(f"port {port} on {address} is in use; pick another with --grpc-port / --http-port / "
+                              "--metrics-port") from None
+
+
+def _failure_reason(lines: list[str]) -> str:
+    for line in lines:
+        if "failed to load" in line or line.startswith("error:") or "UNAVAILABLE:" in line:
+            return line.strip()[:400]
+    return ""

@@ -1,0 +1,243 @@
+"""What the CPU flavour's engine model does, without Triton: parse a request's tensors, run the speculative loop
+with in-flight batching across requests on one scheduler thread, and report tokens as they come.
+
+The tensor names are those of tensorrtllm_backend's `tensorrt_llm` model (input_ids, input_lengths,
+request_output_len, runtime_top_k, streaming, ...), so clients that talk to that model directly work too. Each
+request may carry a batch of B prompts; every prompt becomes its own sequence in the batcher, and its responses
+carry `batch_index`. Inputs the CPU engine cannot honour (beam search, penalties, bad words, logits outputs)
+are refused for that request with a message naming the tensor and value, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trtspec.engine.manifest import Manifest
+from trtspec.errors import ConfigError, TrtspecError
+from trtspec.runtime.loop import GenerationConfig, GenerationResult, InflightBatch, Request
+from trtspec.spec.proposer import Proposer
+from trtspec.spec.sampling import SamplingParams
+from trtspec.triton.text import decode_word_list
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ItemRequest:
+    """One prompt of a request, ready for the loop."""
+
+    prompt_ids: list[int]
+    config: GenerationConfig
+    use_speculation: bool = True
+    streaming: bool = False
+    exclude_input_in_output: bool = False
+
+
+def _scalar(inputs: dict[str, np.ndarray], name: str, b: int, default):
+    value = inputs.get(name)
+    if value is None or value.size == 0:
+        return default
+    flat = np.asarray(value).reshape(value.shape[0], -1) if value.ndim else value.reshape(1, 1)
+    row = flat[b] if flat.shape[0] > b else flat[0]
+    item = row[0].item() if row.size else default
+    return item
+
+
+def _first(inputs: dict[str, np.ndarray], names: tuple[str, ...], b: int, default):
+    for name in names:
+        if name in inputs:
+            return _scalar(inputs, name, b, default)
+    return default
+
+
+def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_exclude_input: bool = False
+                  ) -> list[ItemRequest]:
+    """The engine model's input tensors (leading batch dimension B) → one ItemRequest per prompt.
+
+    Raises ConfigError naming the tensor and the value for anything the engine cannot serve.
+    """
+    if "input_ids" not in inputs:
+        raise ConfigError("input_ids is required")
+    ids = np.asarray(inputs["input_ids"])
+    ids = ids.reshape(1, -1) if ids.ndim == 1 else ids.reshape(ids.shape[0], -1)
+    batch = ids.shape[0]
+    if "request_output_len" not in inputs:
+        raise ConfigError("request_output_len (the ensemble's max_tokens) is required")
+    profile = manifest.profile
+    items = []
+    for b in range(batch):
+        length = int(_scalar(inputs, "input_lengths", b, ids.shape[1]))
+        if not 0 < length <= ids.shape[1]:
+            raise ConfigError(f"input_lengths[{b}] = {length} is outside 1..{ids.shape[1]} (the input_ids width)")
+        prompt = [int(t) for t in ids[b, :length]]
+        max_tokens = int(_scalar(inputs, "request_output_len", b, 0))
+        if max_tokens <= 0:
+            raise ConfigError(f"max_tokens must be > 0, got {max_tokens}")
+        if length > profile.max_input_len:
+            raise ConfigError(f"the prompt has {length} tokens; the engine's max_input_len is {profile.max_input_len}")
+        if length + max_tokens > profile.max_seq_len:
+            raise ConfigError(f"{length} prompt tokens + max_tokens {max_tokens} exceed the engine's max_seq_len "
+                              f"{profile.max_seq_len}")
+        for name, default, allowed in (("beam_width", 1, (1,)), ("num_return_sequences", 1, (1,)),
+                                       ("repetition_penalty", 1.0, (1.0,)), ("presence_penalty", 0.0, (0.0,)),
+                                       ("frequency_penalty", 0.0, (0.0,)), ("min_length", 0, (0, 1)),
+                                       ("min_tokens", 0, (0, 1)), ("return_context_logits", False, (False,)),
+                                       ("return_generation_logits", False, (False,)),
+                                       ("return_log_probs", False, (False,))):
+            value = _scalar(inputs, name, b, default)
+            if value not in allowed:
+                raise ConfigError(f"{name} = {value} is not supported by the trtspec CPU engine "
+                                  f"(supported: {', '.join(map(str, allowed))})")
+        if "bad_words_list" in inputs and decode_word_list(inputs["bad_words_list"][b]):
+            raise ConfigError("bad_words is not supported by the trtspec CPU engine; send an empty list")
+        stop_words = decode_word_list(inputs["stop_words_list"][b]) if "stop_words_list" in inputs else ()
+        end_id = _scalar(inputs, "end_id", b, None)
+        end_id = manifest.model.end_id if end_id is None or end_id < 0 else int(end_id)
+        top_k = int(_first(inputs, ("runtime_top_k", "top_k"), b, 0))
+        top_p = float(_first(inputs, ("runtime_top_p", "top_p"), b, 1.0))
+        temperature = float(_scalar(inputs, "temperature", b, 0.0))
+        seed = _first(inputs, ("random_seed", "seed"), b, None)
+        greedy = temperature <= 0 or top_k == 1  # TensorRT-LLM: top_k 1 is greedy whatever the temperature
+        try:
+            sampling = SamplingParams(temperature=0.0 if greedy else temperature, top_k=0 if greedy else top_k,
+                                      top_p=1.0 if greedy or top_p <= 0 else top_p,
+                                      seed=None if seed is None else int(seed))
+            config = GenerationConfig(max_tokens=max_tokens, sampling=sampling, end_id=end_id, stop_words=stop_words)
+        except ConfigError as e:
+            raise ConfigError(f"{e}") from None
+        items.append(ItemRequest(
+            prompt, config, use_speculation=bool(_scalar(inputs, "use_speculation", b, True)),
+            streaming=bool(_first(inputs, ("streaming", "stream"), b, False)),
+            exclude_input_in_output=bool(_scalar(inputs, "exclude_input_in_output", b, default_exclude_input))))
+    return items
+
+
+@dataclass
+class Job:
+    """One Triton request: its prompts and where their progress goes (all called on the scheduler thread)."""
+
+    items: list[ItemRequest]
+    # (batch index, new tokens, result so far, finish reason or None when more will come)
+    on_progress: Callable[[int, list[int], GenerationResult, str | None], None]
+    on_done: Callable[[int, GenerationResult], None]  # a prompt finished (after its last progress)
+    on_error: Callable[[int, str], None]  # a prompt failed; it gets nothing more
+    cancelled: Callable[[], bool] = lambda: False
+    remaining: int = field(init=False)
+
+    def __post_init__(self):
+        self.remaining = len(self.items)
+
+
+@dataclass
+class BatchingStats:
+    steps: int = 0
+    sequences: int = 0  # summed over steps: sequences in each verify step
+    max_sequences: int = 0
+
+    def record(self, active: int) -> None:
+        self.steps += 1
+        self.sequences += active
+        self.max_sequences = max(self.max_sequences, active)
+
+    @property
+    def mean_sequences(self) -> float:
+        return self.sequences / self.steps if self.steps else 0.0
+
+
+class EngineService:
+    """One engine, one scheduler thread, in-flight batching of every prompt of every submitted job."""
+
+    def __init__(self, engine, make_proposer: Callable[[bool], Proposer], max_batch_size: int):
+        self.engine, self.make_proposer = engine, make_proposer
+        self.batch = InflightBatch(engine, max_batch_size)
+        self.stats = BatchingStats()
+        self._pending: collections.deque[tuple[Job, int]] = collections.deque()
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="trtspec-scheduler", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        with self._wake:
+            self._pending.extend((job, i) for i in range(len(job.items)))
+            self._wake.notify()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._pending and not self.batch.active and not self._stopping:
+                    self._wake.wait()
+                if self._stopping:
+                    break
+                joining = []
+                while self._pending and len(joining) + len(self.batch.active) < self.batch.max_batch_size:
+                    joining.append(self._pending.popleft())
+            for job, index in joining:
+                self._join(job, index)
+            if not self.batch.active:
+                continue
+            active = len(self.batch.active)
+            try:
+                done = self.batch.step()
+            except Exception as e:  # an engine failure fails the sequences in flight, not the server
+                log.exception("engine step failed")
+                for (job, index), _ in self.batch.active:
+                    self._fail(job, index, f"engine step failed: {e}")
+                self.batch.close()
+                continue
+            self.stats.record(active)
+            for (job, index), result in done:
+                self._finish(job, index, result)
+        for (job, index), _ in self.batch.active:
+            self._fail(job, index, "the server is shutting down")
+        self.batch.close()
+
+    def _join(self, job: Job, index: int) -> None:
+        item = job.items[index]
+        if job.cancelled():
+            self._finish(job, index, GenerationResult([], "cancelled"))
+            return
+
+        def progress(tokens: list[int], result: GenerationResult, finish: str | None) -> None:
+            try:
+                job.on_progress(index, tokens, result, finish)
+            except Exception:  # a response that cannot be sent must not stop the other sequences
+                log.exception("sending a response failed")
+
+        request = Request(item.prompt_ids, self.make_proposer(item.use_speculation), item.config,
+                          cancelled=job.cancelled, on_progress=progress)
+        try:
+            self.batch.add((job, index), request)
+        except TrtspecError as e:
+            self._fail(job, index, str(e))
+        except Exception as e:
+            log.exception("prefill failed")
+            self._fail(job, index, f"prefill failed: {e}")
+
+    @staticmethod
+    def _finish(job: Job, index: int, result: GenerationResult) -> None:
+        job.remaining -= 1
+        try:
+            job.on_done(index, result)
+        except Exception:
+            log.exception("sending a response failed")
+
+    @staticmethod
+    def _fail(job: Job, index: int, message: str) -> None:
+        job.remaining -= 1
+        try:
+            job.on_error(index, message)
+        except Exception:
+            log.exception("sending an error response failed")
