@@ -1,0 +1,156 @@
+"""Self-distillation data: the base model's own greedy replies to training prompts, with its final hidden states.
+
+The base is converted and built into a plain ONNX Runtime engine (the same engine trtspec serves), prompts run
+with in-flight batching, and every sequence is streamed to disk as it finishes: token ids (int32) and, for
+every position but the last, the post-final-norm hidden state that predicts the next token (the Medusa heads'
+input and the EAGLE feature), in float16. The cache resumes where it stopped and is reused by both trainers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trtspec.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+EVALUATION_SETS = ("mt-bench", "humaneval")  # never train on what trtspec measures with
+SPEC_FILE, INDEX_FILE, TOKENS_FILE, FEATURES_FILE = "data.json", "index.jsonl", "tokens.i32", "features.f16"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSpec:
+    """What the cached data was generated from; a cache is reused only when its spec is equal."""
+
+    base: str  # resolved base folder
+    prompts: str  # prompt set name or resolved .jsonl path
+    samples: int  # training sequences
+    eval_samples: int  # held-out sequences (the prompts after the training ones)
+    max_new_tokens: int
+    max_prompt_tokens: int
+
+    def __post_init__(self):
+        if Path(self.prompts).stem in EVALUATION_SETS or self.prompts in EVALUATION_SETS:
+            raise ConfigError(f"--prompts {self.prompts} is an evaluation set (MT-Bench / HumanEval measure the "
+                              "drafters); train on sharegpt, champ or your own .jsonl file")
+        for name in ("samples", "max_new_tokens", "max_prompt_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.eval_samples < 1:
+            raise ConfigError(f"--eval-samples must be >= 1, got {self.eval_samples}")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One cached sequence: ids [n + 1] (prompt then reply) and features [n, H] (row i predicts ids[i + 1])."""
+
+    ids: np.ndarray
+    features: np.ndarray
+    prompt_len: int
+
+
+class DataCache:
+    """The on-disk cache: data.json (spec), index.jsonl (one line per finished sequence), two flat arrays."""
+
+    def __init__(self, directory: Path, spec: DataSpec, hidden_size: int):
+        self.directory, self.spec, self.hidden = Path(directory), spec, hidden_size
+        self.rows = self._open()
+
+    def _open(self) -> list[dict]:
+        d = self.directory
+        d.mkdir(parents=True, exist_ok=True)
+        spec_path = d / SPEC_FILE
+        if spec_path.is_file() and json.loads(spec_path.read_text()) != asdict(self.spec):
+            raise ConfigError(f"{d} holds data generated with other settings ({spec_path}); pass another "
+                              "--data folder or delete it")
+        spec_path.write_text(json.dumps(asdict(self.spec), indent=2) + "\n")
+        rows = [json.loads(line) for line in (d / INDEX_FILE).read_text().splitlines()] \
+            if (d / INDEX_FILE).is_file() else []
+        # a run stopped mid-write leaves bytes past the last indexed sequence: cut them off
+        tokens = sum(r["length"] for r in rows)
+        features = sum(r["length"] - 1 for r in rows)
+        for name, size in ((TOKENS_FILE, 4 * tokens), (FEATURES_FILE, 2 * self.hidden * features)):
+            with open(d / name, "ab") as f:
+                f.truncate(size)
+        return rows
+
+    @property
+    def complete(self) -> bool:
+        return len(self.rows) >= self.spec.samples + self.spec.eval_samples
+
+    def append(self, prompt_id: str, ids: list[int], features: np.ndarray, prompt_len: int, index: int) -> None:
+        """Stream one finished sequence to disk; the index line is written last, so it marks completeness."""
+        assert features.shape == (len(ids) - 1, self.hidden), (features.shape, len(ids))
+        with open(self.directory / TOKENS_FILE, "ab") as f:
+            f.write(np.asarray(ids, np.int32).tobytes())
+        with open(self.directory / FEATURES_FILE, "ab") as f:
+            f.write(np.asarray(features, np.float16).tobytes())
+        row = {"id": prompt_id, "index": index, "length": len(ids), "prompt_len": prompt_len}
+        with open(self.directory / INDEX_FILE, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        self.rows.append(row)
+
+    def samples(self) -> tuple[list[Sample], list[Sample]]:
+        """(training, held-out) sequences, memory-mapped."""
+        if not self.complete:
+            raise ConfigError(f"{self.directory} holds {len(self.rows)} sequences, "
+                              f"{self.spec.samples + self.spec.eval_samples} expected; run again to finish it")
+        n_tok = sum(r["length"] for r in self.rows)
+        tokens = np.memmap(self.directory / TOKENS_FILE, np.int32, "r", shape=(n_tok,))
+        feats = np.memmap(self.directory / FEATURES_FILE, np.float16, "r", shape=(n_tok - len(self.rows), self.hidden))
+        out, t, f = {}, 0, 0
+        for r in self.rows:  # stored in the order sequences finished; `index` is the prompt order
+            n = r["length"]
+            out[r["index"]] = Sample(tokens[t:t + n], feats[f:f + n - 1], r["prompt_len"])
+            t, f = t + n, f + n - 1
+        ordered = [out[i] for i in sorted(out)]
+        return ordered[: self.spec.samples], ordered[self.spec.samples: self.spec.samples + self.spec.eval_samples]
+
+    def size_bytes(self) -> int:
+        return sum((self.directory / n).stat().st_size for n in (TOKENS_FILE, FEATURES_FILE))
+
+
+def check_prompt_source(name: str) -> str:
+    """A prompt set name or a .jsonl path, resolved; evaluation sets are refused."""
+    if name in EVALUATION_SETS:
+        raise ConfigError(f"--prompts {name} is an evaluation set (MT-Bench / HumanEval measure the drafters); "
+                          "train on sharegpt, champ or your own .jsonl file")
+    from trtspec.data.prompts import PROMPT_SETS
+
+    if name in PROMPT_SETS:
+        return name
+    if name.endswith(".jsonl"):
+        path = Path(name)
+        if not path.is_file():
+            raise ConfigError(f"prompt file {path} does not exist")
+        return str(path.resolve())
+    raise ConfigError(f"unknown prompt set {name!r}; train on sharegpt, champ or a .jsonl file")
+
+
+def load_training_prompts(source: str, count: int) -> Iterator[tuple[str, object]]:
+    """(id, prompt) pairs: chat messages, or token ids for a .jsonl whose lines hold "input_ids"."""
+    if source.endswith(".jsonl"):
+        first = next((line for line in Path(source).read_text().splitlines() if line.strip()), "{}")
+        if "input_ids" in json.loads(first):
+            yield from _id_prompts(Path(source))
+            return
+    from trtspec.data.prompts import load_prompts
+
+    for p in load_prompts(source, limit=count):
+        yield p.id, list(p.messages)
+
+
+def _id_prompts(path: Path) -> Iterator[tuple[str, list[int]]]:
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            row = json.loads(line)
+            ids = row.get("input_ids")
+            if not (isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids)):
+                raise ConfigError(f"{path}:{number}: \"input_ids\" must be a non-empty list of token ids")
+            yield str(row.get("id", number)), ids

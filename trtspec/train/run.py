@@ -1,0 +1,193 @@
+"""`trtspec train medusa|eagle`: self-distillation data → training (resumable) → held-out accuracy → export.
+
+The output folder is written atomically at the end and holds the drafter in its released layout plus
+`training.json` (options, timings, data size, per-head / per-depth accuracy). Work files (the data cache, the
+base engine that generated it, the training checkpoint) live in a separate work folder, `<out>.work` by default.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from trtspec.checkpoint.hf_config import read_base_config
+from trtspec.errors import ConfigError
+from trtspec.outdir import atomic_output_dir, check_output_dir
+from trtspec.train import eagle as E
+from trtspec.train import medusa as M
+from trtspec.train.data import DataCache, DataSpec, check_prompt_source
+from trtspec.train.heads import SharedLmHead, active_vocabulary, base_tensors
+from trtspec.train.loop import CHECKPOINT_FILE, FitOptions, fingerprint_of, fit
+
+log = logging.getLogger(__name__)
+METHODS = ("medusa", "eagle")
+DEFAULT_LR = {"medusa": 1e-3, "eagle": 5e-4}
+SAVE_DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
+RESULT_FILE = "training.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions:
+    """The `trtspec train` flags."""
+
+    method: str
+    base: Path
+    out: Path
+    prompts: str = "sharegpt"
+    samples: int = 256
+    eval_samples: int = 16
+    max_new_tokens: int = 256
+    max_prompt_tokens: int = 384
+    epochs: int = 2
+    lr: float | None = None  # None: DEFAULT_LR[method]
+    batch_size: int = 256  # Medusa: positions per step (EAGLE steps over one sequence)
+    heads: int = 4  # Medusa
+    layers: int = 1  # Medusa ResBlocks per head
+    noise: float = 0.1  # EAGLE: uniform feature noise half-width
+    intermediate_size: int | None = None  # EAGLE: draft MLP width (default: the base's)
+    with_embeddings: bool = False  # EAGLE: also store embed_tokens (a frozen base copy; convert falls back to the base)
+    full_vocab_loss: bool = False  # training cross-entropy over the whole vocabulary, not just the labels used
+    top_k: int = 10
+    save_dtype: str = "float16"
+    seed: int = 0
+    resume: bool = False
+    force: bool = False
+    work: Path | None = None
+    data: Path | None = None
+    threads: int | None = None
+    stop_after_steps: int | None = None  # library only: stop as if interrupted (tests of --resume)
+    show_progress: bool = True
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ConfigError(f"unknown drafter {self.method!r}; trtspec trains {', '.join(METHODS)}")
+        if self.save_dtype not in SAVE_DTYPES:
+            raise ConfigError(f"--save-dtype {self.save_dtype!r} is not one of {', '.join(SAVE_DTYPES)}")
+        for name in ("epochs", "batch_size", "heads", "layers", "top_k"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.lr is not None and self.lr <= 0:
+            raise ConfigError(f"--lr must be > 0, got {self.lr}")
+        if self.noise < 0:
+            raise ConfigError(f"--noise must be >= 0, got {self.noise}")
+        if self.resume and self.force:
+            raise ConfigError("--resume continues the run in the work folder and --force starts over; pass one")
+
+    @property
+    def work_dir(self) -> Path:
+        return self.work or self.out.with_name(self.out.name + ".work")
+
+    @property
+    def data_dir(self) -> Path:
+        return self.data or self.work_dir / "data"
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    out: Path
+    method: str
+    report: dict  # what training.json holds
+
+
+def train(opts: TrainOptions) -> TrainResult:
+    """Generate (or reuse) the data, train, evaluate on the held-out prompts, export into opts.out."""
+    start = time.perf_counter()
+    cfg = read_base_config(opts.base)
+    spec = DataSpec(base=str(Path(opts.base).resolve()), prompts=check_prompt_source(opts.prompts),
+                    samples=opts.samples, eval_samples=opts.eval_samples, max_new_tokens=opts.max_new_tokens,
+                    max_prompt_tokens=opts.max_prompt_tokens)
+    check_output_dir(opts.out, force=opts.force or opts.resume)
+    _check_work(opts)
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    cache, data_seconds = _data(opts, spec, cfg.hidden_size)
+    train_set, held_out = cache.samples()
+    torch.manual_seed(opts.seed)  # the initial weights
+    model, batches, loss = _model(opts, cfg, train_set)
+    lr = opts.lr or DEFAULT_LR[opts.method]
+    fit_opts = FitOptions(epochs=opts.epochs, lr=lr, seed=opts.seed, stop_after_steps=opts.stop_after_steps,
+                          show_progress=opts.show_progress)
+    fitted = fit(model, batches, loss, fit_opts, work=opts.work_dir, fingerprint=_fingerprint(opts, cache), resume=opts.resume)
+    if fitted.stopped_early:
+        return TrainResult(opts.out, opts.method, {"stopped_after_steps": fitted.steps})
+    accuracy = (M.evaluate(model, held_out, opts.top_k) if opts.method == "medusa"
+                else E.evaluate(model, held_out, opts.top_k))
+    report = {"method": opts.method, "command_options": _options_dict(opts), "lr": lr,
+              "data": {"directory": str(cache.directory), "train_sequences": len(train_set),
+                       "held_out_sequences": len(held_out), "tokens": int(sum(len(s.ids) for s in train_set)),
+                       "reply_tokens": int(sum(len(s.ids) - s.prompt_len for s in train_set)),
+                       "bytes": cache.size_bytes(), "generation_seconds": round(data_seconds, 1)},
+              "training": {"steps": fitted.steps, "seconds": round(fitted.seconds, 1),
+                           "epoch_losses": [round(x, 4) for x in fitted.epoch_losses],
+                           "active_vocabulary": int(model.lm_head.active_weight.shape[0])},
+              "accuracy": accuracy, "seconds": round(time.perf_counter() - start, 1)}
+    _export(opts, cfg, model, report)
+    return TrainResult(opts.out, opts.method, report)
+
+
+def _check_work(opts: TrainOptions) -> None:
+    checkpoint = opts.work_dir / CHECKPOINT_FILE
+    if checkpoint.is_file() and not (opts.resume or opts.force):
+        raise ConfigError(f"{checkpoint} holds an unfinished or finished run; pass --resume to continue it or "
+                          "--force to start over")
+    if opts.force and checkpoint.is_file():
+        checkpoint.unlink()
+    opts.work_dir.mkdir(parents=True, exist_ok=True)
+
+
+def _data(opts: TrainOptions, spec: DataSpec, hidden_size: int) -> tuple[DataCache, float]:
+    cache = DataCache(opts.data_dir, spec, hidden_size)
+    start = time.perf_counter()
+    if not cache.complete:
+        from trtspec.train.distill import build_base_engine, generate_data
+
+        engine = build_base_engine(Path(opts.base), opts.work_dir, max_input_len=opts.max_prompt_tokens,
+                                   max_seq_len=opts.max_prompt_tokens + opts.max_new_tokens + 2)
+        generate_data(engine, cache, threads=opts.threads, show_progress=opts.show_progress)
+    log.info("data: %d sequences, %.1f MiB of tokens and float16 features in %s", len(cache.rows),
+             cache.size_bytes() / 2**20, cache.directory)
+    return cache, time.perf_counter() - start
+
+
+def _model(opts: TrainOptions, cfg, train_set):
+    embed, lm_weight = base_tensors(Path(opts.base), cfg)
+    if opts.method == "medusa":
+        _, labels = M.positions(train_set, opts.heads)
+        lm_head = SharedLmHead(lm_weight, None if opts.full_vocab_loss else active_vocabulary([labels], cfg.vocab_size))
+        model = M.MedusaHeadsModule(cfg.hidden_size, opts.heads, opts.layers, lm_head)
+        return model, M.make_batches(train_set, opts.heads, opts.batch_size), M.loss_fn(model)
+    batches = [E.sequence(s) for s in train_set]
+    batches = [b for b in batches if (b.labels != -100).any()]
+    lm_head = SharedLmHead(lm_weight, None if opts.full_vocab_loss
+                           else active_vocabulary([b.labels for b in batches], cfg.vocab_size))
+    model = E.EagleDraftModule(E.draft_config(cfg, opts.intermediate_size), embed, lm_head)
+    return model, batches, E.loss_fn(model, opts.noise)
+
+
+def _export(opts: TrainOptions, cfg, model, report: dict) -> None:
+    dtype = SAVE_DTYPES[opts.save_dtype]
+    extra = {"trained_by": "trtspec train", "prompts": opts.prompts, "samples": opts.samples, "epochs": opts.epochs,
+             "seed": opts.seed}
+    base = Path(opts.base).resolve()
+    with atomic_output_dir(opts.out, force=True) as tmp:
+        if opts.method == "medusa":
+            M.export(model, tmp, base=base, dtype=dtype, extra=extra)
+        else:
+            E.export(model, tmp, base=base, cfg=cfg, dtype=dtype, with_embeddings=opts.with_embeddings, extra=extra)
+        (tmp / RESULT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def _options_dict(opts: TrainOptions) -> dict:
+    skip = {"show_progress", "stop_after_steps", "resume", "force", "threads"}
+    return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items() if k not in skip}
+
+
+def _fingerprint(opts: TrainOptions, cache: DataCache) -> dict:
+    keep = ("method", "epochs", "lr", "batch_size", "heads", "layers", "noise", "intermediate_size", "full_vocab_loss",
+            "seed")
+    return fingerprint_of(data=asdict(cache.spec), **{k: getattr(opts, k) for k in keep})
