@@ -1,0 +1,121 @@
+"""`trtspec deploy --flavour cpu`: every config parses as Triton's ModelConfig, the ensemble is wired
+consistently, the client contract is exposed, and bad input fails cleanly without a half-written repository."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from click.testing import CliRunner
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from trtspec.cli import cli
+from trtspec.triton.contract import cpu_ensemble_inputs, cpu_ensemble_outputs
+from trtspec.triton.deploy import DeployOptions, deploy
+
+MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble")
+
+
+def _config(repo, name) -> model_config_pb2.ModelConfig:
+    return text_format.Parse((repo / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+
+
+def test_every_config_parses_and_names_match_dirs(tiny_repo):
+    assert sorted(p.name for p in tiny_repo.iterdir()) == sorted(MODELS)
+    for name in MODELS:
+        config = _config(tiny_repo, name)
+        assert config.name == name and config.max_batch_size == 8
+        assert "${" not in (tiny_repo / name / "config.pbtxt").read_text()
+    for name in ("preprocessing", "tensorrt_llm", "postprocessing"):
+        assert (tiny_repo / name / "1" / "model.py").is_file()
+    engine = _config(tiny_repo, "tensorrt_llm")
+    assert engine.model_transaction_policy.decoupled
+    engine_dir = engine.parameters["engine_dir"].string_value
+    assert not engine_dir.startswith("/") and (tiny_repo / engine_dir / "manifest.json").is_file()
+
+
+def test_ensemble_is_wired_consistently(tiny_repo):
+    """Every step input comes from an ensemble input or an earlier step's output, with the same data type;
+    every ensemble output is produced by some step; every required model input is mapped."""
+    ensemble = _config(tiny_repo, "ensemble")
+    types = {t.name: t.data_type for t in ensemble.input}
+    for step in ensemble.ensemble_scheduling.step:
+        model = _config(tiny_repo, step.model_name)
+        inputs = {t.name: t for t in model.input}
+        for key, value in step.input_map.items():
+            assert value in types, f"{step.model_name}.{key} ← {value}: nothing produces {value} before this step"
+            assert inputs[key].data_type == types[value], (step.model_name, key)
+        assert {n for n, t in inputs.items() if not t.optional} <= set(step.input_map), step.model_name
+        outputs = {t.name: t for t in model.output}
+        for key, value in step.output_map.items():
+            types[value] = outputs[key].data_type
+    produced = set(types)
+    for output in ensemble.output:
+        assert output.name in produced and types[output.name] == output.data_type, output.name
+
+
+def test_ensemble_exposes_the_client_contract(tiny_repo):
+    ensemble = _config(tiny_repo, "ensemble")
+    assert [t.name for t in ensemble.input] == [t.name for t in cpu_ensemble_inputs()]
+    assert {t.name for t in ensemble.input if not t.optional} == {"text_input", "max_tokens"}
+    assert [t.name for t in ensemble.output] == [t.name for t in cpu_ensemble_outputs()]
+    names = {t.name for t in ensemble.input}
+    assert {"random_seed", "seed", "min_length", "min_tokens", "stream", "use_speculation"} <= names
+
+
+def test_options_reach_the_configs(tiny_engine, tmp_path):
+    repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "r", instances=2, max_batch_size=4,
+                                decoupled=False, chat_template=False, copy_engine=True))
+    engine = _config(repo, "tensorrt_llm")
+    assert engine.max_batch_size == 4 and engine.instance_group[0].count == 2
+    assert not engine.model_transaction_policy.decoupled
+    assert engine.parameters["engine_dir"].string_value == "tensorrt_llm/1/engine"
+    assert json.loads((repo / "tensorrt_llm/1/engine/manifest.json").read_text())["method"] == "medusa"
+    assert _config(repo, "preprocessing").parameters["chat_template"].string_value == "false"
+
+
+def test_repository_moves_with_the_engine(tiny_engine, tmp_path):
+    """The engine is referenced relative to the repository: move both, the path still resolves."""
+    shutil.copytree(tiny_engine, tmp_path / "a" / "engines" / "tiny")
+    deploy(DeployOptions(engine_dir=tmp_path / "a" / "engines" / "tiny", out=tmp_path / "a" / "repo"))
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    path = _config(tmp_path / "b" / "repo", "tensorrt_llm").parameters["engine_dir"].string_value
+    assert path == "../engines/tiny" and (tmp_path / "b" / "repo" / path / "manifest.json").is_file()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--max-batch-size", "9"], "--max-batch-size 9 exceeds the engine's max_batch_size 8"),
+    (["--instances", "0"], "--instances must be >= 1, got 0"),
+    (["--flavour", "trtllm"], "--flavour trtllm needs a trtllm engine; the manifest's backend is 'onnx'"),
+])
+def test_bad_options_fail_in_one_line_and_write_nothing(tiny_engine, tmp_path, args, message):
+    result = CliRunner().invoke(cli, ["deploy", str(tiny_engine), "--out", str(tmp_path / "repo"), *args])
+    assert result.exit_code == 1 and result.output.strip() == f"error: {message}" or message in result.output
+    assert result.output.count("\n") == 1 and "Traceback" not in result.output
+    assert not (tmp_path / "repo").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_engine_without_tokenizer_and_missing_manifest(tiny_engine, tmp_path):
+    engine = tmp_path / "engine"
+    shutil.copytree(tiny_engine, engine)
+    manifest = json.loads((engine / "manifest.json").read_text())
+    manifest["tokenizer"] = None
+    (engine / "manifest.json").write_text(json.dumps(manifest))
+    result = CliRunner().invoke(cli, ["deploy", str(engine), "--out", str(tmp_path / "repo")])
+    assert result.exit_code == 1 and "the engine has no tokenizer (field 'tokenizer' is null)" in result.output
+    assert not (tmp_path / "repo").exists()
+    (engine / "manifest.json").unlink()
+    result = CliRunner().invoke(cli, ["deploy", str(engine), "--out", str(tmp_path / "repo")])
+    assert result.exit_code == 1 and "manifest.json" in result.output and "Traceback" not in result.output
+
+
+def test_existing_repository_needs_force(tiny_engine, tmp_path):
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "keep").write_text("x")
+    result = CliRunner().invoke(cli, ["deploy", str(tiny_engine), "--out", str(tmp_path / "repo")])
+    assert result.exit_code == 1 and "pass --force" in result.output
+    assert (tmp_path / "repo" / "keep").is_file()
+    result = CliRunner().invoke(cli, ["deploy", str(tiny_engine), "--out", str(tmp_path / "repo"), "--force"])
+    assert result.exit_code == 0 and not (tmp_path / "repo" / "keep").exists()

@@ -1,0 +1,217 @@
+"""The real tritonserver (bundled in nvidia-pytriton) serving the CPU-flavour repository over real gRPC.
+
+Concurrency (16 streams, mixed lengths, mixed speculation on / off) equals in-process generation token for
+token; bad requests get an error for that request only; a client that disconnects mid-stream costs nobody else.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from click.testing import CliRunner
+
+from trtspec.cli import cli
+from trtspec.errors import ServerError
+from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+from trtspec.triton.client import TritonClient, build_inputs, generate_concurrently
+from trtspec.triton.server import ServerOptions, TritonServer, find_tritonserver
+
+WORDS = ["Hello world", "speculative decoding", "Medusa heads", "the target model", "tokens", "café 東京 🙂",
+         "def f(x): return x", "quick brown fox"]
+
+
+def _prompts(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, int(rng.integers(1, 4)))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def local(tiny_engine):
+    return LocalGenerator(tiny_engine, threads=1)
+
+
+def test_streaming_matches_local_generate(server, local):
+    prompts = _prompts(6, seed=1)
+    with TritonClient(server.grpc_url) as client:
+        for i, prompt in enumerate(prompts):
+            pieces = []
+            remote = client.generate(prompt, GenerateOptions(max_tokens=40), index=i, on_text=pieces.append)
+            expected = local.generate(prompt, GenerateOptions(max_tokens=40), index=i)
+            assert remote.output_ids == expected.output_ids
+            assert remote.text == "".join(pieces) == expected.text
+            assert remote.responses > 1  # streamed, several tokens per response where drafts were accepted
+            stats, want = remote.to_dict()["stats"], expected.to_dict()["stats"]
+            for key in ("steps", "draft_tokens", "accepted_tokens", "acceptance_rate", "acceptance_length"):
+                assert stats[key] == want[key], key
+            assert remote.finish_reason == expected.result.finish_reason
+
+
+def test_sixteen_streams_mixed_lengths_and_speculation(server, local, tiny_repo):
+    """16 concurrent streams x 3 requests: every response equals in-process greedy output for its prompt."""
+    prompts = _prompts(48, seed=2)
+    lengths = [8 + (i * 7) % 60 for i in range(48)]
+    option = lambda i: GenerateOptions(max_tokens=lengths[i], no_spec=i % 3 == 0)  # noqa: E731
+    results = generate_concurrently(server.grpc_url, prompts, concurrency=16, options_for=option)
+    for i, result in enumerate(results):
+        assert not isinstance(result, BaseException), result
+        expected = local.generate(prompts[i], GenerateOptions(max_tokens=lengths[i]))
+        assert result.output_ids == expected.output_ids, i
+        assert result.text == expected.text
+        assert (result.draft_tokens == 0) == (i % 3 == 0)
+    batching = [line for line in server.log_lines if "trtspec batching" in line]
+    assert batching == [] or "sequences per step" in batching[-1]
+
+
+def test_non_streaming_request_and_direct_engine_call(server, local):
+    prompt = "Hello world"
+    with TritonClient(server.grpc_url) as client:
+        remote = client.generate(prompt, GenerateOptions(max_tokens=12), stream=False)
+    expected = local.generate(prompt, GenerateOptions(max_tokens=12))
+    assert remote.output_ids == expected.output_ids and remote.text == expected.text and remote.responses == 1
+    # tensorrtllm_backend clients may talk to `tensorrt_llm` directly with token ids
+    ids = local.encode(prompt)
+    inputs = []
+    for name, array in (("input_ids", np.array([ids], np.int32)), ("input_lengths", np.array([[len(ids)]], np.int32)),
+                        ("request_output_len", np.array([[12]], np.int32))):
+        tensor = grpcclient.InferInput(name, list(array.shape), "INT32")
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    got = _stream_once(server.grpc_url, "tensorrt_llm", inputs)
+    assert got[0][0].as_numpy("output_ids").reshape(-1).tolist() == ids + expected.output_ids  # prompt included
+
+
+def test_stop_words_and_seeded_sampling(server, local):
+    with TritonClient(server.grpc_url) as client:
+        greedy = client.generate("quick brown fox", GenerateOptions(max_tokens=30))
+        text = greedy.text
+        stop = text[len(text) // 2:len(text) // 2 + 2].strip() or text[:1]
+        stopped = client.generate("quick brown fox", GenerateOptions(max_tokens=30), stop_words=[stop])
+        assert stopped.finish_reason in ("stop_word", "length")
+        assert len(stopped.output_ids) <= len(greedy.output_ids)
+        sampled = [client.generate("tokens", GenerateOptions(max_tokens=20, temperature=1.0, top_k=50, seed=s))
+                   for s in (7, 7, 8)]
+    assert sampled[0].output_ids == sampled[1].output_ids  # same seed, same tokens
+    assert sampled[0].output_ids != sampled[2].output_ids
+
+
+def _stream_once(url, model, inputs, timeout=60):
+    client = grpcclient.InferenceServerClient(url)
+    responses, done = [], threading.Event()
+
+    def callback(result=None, error=None):
+        responses.append((result, error))
+        final = result is not None and result.get_response().parameters.get("triton_final_response")
+        if error is not None or (final and final.bool_param):
+            done.set()
+
+    client.start_stream(callback=callback)
+    client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+    assert done.wait(timeout)
+    client.stop_stream()
+    client.close()
+    return [r for r in responses if r[1] is not None or r[0].get_response().outputs]
+
+
+def _tensor(name, array):
+    from tritonclient.utils import np_to_triton_dtype
+
+    t = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+    t.set_data_from_numpy(array)
+    return t
+
+
+@pytest.mark.parametrize("inputs,message", [
+    ([("max_tokens", np.array([[8]], np.int32))], "text_input"),
+    ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[0]], np.int32))],
+     "max_tokens must be > 0, got 0"),
+    ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[500]], np.int32))],
+     "exceed the engine's max_seq_len 160"),
+    ([("text_input", np.array([[" ".join(WORDS * 4).encode()]], np.object_)),
+      ("max_tokens", np.array([[8]], np.int32))], "the engine's max_input_len is 64"),
+    ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[8.0]], np.float32))],
+     "max_tokens"),
+    ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[8]], np.int32)),
+      ("beam_width", np.array([[2]], np.int32))], "beam_width = 2 is not supported"),
+    ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[8]], np.int32)),
+      ("bad_words", np.array([[b"fox"]], np.object_))], "bad_words is not supported"),
+])
+def test_bad_requests_get_an_error_and_the_server_keeps_serving(server, local, inputs, message):
+    got = _stream_once(server.grpc_url, "ensemble", [_tensor(n, a) for n, a in inputs])
+    errors = [str(e) for _, e in got if e is not None]
+    assert errors and message in errors[0], errors
+    with TritonClient(server.grpc_url) as client:
+        assert client.generate("Hello world", GenerateOptions(max_tokens=8)).output_ids == \
+            local.generate("Hello world", GenerateOptions(max_tokens=8)).output_ids
+
+
+def test_client_disconnect_mid_stream_costs_nobody_else(server, local):
+    """A client that drops its stream after the first response: its sequence is cancelled between steps,
+    while a concurrent request completes exactly."""
+    first = threading.Event()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result=None, error=None: first.set())
+    client.async_stream_infer("ensemble", build_inputs("quick brown fox", GenerateOptions(max_tokens=150),
+                                                       stream=True))
+    other = {}
+    thread = threading.Thread(target=lambda: other.update(r=generate_concurrently(
+        server.grpc_url, ["Medusa heads"], GenerateOptions(max_tokens=60))[0]))
+    thread.start()
+    assert first.wait(30)
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    thread.join(60)
+    assert other["r"].output_ids == local.generate("Medusa heads", GenerateOptions(max_tokens=60)).output_ids
+    with TritonClient(server.grpc_url) as again:
+        assert again.generate("tokens", GenerateOptions(max_tokens=5)).output_ids
+
+
+def test_generate_url_cli_json_matches_local(server, tiny_engine, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in _prompts(4, seed=3)))
+    runner = CliRunner()
+    remote = runner.invoke(cli, ["generate", "--url", server.grpc_url, "--prompts", str(prompts), "--max-tokens",
+                                 "16", "--json", "--concurrency", "2"])
+    local = runner.invoke(cli, ["generate", str(tiny_engine), "--prompts", str(prompts), "--max-tokens", "16",
+                                "--json"])
+    assert remote.exit_code == 0 and local.exit_code == 0, remote.output + local.output
+    rows = [json.loads(line) for line in remote.output.splitlines()]
+    want = [json.loads(line) for line in local.output.splitlines()]
+    assert [(r["prompt_index"], r["output_ids"], r["text"]) for r in rows] == \
+        [(r["prompt_index"], r["output_ids"], r["text"]) for r in want]
+    streamed = runner.invoke(cli, ["generate", "--url", server.grpc_url, "--prompt", "Hello world",
+                                   "--max-tokens", "16"])
+    assert streamed.exit_code == 0 and streamed.output.rstrip("\n") == want[0]["text"] or streamed.output
+
+
+def test_clear_errors_without_a_server(tmp_path, monkeypatch, tiny_repo):
+    runner = CliRunner()
+    result = runner.invoke(cli, ["generate", "--url", "127.0.0.1:1", "--prompt", "hi"])
+    assert result.exit_code == 1 and "cannot reach a Triton server at 127.0.0.1:1" in result.output
+    result = runner.invoke(cli, ["serve", str(tmp_path)])
+    assert result.exit_code == 1 and "is not a trtspec model repository" in result.output
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr("trtspec.triton.server._bundled", lambda: None)
+    with pytest.raises(ServerError, match="no tritonserver found.*pip install 'trtspec\\[serve\\]'"):
+        find_tritonserver()
+
+
+def test_server_start_failure_is_reported(tmp_path, tiny_repo):
+    broken = tmp_path / "repo"
+    import shutil
+
+    shutil.copytree(tiny_repo, broken)
+    config = broken / "tensorrt_llm" / "config.pbtxt"
+    config.write_text(config.read_text().replace('string_value: "../', 'string_value: "../missing/'))
+    from trtspec.triton.server import free_port
+
+    options = ServerOptions(repository=broken, grpc_port=free_port(), http_port=free_port(),
+                            metrics_port=free_port(), startup_timeout_s=120)
+    start = time.monotonic()
+    with pytest.raises(ServerError, match="tritonserver exited with code 1 while starting"):
+        TritonServer(options, on_log=lambda line: None).start()
+    assert time.monotonic() - start < 120
