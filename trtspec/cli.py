@@ -301,6 +301,10 @@ def _text(result) -> str:
               help="Preprocessing renders text_input through the tokenizer's chat template.")
 @click.option("--copy-engine", is_flag=True, help="Copy the engine into the repository (self-contained).")
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads per engine instance (default: all cores).")
+@click.option("--draft-engine", "draft_engine_dir", type=EXISTING_DIR,
+              help="trtllm, draft-target engines: the draft model's engine (served as tensorrt_llm_draft).")
+@click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=0.9, show_default=True,
+              help="trtllm: share of free GPU memory for the KV cache (halved per model for a draft-target pair).")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out.")
 @user_errors
 def deploy(engine: Path, out: Path, **flags) -> None:
@@ -308,6 +312,9 @@ def deploy(engine: Path, out: Path, **flags) -> None:
     from trtspec.triton.deploy import DeployOptions, deploy as write_repository
 
     repo = write_repository(DeployOptions(engine_dir=engine, out=out, **flags))
+    if (repo / "launch_triton.sh").is_file():
+        click.echo(f"wrote {repo}: serve it with {repo / 'launch_triton.sh'} in the TensorRT-LLM Triton container")
+        return
     click.echo(f"wrote {repo}: serve it with `trtspec serve {repo}`")
 
 
@@ -448,6 +455,16 @@ def bench_cpu_engine(args: tuple[str, ...]) -> None:
 
     run(list(args))
 
+
+
+@bench.command("serving", context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench_serving(args: tuple[str, ...]) -> None:
+    """Triton gRPC streaming vs in-process generate on one engine, at concurrency 1 and N
+    (`trtspec bench serving --help` for its options)."""
+    from trtspec.bench.serving import main as run
+
+    run(list(args))
 
 def main() -> None:
     cli(prog_name="trtspec")

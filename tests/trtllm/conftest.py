@@ -56,3 +56,57 @@ def write_config_checkpoint(root: Path, name: str, *, weights: bool = False, **o
 def checkpoints(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("trtllm-ckpts")
     return {name: write_config_checkpoint(root, name, weights=True) for name in CONFIGS}
+
+
+# ---- a stand-in for trtllm-build (this machine has no GPU and no tensorrt_llm) --------------------------
+
+SPEC_MODE_BITS = {None: 1, "draft_tokens_external": 2, "medusa": 4, "lookahead_decoding": 8, "eagle": 32}
+
+
+def fake_trtllm_build(argv, cwd, *, version="1.2.1", tamper=None):
+    """Write what trtllm-build writes (config.json + rank{r}.engine) by applying builder.build()'s documented
+    adjustments (engine-flow.md §3.2 items 2, 4-6, 9) to the flags it was given; `tamper` edits the result."""
+    assert argv[0] == "trtllm-build"
+    flags = dict(zip(argv[1::2], argv[2::2]))
+    ckpt = json.loads((Path(flags["--checkpoint_dir"]) / "config.json").read_text())
+    mode = flags.get("--speculative_decoding_mode")
+    k = int(flags.get("--max_draft_len", 0)) or ckpt.get("max_draft_len", 0) if mode else 0  # item 2
+    batch, seq_len = int(flags["--max_batch_size"]), int(flags["--max_seq_len"])
+    if mode:
+        seq_len += k  # item 4
+    if mode == "eagle":
+        seq_len += ckpt["num_eagle_layers"]  # item 5
+        assert batch <= 512 and k <= 256  # item 9
+    num_tokens = max(int(flags["--max_num_tokens"]), batch * (k + 1)) if mode else int(flags["--max_num_tokens"])
+    build_config = {"max_input_len": int(flags["--max_input_len"]), "max_seq_len": seq_len, "max_batch_size": batch,
+                    "max_beam_width": 1, "max_num_tokens": num_tokens, "max_draft_len": k,
+                    "speculative_decoding_mode": SPEC_MODE_BITS[mode], "kv_cache_type": "PAGED",
+                    "plugin_config": {"gemm_plugin": flags["--gemm_plugin"], "gpt_attention_plugin": "auto",
+                                      "use_paged_context_fmha": flags.get("--use_paged_context_fmha") == "enable"
+                                      or mode == "eagle"}}
+    config = {"version": version, "pretrained_config": ckpt, "build_config": build_config}
+    if tamper:
+        tamper(config)
+    out = Path(flags["--output_dir"])
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for rank in range(ckpt["mapping"]["world_size"]):
+        (out / f"rank{rank}.engine").write_bytes(b"engine")
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    from trtspec.testing.tokenizers import write_tiny_tokenizer
+
+    out = tmp_path_factory.mktemp("tokenizer")
+    write_tiny_tokenizer(out)
+    return out
+
+
+def build_engine(source: Path, out: Path, tokenizer: Path, *, version: str = "1.2.1", **options):
+    """`trtspec build --backend trtllm` with the stand-in runner: plan, "run", check, manifest."""
+    from trtspec.engine.trtllm_builder import build
+    from trtspec.engine.trtllm_plan import TrtllmBuildOptions
+
+    opts = TrtllmBuildOptions(source=source, out=out, tokenizer=tokenizer, trtllm_version=version,
+                              **{"max_batch_size": 4, **options})
+    return build(opts, runner=lambda argv, cwd: fake_trtllm_build(argv, cwd, version=version))

@@ -36,6 +36,7 @@ class DeployOptions:
     batching_strategy: str = "inflight_fused_batching"
     kv_cache_free_gpu_mem_fraction: float = 0.9
     max_queue_delay_microseconds: int = 0
+    draft_engine_dir: Path | None = None  # trtllm flavour, draft-target: the draft model's engine (tensorrt_llm_draft)
 
 
 def resolve_flavour(manifest: Manifest, flavour: str | None) -> str:

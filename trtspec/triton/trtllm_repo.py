@@ -1,0 +1,261 @@
+"""`trtspec deploy --flavour trtllm`: tensorrtllm_backend's `inflight_batcher_llm` layout for a TensorRT-LLM engine.
+
+preprocessing → tensorrt_llm → postprocessing wired by `ensemble`, plus `tensorrt_llm_bls` (and
+`tensorrt_llm_draft` for a draft-target pair). Every value comes from the manifest and the options: the configs
+are rendered from data (`trtllm_pbtxt`), so no `${…}` is ever left to fill. Rules cite
+`reference/triton-trtllm-backend.md` (TB §n) and `reference/trtllm-engine-flow.md` (EF §n).
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtspec.engine.manifest import Backend, Manifest, Method, read_manifest
+from trtspec.engine.trtllm_plan import DECODING_MODE, DEFAULT_TREE, cpp_choices
+from trtspec.engine.trtllm_versions import TrtllmVersion, parse_version
+from trtspec.errors import RepositoryError
+from trtspec.spec.tree_presets import preset
+from trtspec.triton import trtllm_tensors as tt
+from trtspec.triton.trtllm_pbtxt import ModelConfig, Step, render
+
+log = logging.getLogger(__name__)
+
+MODELS_DIR = Path(__file__).parent / "trtllm_models"
+LAUNCH_SCRIPT = "launch_triton.sh"
+BATCHING_STRATEGIES = ("inflight_fused_batching", "inflight_batching", "V1")  # gpt_model_type (TB §2.2)
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything the configs are rendered from, validated once."""
+
+    manifest: Manifest
+    version: TrtllmVersion
+    batch: int  # Triton max_batch_size
+    decoupled: bool
+    engine_dir: Path  # absolute: gpt_model_path
+    tokenizer_dir: Path
+    logits_type: str
+    instances: int
+    batching_strategy: str
+    kv_fraction: float
+    queue_delay: int
+    chat_template: bool
+    draft: tuple[Manifest, Path] | None  # draft-target: the draft engine's manifest and absolute path
+
+
+def write_trtllm_repository(manifest: Manifest, options, staging: Path) -> None:
+    """Write every model of the repository (and the launch script) into `staging`."""
+    ctx = _context(manifest, options)
+    configs = [preprocessing(ctx), tensorrt_llm(ctx), postprocessing(ctx), ensemble(ctx), bls(ctx)]
+    if ctx.draft is not None:
+        configs.append(tensorrt_llm(ctx, draft=True))
+    sources = {"preprocessing": "preprocessing.py", "postprocessing": "postprocessing.py",
+               "tensorrt_llm_bls": "bls.py"}
+    for config in configs:
+        version_dir = staging / config.name / "1"
+        version_dir.mkdir(parents=True)
+        (staging / config.name / "config.pbtxt").write_text(render(config))
+        if config.name in sources:
+            shutil.copyfile(MODELS_DIR / sources[config.name], version_dir / "model.py")
+    script = staging / LAUNCH_SCRIPT
+    script.write_text(launch_script(ctx, Path(options.out).resolve()))
+    script.chmod(0o755)
+
+
+# ---- validation ---------------------------------------------------------------------------------------
+
+def _context(manifest: Manifest, options) -> Context:
+    from trtspec.triton.deploy import check_options
+
+    where = Path(options.engine_dir) / "manifest.json"
+    version = parse_version(manifest.versions.get("tensorrt_llm", ""))
+    if manifest.tokenizer is None:
+        raise RepositoryError(f"{where}: the engine has no tokenizer; preprocessing needs one, rebuild with "
+                              "--tokenizer DIR")
+    if options.batching_strategy not in BATCHING_STRATEGIES:  # any other value throws at load (TB §2.2)
+        raise RepositoryError(f"--batching-strategy {options.batching_strategy!r} is not one of "
+                              f"{', '.join(BATCHING_STRATEGIES)}")
+    if not 0 < options.kv_cache_free_gpu_mem_fraction <= 1:
+        raise RepositoryError(f"--kv-cache-free-gpu-mem-fraction {options.kv_cache_free_gpu_mem_fraction} "
+                              "must be in (0, 1]")
+    _check_method_support(manifest, version, where)
+    draft = _draft(manifest, options, version)
+    decoupled = options.decoupled
+    if manifest.method is Method.DRAFT_TARGET and decoupled:
+        # TB §4.3, §5: the BLS draft-target loop never streams and the DTM README deploys every model with
+        # decoupled_mode False; the three stay consistent.
+        log.warning("draft-target decoding does not stream: writing decoupled false on tensorrt_llm, "
+                    "tensorrt_llm_draft and tensorrt_llm_bls")
+        decoupled = False
+    engine_dir = Path(options.engine_dir).resolve()
+    return Context(manifest=manifest, version=version, batch=check_options(manifest, options), decoupled=decoupled,
+                   engine_dir=engine_dir, tokenizer_dir=engine_dir / manifest.tokenizer,
+                   logits_type=tt.LOGITS_TYPES.get(manifest.model.logits_dtype, "TYPE_FP32"),
+                   instances=options.instances, batching_strategy=options.batching_strategy,
+                   kv_fraction=options.kv_cache_free_gpu_mem_fraction,
+                   queue_delay=options.max_queue_delay_microseconds, chat_template=options.chat_template, draft=draft)
+
+
+def _check_method_support(manifest: Manifest, version: TrtllmVersion, where: Path) -> None:
+    method = manifest.method
+    if method is Method.LOOKAHEAD and not version.has_lookahead_parameters:
+        raise RepositoryError(f"{where}: lookahead on Triton needs the tensorrt_llm model's lookahead_* parameters, "
+                              f"which TensorRT-LLM {version.text} lacks (added in 0.19); build for 0.19 or newer")
+    if method is Method.EAGLE and not version.has_eagle_choices and manifest.tree != _default_tree():
+        raise RepositoryError(f"{where}: TensorRT-LLM {version.text} has no eagle_choices parameter (0.16+), so the "
+                              f"server would run {DEFAULT_TREE}, not this engine's tree; build for 0.16 or newer")
+    if method in (Method.MEDUSA, Method.EAGLE) and not manifest.tree:
+        raise RepositoryError(f"{where}: a {method.value} engine's manifest lists no tree")
+    if method is Method.LOOKAHEAD and not manifest.lookahead:
+        raise RepositoryError(f"{where}: a lookahead engine's manifest lists no (W, N, G)")
+
+
+def _default_tree() -> tuple[tuple[int, ...], ...]:
+    from trtspec.spec.tree import build_tree
+
+    return build_tree(preset(DEFAULT_TREE)).choices
+
+
+def _draft(manifest: Manifest, options, version: TrtllmVersion) -> tuple[Manifest, Path] | None:
+    draft_dir = getattr(options, "draft_engine_dir", None)
+    if manifest.method is not Method.DRAFT_TARGET:
+        if draft_dir is not None:
+            raise RepositoryError(f"--draft-engine needs a draft-target engine; {options.engine_dir} is a "
+                                  f"{manifest.method.value} engine (build the target with --draft-target)")
+        return None
+    if draft_dir is None:
+        raise RepositoryError(f"{options.engine_dir} is a draft-target engine: pass --draft-engine DIR, the draft "
+                              "model's engine (trtspec build --backend trtllm on the draft checkpoint)")
+    draft = read_manifest(Path(draft_dir))
+    where = Path(draft_dir) / "manifest.json"
+    if draft.backend is not Backend.TRTLLM or draft.method is not Method.NONE:
+        raise RepositoryError(f"{where}: the draft engine must be a plain trtllm engine, found "
+                              f"{draft.backend.value} / {draft.method.value}")
+    if draft.model.vocab_size != manifest.model.vocab_size:
+        raise RepositoryError(f"{where}: the draft's vocab_size {draft.model.vocab_size} differs from the target's "
+                              f"{manifest.model.vocab_size}; draft and target must share a tokenizer")
+    draft_version = parse_version(draft.versions.get("tensorrt_llm", ""))
+    if draft_version.key != version.key:
+        raise RepositoryError(f"{where}: the draft was built by TensorRT-LLM {draft_version.text}, the target by "
+                              f"{version.text}; one server runs one version, rebuild the draft")
+    return draft, Path(draft_dir).resolve()
+
+
+# ---- the models ---------------------------------------------------------------------------------------
+
+def preprocessing(ctx: Context) -> ModelConfig:
+    params = {"tokenizer_dir": str(ctx.tokenizer_dir), "add_special_tokens": "true",
+              "apply_chat_template": _bool(ctx.chat_template)}
+    model = ctx.manifest.model
+    params.update({k: str(v) for k, v in (("end_id", model.end_id), ("pad_id", model.pad_id)) if v is not None})
+    batching = {"preferred_batch_size": [ctx.batch], "max_queue_delay_microseconds": ctx.queue_delay} \
+        if ctx.version.has_preprocessing_batching else None
+    return ModelConfig(name="preprocessing", backend="python", max_batch_size=ctx.batch,
+                       inputs=tt.preprocessing_inputs(), outputs=tt.preprocessing_outputs(),
+                       dynamic_batching=batching, instance_count=ctx.instances, parameters=params)
+
+
+def postprocessing(ctx: Context) -> ModelConfig:
+    return ModelConfig(name="postprocessing", backend="python", max_batch_size=ctx.batch,
+                       inputs=tt.postprocessing_inputs(), outputs=tt.postprocessing_outputs(), dynamic_batching={},
+                       instance_count=ctx.instances,
+                       parameters={"tokenizer_dir": str(ctx.tokenizer_dir), "skip_special_tokens": "true"})
+
+
+def tensorrt_llm(ctx: Context, *, draft: bool = False) -> ModelConfig:
+    """The engine model (C++ backend); with draft=True the draft-target pair's draft engine."""
+    manifest, engine_dir = ctx.draft if draft else (ctx.manifest, ctx.engine_dir)
+    batch = min(ctx.batch, manifest.profile.max_batch_size)
+    kv_fraction = ctx.kv_fraction / 2 if ctx.draft is not None else ctx.kv_fraction  # two engines, one GPU (TB §4.3)
+    params = {"max_beam_width": "1",  # beam search is incompatible with every draft method (EF §3.2)
+              "FORCE_CPU_ONLY_INPUT_TENSORS": "no", "gpt_model_type": ctx.batching_strategy,
+              "gpt_model_path": str(engine_dir), "batch_scheduler_policy": "guaranteed_no_evict",
+              "kv_cache_free_gpu_mem_fraction": f"{kv_fraction:g}", "decoding_mode": DECODING_MODE[manifest.method]}
+    params.update(_speculative_parameters(manifest, ctx.version))
+    if ctx.draft is not None:  # both models of the pair resend the whole sequence each step (TB §4.3)
+        params["enable_kv_cache_reuse"] = "true"
+    return ModelConfig(name="tensorrt_llm_draft" if draft else "tensorrt_llm", backend="tensorrtllm",
+                       max_batch_size=batch, decoupled=ctx.decoupled,
+                       dynamic_batching={"preferred_batch_size": [batch],
+                                         "max_queue_delay_microseconds": ctx.queue_delay},
+                       inputs=tt.llm_inputs(ctx.version, ctx.logits_type),
+                       outputs=tt.llm_outputs(ctx.version, ctx.logits_type),
+                       instance_count=1,  # one executor per model; more need gpu_device_ids groups (TB §2.2)
+                       parameters=params)
+
+
+def _speculative_parameters(manifest: Manifest, version: TrtllmVersion) -> dict[str, str]:
+    if manifest.method is Method.MEDUSA:
+        # C++ brace syntax: Python [[...]] is silently replaced by mc_sim_7b_63 (TB §4.2); XQA multi-block
+        # mode is off for Medusa / EAGLE, as ModelRunnerCpp sets it (EF §3.2)
+        return {"medusa_choices": cpp_choices(manifest.tree), "multi_block_mode": "false"}
+    if manifest.method is Method.EAGLE:
+        out = {"multi_block_mode": "false"}
+        if version.has_eagle_choices:
+            out["eagle_choices"] = cpp_choices(manifest.tree)
+        return out
+    if manifest.method is Method.LOOKAHEAD:  # required with decoding_mode lookahead; must give K exactly (TB §4.1)
+        return {f"lookahead_{k}": str(v) for k, v in manifest.lookahead.items()}
+    return {}
+
+
+def ensemble(ctx: Context) -> ModelConfig:
+    inputs, outputs = tt.ensemble_inputs(ctx.version), tt.ensemble_outputs(ctx.version)
+    pre = Step("preprocessing", {target: source for source, target in tt.CLIENT_TO_PRE.items()},
+               {out: internal for out, (internal, _) in tt.PRE_TO_LLM.items()})
+    llm_in = {llm: internal for internal, llm in tt.PRE_TO_LLM.values()}
+    llm_in.update({tt.client_to_llm_name(t.name): t.name for t in inputs if tt.client_to_llm_name(t.name)})
+    llm_out = {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"}
+    llm_out.update({name: name for name in ("cum_log_probs", "output_log_probs", "batch_index", "sequence_index")})
+    if tt.has_perf_metrics(ctx.version):
+        llm_out.update(tt.ACCEPTANCE_OUTPUTS)
+    # postprocessing reads only tensorrt_llm's outputs: mixing in preprocessing's fails when the LLM step is
+    # decoupled (TB §3, server#7275)
+    post = Step("postprocessing", {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"},
+                {"OUTPUT": "text_output", "OUTPUT_IDS": "output_ids"})
+    return ModelConfig(name="ensemble", platform="ensemble", max_batch_size=ctx.batch, inputs=inputs,
+                       outputs=outputs, steps=(pre, Step("tensorrt_llm", llm_in, llm_out), post))
+
+
+def bls(ctx: Context) -> ModelConfig:
+    params = {"tensorrt_llm_model_name": "tensorrt_llm", "tensorrt_llm_decoupled": _bool(ctx.decoupled),
+              "max_draft_len": str(ctx.manifest.profile.max_draft_len)}
+    if ctx.draft is not None:
+        params["tensorrt_llm_draft_model_name"] = "tensorrt_llm_draft"
+    # one request at a time per instance: as many instances as the batch (TB §2.5)
+    return ModelConfig(name="tensorrt_llm_bls", backend="python", max_batch_size=ctx.batch, decoupled=ctx.decoupled,
+                       inputs=tt.bls_inputs(ctx.version), outputs=tt.bls_outputs(), instance_count=ctx.batch,
+                       parameters=params)
+
+
+def launch_script(ctx: Context, repo: Path) -> str:
+    """tritonserver for one rank, or MPI leader mode with one rank per GPU (TB §6.2 launch_triton_server.py)."""
+    world = ctx.manifest.world_size
+    llm_models = ["tensorrt_llm"] + (["tensorrt_llm_draft"] if ctx.draft is not None else [])
+    ports = ['--grpc-port="$GRPC_PORT"', '--http-port="$HTTP_PORT"', '--metrics-port="$METRICS_PORT"']
+    ranks = []
+    for rank in range(world):
+        cmd = ["-n", "1", "tritonserver", f"--model-repository={shlex.quote(str(repo))}"]
+        if rank:  # ranks > 0 only host their engine shard (leader mode)
+            cmd += ["--model-control-mode=explicit"] + [f"--load-model={m}" for m in llm_models]
+        cmd += ports + ["--disable-auto-complete-config",
+                        f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+        ranks.append(" ".join(cmd))
+    body = (f"exec {ranks[0].removeprefix('-n 1 ')}" if world == 1
+            else "exec mpirun --allow-run-as-root \\\n  " + " \\\n  : ".join(ranks))
+    return (f"#!/usr/bin/env bash\n# Written by trtspec deploy: serve {repo.name} ({ctx.manifest.method.value}, "
+            f"TensorRT-LLM {ctx.version.text}, world_size {world}: one MPI rank per GPU).\n"
+            f"# Run inside {ctx.version.container or 'the Triton TensorRT-LLM container of that version'}.\n"
+            f"set -euo pipefail\n"
+            "GRPC_PORT=$(printenv GRPC_PORT || echo 8001)\nHTTP_PORT=$(printenv HTTP_PORT || echo 8000)\n"
+            "METRICS_PORT=$(printenv METRICS_PORT || echo 8002)\n"
+            f"{body}\n")
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"

@@ -1,0 +1,140 @@
+"""Tensor lists of the GPU repository's models, per TensorRT-LLM version (`reference/triton-trtllm-backend.md`, TB §n).
+
+The client-facing tensors come from `trtspec.triton.contract`, so the CPU and GPU flavours share one contract;
+the `tensorrt_llm` model's tensors are the C++ backend's names for the engine's version.
+"""
+
+from __future__ import annotations
+
+from trtspec.engine.trtllm_versions import TrtllmVersion
+from trtspec.triton.contract import ENSEMBLE_OUTPUTS, client_inputs
+from trtspec.triton.trtllm_pbtxt import Tensor
+
+SCALAR = ()  # reshape: { shape: [ ] } — the backend sees [B] for a [1] input (TB §1)
+LOGITS_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
+
+# client tensor → tensorrt_llm tensor where the names differ (TB §3 step 2); the rest pass through by name
+CLIENT_TO_LLM = {"top_k": "runtime_top_k", "top_p": "runtime_top_p", "length_penalty": "len_penalty",
+                 "stream": "streaming"}
+# client tensors that feed preprocessing instead (TB §3 step 1)
+CLIENT_TO_PRE = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",
+                 "stop_words": "STOP_WORDS_DICT", "end_id": "END_ID", "pad_id": "PAD_ID"}
+# preprocessing output → the ensemble's internal tensor → tensorrt_llm input (TB §3)
+PRE_TO_LLM = {"INPUT_ID": ("_INPUT_ID", "input_ids"), "REQUEST_INPUT_LEN": ("_REQUEST_INPUT_LEN", "input_lengths"),
+              "REQUEST_OUTPUT_LEN": ("_REQUEST_OUTPUT_LEN", "request_output_len"),
+              "STOP_WORDS_IDS": ("_STOP_WORDS_IDS", "stop_words_list"),
+              "BAD_WORDS_IDS": ("_BAD_WORDS_IDS", "bad_words_list"),
+              "OUT_END_ID": ("_PREPROCESSOR_END_ID", "end_id"), "OUT_PAD_ID": ("_PREPROCESSOR_PAD_ID", "pad_id")}
+# tensorrt_llm's perf-metric outputs (filled with return_perf_metrics=true, TB §2.2) → trtspec's contract names
+ACCEPTANCE_OUTPUTS = {"total_draft_tokens": "num_draft_tokens", "total_accepted_draft_tokens": "num_accepted_tokens"}
+
+
+def has_perf_metrics(version: TrtllmVersion) -> bool:
+    """`return_perf_metrics` and the acceptance counters as read in the v0.19 templates (TB §2.2)."""
+    return version.at_least(0, 19)
+
+
+def ensemble_inputs(version: TrtllmVersion) -> tuple[Tensor, ...]:
+    """The contract's request tensors with this version's spelling, plus `return_perf_metrics` where it exists."""
+    out = tuple(Tensor(t.name, t.data_type, t.dims, optional=t.optional)
+                for t in client_inputs(newest_names=version.newest_input_names))
+    if has_perf_metrics(version):
+        out += (Tensor("return_perf_metrics", "TYPE_BOOL", optional=True),)
+    return out
+
+
+def ensemble_outputs(version: TrtllmVersion) -> tuple[Tensor, ...]:
+    out = tuple(Tensor(t.name, t.data_type, t.dims) for t in ENSEMBLE_OUTPUTS)
+    out += (Tensor("output_ids", "TYPE_INT32", (-1,)),)
+    if has_perf_metrics(version):
+        out += tuple(Tensor(name, "TYPE_INT32") for name in ACCEPTANCE_OUTPUTS.values())
+    return out
+
+
+def preprocessing_inputs() -> tuple[Tensor, ...]:
+    return (Tensor("QUERY", "TYPE_STRING"), Tensor("REQUEST_OUTPUT_LEN", "TYPE_INT32"),
+            Tensor("BAD_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
+            Tensor("STOP_WORDS_DICT", "TYPE_STRING", (-1,), optional=True),
+            Tensor("END_ID", "TYPE_INT32", optional=True), Tensor("PAD_ID", "TYPE_INT32", optional=True))
+
+
+def preprocessing_outputs() -> tuple[Tensor, ...]:
+    return (Tensor("INPUT_ID", "TYPE_INT32", (-1,)), Tensor("REQUEST_INPUT_LEN", "TYPE_INT32"),
+            Tensor("BAD_WORDS_IDS", "TYPE_INT32", (2, -1)), Tensor("STOP_WORDS_IDS", "TYPE_INT32", (2, -1)),
+            Tensor("REQUEST_OUTPUT_LEN", "TYPE_INT32", (-1,)), Tensor("OUT_END_ID", "TYPE_INT32"),
+            Tensor("OUT_PAD_ID", "TYPE_INT32"))
+
+
+def postprocessing_inputs() -> tuple[Tensor, ...]:
+    return Tensor("TOKENS_BATCH", "TYPE_INT32", (-1, -1)), Tensor("SEQUENCE_LENGTH", "TYPE_INT32", (-1,))
+
+
+def postprocessing_outputs() -> tuple[Tensor, ...]:
+    return Tensor("OUTPUT", "TYPE_STRING", (-1,)), Tensor("OUTPUT_IDS", "TYPE_INT32", (-1,))
+
+
+def llm_inputs(version: TrtllmVersion, logits_type: str) -> tuple[Tensor, ...]:
+    """The C++ backend's request tensors this repository uses (TB §2.2); multimodal, LoRA, prompt tuning,
+    encoder-decoder and KV-retention inputs are left out."""
+    ragged = dict(optional=True, allow_ragged_batch=True)
+    scalar = dict(optional=True, reshape=SCALAR)
+    min_len, seed = ("min_tokens", "seed") if version.newest_input_names else ("min_length", "random_seed")
+    out = [Tensor("input_ids", "TYPE_INT32", (-1,), **ragged),
+           Tensor("input_lengths", "TYPE_INT32", reshape=SCALAR),
+           Tensor("request_output_len", "TYPE_INT32", reshape=SCALAR),
+           Tensor("draft_input_ids", "TYPE_INT32", (-1,), **ragged),
+           Tensor("draft_logits", logits_type, (-1, -1), **ragged),
+           Tensor("draft_acceptance_threshold", "TYPE_FP32", **scalar),
+           Tensor("end_id", "TYPE_INT32", **scalar), Tensor("pad_id", "TYPE_INT32", **scalar),
+           Tensor("stop_words_list", "TYPE_INT32", (2, -1), **ragged),
+           Tensor("bad_words_list", "TYPE_INT32", (2, -1), **ragged),
+           Tensor("embedding_bias", "TYPE_FP32", (-1,), **ragged),
+           Tensor("beam_width", "TYPE_INT32", **scalar), Tensor("temperature", "TYPE_FP32", **scalar),
+           Tensor("runtime_top_k", "TYPE_INT32", **scalar), Tensor("runtime_top_p", "TYPE_FP32", **scalar),
+           Tensor("len_penalty", "TYPE_FP32", **scalar), Tensor("early_stopping", "TYPE_BOOL", **scalar),
+           Tensor("repetition_penalty", "TYPE_FP32", **scalar), Tensor(min_len, "TYPE_INT32", **scalar),
+           Tensor("presence_penalty", "TYPE_FP32", **scalar), Tensor("frequency_penalty", "TYPE_FP32", **scalar),
+           Tensor(seed, "TYPE_UINT64", **scalar), Tensor("return_log_probs", "TYPE_BOOL", **scalar),
+           Tensor("return_context_logits", "TYPE_BOOL", **scalar),
+           Tensor("return_generation_logits", "TYPE_BOOL", **scalar),
+           Tensor("exclude_input_in_output", "TYPE_BOOL", **scalar), Tensor("stop", "TYPE_BOOL", **scalar),
+           Tensor("streaming", "TYPE_BOOL", **scalar), Tensor("num_return_sequences", "TYPE_INT32", **scalar)]
+    if has_perf_metrics(version):
+        out.append(Tensor("return_perf_metrics", "TYPE_BOOL", **scalar))
+    if version.has_lookahead_parameters:  # per-request (w, n, g) within the engine's (W, N, G) (TB §2.2)
+        out += [Tensor(f"lookahead_{k}", "TYPE_INT32", **ragged)
+                for k in ("window_size", "ngram_size", "verification_set_size")]
+    return tuple(out)
+
+
+def llm_outputs(version: TrtllmVersion, logits_type: str) -> tuple[Tensor, ...]:
+    out = [Tensor("output_ids", "TYPE_INT32", (-1, -1)), Tensor("sequence_length", "TYPE_INT32", (-1,)),
+           Tensor("cum_log_probs", "TYPE_FP32", (-1,)), Tensor("output_log_probs", "TYPE_FP32", (-1, -1)),
+           Tensor("context_logits", logits_type, (-1, -1)), Tensor("generation_logits", logits_type, (-1, -1, -1)),
+           Tensor("batch_index", "TYPE_INT32"), Tensor("sequence_index", "TYPE_INT32")]
+    if has_perf_metrics(version):
+        out += [Tensor("acceptance_rate", "TYPE_FP32")] + [Tensor(n, "TYPE_INT32") for n in ACCEPTANCE_OUTPUTS]
+    return tuple(out)
+
+
+def bls_inputs(version: TrtllmVersion) -> tuple[Tensor, ...]:
+    """The ensemble's request tensors plus draft-target's `num_draft_tokens` / `use_draft_logits` (TB §2.5)."""
+    return ensemble_inputs(version) + (Tensor("num_draft_tokens", "TYPE_INT32", optional=True),
+                                       Tensor("use_draft_logits", "TYPE_BOOL", optional=True))
+
+
+def bls_outputs() -> tuple[Tensor, ...]:
+    # `num_draft_tokens` is a BLS input (upstream's API), so the drafted count goes out under upstream's
+    # perf-metric name; trtspec's BLS also counts its verify steps.
+    return (tuple(Tensor(t.name, t.data_type, t.dims) for t in ENSEMBLE_OUTPUTS)
+            + (Tensor("output_ids", "TYPE_INT32", (-1,)), Tensor("num_accepted_tokens", "TYPE_INT32"),
+               Tensor("num_verify_steps", "TYPE_INT32"), Tensor("total_draft_tokens", "TYPE_INT32"),
+               Tensor("total_accepted_draft_tokens", "TYPE_INT32")))
+
+
+def client_to_llm_name(name: str) -> str | None:
+    """The tensorrt_llm tensor a client tensor feeds directly, or None (it goes to preprocessing)."""
+    if name in CLIENT_TO_PRE:
+        return None
+    return CLIENT_TO_LLM.get(name, name)
+
