@@ -320,6 +320,26 @@ def deploy(engine: Path, out: Path, **flags) -> None:
 
 @cli.command()
 @click.argument("repository", type=EXISTING_DIR)
+@click.argument("engine", type=EXISTING_DIR, required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+@user_errors
+def doctor(repository: Path, engine: Path | None, as_json: bool) -> None:
+    """Cross-check a TensorRT-LLM Triton repository against its engine; exit 1 on any error found."""
+    from trtspec.triton.doctor import doctor as check, report
+
+    findings = check(repository, engine)
+    if as_json:
+        click.echo(json.dumps(report(findings), indent=2))
+    for finding in [] if as_json else findings:
+        click.echo(str(finding))
+    if not as_json and not findings:
+        click.echo(f"{repository}: no problems found")
+    if any(f.severity == "error" for f in findings):
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("repository", type=EXISTING_DIR)
 @click.option("--address", default="127.0.0.1", show_default=True,
               help="Address to listen on (loopback by default; 0.0.0.0 for every interface).")
 @click.option("--grpc-port", type=int, default=8001, show_default=True)

@@ -1,0 +1,380 @@
+"""`trtspec doctor REPO [ENGINE_DIR]`: cross-check a Triton TensorRT-LLM repository (trtspec's or hand-made) against
+its engine, and list every mismatch upstream only reports at request time or not at all.
+
+Each check cites the pain point it catches (`reference/triton-trtllm-backend.md` §6.3 = TB pain n,
+`reference/peers-and-user-pain.md` §2 = pain n) or the rule it enforces (EF / TB §n).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from trtspec.engine.trtllm_plan import SpecMode, Lookahead, cpp_choices
+from trtspec.engine.trtllm_versions import installed_version, parse_version
+from trtspec.errors import ConfigError, TrtspecError
+from trtspec.spec.tree import build_tree, parse_choices
+from trtspec.spec.tree_presets import preset
+
+PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+MODE_BITS = {m.bit: m for m in SpecMode}
+DECODING_MODES = {SpecMode.MEDUSA: "medusa", SpecMode.EAGLE: "eagle", SpecMode.LOOKAHEAD: "lookahead"}
+BATCHING_STRATEGIES = ("inflight_fused_batching", "inflight_batching", "V1", "v1")
+TYPE_OF_DTYPE = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
+TRUE = ("true", "True", "TRUE", "1")
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str  # "error": fails at load or request time, or silently wrong; "warning": likely not intended
+    model: str
+    field: str
+    message: str  # what, and the fix
+
+    def __str__(self) -> str:
+        return f"{self.severity}: {self.model}: {self.field}: {self.message}"
+
+
+@dataclass
+class Engine:
+    path: Path
+    config: dict  # the engine's config.json: version, pretrained_config, build_config
+
+    @property
+    def build(self) -> dict:
+        return self.config.get("build_config", {})
+
+    @property
+    def pretrained(self) -> dict:
+        return self.config.get("pretrained_config", {})
+
+    @property
+    def mode(self) -> SpecMode:
+        return MODE_BITS.get(self.build.get("speculative_decoding_mode", 1), SpecMode.NONE)
+
+    @property
+    def max_draft_len(self) -> int:
+        """What the C++ runtime uses: pretrained_config for Medusa, build_config otherwise (EF §4)."""
+        source = self.pretrained if self.mode is SpecMode.MEDUSA else self.build
+        return int(source.get("max_draft_len") or 0)
+
+
+def doctor(repo: Path, engine_dir: Path | None = None) -> list[Finding]:
+    """Every problem found in `repo` (against `engine_dir`, else each LLM model's gpt_model_path)."""
+    repo = Path(repo)
+    if not repo.is_dir():
+        raise ConfigError(f"{repo} is not a directory")
+    findings: list[Finding] = []
+    models = _load_models(repo, findings)
+    if not models:
+        raise ConfigError(f"{repo} holds no model (no */config.pbtxt); not a Triton model repository")
+    llms = {name: m for name, m in models.items() if m.get("backend") == "tensorrtllm" or "gpt_model_path" in _params(m)}
+    for name, model in llms.items():
+        engine = _engine(name, model, engine_dir if name == "tensorrt_llm" or len(llms) == 1 else None, findings)
+        findings += check_llm(name, model, engine)
+    findings += check_preprocessing(models)
+    findings += check_ensemble(models)
+    findings += check_bls(models, llms, repo, engine_dir, findings)
+    return findings
+
+
+# ---- loading ------------------------------------------------------------------------------------------
+
+def _load_models(repo: Path, findings: list[Finding]) -> dict[str, dict]:
+    try:
+        from google.protobuf import json_format, text_format
+        from tritonclient.grpc import model_config_pb2
+    except ImportError:
+        raise ConfigError("trtspec doctor parses configs with Triton's protobuf: pip install 'trtspec[client]'") \
+            from None
+    models = {}
+    for path in sorted(repo.glob("*/config.pbtxt")):
+        name, text = path.parent.name, path.read_text(errors="replace")
+        for key in sorted(set(PLACEHOLDER.findall(text))):  # TB pain 8: `${triton_backend}` etc.
+            findings.append(Finding("error", name, key, f"unfilled placeholder ${{{key}}}; fill it (e.g. with "
+                                                         "`trtspec deploy`, or fill_template.py)"))
+        parseable = re.sub(r'(?<!")\$\{[^}]*\}(?!")', "0", text)  # unquoted placeholders parse as 0
+        try:
+            message = text_format.Parse(parseable, model_config_pb2.ModelConfig())
+        except text_format.ParseError as e:
+            findings.append(Finding("error", name, "config.pbtxt", f"Triton cannot parse it: {e}"))
+            continue
+        models[name] = json_format.MessageToDict(message, preserving_proto_field_name=True)
+        models[name]["_dir"] = str(path.parent)
+    return models
+
+
+def _params(model: dict) -> dict[str, str]:
+    return {k: v.get("string_value", "") for k, v in model.get("parameters", {}).items()}
+
+
+def _set(value: str | None) -> bool:
+    return bool(value) and not PLACEHOLDER.fullmatch(value.strip())
+
+
+def _engine(name: str, model: dict, engine_dir: Path | None, findings: list[Finding]) -> Engine | None:
+    path_param = _params(model).get("gpt_model_path", "")
+    path = Path(engine_dir) if engine_dir is not None else Path(path_param) if _set(path_param) else None
+    if path is None:
+        return None
+    if engine_dir is not None and _set(path_param) and Path(path_param).resolve() != path.resolve():
+        findings.append(Finding("warning", name, "gpt_model_path", f"points to {path_param}, not the engine "
+                                                                    f"checked here ({path})"))
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        findings.append(Finding("error", name, "gpt_model_path", f"{path} holds no engine config.json; the model "
+                                                                  "fails to load (build the engine or fix the path)"))
+        return None
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        findings.append(Finding("error", name, "gpt_model_path", f"{config_path} is unreadable ({e})"))
+        return None
+    return Engine(path, config)
+
+
+# ---- the engine model ---------------------------------------------------------------------------------
+
+def check_llm(name: str, model: dict, engine: Engine | None) -> list[Finding]:
+    params, out = _params(model), []
+    add = lambda sev, field, msg: out.append(Finding(sev, name, field, msg))  # noqa: E731
+    strategy = params.get("gpt_model_type")
+    if strategy not in BATCHING_STRATEGIES:  # TB §2.2: any other value throws at load
+        add("error", "gpt_model_type", f"{strategy!r} is not one of inflight_fused_batching, inflight_batching, V1")
+    if params.get("tokenizer_type") is not None:
+        add("warning", "tokenizer_type", "removed in v0.9 (TB pain 8); delete it")
+    if engine is None:
+        return out
+    mode, decoding = engine.mode, params.get("decoding_mode", "")
+    out += _check_decoding_mode(name, mode, decoding)
+    out += _check_tree(name, params, engine)
+    out += _check_lookahead(name, params, engine)
+    out += _check_engine_limits(name, model, params, engine)
+    return out
+
+
+def _check_decoding_mode(name: str, mode: SpecMode, decoding: str) -> list[Finding]:
+    want = DECODING_MODES.get(mode)
+    if want and _set(decoding) and decoding != want:
+        hint = " (all output ids come back 0, TensorRT-LLM#1449)" if decoding.startswith("top_") else ""
+        return [Finding("error", name, "decoding_mode", f"{decoding!r} on a {want} engine{hint}; set {want!r}")]
+    if want and not _set(decoding):
+        return [Finding("warning", name, "decoding_mode", f"unset on a {want} engine: TensorRT-LLM switches with "
+                                                          f"only a warning; set {want!r}")]
+    if not want and decoding in ("medusa", "eagle", "lookahead", "redrafter"):
+        return [Finding("error", name, "decoding_mode", f"{decoding!r} but the engine was built with "
+                                                        f"speculative_decoding_mode {mode.flag or 'none'}")]
+    return []
+
+
+def _check_tree(name: str, params: dict, engine: Engine) -> list[Finding]:
+    if engine.mode not in (SpecMode.MEDUSA, SpecMode.EAGLE):
+        return []
+    key = "medusa_choices" if engine.mode is SpecMode.MEDUSA else "eagle_choices"
+    text = params.get(key, "")
+    if _set(text) and "[" in text:  # TB §4.2: the C++ backend parses nothing and falls back silently
+        return [Finding("error", name, key, f"written in Python list syntax, which the C++ backend ignores "
+                                            f"(it serves mc_sim_7b_63 instead); write {cpp_choices([[0], [0, 0]])}"
+                                            f"-style brace groups: {cpp_choices(parse_choices(text))[:60]}...")]
+    source = f"{key} (the default mc_sim_7b_63, since it is unset)" if not _set(text) else key
+    try:
+        choices = parse_choices(text) if _set(text) else preset("mc_sim_7b_63")
+        pre = engine.pretrained
+        if engine.mode is SpecMode.MEDUSA:
+            build_tree(choices, num_heads=pre.get("num_medusa_heads"), max_draft_len=engine.max_draft_len)
+        else:  # EF §5.2: depth == num_eagle_layers, non-leaves per level, nodes <= max_draft_len
+            build_tree(choices, exact_depth=pre.get("num_eagle_layers"), max_draft_len=engine.max_draft_len,
+                       max_non_leaves_per_layer=pre.get("max_non_leaves_per_layer"))
+    except TrtspecError as e:  # pain 1-2: fails inside the engine at request time
+        return [Finding("error", name, key, f"{source} does not fit the engine {engine.path}: {e}")]
+    return []
+
+
+def _check_lookahead(name: str, params: dict, engine: Engine) -> list[Finding]:
+    keys = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
+    values = [params.get(k, "") for k in keys]
+    if engine.mode is not SpecMode.LOOKAHEAD:
+        return []
+    if not all(_set(v) for v in values):  # TB §2.2: required with decoding_mode lookahead (the C++ backend throws)
+        return [Finding("error", name, "lookahead_*", "a lookahead engine needs all three of "
+                                                      f"{', '.join(keys)}")]
+    try:
+        la = Lookahead(*(int(v) for v in values))
+    except (ValueError, TrtspecError) as e:
+        return [Finding("error", name, "lookahead_*", f"invalid (W, N, G) {values}: {e}")]
+    if la.max_draft_len != engine.max_draft_len:  # TB pain 6, tensorrtllm_backend#710 ("16 != 40")
+        return [Finding("error", name, "lookahead_*", f"(W, N, G) = ({', '.join(values)}) needs max_draft_len "
+                                                      f"{la.max_draft_len}, the engine has {engine.max_draft_len}; the "
+                                                      "server asserts at start. Rebuild or change (W, N, G)")]
+    return []
+
+
+def _check_engine_limits(name: str, model: dict, params: dict, engine: Engine) -> list[Finding]:
+    out = []
+    add = lambda sev, field, msg: out.append(Finding(sev, name, field, msg))  # noqa: E731
+    build, pre = engine.build, engine.pretrained
+    if engine.mode is SpecMode.MEDUSA and pre.get("max_draft_len") != build.get("max_draft_len"):
+        add("error", "engine max_draft_len", f"pretrained_config says {pre.get('max_draft_len')}, build_config "
+                                             f"{build.get('max_draft_len')}; the Medusa runtime reads the former (EF §4)")
+    batch = int(model.get("max_batch_size", 0))
+    if build.get("max_batch_size") and batch > build["max_batch_size"]:  # TB pain 10 (#130)
+        add("warning", "max_batch_size", f"{batch} exceeds the engine's max_batch_size {build['max_batch_size']}, "
+                                         "which is what governs; lower it to match")
+    beams = params.get("max_beam_width", "1")
+    if engine.mode is not SpecMode.NONE and _set(beams) and beams != "1":  # EF §3.2, TB pain 10 (#115)
+        add("error", "max_beam_width", f"{beams}: beam search cannot be combined with draft tokens; set 1")
+    logits = next((o for o in model.get("output", []) if o.get("name") == "generation_logits"), None)
+    want = TYPE_OF_DTYPE.get(pre.get("logits_dtype", "float32"))
+    if logits is not None and logits.get("data_type") not in (want, "TYPE_INVALID", None):  # TB §2.2 logits_datatype
+        add("error", "logits_datatype", f"{logits.get('data_type')} but the engine's logits_dtype is "
+                                        f"{pre.get('logits_dtype', 'float32')} ({want}); the backend checks equality")
+    chunked = params.get("enable_chunked_context", "")
+    if chunked in TRUE and not build.get("plugin_config", {}).get("use_paged_context_fmha", False):
+        add("error", "enable_chunked_context", "needs an engine built with --use_paged_context_fmha enable")
+    if params.get("speculative_decoding_fast_logits", "") in TRUE and not _set(params.get("participant_ids")):
+        add("warning", "speculative_decoding_fast_logits", "silently disabled without orchestrator mode and "
+                                                           "participant_ids (TB §4.2)")
+    out += _check_version(name, engine)
+    return out
+
+
+def _check_version(name: str, engine: Engine) -> list[Finding]:
+    version, installed = engine.config.get("version"), installed_version()
+    manifest = engine.path / "manifest.json"
+    out = []
+    if installed and isinstance(version, str) and _minor(installed) != _minor(version):  # TB pain 9
+        out.append(Finding("error", name, "engine version", f"built by TensorRT-LLM {version}, this container has "
+                                                             f"{installed}; rebuild the engine here"))
+    if manifest.is_file() and isinstance(version, str):
+        planned = json.loads(manifest.read_text()).get("versions", {}).get("tensorrt_llm")
+        if planned and _minor(planned) != _minor(version):
+            out.append(Finding("error", name, "engine version", f"manifest.json says TensorRT-LLM {planned}, the "
+                                                                f"engine config.json {version}; rebuild with trtspec"))
+    return out
+
+
+def _minor(text: str) -> tuple[int, int]:
+    try:
+        return parse_version(text).key
+    except TrtspecError:
+        return tuple(int(x) for x in re.findall(r"\d+", text)[:2])  # outside trtspec's range, still comparable
+
+
+# ---- the Python models and the wiring -----------------------------------------------------------------
+
+def check_preprocessing(models: dict[str, dict]) -> list[Finding]:
+    out = []
+    for name in ("preprocessing", "postprocessing"):
+        params = _params(models.get(name, {}))
+        if "tokenizer_type" in params:  # TB pain 8 (#364)
+            out.append(Finding("warning", name, "tokenizer_type", "removed in v0.9; fill_template.py v0.19+ asserts "
+                                                                  "on it. Delete the parameter"))
+        tokenizer = params.get("tokenizer_dir", "")
+        if name in models and _set(tokenizer) and not Path(tokenizer).is_dir():
+            out.append(Finding("error", name, "tokenizer_dir", f"{tokenizer} does not exist; the model fails to load"))
+    return out
+
+
+def check_ensemble(models: dict[str, dict]) -> list[Finding]:
+    """Every step's tensors exist on its model, every consumed tensor is produced earlier (renames, TB §8), and
+    no step mixes a decoupled model's outputs with another model's (server#7275, TB §3)."""
+    ensemble = next((m for m in models.values() if m.get("platform") == "ensemble"), None)
+    if ensemble is None:
+        return []
+    name, out = ensemble["name"], []
+    origin: dict[str, tuple[str, bool] | None] = {t["name"]: None for t in ensemble.get("input", [])}
+    for step in ensemble.get("ensemble_scheduling", {}).get("step", []):
+        model = models.get(step["model_name"])
+        if model is None:
+            out.append(Finding("error", name, step["model_name"], "step names a model the repository lacks"))
+            continue
+        out += _check_step(name, model, step, origin)
+    for tensor in ensemble.get("output", []):
+        if tensor["name"] not in origin:
+            out.append(Finding("error", name, tensor["name"], "ensemble output that no step produces"))
+    return out
+
+
+def _check_step(name: str, model: dict, step: dict, origin: dict) -> list[Finding]:
+    """origin: tensor → (producing model, whether a decoupled model is upstream of it), None for ensemble inputs."""
+    out, model_name = [], model["name"]
+    inputs, outputs = {t["name"] for t in model.get("input", [])}, {t["name"] for t in model.get("output", [])}
+    sources = []
+    for key, value in step.get("input_map", {}).items():
+        if key not in inputs:
+            out.append(Finding("error", name, f"{model_name}.{key}", f"mapped from {value!r} but {model_name} has no "
+                                                                     f"input {key!r} (a renamed tensor, e.g. min_length "
+                                                                     "vs min_tokens?)"))
+        if value not in origin:
+            out.append(Finding("error", name, f"{model_name}.{key}", f"reads {value!r}, which no ensemble input or "
+                                                                     "earlier step provides"))
+        elif origin[value] is not None:
+            sources.append(origin[value])
+    producers = {producer for producer, _ in sources}
+    if len(producers) > 1 and any(decoupled for _, decoupled in sources):
+        out.append(Finding("error", name, model_name, f"reads outputs of {', '.join(sorted(producers))}, one of "
+                                                      "them decoupled; Triton rejects the ensemble (server#7275). Feed "
+                                                      "it from the decoupled model only"))
+    decoupled = model.get("model_transaction_policy", {}).get("decoupled", False) or any(d for _, d in sources)
+    for key, value in step.get("output_map", {}).items():
+        if key not in outputs:
+            out.append(Finding("error", name, f"{model_name}.{key}", f"{model_name} has no output {key!r}"))
+        origin[value] = (model_name, decoupled)
+    return out
+
+
+def check_bls(models: dict[str, dict], llms: dict[str, dict], repo: Path, engine_dir: Path | None,
+              findings: list[Finding]) -> list[Finding]:
+    bls = next((m for m in models.values() if m.get("backend") == "python"
+                and "tensorrt_llm_model_name" in _params(m)), None)
+    if bls is None:
+        return []
+    params, out, name = _params(bls), [], bls["name"]
+    target_name = params.get("tensorrt_llm_model_name") if _set(params.get("tensorrt_llm_model_name")) \
+        else "tensorrt_llm"
+    draft_name = params.get("tensorrt_llm_draft_model_name", "")
+    bls_decoupled = bls.get("model_transaction_policy", {}).get("decoupled", False)
+    for llm_name in [target_name] + ([draft_name] if _set(draft_name) else []):
+        llm = models.get(llm_name)
+        if llm is None:
+            out.append(Finding("error", name, "tensorrt_llm_model_name" if llm_name == target_name
+                               else "tensorrt_llm_draft_model_name", f"names {llm_name!r}, not in the repository"))
+            continue
+        if llm.get("model_transaction_policy", {}).get("decoupled", False) != bls_decoupled:  # TB §5
+            out.append(Finding("error", name, "decoupled", f"{'true' if bls_decoupled else 'false'} but {llm_name} "
+                                                           "differs; keep decoupled_mode identical on both (TB pain 7)"))
+    if not _set(draft_name):
+        return out
+    target = _engine(target_name, models[target_name], engine_dir, []) if target_name in models else None
+    draft = _engine(draft_name, models[draft_name], None, []) if draft_name in models else None
+    if target is not None and target.mode is not SpecMode.DRAFT_TOKENS_EXTERNAL:  # TB pain 1 (#473)
+        out.append(Finding("error", target_name, "speculative_decoding_mode", "the BLS sends draft tokens but the "
+                           "target engine was not built with --speculative_decoding_mode draft_tokens_external: "
+                           "\"Number of draft tokens (N) is larger than maximum number of draft tokens (0)\""))
+    if target is not None and draft is not None and \
+            target.pretrained.get("vocab_size") != draft.pretrained.get("vocab_size"):
+        out.append(Finding("error", draft_name, "vocab_size", f"{draft.pretrained.get('vocab_size')} vs the target's "
+                                                              f"{target.pretrained.get('vocab_size')}: draft and target "
+                                                              "must share a tokenizer"))
+    for llm_name in (target_name, draft_name):
+        llm_params = _params(models.get(llm_name, {}))
+        if llm_name in models and llm_params.get("enable_kv_cache_reuse", "true") not in TRUE:  # TB §4.3
+            out.append(Finding("warning", llm_name, "enable_kv_cache_reuse", "off: every draft-target step resends "
+                                                                             "the whole sequence; set true"))
+        if llm_name in models and llm_params.get("exclude_input_in_output") in TRUE and not _trtspec_bls(repo, name):
+            out.append(Finding("warning", llm_name, "exclude_input_in_output", "true: upstream's v0.19 BLS then reads "
+                                                                               "wrong or empty draft tokens (TB §6.3)"))
+    return out
+
+
+def _trtspec_bls(repo: Path, name: str) -> bool:
+    source = repo / name / "1" / "model.py"
+    return source.is_file() and "trtspec BLS" in source.read_text(errors="replace")
+
+
+def report(findings: list[Finding]) -> dict:
+    return {"errors": sum(f.severity == "error" for f in findings),
+            "warnings": sum(f.severity == "warning" for f in findings),
+            "findings": [asdict(f) for f in findings]}
