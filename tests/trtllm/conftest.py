@@ -110,3 +110,19 @@ def build_engine(source: Path, out: Path, tokenizer: Path, *, version: str = "1.
     opts = TrtllmBuildOptions(source=source, out=out, tokenizer=tokenizer, trtllm_version=version,
                               **{"max_batch_size": 4, **options})
     return build(opts, runner=lambda argv, cwd: fake_trtllm_build(argv, cwd, version=version))
+
+
+# helpers as fixtures: with --import-mode=importlib test modules cannot import conftest
+@pytest.fixture(scope="session")
+def write_ckpt():
+    return write_config_checkpoint
+
+
+@pytest.fixture(scope="session")
+def engine_builder():
+    return build_engine
+
+
+@pytest.fixture(scope="session")
+def fake_build():
+    return fake_trtllm_build
