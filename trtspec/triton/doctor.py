@@ -70,7 +70,8 @@ def doctor(repo: Path, engine_dir: Path | None = None) -> list[Finding]:
     models = _load_models(repo, findings)
     if not models:
         raise ConfigError(f"{repo} holds no model (no */config.pbtxt); not a Triton model repository")
-    llms = {name: m for name, m in models.items() if m.get("backend") == "tensorrtllm" or "gpt_model_path" in _params(m)}
+    llms = {name: m for name, m in models.items()
+            if m.get("backend") == "tensorrtllm" or "gpt_model_path" in _params(m)}
     for name, model in llms.items():
         engine = _engine(name, model, engine_dir if name == "tensorrt_llm" or len(llms) == 1 else None, findings)
         findings += check_llm(name, model, engine)
@@ -217,7 +218,8 @@ def _check_engine_limits(name: str, model: dict, params: dict, engine: Engine) -
     build, pre = engine.build, engine.pretrained
     if engine.mode is SpecMode.MEDUSA and pre.get("max_draft_len") != build.get("max_draft_len"):
         add("error", "engine max_draft_len", f"pretrained_config says {pre.get('max_draft_len')}, build_config "
-                                             f"{build.get('max_draft_len')}; the Medusa runtime reads the former (EF §4)")
+                                             f"{build.get('max_draft_len')}; the Medusa runtime reads the former "
+                                             "(EF §4)")
     batch = int(model.get("max_batch_size", 0))
     if build.get("max_batch_size") and batch > build["max_batch_size"]:  # TB pain 10 (#130)
         add("warning", "max_batch_size", f"{batch} exceeds the engine's max_batch_size {build['max_batch_size']}, "
@@ -304,9 +306,9 @@ def _check_step(name: str, model: dict, step: dict, origin: dict) -> list[Findin
     sources = []
     for key, value in step.get("input_map", {}).items():
         if key not in inputs:
-            out.append(Finding("error", name, f"{model_name}.{key}", f"mapped from {value!r} but {model_name} has no "
-                                                                     f"input {key!r} (a renamed tensor, e.g. min_length "
-                                                                     "vs min_tokens?)"))
+            out.append(Finding("error", name, f"{model_name}.{key}",
+                               f"mapped from {value!r} but {model_name} has no input {key!r} (a renamed tensor, "
+                               "e.g. min_length vs min_tokens?)"))
         if value not in origin:
             out.append(Finding("error", name, f"{model_name}.{key}", f"reads {value!r}, which no ensemble input or "
                                                                      "earlier step provides"))
@@ -343,8 +345,9 @@ def check_bls(models: dict[str, dict], llms: dict[str, dict], repo: Path, engine
                                else "tensorrt_llm_draft_model_name", f"names {llm_name!r}, not in the repository"))
             continue
         if llm.get("model_transaction_policy", {}).get("decoupled", False) != bls_decoupled:  # TB §5
-            out.append(Finding("error", name, "decoupled", f"{'true' if bls_decoupled else 'false'} but {llm_name} "
-                                                           "differs; keep decoupled_mode identical on both (TB pain 7)"))
+            out.append(Finding("error", name, "decoupled",
+                               f"{'true' if bls_decoupled else 'false'} but {llm_name} differs; keep decoupled_mode "
+                               "identical on both (TB pain 7)"))
     if not _set(draft_name):
         return out
     target = _engine(target_name, models[target_name], engine_dir, []) if target_name in models else None
@@ -355,17 +358,17 @@ def check_bls(models: dict[str, dict], llms: dict[str, dict], repo: Path, engine
                            "\"Number of draft tokens (N) is larger than maximum number of draft tokens (0)\""))
     if target is not None and draft is not None and \
             target.pretrained.get("vocab_size") != draft.pretrained.get("vocab_size"):
-        out.append(Finding("error", draft_name, "vocab_size", f"{draft.pretrained.get('vocab_size')} vs the target's "
-                                                              f"{target.pretrained.get('vocab_size')}: draft and target "
-                                                              "must share a tokenizer"))
+        out.append(Finding("error", draft_name, "vocab_size",
+                           f"{draft.pretrained.get('vocab_size')} vs the target's "
+                           f"{target.pretrained.get('vocab_size')}: draft and target must share a tokenizer"))
     for llm_name in (target_name, draft_name):
         llm_params = _params(models.get(llm_name, {}))
         if llm_name in models and llm_params.get("enable_kv_cache_reuse", "true") not in TRUE:  # TB §4.3
             out.append(Finding("warning", llm_name, "enable_kv_cache_reuse", "off: every draft-target step resends "
                                                                              "the whole sequence; set true"))
         if llm_name in models and llm_params.get("exclude_input_in_output") in TRUE and not _trtspec_bls(repo, name):
-            out.append(Finding("warning", llm_name, "exclude_input_in_output", "true: upstream's v0.19 BLS then reads "
-                                                                               "wrong or empty draft tokens (TB §6.3)"))
+            out.append(Finding("warning", llm_name, "exclude_input_in_output",
+                               "true: upstream's v0.19 BLS then reads wrong or empty draft tokens (TB §6.3)"))
     return out
 
 
