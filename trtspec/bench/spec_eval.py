@@ -1,0 +1,173 @@
+"""Measure a trained drafter on MT-Bench at temperature 0: for each candidate tree, convert → build → generate with
+speculation and without (the same engine, the same run, prompt by prompt alternating the order), and report
+τ per category, acceptance rate, per-position acceptance, wall-clock speedup and token-identity.
+
+    .venv/bin/python -m trtspec.bench.spec_eval --base BASE (--medusa DIR | --eagle DIR) [--tree chain_2 ...]
+        [--per-category 10] [--max-tokens 128] [--threads 2] [--work DIR] [--json FILE] [--write-tree DIR]
+
+Medusa checkpoints are converted with as many heads as the tree is deep (every head costs one lm_head product
+per step); EAGLE checkpoints with num_eagle_layers = the tree depth (TensorRT-LLM requires it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtspec.spec.stats import SpecStats
+
+DEFAULT_TREES = ("chain_1", "chain_2", "chain_3", "[[0],[1],[0,0]]", "[[0],[1],[0,0],[0,0,0]]")
+CHAINS = {"chain_1": [[0]]}
+
+
+@dataclass
+class TreeResult:
+    tree: str
+    choices: list
+    depth: int
+    categories: dict[str, SpecStats] = field(default_factory=dict)
+    spec_s: float = 0.0
+    plain_s: float = 0.0
+    spec_decode_s: float = 0.0  # wall time after the first token
+    plain_decode_s: float = 0.0
+    tokens: int = 0
+    identical: int = 0
+    prompts: int = 0
+
+    def to_dict(self) -> dict:
+        total = SpecStats()
+        for s in self.categories.values():
+            total = total.merge(s)
+        return {"tree": self.tree, "choices": self.choices, "depth": self.depth, "prompts": self.prompts,
+                "tokens": self.tokens, "identical_outputs": f"{self.identical}/{self.prompts}",
+                "acceptance_length": round(total.acceptance_length, 3),
+                "acceptance_rate": round(total.acceptance_rate, 3),
+                "per_position_acceptance": [round(x, 3) for x in total.per_position_acceptance],
+                "tau_per_category": {c: round(s.acceptance_length, 3) for c, s in self.categories.items()},
+                "spec_tokens_per_s": round(self.tokens / self.spec_s, 2),
+                "plain_tokens_per_s": round(self.tokens / self.plain_s, 2),
+                "speedup": round(self.plain_s / self.spec_s, 3),
+                "decode_speedup": round(self.plain_decode_s / self.spec_decode_s, 3)}
+
+
+def parse_tree(text: str) -> list:
+    from trtspec.spec.tree import parse_choices
+    from trtspec.spec.tree_presets import TREE_PRESETS, preset
+
+    if text in CHAINS:
+        return CHAINS[text]
+    return preset(text) if text in TREE_PRESETS else [list(c) for c in parse_choices(text)]
+
+
+def build_engine(args, choices: list, work: Path) -> Path:
+    """Convert with heads / EagleNets for the tree's depth, then build a batch-1 engine with the tree."""
+    from trtspec.checkpoint.convert import ConvertOptions, convert
+    from trtspec.engine.onnx_builder import BuildOptions, build
+
+    depth = max(len(c) for c in choices)
+    method = "medusa" if args.medusa else "eagle"
+    ckpt = work / f"ckpt-{method}-{depth}"
+    if not (ckpt / "config.json").is_file():
+        drafter = ({"medusa": args.medusa, "num_medusa_heads": depth} if args.medusa
+                   else {"eagle": args.eagle, "num_eagle_layers": depth})
+        convert(ConvertOptions(base=args.base, out=ckpt, force=True, **drafter), show_progress=False)
+    engine = work / f"engine-{method}-{'_'.join('-'.join(map(str, c)) for c in choices)}"
+    if not (engine / "manifest.json").is_file():
+        build(BuildOptions(source=ckpt, out=engine, choices=json.dumps(choices), max_batch_size=1,
+                           max_input_len=args.max_input_len, max_seq_len=args.max_input_len + args.max_tokens + 80,
+                           force=True))
+    return engine
+
+
+def measure(args, tree: str, prompts) -> TreeResult:
+    from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+
+    choices = parse_tree(tree)
+    generator = LocalGenerator(build_engine(args, choices, args.work), threads=args.threads)
+    result = TreeResult(tree, choices, max(len(c) for c in choices))
+    spec, plain = GenerateOptions(max_tokens=args.max_tokens), GenerateOptions(max_tokens=args.max_tokens, no_spec=True)
+    for options in (spec, plain):  # warm up the sessions
+        generator.generate(list(prompts[0].messages), GenerateOptions(max_tokens=8, no_spec=options.no_spec))
+    for i, p in enumerate(prompts):
+        runs = {}
+        for name in (("spec", "plain") if i % 2 == 0 else ("plain", "spec")):
+            start = time.perf_counter()
+            g = generator.generate(list(p.messages), spec if name == "spec" else plain)
+            runs[name] = (g, time.perf_counter() - start)
+        (gs, ts), (gp, tp) = runs["spec"], runs["plain"]
+        result.spec_s, result.plain_s = result.spec_s + ts, result.plain_s + tp
+        result.spec_decode_s += ts - gs.result.ttft_s
+        result.plain_decode_s += tp - gp.result.ttft_s
+        result.tokens += len(gs.output_ids)
+        result.identical += gs.output_ids == gp.output_ids
+        result.prompts += 1
+        result.categories[p.category] = result.categories.get(p.category, SpecStats()).merge(gs.result.stats)
+        print(f"  {tree} {i + 1}/{len(prompts)} {p.category}: τ {gs.result.stats.acceptance_length:.2f}, "
+              f"{len(gs.output_ids) / ts:.1f} vs {len(gp.output_ids) / tp:.1f} tok/s", file=sys.stderr, flush=True)
+    return result
+
+
+def select_prompts(per_category: int | None):
+    from trtspec.data.prompts import load_prompts
+
+    prompts, seen = [], {}
+    for p in load_prompts("mt-bench"):
+        seen[p.category] = seen.get(p.category, 0) + 1
+        if per_category is None or seen[p.category] <= per_category:
+            prompts.append(p)
+    return prompts
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", type=Path, required=True, help="HF base folder")
+    drafter = parser.add_mutually_exclusive_group(required=True)
+    drafter.add_argument("--medusa", type=Path, help="Medusa heads folder (FasterDecoding layout)")
+    drafter.add_argument("--eagle", type=Path, help="EAGLE-1 draft folder")
+    parser.add_argument("--tree", action="append", help=f"tree preset or choices JSON (repeatable; default "
+                                                        f"{' '.join(DEFAULT_TREES)})")
+    parser.add_argument("--per-category", type=int, help="first N MT-Bench prompts of each category (default all 10)")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-input-len", type=int, default=512)
+    parser.add_argument("--threads", type=int)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/trtspec-spec-eval"))
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--write-tree", type=Path, help="write the fastest tree as tree.json into this folder")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    prompts = select_prompts(args.per_category)
+    results = [measure(args, tree, prompts).to_dict() for tree in (args.tree or DEFAULT_TREES)]
+    for r in results:
+        print(f"{r['tree']:<28} τ {r['acceptance_length']:.2f}  rate {r['acceptance_rate']:.2f}  "
+              f"{r['spec_tokens_per_s']:.1f} vs {r['plain_tokens_per_s']:.1f} tok/s  speedup {r['speedup']:.2f}x "
+              f"(decode {r['decode_speedup']:.2f}x)  identical {r['identical_outputs']}")
+    best = max(results, key=lambda r: r["speedup"])
+    report = {"method": "medusa" if args.medusa else "eagle", "drafter": str(args.medusa or args.eagle),
+              "prompts": f"mt-bench, {args.per_category or 10} per category", "max_tokens": args.max_tokens,
+              "temperature": 0, "threads": args.threads, "results": results, "best": best["tree"]}
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if args.write_tree:
+        write_tree(args.write_tree, report, best)
+
+
+def write_tree(folder: Path, report: dict, best: dict) -> None:
+    """tree.json: the fastest choices and the converter setting they need, with what was measured."""
+    key = "num_medusa_heads" if report["method"] == "medusa" else "num_eagle_layers"
+    tree = {"choices": best["choices"], key: best["depth"], "measured": {
+        "prompts": report["prompts"], "max_tokens": report["max_tokens"], "temperature": 0,
+        **{k: best[k] for k in ("acceptance_length", "acceptance_rate", "speedup", "decode_speedup",
+                                "identical_outputs", "tau_per_category")}}}
+    (folder / "tree.json").write_text(json.dumps(tree, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
