@@ -54,7 +54,9 @@ class DrafterSection:
 
     @property
     def lookahead(self) -> str | None:
-        return None if self.window_size is None else f"{self.window_size},{self.ngram_size},{self.verification_set_size}"
+        if self.window_size is None:
+            return None
+        return f"{self.window_size},{self.ngram_size},{self.verification_set_size}"
 
 
 @dataclass(frozen=True, kw_only=True)
