@@ -320,6 +320,7 @@ def _max_num_tokens(opts: TrtllmBuildOptions, k: int, max_seq_len: int, method: 
 def _argv(opts: TrtllmBuildOptions, cfg: ModelConfig, method: Method, k: int, max_seq_len: int,
           max_num_tokens: int) -> tuple[str, ...]:
     mode = MODE_OF_METHOD[method]
+    # tp / pp are not flags: trtllm-build takes them from the checkpoint's mapping (EF §1.1), one rank{r}.engine each
     argv = ["trtllm-build", "--checkpoint_dir", str(opts.source), "--output_dir", str(opts.out),
             "--gemm_plugin", cfg.dtype]  # every example passes the model dtype (EF §3.2 "Requirements")
     if mode is not SpecMode.NONE:
