@@ -1,4 +1,4 @@
-"""`trtspec build --backend trtllm`, the run: execute the planned `trtllm-build`, check what it wrote, write the manifest.
+"""`trtspec build --backend trtllm`, the run: execute the planned trtllm-build, check its output, write the manifest.
 
 The engine dir has the same layout as the CPU backend's (engine files, tokenizer/, manifest.json written last), so
 deploy and bench treat both alike. Where tensorrt_llm is not importable, `build` stops before writing anything
