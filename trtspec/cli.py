@@ -453,6 +453,8 @@ def train_medusa(as_json: bool, **flags) -> None:
 @train.command("eagle")
 @_train_options
 @click.option("--noise", type=float, default=0.1, show_default=True, help="Uniform feature noise half-width.")
+@click.option("--ce-weight", type=float, default=0.1, show_default=True,
+              help="Weight of the token cross-entropy next to the feature regression.")
 @click.option("--intermediate-size", type=int, help="Draft MLP width (default: the base's).")
 @click.option("--with-embeddings", is_flag=True, help="Also store embed_tokens (a copy of the base's; large).")
 @user_errors

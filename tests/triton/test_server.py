@@ -16,6 +16,7 @@ import tritonclient.grpc as grpcclient
 from click.testing import CliRunner
 
 from trtspec.cli import cli
+from trtspec.bench.serving import read_counters
 from trtspec.errors import ServerError
 from trtspec.runtime.generator import GenerateOptions, LocalGenerator
 from trtspec.triton.client import TritonClient, build_inputs, generate_concurrently
@@ -56,15 +57,20 @@ def test_sixteen_streams_mixed_lengths_and_speculation(server, local, tiny_repo)
     prompts = _prompts(48, seed=2)
     lengths = [8 + (i * 7) % 60 for i in range(48)]
     option = lambda i: GenerateOptions(max_tokens=lengths[i], no_spec=i % 3 == 0)  # noqa: E731
+    before = read_counters(server.metrics_url, publish_via=server.grpc_url)
     results = generate_concurrently(server.grpc_url, prompts, concurrency=16, options_for=option)
+    after = read_counters(server.metrics_url, publish_via=server.grpc_url)
     for i, result in enumerate(results):
         assert not isinstance(result, BaseException), result
         expected = local.generate(prompts[i], GenerateOptions(max_tokens=lengths[i]))
         assert result.output_ids == expected.output_ids, i
         assert result.text == expected.text
         assert (result.draft_tokens == 0) == (i % 3 == 0)
-    batching = [line for line in server.log_lines if "trtspec batching" in line]
-    assert batching == [] or "sequences per step" in batching[-1]
+    steps = after["trtspec_engine_steps_total"] - before["trtspec_engine_steps_total"]
+    sequences = after["trtspec_engine_step_sequences_total"] - before["trtspec_engine_step_sequences_total"]
+    assert sequences / steps > 3  # the engine batched requests from different streams into one verify step
+    drafted = after["trtspec_draft_tokens_total"] - before["trtspec_draft_tokens_total"]
+    assert drafted == sum(r.draft_tokens for r in results)
 
 
 def test_non_streaming_request_and_direct_engine_call(server, local):
@@ -215,3 +221,37 @@ def test_server_start_failure_is_reported(tmp_path, tiny_repo):
     with pytest.raises(ServerError, match="tritonserver exited with code 1 while starting"):
         TritonServer(options, on_log=lambda line: None).start()
     assert time.monotonic() - start < 120
+
+
+def test_non_decoupled_repository_serves_unary_requests(tiny_engine, tmp_path, local):
+    """--no-decoupled: plain ModelInfer calls (no stream), dynamic batching of concurrent requests."""
+    from trtspec.triton.deploy import DeployOptions, deploy
+    from trtspec.triton.server import free_port
+
+    repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "repo", decoupled=False, threads=1))
+    options = ServerOptions(repository=repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
+                            exit_timeout_s=5)
+    prompts = _prompts(6, seed=4)
+    with TritonServer(options, on_log=lambda line: None) as running:
+        outputs = [None] * len(prompts)
+
+        def call(i):
+            client = grpcclient.InferenceServerClient(running.grpc_url)
+            inputs = build_inputs(prompts[i], GenerateOptions(max_tokens=10 + i), stream=False)
+            outputs[i] = client.infer("ensemble", inputs)
+            client.close()
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        client = grpcclient.InferenceServerClient(running.grpc_url)
+        with pytest.raises(Exception, match="Streaming is only supported in decoupled mode"):
+            client.infer("ensemble", build_inputs("hi", GenerateOptions(max_tokens=4), stream=True))
+        client.close()
+    for i, result in enumerate(outputs):
+        expected = local.generate(prompts[i], GenerateOptions(max_tokens=10 + i))
+        assert result.as_numpy("output_ids").reshape(-1).tolist() == expected.output_ids
+        assert b"".join(result.as_numpy("text_output").reshape(-1)).decode() == expected.text
+        assert result.as_numpy("num_verify_steps").reshape(-1)[0] == expected.result.stats.steps

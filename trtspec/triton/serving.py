@@ -139,6 +139,8 @@ class BatchingStats:
     steps: int = 0
     sequences: int = 0  # summed over steps: sequences in each verify step
     max_sequences: int = 0
+    draft_tokens: int = 0  # of finished sequences
+    accepted_tokens: int = 0
 
     def record(self, active: int) -> None:
         self.steps += 1
@@ -226,8 +228,9 @@ class EngineService:
             log.exception("prefill failed")
             self._fail(job, index, f"prefill failed: {e}")
 
-    @staticmethod
-    def _finish(job: Job, index: int, result: GenerationResult) -> None:
+    def _finish(self, job: Job, index: int, result: GenerationResult) -> None:
+        self.stats.draft_tokens += result.stats.draft_tokens
+        self.stats.accepted_tokens += result.stats.accepted_tokens
         job.remaining -= 1
         try:
             job.on_done(index, result)

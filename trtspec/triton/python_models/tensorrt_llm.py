@@ -60,13 +60,62 @@ class TritonPythonModel:
         self.generator = LocalGenerator(engine_dir, threads=threads)
         self.manifest = self.generator.manifest
         batch = int(config.get("max_batch_size") or self.manifest.profile.max_batch_size)
+        self._metrics = self._make_metrics(args["model_name"])
+        self._published = {key: 0 for key in self._metrics}
+        self._metrics_lock = threading.Lock()
+        self._stop_publishing = threading.Event()
         self.service = EngineService(self.generator.engine, lambda spec: self.generator.proposer(no_spec=not spec),
                                      max_batch_size=min(batch, self.manifest.profile.max_batch_size))
         self._logged_steps = 0
+        if self._metrics:
+            threading.Thread(target=self._publish_periodically, name="trtspec-metrics", daemon=True).start()
         pb_utils.Logger.log_info(f"trtspec engine {engine_dir} ({self.manifest.method.value}, K="
                                  f"{self.manifest.profile.max_draft_len}), decoupled={self.decoupled}")
 
+    def _make_metrics(self, model: str) -> dict:
+        """Prometheus counters on Triton's metrics endpoint: how much the engine batches, how much it accepts."""
+        counters = {
+            "steps": ("trtspec_engine_steps_total", "Verify steps run by the trtspec engine"),
+            "sequences": ("trtspec_engine_step_sequences_total", "Sequences in verify steps, summed over steps "
+                                                                 "(÷ steps = sequences batched per step)"),
+            "draft": ("trtspec_draft_tokens_total", "Draft tokens verified"),
+            "accepted": ("trtspec_accepted_draft_tokens_total", "Draft tokens accepted"),
+        }
+        try:
+            families = {key: pb_utils.MetricFamily(name=name, description=text, kind=pb_utils.MetricFamily.COUNTER)
+                        for key, (name, text) in counters.items()}
+            self._metric_families = families  # a family must outlive its metrics
+            return {key: family.Metric(labels={"model": model}) for key, family in families.items()}
+        except Exception as e:  # metrics disabled on this server
+            pb_utils.Logger.log_warn(f"trtspec metrics unavailable: {e}")
+            return {}
+
+    def _publish_metrics(self) -> None:
+        """Bring the counters up to the scheduler's totals (on a publisher thread, twice a second, and on every
+        execute), never on the scheduler thread, which must not wait on the stub's IPC."""
+        with self._metrics_lock:
+            self._publish_locked()
+
+    def _publish_periodically(self) -> None:
+        while not self._stop_publishing.wait(0.5):
+            try:
+                self._publish_metrics()
+            except Exception as e:
+                pb_utils.Logger.log_warn(f"trtspec metrics: {e}")
+                return
+
+    def _publish_locked(self) -> None:
+        stats = self.service.stats
+        totals = {"steps": stats.steps, "sequences": stats.sequences, "draft": stats.draft_tokens,
+                  "accepted": stats.accepted_tokens}
+        for key, metric in self._metrics.items():
+            delta = totals[key] - self._published[key]
+            if delta:
+                metric.increment(delta)
+                self._published[key] = totals[key]
+
     def execute(self, requests):
+        self._publish_metrics()
         if self.decoupled:
             for request in requests:
                 self._submit_streaming(request)
@@ -175,6 +224,7 @@ class TritonPythonModel:
                                                         np.object_)),
             ])
         self._log_batching()
+        self._publish_metrics()
         return responses
 
     def _log_batching(self):
@@ -189,5 +239,6 @@ class TritonPythonModel:
                 f"at most {s.max_sequences}")
 
     def finalize(self):
+        self._stop_publishing.set()
         pb_utils.Logger.log_info(self._batching_line())
         self.service.shutdown()

@@ -1,0 +1,146 @@
+"""Serving overhead, measured side by side in one run: the same engine and prompts in process and through a
+real tritonserver over gRPC streaming.
+
+1. concurrency 1: tokens/s through Triton (streaming) ÷ tokens/s of in-process `generate` — requests alternate
+   between the two, prompt by prompt, so both see the same machine load (target ≥ 0.9);
+2. concurrency N: aggregate tokens/s of N concurrent gRPC streams, next to in-process in-flight batching of
+   the same prompts, and how many sequences the engine batched per step.
+
+    trtspec bench serving ENGINE [--prompts mt-bench] [--limit 16] [--max-tokens 128] [--concurrency 8]
+        [--threads 2] [--no-spec] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+
+TARGET_OVERHEAD = 0.9
+
+
+def _texts(name: str, limit: int) -> list[str]:
+    from trtspec.data.prompts import load_prompts
+
+    return [p.text for p in load_prompts(name, limit=limit)]
+
+
+def run(engine: Path, *, prompt_set: str = "mt-bench", limit: int = 16, max_tokens: int = 128,
+        concurrency: int = 8, threads: int | None = 2, no_spec: bool = False, show=print) -> dict:
+    from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+    from trtspec.triton.client import TritonClient, generate_concurrently
+    from trtspec.triton.deploy import DeployOptions, deploy
+    from trtspec.triton.server import ServerOptions, TritonServer, free_port
+
+    prompts = _texts(prompt_set, limit)
+    options = GenerateOptions(max_tokens=max_tokens, no_spec=no_spec)
+    local = LocalGenerator(engine, threads=threads)
+    with tempfile.TemporaryDirectory(prefix="trtspec-bench-serving-") as tmp:
+        repo = deploy(DeployOptions(engine_dir=engine, out=Path(tmp) / "repo", threads=threads))
+        server_options = ServerOptions(repository=repo, grpc_port=free_port(), http_port=free_port(),
+                                       metrics_port=free_port(), exit_timeout_s=5)
+        server = TritonServer(server_options, on_log=lambda line: None)
+        with server:
+            with TritonClient(server.grpc_url) as client:
+                client.generate(prompts[0], GenerateOptions(max_tokens=8))  # warm up both paths
+                local.generate(prompts[0], GenerateOptions(max_tokens=8))
+                times = {"local": 0.0, "grpc": 0.0}
+                tokens = {"local": 0, "grpc": 0}
+                mismatches = 0
+                for i, prompt in enumerate(prompts):
+                    start = time.perf_counter()
+                    mine = local.generate(prompt, options, index=i)
+                    times["local"] += time.perf_counter() - start
+                    start = time.perf_counter()
+                    remote = client.generate(prompt, options, index=i)
+                    times["grpc"] += time.perf_counter() - start
+                    tokens["local"] += len(mine.output_ids)
+                    tokens["grpc"] += len(remote.output_ids)
+                    mismatches += remote.output_ids != mine.output_ids
+                    show(f"  prompt {i + 1}/{len(prompts)}: {len(mine.output_ids)} tokens, local "
+                         f"{len(mine.output_ids) / mine.result.total_s:.1f} tok/s, gRPC {remote.to_dict()['stats']['tokens_per_second']:.1f} tok/s")
+            start = time.perf_counter()
+            batched = local.generate_many(prompts, options)
+            local_batch_s = time.perf_counter() - start
+            before = read_counters(server.metrics_url, publish_via=server.grpc_url)
+            start = time.perf_counter()
+            results = generate_concurrently(server.grpc_url, prompts, options, concurrency=concurrency)
+            grpc_batch_s = time.perf_counter() - start
+            after = read_counters(server.metrics_url, publish_via=server.grpc_url)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+    local_tps = tokens["local"] / times["local"]
+    grpc_tps = tokens["grpc"] / times["grpc"]
+    report = {
+        "engine": str(engine), "prompts": f"{prompt_set}[:{len(prompts)}]", "max_tokens": max_tokens,
+        "speculation": not no_spec, "threads": threads,
+        "concurrency_1": {"in_process_tok_s": round(local_tps, 2), "grpc_streaming_tok_s": round(grpc_tps, 2),
+                          "ratio": round(grpc_tps / local_tps, 3), "target": TARGET_OVERHEAD,
+                          "outputs_identical": mismatches == 0},
+        f"concurrency_{concurrency}": {
+            "in_process_batched_tok_s": round(sum(len(g.output_ids) for g in batched) / local_batch_s, 2),
+            "grpc_tok_s": round(sum(len(r.output_ids) for r in results) / grpc_batch_s, 2),
+            "outputs_identical": [r.output_ids for r in results] == [g.output_ids for g in batched],
+            "engine_batching": _batching(before, after)},
+    }
+    return report
+
+
+def read_counters(metrics_url: str, *, publish_via: str | None = None) -> dict[str, float]:
+    """trtspec's counters from Triton's Prometheus endpoint (summed over models and instances).
+
+    The engine model publishes its counters when it receives a request; `publish_via` (a gRPC URL) sends a
+    one-token request first so the counters cover everything before this call."""
+    import urllib.request
+
+    if publish_via is not None:
+        from trtspec.runtime.generator import GenerateOptions
+        from trtspec.triton.client import TritonClient
+
+        with TritonClient(publish_via) as client:
+            client.generate("count", GenerateOptions(max_tokens=1))
+
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    counters: dict[str, float] = {}
+    for m in re.finditer(r"^(trtspec_[a-z_]+)(?:\{[^}]*\})? ([0-9.e+-]+)$", text, re.M):
+        counters[m[1]] = counters.get(m[1], 0.0) + float(m[2])
+    return counters
+
+
+def _batching(before: dict, after: dict) -> dict:
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    steps = delta.get("trtspec_engine_steps_total", 0.0)
+    sequences = delta.get("trtspec_engine_step_sequences_total", 0.0)
+    return {"steps": int(steps), "sequences_per_step": round(sequences / steps, 2) if steps else None}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="trtspec bench serving", description=__doc__.split("\n\n")[0])
+    parser.add_argument("engine", type=Path)
+    parser.add_argument("--prompts", default="mt-bench")
+    parser.add_argument("--limit", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-spec", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    report = run(args.engine, prompt_set=args.prompts, limit=args.limit, max_tokens=args.max_tokens,
+                 concurrency=args.concurrency, threads=args.threads, no_spec=args.no_spec)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    c1, cn = report["concurrency_1"], report[f"concurrency_{args.concurrency}"]
+    print(f"concurrency 1: gRPC streaming {c1['grpc_streaming_tok_s']} tok/s ÷ in-process {c1['in_process_tok_s']} "
+          f"tok/s = {c1['ratio']}× (target ≥ {TARGET_OVERHEAD}); outputs identical: {c1['outputs_identical']}")
+    print(f"concurrency {args.concurrency}: gRPC {cn['grpc_tok_s']} tok/s, in-process batched "
+          f"{cn['in_process_batched_tok_s']} tok/s; outputs identical: {cn['outputs_identical']}; "
+          f"engine batching: {cn['engine_batching']}")
+
+
+if __name__ == "__main__":
+    main()
