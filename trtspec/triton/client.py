@@ -48,9 +48,17 @@ class RemoteGeneration:
                 "finish_reason": self.finish_reason, "stats": stats}
 
 
-def build_inputs(prompt: str, options: GenerateOptions, *, stream: bool, stop_words: list[str] = ()) -> list:
-    """The request tensors of the client contract for one prompt (batch 1)."""
+def build_inputs(prompt: str, options: GenerateOptions, *, stream: bool, stop_words: list[str] = (),
+                 accepted: set[str] | None = None) -> list:
+    """The request tensors of the client contract for one prompt (batch 1).
+
+    `accepted` (the model's input names, from its metadata) adapts to the deployment: `seed` where the ensemble
+    has no `random_seed` (TensorRT-LLM ≥ 1.0), `return_perf_metrics` where it exists (GPU acceptance counters),
+    and `use_speculation` only where the ensemble takes it (trtspec's CPU flavour)."""
     import tritonclient.grpc as grpcclient
+
+    def has(name: str) -> bool:
+        return accepted is None or name in accepted
 
     def tensor(name, array):
         t = grpcclient.InferInput(name, list(array.shape), _wire_type(array))
@@ -65,9 +73,15 @@ def build_inputs(prompt: str, options: GenerateOptions, *, stream: bool, stop_wo
               tensor("top_k", np.array([[options.top_k]], np.int32)),
               tensor("top_p", np.array([[options.top_p]], np.float32))]
     if options.seed is not None:
-        inputs.append(tensor("random_seed", np.array([[options.seed]], np.uint64)))
+        name = "random_seed" if has("random_seed") else "seed"
+        inputs.append(tensor(name, np.array([[options.seed]], np.uint64)))
     if options.no_spec:
+        if not has("use_speculation"):
+            raise ServerError("this deployment has no use_speculation input (TensorRT-LLM engines always decode "
+                              "speculatively); --no-spec works against trtspec's CPU flavour")
         inputs.append(tensor("use_speculation", np.array([[False]], np.bool_)))
+    if accepted is not None and "return_perf_metrics" in accepted and "num_draft_tokens" not in accepted:
+        inputs.append(tensor("return_perf_metrics", np.array([[True]], np.bool_)))
     if stop_words:
         inputs.append(tensor("stop_words", np.array([[w.encode() for w in stop_words]], np.object_)))
     return inputs
@@ -90,6 +104,17 @@ class TritonClient:
         self._responses: dict[str, queue.Queue] = {}
         self._lock = threading.Lock()
         self._streaming = False
+        self._inputs: set[str] | None = None
+
+    def model_inputs(self) -> set[str]:
+        """The model's input names (cached), to speak to trtspec and tensorrtllm_backend ensembles alike."""
+        if self._inputs is None:
+            try:
+                metadata = self._client.get_model_metadata(self.model)
+            except Exception as e:
+                raise ServerError(f"cannot read model {self.model!r} from {self.url} ({_first_line(e)})") from None
+            self._inputs = {t.name for t in metadata.inputs}
+        return self._inputs
 
     def check_ready(self) -> None:
         try:
@@ -129,8 +154,8 @@ class TritonClient:
         out = RemoteGeneration(index)
         start = time.perf_counter()
         try:
-            self._client.async_stream_infer(self.model, build_inputs(prompt, options, stream=stream,
-                                                                     stop_words=stop_words),
+            inputs = build_inputs(prompt, options, stream=stream, stop_words=stop_words, accepted=self.model_inputs())
+            self._client.async_stream_infer(self.model, inputs,
                                             request_id=request_id, enable_empty_final_response=True)
             while True:
                 try:
@@ -149,6 +174,8 @@ class TritonClient:
             with self._lock:
                 self._responses.pop(request_id, None)
         out.total_s = time.perf_counter() - start
+        if out.steps == 0 and out.draft_tokens and stream:
+            out.steps = max(out.responses - 1, 1)  # TensorRT-LLM streams one response per decoding step
         return out
 
     @staticmethod
@@ -164,7 +191,8 @@ class TritonClient:
         if on_text is not None and piece:
             on_text(piece)
         for name, attr in (("num_verify_steps", "steps"), ("num_draft_tokens", "draft_tokens"),
-                           ("num_accepted_tokens", "accepted_tokens")):
+                           ("num_accepted_tokens", "accepted_tokens"), ("total_draft_tokens", "draft_tokens"),
+                           ("total_accepted_draft_tokens", "accepted_tokens")):
             value = result.as_numpy(name)
             if value is not None and value.size:
                 setattr(out, attr, int(value.reshape(-1)[0]))

@@ -1,0 +1,32 @@
+"""The gRPC client speaks to both flavours: it adapts its request tensors to the ensemble's declared inputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from trtspec.errors import ServerError
+from trtspec.runtime.generator import GenerateOptions
+from trtspec.triton.client import build_inputs
+from trtspec.triton.contract import client_inputs, cpu_ensemble_inputs
+
+
+def _names(inputs) -> dict:
+    return {t.name(): t.datatype() for t in inputs}
+
+
+def test_cpu_flavour_gets_trtspec_inputs():
+    accepted = {t.name for t in cpu_ensemble_inputs()}
+    names = _names(build_inputs("hi", GenerateOptions(seed=3, no_spec=True), stream=True, accepted=accepted))
+    assert names["random_seed"] == "UINT64" and names["use_speculation"] == "BOOL"
+    assert names["text_input"] == "BYTES" and names["max_tokens"] == "INT32" and "return_perf_metrics" not in names
+    assert set(names) <= accepted
+
+
+@pytest.mark.parametrize("newest", [False, True])
+def test_gpu_flavour_gets_its_spelling_and_perf_metrics(newest):
+    accepted = {t.name for t in client_inputs(newest_names=newest)} | {"return_perf_metrics"}
+    names = _names(build_inputs("hi", GenerateOptions(seed=3), stream=True, accepted=accepted))
+    assert ("seed" in names) == newest and ("random_seed" in names) == (not newest)
+    assert names["return_perf_metrics"] == "BOOL" and set(names) <= accepted
+    with pytest.raises(ServerError, match="no use_speculation input"):
+        build_inputs("hi", GenerateOptions(no_spec=True), stream=True, accepted=accepted)
