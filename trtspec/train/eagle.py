@@ -84,7 +84,7 @@ def sequence(s: Sample) -> SequenceBatch:
     return SequenceBatch(ids[1:1 + t], feats[:t], feats[1:1 + t], labels)
 
 
-def loss_fn(model: EagleDraftModule, noise: float):
+def loss_fn(model: EagleDraftModule, noise: float, ce_weight: float = CE_WEIGHT):
     def compute(b: SequenceBatch, gen: torch.Generator) -> tuple[torch.Tensor, int]:
         t = len(b.tokens)
         feats = b.features.float()
@@ -93,7 +93,7 @@ def loss_fn(model: EagleDraftModule, noise: float):
         keep = b.labels != IGNORE
         reg = F.smooth_l1_loss(hidden[keep], b.target_features[keep].float(), reduction="none").mean(-1).mean()
         logits, target = model.lm_head.train_logits(hidden[keep], b.labels[keep])
-        return reg + CE_WEIGHT * F.cross_entropy(logits, target), int(keep.sum())
+        return reg + ce_weight * F.cross_entropy(logits, target), int(keep.sum())
     return compute
 
 

@@ -49,6 +49,7 @@ class TrainOptions:
     heads: int = 4  # Medusa
     layers: int = 1  # Medusa ResBlocks per head
     noise: float = 0.1  # EAGLE: uniform feature noise half-width
+    ce_weight: float = 0.1  # EAGLE: weight of the token cross-entropy next to the feature regression
     intermediate_size: int | None = None  # EAGLE: draft MLP width (default: the base's)
     with_embeddings: bool = False  # EAGLE: also store embed_tokens (a frozen base copy; convert falls back to the base)
     full_vocab_loss: bool = False  # training cross-entropy over the whole vocabulary, not just the labels used
@@ -73,8 +74,8 @@ class TrainOptions:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.lr is not None and self.lr <= 0:
             raise ConfigError(f"--lr must be > 0, got {self.lr}")
-        if self.noise < 0:
-            raise ConfigError(f"--noise must be >= 0, got {self.noise}")
+        if self.noise < 0 or self.ce_weight < 0:
+            raise ConfigError(f"--noise and --ce-weight must be >= 0, got {self.noise} and {self.ce_weight}")
         if self.resume and self.force:
             raise ConfigError("--resume continues the run in the work folder and --force starts over; pass one")
 
@@ -166,7 +167,7 @@ def _model(opts: TrainOptions, cfg, train_set):
     lm_head = SharedLmHead(lm_weight, None if opts.full_vocab_loss
                            else active_vocabulary([b.labels for b in batches], cfg.vocab_size))
     model = E.EagleDraftModule(E.draft_config(cfg, opts.intermediate_size), embed, lm_head)
-    return model, batches, E.loss_fn(model, opts.noise)
+    return model, batches, E.loss_fn(model, opts.noise, opts.ce_weight)
 
 
 def _export(opts: TrainOptions, cfg, model, report: dict) -> None:
@@ -188,6 +189,6 @@ def _options_dict(opts: TrainOptions) -> dict:
 
 
 def _fingerprint(opts: TrainOptions, cache: DataCache) -> dict:
-    keep = ("method", "epochs", "lr", "batch_size", "heads", "layers", "noise", "intermediate_size", "full_vocab_loss",
-            "seed")
+    keep = ("method", "epochs", "lr", "batch_size", "heads", "layers", "noise", "ce_weight", "intermediate_size",
+            "full_vocab_loss", "seed")
     return fingerprint_of(data=asdict(cache.spec), **{k: getattr(opts, k) for k in keep})
