@@ -301,6 +301,10 @@ def _text(result) -> str:
               help="Preprocessing renders text_input through the tokenizer's chat template.")
 @click.option("--copy-engine", is_flag=True, help="Copy the engine into the repository (self-contained).")
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads per engine instance (default: all cores).")
+@click.option("--draft-engine", "draft_engine_dir", type=EXISTING_DIR,
+              help="trtllm, draft-target engines: the draft model's engine (served as tensorrt_llm_draft).")
+@click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=0.9, show_default=True,
+              help="trtllm: share of free GPU memory for the KV cache (halved per model for a draft-target pair).")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out.")
 @user_errors
 def deploy(engine: Path, out: Path, **flags) -> None:
@@ -308,7 +312,30 @@ def deploy(engine: Path, out: Path, **flags) -> None:
     from trtspec.triton.deploy import DeployOptions, deploy as write_repository
 
     repo = write_repository(DeployOptions(engine_dir=engine, out=out, **flags))
+    if (repo / "launch_triton.sh").is_file():
+        click.echo(f"wrote {repo}: serve it with {repo / 'launch_triton.sh'} in the TensorRT-LLM Triton container")
+        return
     click.echo(f"wrote {repo}: serve it with `trtspec serve {repo}`")
+
+
+@cli.command()
+@click.argument("repository", type=EXISTING_DIR)
+@click.argument("engine", type=EXISTING_DIR, required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+@user_errors
+def doctor(repository: Path, engine: Path | None, as_json: bool) -> None:
+    """Cross-check a TensorRT-LLM Triton repository against its engine; exit 1 on any error found."""
+    from trtspec.triton.doctor import doctor as check, report
+
+    findings = check(repository, engine)
+    if as_json:
+        click.echo(json.dumps(report(findings), indent=2))
+    for finding in [] if as_json else findings:
+        click.echo(str(finding))
+    if not as_json and not findings:
+        click.echo(f"{repository}: no problems found")
+    if any(f.severity == "error" for f in findings):
+        sys.exit(1)
 
 
 @cli.command()
@@ -426,81 +453,8 @@ def train_medusa(as_json: bool, **flags) -> None:
 @train.command("eagle")
 @_train_options
 @click.option("--noise", type=float, default=0.1, show_default=True, help="Uniform feature noise half-width.")
-@click.option("--intermediate-size", type=int, help="Draft MLP width (default: the base's).")
-@click.option("--with-embeddings", is_flag=True, help="Also store embed_tokens (a copy of the base's; large).")
-@user_errors
-def train_eagle(as_json: bool, **flags) -> None:
-    """An EAGLE-1 draft (one decoder layer over [embedding, feature]), EAGLE repository layout."""
-    _train("eagle", as_json, flags)
-
-
-@cli.group()
-def train() -> None:
-    """Train drafters for a base model by self-distillation (its own greedy replies to training prompts)."""
-
-
-def _train_options(fn):
-    """Options `train medusa` and `train eagle` share."""
-    options = [
-        click.option("--base", required=True, type=EXISTING_DIR, help="Hugging Face base model folder."),
-        click.option("--out", required=True, type=DIR, help="Output drafter folder (written when training ends)."),
-        click.option("--prompts", default="sharegpt", show_default=True,
-                     help="Training prompts: sharegpt, champ or a .jsonl file (never mt-bench / humaneval)."),
-        click.option("--samples", type=int, default=256, show_default=True, help="Training sequences."),
-        click.option("--eval-samples", type=int, default=16, show_default=True,
-                     help="Held-out sequences for the accuracy report."),
-        click.option("--max-new-tokens", type=int, default=256, show_default=True, help="Reply tokens per prompt."),
-        click.option("--max-prompt-tokens", type=int, default=384, show_default=True,
-                     help="Longer prompts are skipped."),
-        click.option("--epochs", type=int, default=2, show_default=True, help="Passes over the training data."),
-        click.option("--lr", type=float, help="Peak learning rate (default: medusa 1e-3, eagle 5e-4)."),
-        click.option("--full-vocab-loss", is_flag=True, help="Cross-entropy over the whole vocabulary (slower)."),
-        click.option("--top-k", type=int, default=10, show_default=True, help="Report accuracy@1..K."),
-        click.option("--save-dtype", type=click.Choice(["float16", "float32", "bfloat16"]), default="float16",
-                     show_default=True, help="Stored weight dtype."),
-        click.option("--seed", type=int, default=0, show_default=True, help="Seed of weights, order and noise."),
-        click.option("--work", type=DIR, help="Work folder: data, base engine, checkpoint (default: OUT.work)."),
-        click.option("--data", type=DIR, help="Data cache folder, shareable between runs (default: WORK/data)."),
-        click.option("--threads", type=int, help="Torch and ONNX Runtime threads (default: all cores)."),
-        click.option("--resume", is_flag=True, help="Continue the checkpoint in the work folder."),
-        click.option("--force", is_flag=True, help="Start over and replace a non-empty --out."),
-        click.option("--json", "as_json", is_flag=True, help="Print training.json to stdout."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
-def _train(method: str, as_json: bool, flags: dict) -> None:
-    from trtspec.train.run import TrainOptions, train as run_training
-
-    result = run_training(TrainOptions(method=method, show_progress=not as_json, **flags))
-    if as_json:
-        click.echo(json.dumps(result.report, indent=2))
-        return
-    r = result.report
-    key, rows = ("head", r["accuracy"]["heads"]) if method == "medusa" else ("depth", r["accuracy"]["depths"])
-    click.echo(f"wrote {result.out}: {method} drafter, {r['training']['steps']} steps in "
-               f"{r['training']['seconds']:.0f} s, data {r['data']['bytes'] / 2**20:.1f} MiB")
-    for row in rows:
-        k = len(row["accuracy_at"])
-        click.echo(f"  {key} {row[key]}: top-1 {row['top1']:.3f}  top-{k} {row[f'top{k}']:.3f}")
-
-
-@train.command("medusa")
-@_train_options
-@click.option("--heads", type=int, default=4, show_default=True, help="Medusa heads (head k predicts token t+k+2).")
-@click.option("--layers", type=int, default=1, show_default=True, help="ResBlock layers per head.")
-@click.option("--batch-size", type=int, default=256, show_default=True, help="Positions per optimizer step.")
-@user_errors
-def train_medusa(as_json: bool, **flags) -> None:
-    """Medusa-1 heads sharing the base lm_head, FasterDecoding layout (medusa_lm_head.safetensors)."""
-    _train("medusa", as_json, flags)
-
-
-@train.command("eagle")
-@_train_options
-@click.option("--noise", type=float, default=0.1, show_default=True, help="Uniform feature noise half-width.")
+@click.option("--ce-weight", type=float, default=0.1, show_default=True,
+              help="Weight of the token cross-entropy next to the feature regression.")
 @click.option("--intermediate-size", type=int, help="Draft MLP width (default: the base's).")
 @click.option("--with-embeddings", is_flag=True, help="Also store embed_tokens (a copy of the base's; large).")
 @user_errors
@@ -522,6 +476,34 @@ def bench_cpu_engine(args: tuple[str, ...]) -> None:
     from trtspec.bench.cpu_engine import main as run
 
     run(list(args))
+
+
+
+@bench.command("serving", context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench_serving(args: tuple[str, ...]) -> None:
+    """Triton gRPC streaming vs in-process generate on one engine, at concurrency 1 and N
+    (`trtspec bench serving --help` for its options)."""
+    from trtspec.bench.serving import main as run
+
+    run(list(args))
+
+
+@cli.group()
+def recipe() -> None:
+    """Recipes: one YAML file for base, drafter, convert, build and deploy."""
+
+
+@recipe.command("check")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--workdir", default=".", show_default=True, help="Folder the printed commands write under.")
+@user_errors
+def recipe_check(file: Path, workdir: str) -> None:
+    """Validate a recipe and print the commands that run it, one per line."""
+    from trtspec.recipe import command_lines, load_recipe
+
+    for line in command_lines(load_recipe(file), workdir):
+        click.echo(line)
 
 
 def main() -> None:
