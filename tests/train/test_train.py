@@ -141,6 +141,18 @@ def test_data_cache_cuts_a_torn_tail_and_is_reused(setup, tmp_path):
                                                  for n in ("tokens.i32", "features.f16"))
 
 
+def test_data_cache_grows_and_shrinks_with_the_sample_counts(setup, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(setup["data"], data)
+    grown = run(setup, tmp_path, "medusa", name="grown", epochs=1, data=data, samples=SAMPLES + 4)
+    assert grown.report["data"]["train_sequences"] == SAMPLES + 4
+    assert len((data / "index.jsonl").read_text().splitlines()) == SAMPLES + 4 + EVAL  # 4 new sequences only
+    size = grown.report["data"]["bytes"]
+    shrunk = run(setup, tmp_path, "medusa", name="shrunk", epochs=1, data=data, samples=SAMPLES - 4, eval_samples=2)
+    assert (shrunk.report["data"]["train_sequences"], shrunk.report["data"]["held_out_sequences"]) == (SAMPLES - 4, 2)
+    assert shrunk.report["data"]["bytes"] == size  # nothing generated
+
+
 def cli_args(setup, tmp_path, *extra):
     return ["train", "eagle", "--base", str(setup["base"]), "--out", str(tmp_path / "o"), "--prompts",
             str(setup["prompts"]), "--samples", str(SAMPLES), "--eval-samples", str(EVAL), "--max-new-tokens", "32",

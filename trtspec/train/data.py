@@ -21,6 +21,7 @@ from trtspec.errors import ConfigError
 log = logging.getLogger(__name__)
 
 EVALUATION_SETS = ("mt-bench", "humaneval")  # never train on what trtspec measures with
+COUNTS = ("samples", "eval_samples")  # settings a cache may differ in
 SPEC_FILE, INDEX_FILE, TOKENS_FILE, FEATURES_FILE = "data.json", "index.jsonl", "tokens.i32", "features.f16"
 
 
@@ -66,9 +67,14 @@ class DataCache:
         d = self.directory
         d.mkdir(parents=True, exist_ok=True)
         spec_path = d / SPEC_FILE
-        if spec_path.is_file() and json.loads(spec_path.read_text()) != asdict(self.spec):
-            raise ConfigError(f"{d} holds data generated with other settings ({spec_path}); pass another "
-                              "--data folder or delete it")
+        if spec_path.is_file():
+            # sequence i is the reply to the i-th usable prompt whatever the counts: a cache grows or shrinks
+            # with --samples / --eval-samples, any other setting needs new data
+            stored = json.loads(spec_path.read_text())
+            differs = sorted(k for k, v in asdict(self.spec).items() if stored.get(k) != v and k not in COUNTS)
+            if differs:
+                raise ConfigError(f"{d} holds data generated with other settings ({', '.join(differs)}: "
+                                  f"{spec_path}); pass another --data folder or delete it")
         spec_path.write_text(json.dumps(asdict(self.spec), indent=2) + "\n")
         rows = [json.loads(line) for line in (d / INDEX_FILE).read_text().splitlines()] \
             if (d / INDEX_FILE).is_file() else []
@@ -81,8 +87,12 @@ class DataCache:
         return rows
 
     @property
+    def needed(self) -> int:
+        return self.spec.samples + self.spec.eval_samples
+
+    @property
     def complete(self) -> bool:
-        return len(self.rows) >= self.spec.samples + self.spec.eval_samples
+        return {r["index"] for r in self.rows} >= set(range(self.needed))
 
     def append(self, prompt_id: str, ids: list[int], features: np.ndarray, prompt_len: int, index: int) -> None:
         """Stream one finished sequence to disk; the index line is written last, so it marks completeness."""
@@ -99,8 +109,9 @@ class DataCache:
     def samples(self) -> tuple[list[Sample], list[Sample]]:
         """(training, held-out) sequences, memory-mapped."""
         if not self.complete:
-            raise ConfigError(f"{self.directory} holds {len(self.rows)} sequences, "
-                              f"{self.spec.samples + self.spec.eval_samples} expected; run again to finish it")
+            have = len({r["index"] for r in self.rows} & set(range(self.needed)))
+            raise ConfigError(f"{self.directory} holds {have} of the {self.needed} sequences needed; run again to "
+                              "finish it")
         n_tok = sum(r["length"] for r in self.rows)
         tokens = np.memmap(self.directory / TOKENS_FILE, np.int32, "r", shape=(n_tok,))
         feats = np.memmap(self.directory / FEATURES_FILE, np.float16, "r", shape=(n_tok - len(self.rows), self.hidden))
@@ -109,8 +120,7 @@ class DataCache:
             n = r["length"]
             out[r["index"]] = Sample(tokens[t:t + n], feats[f:f + n - 1], r["prompt_len"])
             t, f = t + n, f + n - 1
-        ordered = [out[i] for i in sorted(out)]
-        return ordered[: self.spec.samples], ordered[self.spec.samples: self.spec.samples + self.spec.eval_samples]
+        return [out[i] for i in range(self.spec.samples)], [out[i] for i in range(self.spec.samples, self.needed)]
 
     def size_bytes(self) -> int:
         return sum((self.directory / n).stat().st_size for n in (TOKENS_FILE, FEATURES_FILE))

@@ -60,8 +60,8 @@ def generate_data(engine_dir: Path, cache: DataCache, *, threads: int | None = N
 
     spec = cache.spec
     gen = LocalGenerator(engine_dir, threads=threads)
-    total = spec.samples + spec.eval_samples
-    done = {r["id"] for r in cache.rows}
+    total = cache.needed
+    done = {r["id"] for r in cache.rows if r["index"] < total}
     todo = [(i, pid, ids) for i, (pid, ids) in enumerate(_encoded(gen, spec)) if pid not in done]
     start, tokens = time.perf_counter(), 0
     with TrainBar("self-distillation data", total=total, enabled=show_progress) as bar:
