@@ -216,12 +216,15 @@ def _dynamic_tree(text: str | None, cls):
 @click.option("--prompt", help="One prompt (goes through the chat template).")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="JSONL file: one {\"prompt\": ...} or {\"messages\": [...]} per line.")
+@click.option("--prompt-set", help="A real prompt set: mt-bench, humaneval, sharegpt, champ (first turn of each).")
+@click.option("--limit", type=int, help="With --prompt-set: the first N prompts.")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens to generate per prompt.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.")
 @click.option("--seed", type=int, help="Sampling seed.")
 @click.option("--no-spec", is_flag=True, help="Same engine, speculation off.")
+@click.option("--wait", "wait_s", type=float, default=0.0, help="--url: wait up to this many seconds for the server.")
 @click.option("--stream/--no-stream", default=None,
               help="Print text as it is generated (default: on with --url, off locally, where prompts are batched).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt.")
@@ -230,20 +233,26 @@ def _dynamic_tree(text: str | None, cls):
               help="--url: prompts in flight at once (each on its own gRPC stream).")
 @click.option("--model", "model_name", default="ensemble", show_default=True, help="--url: the model to call.")
 @user_errors
-def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_file: Path | None, as_json: bool,
-             stream: bool | None, threads: int | None, concurrency: int, model_name: str, **flags) -> None:
+def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_file: Path | None,
+             prompt_set: str | None, limit: int | None, as_json: bool, stream: bool | None, threads: int | None,
+             concurrency: int, model_name: str, wait_s: float, **flags) -> None:
     """Generate with a built engine in process, or with a served one over gRPC (--url)."""
-    if (prompt is None) == (prompts_file is None):
-        raise click.UsageError("pass exactly one of --prompt or --prompts")
+    if sum(x is not None for x in (prompt, prompts_file, prompt_set)) != 1:
+        raise click.UsageError("pass exactly one of --prompt, --prompts or --prompt-set")
     if (engine is None) == (url is None):
         raise click.UsageError("pass an ENGINE directory or --url HOST:PORT (not both)")
     from trtspec.runtime.generator import GenerateOptions, read_prompt_file
 
-    prompts = [prompt] if prompt is not None else read_prompt_file(prompts_file)
+    if prompt_set is not None:
+        from trtspec.data.prompts import load_prompts
+
+        prompts = [p.text for p in load_prompts(prompt_set, limit=limit)]
+    else:
+        prompts = [prompt] if prompt is not None else read_prompt_file(prompts_file)
     options = GenerateOptions(**flags)
     if url is not None:
         _generate_remote(url, model_name, prompts, options, stream=stream is not False, as_json=as_json,
-                         concurrency=concurrency)
+                         concurrency=concurrency, wait_s=wait_s)
         return
     from trtspec.runtime.generator import LocalGenerator
 
@@ -259,7 +268,7 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
 
 
 def _generate_remote(url: str, model: str, prompts: list, options, *, stream: bool, as_json: bool,
-                     concurrency: int) -> None:
+                     concurrency: int, wait_s: float) -> None:
     from trtspec.errors import ConfigError
     from trtspec.triton.client import TritonClient, generate_concurrently
 
@@ -270,17 +279,26 @@ def _generate_remote(url: str, model: str, prompts: list, options, *, stream: bo
     if concurrency < 1:
         raise click.BadParameter(f"must be >= 1, got {concurrency}", param_hint="--concurrency")
     with TritonClient(url, model=model) as client:
-        client.check_ready()
+        client.check_ready(wait_s=wait_s)
         if concurrency == 1:
             for i, p in enumerate(prompts):
                 on_text = None if as_json or not stream else (lambda piece: click.echo(piece, nl=False))
                 result = client.generate(p, options, index=i, stream=stream, on_text=on_text)
                 click.echo(json.dumps(result.to_dict()) if as_json else ("" if stream else result.text))
+                if not as_json:
+                    click.echo(_stats_line(result.to_dict()), err=True)
             return
     for result in generate_concurrently(url, prompts, options, concurrency=concurrency, stream=stream, model=model):
         if isinstance(result, BaseException):
             raise result
         click.echo(json.dumps(result.to_dict()) if as_json else result.text)
+
+
+def _stats_line(record: dict) -> str:
+    s = record["stats"]
+    return (f"[{len(record['output_ids'])} tokens in {s['steps']} steps: acceptance length {s['acceptance_length']:.2f}, "
+            f"acceptance rate {s['acceptance_rate']:.0%}, {s['tokens_per_second']:.1f} tok/s, TTFT {s['ttft_ms']:.0f} ms, "
+            f"finish {record['finish_reason'] or '-'}]")
 
 
 def _text(result) -> str:
@@ -357,8 +375,7 @@ def serve(repository: Path, **flags) -> None:
 
     server = TritonServer(ServerOptions(repository=repository, **flags),
                           on_log=lambda line: click.echo(line, err=True))
-    stop = lambda *_: server.stop()  # noqa: E731
-    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it like Ctrl-C
     with server:
         click.echo(f"serving {repository}: gRPC {server.grpc_url}, HTTP {server.http_url}, "
                    f"metrics {server.metrics_url} (Ctrl-C stops)")

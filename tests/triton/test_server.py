@@ -255,3 +255,44 @@ def test_non_decoupled_repository_serves_unary_requests(tiny_engine, tmp_path, l
         assert result.as_numpy("output_ids").reshape(-1).tolist() == expected.output_ids
         assert b"".join(result.as_numpy("text_output").reshape(-1)).decode() == expected.text
         assert result.as_numpy("num_verify_steps").reshape(-1)[0] == expected.result.stats.steps
+
+
+def test_readme_client_example_runs_against_the_server(server, local, capsys):
+    """The README's client (tritonclient only, no trtspec import) streams the same text as local generation."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+    (example,) = [b for b in blocks if "tritonclient.grpc as grpcclient" in b]
+    assert "trtspec" not in example
+    exec(compile(example.replace("127.0.0.1:8001", server.grpc_url), "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    prompt = "Explain speculative decoding in one sentence."
+    assert printed == local.generate(prompt, GenerateOptions(max_tokens=64)).text
+
+
+def test_serve_command_prints_endpoints_and_stops_on_sigterm(tiny_repo):
+    """`trtspec serve` as a user runs it: ready, endpoints printed, SIGTERM stops it and the server, exit 0."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from trtspec.triton.server import free_port
+
+    grpc_port = free_port()
+    argv = [sys.executable, "-m", "trtspec.cli", "serve", str(tiny_repo), "--grpc-port", str(grpc_port),
+            "--http-port", str(free_port()), "--metrics-port", str(free_port())]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith(f"serving {tiny_repo}: gRPC 127.0.0.1:{grpc_port}, HTTP 127.0.0.1:"), line
+        with TritonClient(f"127.0.0.1:{grpc_port}") as client:
+            assert client.generate("Hello world", GenerateOptions(max_tokens=4)).output_ids
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    leftover = subprocess.run(["pgrep", "-f", f"--grpc-port={grpc_port}"], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", "tritonserver still running"

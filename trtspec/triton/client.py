@@ -116,12 +116,20 @@ class TritonClient:
             self._inputs = {t.name for t in metadata.inputs}
         return self._inputs
 
-    def check_ready(self) -> None:
-        try:
-            ready = self._client.is_model_ready(self.model)
-        except Exception as e:
-            raise ServerError(f"cannot reach a Triton server at {self.url} ({_first_line(e)}); start one with "
-                              "`trtspec serve REPO`") from None
+    def check_ready(self, *, wait_s: float = 0.0) -> None:
+        """Raise ServerError unless the model is ready, waiting up to wait_s seconds for it (a starting server)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                ready, error = self._client.is_model_ready(self.model), None
+            except Exception as e:
+                ready, error = False, e
+            if ready or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        if error is not None:
+            raise ServerError(f"cannot reach a Triton server at {self.url} ({_first_line(error)}); start one with "
+                              "`trtspec serve REPO`")
         if not ready:
             raise ServerError(f"model {self.model!r} is not ready on {self.url}")
 
