@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 EVALUATION_SETS = ("mt-bench", "humaneval")  # never train on what trtspec measures with
 COUNTS = ("samples", "eval_samples")  # settings a cache may differ in
 SPEC_FILE, INDEX_FILE, TOKENS_FILE, FEATURES_FILE = "data.json", "index.jsonl", "tokens.i32", "features.f16"
+TIMING_FILE = "timing.json"  # wall-clock seconds spent generating, summed over runs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +122,15 @@ class DataCache:
             out[r["index"]] = Sample(tokens[t:t + n], feats[f:f + n - 1], r["prompt_len"])
             t, f = t + n, f + n - 1
         return [out[i] for i in range(self.spec.samples)], [out[i] for i in range(self.spec.samples, self.needed)]
+
+    @property
+    def generation_seconds(self) -> float:
+        path = self.directory / TIMING_FILE
+        return json.loads(path.read_text())["generation_seconds"] if path.is_file() else 0.0
+
+    def add_generation_seconds(self, seconds: float) -> None:
+        total = self.generation_seconds + seconds
+        (self.directory / TIMING_FILE).write_text(json.dumps({"generation_seconds": round(total, 1)}) + "\n")
 
     def size_bytes(self) -> int:
         return sum((self.directory / n).stat().st_size for n in (TOKENS_FILE, FEATURES_FILE))

@@ -70,6 +70,7 @@ def generate_data(engine_dir: Path, cache: DataCache, *, threads: int | None = N
             cache.append(seq.prompt_id, seq.ids, np.concatenate(seq.features), seq.prompt_len, seq.index)
             tokens += seq.new_tokens
             bar.advance(1, f"{tokens / (time.perf_counter() - start):.0f} tok/s")
+    cache.add_generation_seconds(time.perf_counter() - start)
     log.info("self-distillation data: %d sequences, %.1f MiB in %s", len(cache.rows), cache.size_bytes() / 2**20,
              cache.directory)
 

@@ -106,7 +106,7 @@ def train(opts: TrainOptions) -> TrainResult:
     _check_work(opts)
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    cache, data_seconds = _data(opts, spec, cfg.hidden_size)
+    cache = _data(opts, spec, cfg.hidden_size)
     train_set, held_out = cache.samples()
     torch.manual_seed(opts.seed)  # the initial weights
     model, batches, loss = _model(opts, cfg, train_set)
@@ -122,7 +122,7 @@ def train(opts: TrainOptions) -> TrainResult:
               "data": {"directory": str(cache.directory), "train_sequences": len(train_set),
                        "held_out_sequences": len(held_out), "tokens": int(sum(len(s.ids) for s in train_set)),
                        "reply_tokens": int(sum(len(s.ids) - s.prompt_len for s in train_set)),
-                       "bytes": cache.size_bytes(), "generation_seconds": round(data_seconds, 1)},
+                       "bytes": cache.size_bytes(), "generation_seconds": round(cache.generation_seconds, 1)},
               "training": {"steps": fitted.steps, "seconds": round(fitted.seconds, 1),
                            "epoch_losses": [round(x, 4) for x in fitted.epoch_losses],
                            "active_vocabulary": int(model.lm_head.active_weight.shape[0])},
@@ -141,9 +141,8 @@ def _check_work(opts: TrainOptions) -> None:
     opts.work_dir.mkdir(parents=True, exist_ok=True)
 
 
-def _data(opts: TrainOptions, spec: DataSpec, hidden_size: int) -> tuple[DataCache, float]:
+def _data(opts: TrainOptions, spec: DataSpec, hidden_size: int) -> DataCache:
     cache = DataCache(opts.data_dir, spec, hidden_size)
-    start = time.perf_counter()
     if not cache.complete:
         from trtspec.train.distill import build_base_engine, generate_data
 
@@ -152,7 +151,7 @@ def _data(opts: TrainOptions, spec: DataSpec, hidden_size: int) -> tuple[DataCac
         generate_data(engine, cache, threads=opts.threads, show_progress=opts.show_progress)
     log.info("data: %d sequences, %.1f MiB of tokens and float16 features in %s", len(cache.rows),
              cache.size_bytes() / 2**20, cache.directory)
-    return cache, time.perf_counter() - start
+    return cache
 
 
 def _model(opts: TrainOptions, cfg, train_set):
@@ -183,8 +182,13 @@ def _export(opts: TrainOptions, cfg, model, report: dict) -> None:
         (tmp / RESULT_FILE).write_text(json.dumps(report, indent=2) + "\n")
 
 
+METHOD_OPTIONS = {"medusa": ("heads", "layers", "batch_size"),
+                  "eagle": ("noise", "ce_weight", "intermediate_size", "with_embeddings")}
+
+
 def _options_dict(opts: TrainOptions) -> dict:
-    skip = {"show_progress", "stop_after_steps", "resume", "force", "threads"}
+    other = next(m for m in METHODS if m != opts.method)
+    skip = {"show_progress", "stop_after_steps", "resume", "force", "threads", *METHOD_OPTIONS[other]}
     return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items() if k not in skip}
 
 
