@@ -11,29 +11,20 @@ CPU flavour accepts both spellings, the GPU flavour writes the one its TensorRT-
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from trtspec.triton.pbtxt import Tensor
 
 
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    data_type: str  # Triton config type, e.g. "TYPE_INT32"
-    dims: tuple[int, ...]
-    optional: bool = True
-
-    @property
-    def wire_type(self) -> str:
-        """The type name on the wire (tritonclient's InferInput datatype)."""
-        return {"TYPE_STRING": "BYTES"}.get(self.data_type, self.data_type.removeprefix("TYPE_"))
+def tensor(name: str, data_type: str, dims=(1,), optional: bool = True) -> Tensor:
+    """A contract tensor: optional unless said otherwise (only text_input and max_tokens are required)."""
+    return Tensor(name, data_type, tuple(dims), optional=optional)
 
 
-def _t(name: str, data_type: str, dims=(1,), optional: bool = True) -> TensorSpec:
-    return TensorSpec(name, data_type, tuple(dims), optional)
+_t = tensor
 
 
 # Request tensors of upstream's ensemble that a text client uses (multimodal, LoRA, prompt tuning and guided
 # decoding inputs are not part of the speculative-decoding contract).
-ENSEMBLE_INPUTS: tuple[TensorSpec, ...] = (
+ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
     _t("text_input", "TYPE_STRING", optional=False),
     _t("max_tokens", "TYPE_INT32", optional=False),
     _t("bad_words", "TYPE_STRING", (-1,)),
@@ -61,7 +52,7 @@ ENSEMBLE_INPUTS: tuple[TensorSpec, ...] = (
 # Newest upstream spelling → the v0.19 spelling it replaces.
 RENAMED_INPUTS = {"min_tokens": "min_length", "seed": "random_seed"}
 
-ENSEMBLE_OUTPUTS: tuple[TensorSpec, ...] = (
+ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = (
     _t("text_output", "TYPE_STRING", (-1,)),
     _t("cum_log_probs", "TYPE_FP32", (-1,)),
     _t("output_log_probs", "TYPE_FP32", (-1, -1)),
@@ -71,10 +62,10 @@ ENSEMBLE_OUTPUTS: tuple[TensorSpec, ...] = (
 
 # trtspec's additions: a per-request switch, the acceptance counters upstream lacks, and the token ids
 # (what tests and benchmarks compare exactly).
-TRTSPEC_INPUTS: tuple[TensorSpec, ...] = (
+TRTSPEC_INPUTS: tuple[Tensor, ...] = (
     _t("use_speculation", "TYPE_BOOL"),
 )
-TRTSPEC_OUTPUTS: tuple[TensorSpec, ...] = (
+TRTSPEC_OUTPUTS: tuple[Tensor, ...] = (
     _t("output_ids", "TYPE_INT32", (-1, -1)),  # [beams, tokens]
     _t("num_draft_tokens", "TYPE_INT32"),
     _t("num_accepted_tokens", "TYPE_INT32"),
@@ -83,19 +74,35 @@ TRTSPEC_OUTPUTS: tuple[TensorSpec, ...] = (
 )
 
 
-def client_inputs(*, newest_names: bool) -> tuple[TensorSpec, ...]:
+def client_inputs(*, newest_names: bool) -> tuple[Tensor, ...]:
     """The ensemble's request tensors with the spelling of one upstream generation (newest: min_tokens, seed)."""
     if not newest_names:
         return ENSEMBLE_INPUTS
     old_to_new = {old: new for new, old in RENAMED_INPUTS.items()}
-    return tuple(TensorSpec(old_to_new.get(t.name, t.name), t.data_type, t.dims, t.optional) for t in ENSEMBLE_INPUTS)
+    return tuple(Tensor(old_to_new.get(t.name, t.name), t.data_type, t.dims, optional=t.optional)
+                 for t in ENSEMBLE_INPUTS)
 
 
-def cpu_ensemble_inputs() -> tuple[TensorSpec, ...]:
+def cpu_ensemble_inputs() -> tuple[Tensor, ...]:
     """The CPU flavour accepts both spellings of the renamed inputs, plus trtspec's own inputs."""
     renamed = tuple(t for t in client_inputs(newest_names=True) if t.name in RENAMED_INPUTS)
     return ENSEMBLE_INPUTS + renamed + TRTSPEC_INPUTS
 
 
-def cpu_ensemble_outputs() -> tuple[TensorSpec, ...]:
+def cpu_ensemble_outputs() -> tuple[Tensor, ...]:
     return ENSEMBLE_OUTPUTS + TRTSPEC_OUTPUTS
+
+
+# The ensemble's wiring, as upstream's `inflight_batcher_llm` does it (triton-trtllm-backend.md §3):
+# client tensor → preprocessing input,
+CLIENT_TO_PRE = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",
+                 "stop_words": "STOP_WORDS_DICT", "end_id": "END_ID", "pad_id": "PAD_ID"}
+# client tensor → engine-model input where the names differ (the rest pass through by name),
+CLIENT_TO_LLM = {"top_k": "runtime_top_k", "top_p": "runtime_top_p", "length_penalty": "len_penalty",
+                 "stream": "streaming"}
+# preprocessing output → (the ensemble's internal tensor, engine-model input).
+PRE_TO_LLM = {"INPUT_ID": ("_INPUT_ID", "input_ids"), "REQUEST_INPUT_LEN": ("_REQUEST_INPUT_LEN", "input_lengths"),
+              "REQUEST_OUTPUT_LEN": ("_REQUEST_OUTPUT_LEN", "request_output_len"),
+              "STOP_WORDS_IDS": ("_STOP_WORDS_IDS", "stop_words_list"),
+              "BAD_WORDS_IDS": ("_BAD_WORDS_IDS", "bad_words_list"),
+              "OUT_END_ID": ("_PREPROCESSOR_END_ID", "end_id"), "OUT_PAD_ID": ("_PREPROCESSOR_PAD_ID", "pad_id")}

@@ -11,23 +11,17 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from trtspec.engine.manifest import Manifest
 from trtspec.errors import RepositoryError
-from trtspec.triton.contract import TensorSpec, _t, cpu_ensemble_inputs, cpu_ensemble_outputs
+from trtspec.triton.contract import (CLIENT_TO_LLM, CLIENT_TO_PRE, PRE_TO_LLM, cpu_ensemble_inputs,
+                                     cpu_ensemble_outputs, tensor as _t)
 from trtspec.triton.deploy import DeployOptions, check_options
+from trtspec.triton.pbtxt import ModelConfig, Step, render
 
 MODEL_SOURCES = Path(__file__).parent / "python_models"
 ENGINE_MODEL = "tensorrt_llm"
-
-
-@dataclass(frozen=True)
-class Step:
-    model: str
-    inputs: dict[str, str]  # model tensor ← ensemble tensor
-    outputs: dict[str, str]  # model tensor → ensemble tensor
 
 
 PRE_INPUTS = (_t("QUERY", "TYPE_STRING", optional=False), _t("REQUEST_OUTPUT_LEN", "TYPE_INT32", optional=False),
@@ -63,56 +57,20 @@ POST_INPUTS = (_t("TOKENS_BATCH", "TYPE_INT32", (-1, -1), optional=False),
                _t("CONTEXT_IDS", "TYPE_INT32", (-1,)), _t("IS_FINAL", "TYPE_BOOL"))
 POST_OUTPUTS = (_t("OUTPUT", "TYPE_STRING", (-1,)),)
 
-# The engine step takes these client tensors under another name (as upstream's ensemble does).
-ENGINE_RENAMES = {"runtime_top_k": "top_k", "runtime_top_p": "top_p", "len_penalty": "length_penalty",
-                  "streaming": "stream"}
-
-
-def ensemble_steps() -> list[Step]:
-    pre = Step("preprocessing",
-               {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words",
-                "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id", "PAD_ID": "pad_id"},
-               {"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
-                "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "STOP_WORDS_IDS": "_STOP_WORDS_IDS",
-                "BAD_WORDS_IDS": "_BAD_WORDS_IDS", "OUT_END_ID": "_PREPROCESSOR_END_ID",
-                "OUT_PAD_ID": "_PREPROCESSOR_PAD_ID"})
-    from_pre = {"input_ids": "_INPUT_ID", "input_lengths": "_REQUEST_INPUT_LEN",
-                "request_output_len": "_REQUEST_OUTPUT_LEN", "end_id": "_PREPROCESSOR_END_ID",
-                "pad_id": "_PREPROCESSOR_PAD_ID", "stop_words_list": "_STOP_WORDS_IDS",
-                "bad_words_list": "_BAD_WORDS_IDS"}
-    client = {t.name: ENGINE_RENAMES.get(t.name, t.name) for t in ENGINE_INPUTS if t.name not in from_pre}
-    engine = Step(ENGINE_MODEL, {**from_pre, **client},
-                  {"output_ids": "output_ids", "sequence_length": "_SEQUENCE_LENGTH", "context_ids": "_CONTEXT_IDS",
-                   "is_final": "_IS_FINAL",
-                   **{t.name: t.name for t in ENGINE_OUTPUTS
-                      if t.name not in ("output_ids", "sequence_length", "context_ids", "is_final")}})
+def ensemble_steps() -> tuple[Step, ...]:
+    """Upstream's wiring (contract.CLIENT_TO_PRE / PRE_TO_LLM / CLIENT_TO_LLM) plus trtspec's streaming tensors."""
+    pre = Step("preprocessing", {target: source for source, target in CLIENT_TO_PRE.items()},
+               {out: internal for out, (internal, _) in PRE_TO_LLM.items()})
+    from_pre = {llm: internal for internal, llm in PRE_TO_LLM.values()}
+    client_names = {llm: client for client, llm in CLIENT_TO_LLM.items()}
+    from_client = {t.name: client_names.get(t.name, t.name) for t in ENGINE_INPUTS if t.name not in from_pre}
+    internal = {"sequence_length": "_SEQUENCE_LENGTH", "context_ids": "_CONTEXT_IDS", "is_final": "_IS_FINAL"}
+    engine = Step(ENGINE_MODEL, {**from_pre, **from_client},
+                  {t.name: internal.get(t.name, t.name) for t in ENGINE_OUTPUTS})
     post = Step("postprocessing", {"TOKENS_BATCH": "output_ids", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH",
                                    "CONTEXT_IDS": "_CONTEXT_IDS", "IS_FINAL": "_IS_FINAL"},
                 {"OUTPUT": "text_output"})
-    return [pre, engine, post]
-
-
-def _tensors(kind: str, specs: tuple[TensorSpec, ...]) -> str:
-    blocks = []
-    for t in specs:
-        dims = ", ".join(map(str, t.dims))
-        optional = "\n    optional: true" if kind == "input" and t.optional else ""
-        blocks.append(f'  {{\n    name: "{t.name}"\n    data_type: {t.data_type}\n    dims: [ {dims} ]{optional}\n  }}')
-    return f"{kind} [\n" + ",\n".join(blocks) + "\n]\n"
-
-
-def _parameters(values: dict[str, str]) -> str:
-    return "".join(f'parameters {{\n  key: "{k}"\n  value: {{ string_value: "{v}" }}\n}}\n' for k, v in values.items())
-
-
-def _header(name: str, batch: int, backend: str | None = "python") -> str:
-    head = f'name: "{name}"\n'
-    head += f'backend: "{backend}"\n' if backend else 'platform: "ensemble"\n'
-    return head + f"max_batch_size: {batch}\n"
-
-
-def _instances(count: int) -> str:
-    return f"instance_group [\n  {{\n    count: {count}\n    kind: KIND_CPU\n  }}\n]\n"
+    return pre, engine, post
 
 
 def preprocessing_config(batch: int, options: DeployOptions, end_id: int | None, pad_id: int | None) -> str:
@@ -122,34 +80,26 @@ def preprocessing_config(batch: int, options: DeployOptions, end_id: int | None,
         params["end_id"] = str(end_id)
     if pad_id is not None:
         params["pad_id"] = str(pad_id)
-    return (_header("preprocessing", batch) + "dynamic_batching {}\n" + _tensors("input", PRE_INPUTS)
-            + _tensors("output", PRE_OUTPUTS) + _instances(1) + _parameters(params))
+    return render(ModelConfig(name="preprocessing", backend="python", max_batch_size=batch, dynamic_batching={},
+                              inputs=PRE_INPUTS, outputs=PRE_OUTPUTS, instance_count=1, parameters=params))
 
 
 def engine_config(batch: int, options: DeployOptions, engine_path: str) -> str:
     params = {"engine_dir": engine_path, "threads": str(options.threads or 0), "exclude_input_in_output": "false"}
-    policy = f"model_transaction_policy {{\n  decoupled: {str(options.decoupled).lower()}\n}}\n"
-    return (_header(ENGINE_MODEL, batch) + policy + "dynamic_batching {}\n" + _tensors("input", ENGINE_INPUTS)
-            + _tensors("output", ENGINE_OUTPUTS) + _instances(options.instances) + _parameters(params))
+    return render(ModelConfig(name=ENGINE_MODEL, backend="python", max_batch_size=batch, decoupled=options.decoupled,
+                              dynamic_batching={}, inputs=ENGINE_INPUTS, outputs=ENGINE_OUTPUTS,
+                              instance_count=options.instances, parameters=params))
 
 
 def postprocessing_config(batch: int) -> str:
-    return (_header("postprocessing", batch) + "dynamic_batching {}\n" + _tensors("input", POST_INPUTS)
-            + _tensors("output", POST_OUTPUTS) + _instances(1)
-            + _parameters({"tokenizer_dir": "1/tokenizer", "skip_special_tokens": "true"}))
+    return render(ModelConfig(name="postprocessing", backend="python", max_batch_size=batch, dynamic_batching={},
+                              inputs=POST_INPUTS, outputs=POST_OUTPUTS, instance_count=1,
+                              parameters={"tokenizer_dir": "1/tokenizer", "skip_special_tokens": "true"}))
 
 
 def ensemble_config(batch: int) -> str:
-    steps = []
-    for order, step in enumerate(ensemble_steps()):
-        maps = "".join(f'      input_map {{\n        key: "{k}"\n        value: "{v}"\n      }}\n'
-                       for k, v in step.inputs.items())
-        maps += "".join(f'      output_map {{\n        key: "{k}"\n        value: "{v}"\n      }}\n'
-                        for k, v in step.outputs.items())
-        steps.append(f'    {{\n      model_name: "{step.model}"\n      model_version: -1\n{maps}    }}')
-    schedule = "ensemble_scheduling {\n  step [\n" + ",\n".join(steps) + "\n  ]\n}\n"
-    return (_header("ensemble", batch, backend=None) + _tensors("input", cpu_ensemble_inputs())
-            + _tensors("output", cpu_ensemble_outputs()) + schedule)
+    return render(ModelConfig(name="ensemble", platform="ensemble", max_batch_size=batch,
+                              inputs=cpu_ensemble_inputs(), outputs=cpu_ensemble_outputs(), steps=ensemble_steps()))
 
 
 def _model_source(name: str) -> str:

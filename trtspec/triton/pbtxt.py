@@ -81,14 +81,14 @@ def dynamic_batching(*, preferred_batch_size: list[int] | None = None, max_queue
 def tensors(kind: str, specs: tuple[Tensor, ...]) -> str:
     if not specs:
         return f"{kind} [ ]"
-    return f"{kind} [\n" + ",\n".join(_tensor(t) for t in specs) + "\n]"
+    return f"{kind} [\n" + ",\n".join(_tensor(t, output=kind == "output") for t in specs) + "\n]"
 
 
-def _tensor(t: Tensor) -> str:
+def _tensor(t: Tensor, *, output: bool = False) -> str:
     lines = [f"    name: {_q(t.name)}", f"    data_type: {t.data_type}", f"    dims: [ {', '.join(map(str, t.dims))} ]"]
     if t.reshape is not None:
         lines.append(f"    reshape: {{ shape: [ {', '.join(map(str, t.reshape))} ] }}")
-    if t.optional:
+    if t.optional and not output:  # ModelOutput has no `optional`
         lines.append("    optional: true")
     if t.allow_ragged_batch:
         lines.append("    allow_ragged_batch: true")

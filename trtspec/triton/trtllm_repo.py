@@ -2,7 +2,7 @@
 
 preprocessing → tensorrt_llm → postprocessing wired by `ensemble`, plus `tensorrt_llm_bls` (and
 `tensorrt_llm_draft` for a draft-target pair). Every value comes from the manifest and the options: the configs
-are rendered from data (`trtllm_pbtxt`), so no `${…}` is ever left to fill. Rules cite
+are rendered from data (`trtspec.triton.pbtxt`), so no `${…}` is ever left to fill. Rules cite
 `reference/triton-trtllm-backend.md` (TB §n) and `reference/trtllm-engine-flow.md` (EF §n).
 """
 
@@ -20,7 +20,7 @@ from trtspec.engine.trtllm_versions import TrtllmVersion, parse_version
 from trtspec.errors import RepositoryError
 from trtspec.spec.tree_presets import preset
 from trtspec.triton import trtllm_tensors as tt
-from trtspec.triton.trtllm_pbtxt import ModelConfig, Step, render
+from trtspec.triton.pbtxt import ModelConfig, Step, render
 
 log = logging.getLogger(__name__)
 

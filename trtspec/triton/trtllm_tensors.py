@@ -7,24 +7,12 @@ the `tensorrt_llm` model's tensors are the C++ backend's names for the engine's 
 from __future__ import annotations
 
 from trtspec.engine.trtllm_versions import TrtllmVersion
-from trtspec.triton.contract import ENSEMBLE_OUTPUTS, client_inputs
-from trtspec.triton.trtllm_pbtxt import Tensor
+from trtspec.triton.contract import CLIENT_TO_LLM, CLIENT_TO_PRE, ENSEMBLE_OUTPUTS, PRE_TO_LLM, client_inputs  # noqa: F401
+from trtspec.triton.pbtxt import Tensor
 
 SCALAR = ()  # reshape: { shape: [ ] } — the backend sees [B] for a [1] input (TB §1)
 LOGITS_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
 
-# client tensor → tensorrt_llm tensor where the names differ (TB §3 step 2); the rest pass through by name
-CLIENT_TO_LLM = {"top_k": "runtime_top_k", "top_p": "runtime_top_p", "length_penalty": "len_penalty",
-                 "stream": "streaming"}
-# client tensors that feed preprocessing instead (TB §3 step 1)
-CLIENT_TO_PRE = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",
-                 "stop_words": "STOP_WORDS_DICT", "end_id": "END_ID", "pad_id": "PAD_ID"}
-# preprocessing output → the ensemble's internal tensor → tensorrt_llm input (TB §3)
-PRE_TO_LLM = {"INPUT_ID": ("_INPUT_ID", "input_ids"), "REQUEST_INPUT_LEN": ("_REQUEST_INPUT_LEN", "input_lengths"),
-              "REQUEST_OUTPUT_LEN": ("_REQUEST_OUTPUT_LEN", "request_output_len"),
-              "STOP_WORDS_IDS": ("_STOP_WORDS_IDS", "stop_words_list"),
-              "BAD_WORDS_IDS": ("_BAD_WORDS_IDS", "bad_words_list"),
-              "OUT_END_ID": ("_PREPROCESSOR_END_ID", "end_id"), "OUT_PAD_ID": ("_PREPROCESSOR_PAD_ID", "pad_id")}
 # tensorrt_llm's perf-metric outputs (filled with return_perf_metrics=true, TB §2.2) → trtspec's contract names
 ACCEPTANCE_OUTPUTS = {"total_draft_tokens": "num_draft_tokens", "total_accepted_draft_tokens": "num_accepted_tokens"}
 
