@@ -183,3 +183,27 @@ def test_stop_words_end_generation(engines):
 def test_method_errors(engines, method, engine_name, kwargs, message):
     with pytest.raises(ConfigError, match=message):
         make_proposer(method, engines[engine_name], **kwargs)
+
+
+def test_log_probs_are_the_same_with_and_without_speculation():
+    """Emitted tokens' log probabilities come from the verify rows that produced them: equal to plain decoding."""
+    import numpy as np
+
+    from trtspec.runtime.loop import GenerationConfig, generate
+    from trtspec.runtime.torch_engine import TorchEngine
+    from trtspec.spec.methods import make_proposer
+    from trtspec.spec.tree import build_tree
+    from trtspec.testing import TinyModel, tiny_trtllm_checkpoints
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = tiny_trtllm_checkpoints(Path(tmp), TinyModel(vocab_size=64), ("medusa",))["medusa"]
+        engine = TorchEngine.from_checkpoint(ckpt, max_draft_len=4)
+        config = GenerationConfig(max_tokens=20, return_log_probs=True)
+        tree = build_tree([[0], [0, 0], [1]])
+        spec = generate(engine, [1, 2, 3], make_proposer("medusa", engine, tree=tree), config)
+        plain = generate(engine, [1, 2, 3], make_proposer("none", engine), config)
+    assert spec.output_ids == plain.output_ids and len(spec.log_probs) == 20
+    np.testing.assert_allclose(spec.log_probs, plain.log_probs, atol=1e-4)
+    assert max(spec.log_probs) <= 0

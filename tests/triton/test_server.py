@@ -296,3 +296,22 @@ def test_serve_command_prints_endpoints_and_stops_on_sigterm(tiny_repo):
             process.kill()
     leftover = subprocess.run(["pgrep", "-f", f"--grpc-port={grpc_port}"], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", "tritonserver still running"
+
+
+def test_log_probs_match_local_generation(server, local):
+    """return_log_probs: output_log_probs per generated token and their sum, as the in-process loop computes."""
+    from trtspec.runtime.loop import GenerationConfig, generate
+
+    ids = local.encode("Medusa heads")
+    expected = generate(local.engine, ids, local.proposer(), GenerationConfig(max_tokens=12, return_log_probs=True))
+    inputs = [_tensor("text_input", np.array([[b"Medusa heads"]], np.object_)),
+              _tensor("max_tokens", np.array([[12]], np.int32)), _tensor("stream", np.array([[True]], np.bool_)),
+              _tensor("return_log_probs", np.array([[True]], np.bool_))]
+    got = _stream_once(server.grpc_url, "ensemble", inputs)
+    values = np.concatenate([r.as_numpy("output_log_probs").reshape(-1) for r, _ in got])
+    tokens = np.concatenate([r.as_numpy("output_ids").reshape(-1) for r, _ in got])
+    assert tokens.tolist() == expected.output_ids
+    np.testing.assert_allclose(values, expected.log_probs, rtol=1e-5, atol=1e-5)
+    assert all(v <= 0 for v in values)
+    np.testing.assert_allclose(got[-1][0].as_numpy("cum_log_probs").reshape(-1)[0], sum(expected.log_probs),
+                               rtol=1e-5)

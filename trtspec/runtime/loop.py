@@ -17,7 +17,7 @@ from trtspec.errors import ConfigError
 from trtspec.runtime.engine import Engine, StepOutput
 from trtspec.spec.acceptance import Accepted, accept_greedy, accept_rejection_tree, accept_typical
 from trtspec.spec.proposer import Draft, Proposer
-from trtspec.spec.sampling import SamplingParams, logits_to_probs, make_rng, sample
+from trtspec.spec.sampling import SamplingParams, logits_to_probs, make_rng, sample, softmax
 from trtspec.spec.stats import SpecStats
 
 ACCEPTANCE_MODES = ("auto", "typical")
@@ -30,6 +30,7 @@ class GenerationConfig:
     end_id: int | None = None
     stop_words: tuple[tuple[int, ...], ...] = ()
     acceptance: str = "auto"  # auto: greedy at T=0, lossless tree rejection sampling at T>0; typical: lossy
+    return_log_probs: bool = False  # log p(token) of every emitted token under the target's sampling distribution
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
 
@@ -47,7 +48,7 @@ class GenerationResult:
     stats: SpecStats = field(default_factory=SpecStats)
     ttft_s: float = 0.0
     total_s: float = 0.0
-
+    log_probs: list[float] | None = None  # one per output id, when config.return_log_probs
     @property
     def tokens_per_second(self) -> float:
         return len(self.output_ids) / self.total_s if self.total_s else 0.0
@@ -74,7 +75,7 @@ class _Decoding:
         self.engine, self.request, self.config = engine, request, request.config
         self.rng = make_rng(self.config.sampling.seed)
         self.start = time.perf_counter()
-        self.result = GenerationResult([], "length")
+        self.result = GenerationResult([], "length", log_probs=[] if self.config.return_log_probs else None)
         self.seq = engine.open()
         self.finish: str | None = None
         self.draft: Draft | None = None
@@ -83,7 +84,7 @@ class _Decoding:
             prefill = engine.prefill(self.seq, prompt)
             self.root = _pick(prefill.logits[-1], self.config.sampling, self.rng)
             self.result.ttft_s = time.perf_counter() - self.start
-            self._emit([self.root])
+            self._emit([self.root], prefill.logits[-1:])
             if self.finish is None:
                 request.proposer.start(engine, self.seq, prefill, prompt, self.root)
         except BaseException:
@@ -100,14 +101,18 @@ class _Decoding:
         accepted = _accept(draft, verify.logits, self.config, self.rng)
         self.engine.commit(self.seq, (0, *accepted.slots))
         self.result.stats.record(drafted=draft.tree.num_nodes, depth=draft.tree.depth, accepted=accepted.num_accepted)
-        self._emit(list(accepted.tokens))
+        self._emit(list(accepted.tokens), verify.logits[[0, *accepted.slots]])
         self.root = accepted.tokens[-1]
         if self.finish is None:
             self.request.proposer.observe(verify, accepted)
 
-    def _emit(self, tokens: list[int]) -> None:
+    def _emit(self, tokens: list[int], logits: np.ndarray) -> None:
+        """Emit tokens; logits[j] is the row that produced tokens[j] (for log probabilities)."""
         before = len(self.result.output_ids)
         self.finish = _emit(self.result.output_ids, tokens, self.config, self.request.on_tokens)
+        if self.result.log_probs is not None:
+            taken = len(self.result.output_ids) - before
+            self.result.log_probs += _log_probs(logits[:taken], tokens[:taken], self.config.sampling)
         if self.request.on_progress is not None:
             self.request.on_progress(self.result.output_ids[before:], self.result, self.finish)
 
@@ -200,6 +205,18 @@ def _verify_all(engine: Engine, seqs: list[int], drafts: list[Draft]) -> list[St
     if len(items) > 1 and hasattr(engine, "verify_batch"):
         return engine.verify_batch(items)
     return [engine.verify(*item) for item in items]
+
+
+def _log_probs(logits: np.ndarray, tokens: list[int], params: SamplingParams) -> list[float]:
+    """log p(token) under the distribution the token is drawn from: the raw softmax when greedy (as
+    TensorRT-LLM reports it), else after temperature, top-k and top-p."""
+    if not tokens:
+        return []
+    rows = np.asarray(logits, np.float64)
+    probs = softmax(rows) if params.greedy else logits_to_probs(rows, params)
+    picked = probs[np.arange(len(tokens)), tokens]
+    with np.errstate(divide="ignore"):
+        return np.log(picked).tolist()
 
 
 def _pick(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:

@@ -88,8 +88,7 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
                                        ("repetition_penalty", 1.0, (1.0,)), ("presence_penalty", 0.0, (0.0,)),
                                        ("frequency_penalty", 0.0, (0.0,)), ("min_length", 0, (0, 1)),
                                        ("min_tokens", 0, (0, 1)), ("return_context_logits", False, (False,)),
-                                       ("return_generation_logits", False, (False,)),
-                                       ("return_log_probs", False, (False,))):
+                                       ("return_generation_logits", False, (False,))):
             value = _scalar(inputs, name, b, default)
             if value not in allowed:
                 raise ConfigError(f"{name} = {value} is not supported by the trtspec CPU engine "
@@ -108,7 +107,8 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
             sampling = SamplingParams(temperature=0.0 if greedy else temperature, top_k=0 if greedy else top_k,
                                       top_p=1.0 if greedy or top_p <= 0 else top_p,
                                       seed=None if seed is None else int(seed))
-            config = GenerationConfig(max_tokens=max_tokens, sampling=sampling, end_id=end_id, stop_words=stop_words)
+            config = GenerationConfig(max_tokens=max_tokens, sampling=sampling, end_id=end_id, stop_words=stop_words,
+                                      return_log_probs=bool(_scalar(inputs, "return_log_probs", b, False)))
         except ConfigError as e:
             raise ConfigError(f"{e}") from None
         items.append(ItemRequest(

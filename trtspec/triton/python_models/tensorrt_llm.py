@@ -29,16 +29,20 @@ def _parameter(config: dict, key: str, default: str = "") -> str:
     return config.get("parameters", {}).get(key, {}).get("string_value", default)
 
 
-def _outputs(b: int, ids: list[int], result, finish: str | None, context: list[int], final: bool):
+def _outputs(b: int, ids: list[int], result, finish: str | None, context: list[int], final: bool,
+             generated: int | None = None):
+    """One response for batch item b: `ids` (the last `generated` of them are generated tokens)."""
     stats = result.stats
+    generated = len(ids) if generated is None else generated
+    log_probs = result.log_probs[len(result.log_probs) - generated:] if result.log_probs else [0.0] * generated
     scalar = lambda v, dtype: np.array([[v]], dtype)  # noqa: E731
     return [
         pb_utils.Tensor("output_ids", np.array([[ids]], np.int32).reshape(1, 1, len(ids))),
         pb_utils.Tensor("sequence_length", scalar(len(ids), np.int32)),
         pb_utils.Tensor("context_ids", np.array([context], np.int32).reshape(1, len(context))),
         pb_utils.Tensor("is_final", scalar(final, np.bool_)),
-        pb_utils.Tensor("cum_log_probs", scalar(0.0, np.float32)),
-        pb_utils.Tensor("output_log_probs", np.zeros((1, 1, len(ids)), np.float32)),
+        pb_utils.Tensor("cum_log_probs", scalar(sum(result.log_probs or ()), np.float32)),
+        pb_utils.Tensor("output_log_probs", np.array(log_probs, np.float32).reshape(1, 1, generated)),
         pb_utils.Tensor("batch_index", scalar(b, np.int32)),
         pb_utils.Tensor("sequence_index", scalar(0, np.int32)),
         pb_utils.Tensor("num_draft_tokens", scalar(stats.draft_tokens, np.int32)),
@@ -155,7 +159,8 @@ class TritonPythonModel:
             with lock:
                 if not item.streaming:  # one response with the whole output
                     ids = (item.prompt_ids if not item.exclude_input_in_output else []) + result.output_ids
-                    sender.send(pb_utils.InferenceResponse(_outputs(b, ids, result, result.finish_reason, [], True)))
+                    sender.send(pb_utils.InferenceResponse(_outputs(b, ids, result, result.finish_reason, [], True,
+                                                                    generated=len(result.output_ids))))
                 finish_if_last(job)
 
         def on_error(b, message):
@@ -207,14 +212,20 @@ class TritonPythonModel:
             for b, row in enumerate(rows):
                 ids[b, 0, :len(row)] = row
             stats = [results[b].stats for b in range(len(items))]
+            generated = max(len(results[b].output_ids) for b in range(len(items)))
+            log_probs = np.zeros((len(rows), 1, generated), np.float32)
+            for b in range(len(items)):
+                values = results[b].log_probs or []
+                log_probs[b, 0, :len(values)] = values
             column = lambda values, dtype: np.array(values, dtype).reshape(len(rows), 1)  # noqa: E731
             responses[r] = pb_utils.InferenceResponse([
                 pb_utils.Tensor("output_ids", ids),
                 pb_utils.Tensor("sequence_length", column([len(row) for row in rows], np.int32)),
                 pb_utils.Tensor("context_ids", np.zeros((len(rows), 0), np.int32)),
                 pb_utils.Tensor("is_final", column([True] * len(rows), np.bool_)),
-                pb_utils.Tensor("cum_log_probs", column([0.0] * len(rows), np.float32)),
-                pb_utils.Tensor("output_log_probs", np.zeros((len(rows), 1, width), np.float32)),
+                pb_utils.Tensor("cum_log_probs", column([sum(results[b].log_probs or ()) for b in range(len(rows))],
+                                                        np.float32)),
+                pb_utils.Tensor("output_log_probs", log_probs),
                 pb_utils.Tensor("batch_index", column(range(len(rows)), np.int32)),
                 pb_utils.Tensor("sequence_index", column([0] * len(rows), np.int32)),
                 pb_utils.Tensor("num_draft_tokens", column([s.draft_tokens for s in stats], np.int32)),
