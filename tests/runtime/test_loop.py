@@ -207,3 +207,36 @@ def test_log_probs_are_the_same_with_and_without_speculation():
     assert spec.output_ids == plain.output_ids and len(spec.log_probs) == 20
     np.testing.assert_allclose(spec.log_probs, plain.log_probs, atol=1e-4)
     assert max(spec.log_probs) <= 0
+
+
+def test_bad_words_and_min_tokens_stay_lossless():
+    """Constraints are applied per tree row in that row's own context: speculation equals plain decoding."""
+    import tempfile
+    from pathlib import Path
+
+    from trtspec.runtime.loop import GenerationConfig, generate
+    from trtspec.runtime.torch_engine import TorchEngine
+    from trtspec.spec.methods import make_proposer
+    from trtspec.spec.tree import build_tree
+    from trtspec.testing import TinyModel, tiny_trtllm_checkpoints
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = tiny_trtllm_checkpoints(Path(tmp), TinyModel(vocab_size=64), ("medusa",))["medusa"]
+        engine = TorchEngine.from_checkpoint(ckpt, max_draft_len=6)
+        tree = build_tree([[0], [0, 0], [1], [0, 1], [0, 0, 0]])
+        free = generate(engine, [5, 6, 7], make_proposer("none", engine), GenerationConfig(max_tokens=30))
+        out = free.output_ids
+        end_id = out[4]
+        words = ((out[1],), tuple(out[6:8]), tuple(out[10:13]))
+        for config in (GenerationConfig(max_tokens=30, bad_words=words),
+                       GenerationConfig(max_tokens=30, end_id=end_id, min_tokens=12),
+                       GenerationConfig(max_tokens=30, end_id=end_id, min_tokens=12, bad_words=words)):
+            spec = generate(engine, [5, 6, 7], make_proposer("medusa", engine, tree=tree), config)
+            plain = generate(engine, [5, 6, 7], make_proposer("none", engine), config)
+            assert spec.output_ids == plain.output_ids
+            for word in config.bad_words:
+                ids = spec.output_ids
+                assert all(tuple(ids[i:i + len(word)]) != word for i in range(len(ids)))
+            if config.min_tokens:
+                assert end_id not in spec.output_ids[:12]
+        assert spec.output_ids != out

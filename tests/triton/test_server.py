@@ -144,7 +144,7 @@ def _tensor(name, array):
     ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[8]], np.int32)),
       ("beam_width", np.array([[2]], np.int32))], "beam_width = 2 is not supported"),
     ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[8]], np.int32)),
-      ("bad_words", np.array([[b"fox"]], np.object_))], "bad_words is not supported"),
+      ("repetition_penalty", np.array([[1.3]], np.float32))], "repetition_penalty = 1.29"),
 ])
 def test_bad_requests_get_an_error_and_the_server_keeps_serving(server, local, inputs, message):
     got = _stream_once(server.grpc_url, "ensemble", [_tensor(n, a) for n, a in inputs])
@@ -315,3 +315,25 @@ def test_log_probs_match_local_generation(server, local):
     assert all(v <= 0 for v in values)
     np.testing.assert_allclose(got[-1][0].as_numpy("cum_log_probs").reshape(-1)[0], sum(expected.log_probs),
                                rtol=1e-5)
+
+
+def test_bad_words_and_min_tokens_are_honoured(server, local):
+    """bad_words: the words never appear (the same rule as in-process); min_tokens: no end before it."""
+    from trtspec.runtime.loop import GenerationConfig, generate
+
+    ids = local.encode("quick brown fox")
+    plain = generate(local.engine, ids, local.proposer(), GenerationConfig(max_tokens=24))
+    banned = plain.output_ids[3:5]  # a two-token sequence greedy decoding produces
+    word = local.tokenizer.decode(banned)
+    expected = generate(local.engine, ids, local.proposer(), GenerationConfig(
+        max_tokens=24, bad_words=(tuple(local.tokenizer.encode(word)),)))
+    inputs = [_tensor("text_input", np.array([[b"quick brown fox"]], np.object_)),
+              _tensor("max_tokens", np.array([[24]], np.int32)), _tensor("stream", np.array([[False]], np.bool_)),
+              _tensor("exclude_input_in_output", np.array([[True]], np.bool_)),
+              _tensor("bad_words", np.array([[word.encode()]], np.object_)),
+              _tensor("min_tokens", np.array([[24]], np.int32))]
+    got = _stream_once(server.grpc_url, "ensemble", inputs)
+    tokens = got[0][0].as_numpy("output_ids").reshape(-1).tolist()
+    assert tokens == expected.output_ids != plain.output_ids
+    bad = tuple(local.tokenizer.encode(word))
+    assert all(tuple(tokens[i:i + len(bad)]) != bad for i in range(len(tokens)))

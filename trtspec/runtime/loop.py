@@ -31,6 +31,8 @@ class GenerationConfig:
     stop_words: tuple[tuple[int, ...], ...] = ()
     acceptance: str = "auto"  # auto: greedy at T=0, lossless tree rejection sampling at T>0; typical: lossy
     return_log_probs: bool = False  # log p(token) of every emitted token under the target's sampling distribution
+    min_tokens: int = 0  # end_id is banned until this many tokens have been generated
+    bad_words: tuple[tuple[int, ...], ...] = ()  # token sequences never generated (the last token is banned after the rest)
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
 
@@ -82,9 +84,10 @@ class _Decoding:
         prompt = np.asarray(request.prompt_ids, dtype=np.int64)
         try:
             prefill = engine.prefill(self.seq, prompt)
-            self.root = _pick(prefill.logits[-1], self.config.sampling, self.rng)
+            logits = _constrain(prefill.logits[-1:], [], None, None, self.config)
+            self.root = _pick(logits[0], self.config.sampling, self.rng)
             self.result.ttft_s = time.perf_counter() - self.start
-            self._emit([self.root], prefill.logits[-1:])
+            self._emit([self.root], logits)
             if self.finish is None:
                 request.proposer.start(engine, self.seq, prefill, prompt, self.root)
         except BaseException:
@@ -98,10 +101,11 @@ class _Decoding:
     def advance(self, verify: StepOutput) -> None:
         """Accept against the verify output of self.draft, commit, emit, and let the drafter see the step."""
         draft = self.draft
-        accepted = _accept(draft, verify.logits, self.config, self.rng)
+        logits = _constrain(verify.logits, self.result.output_ids, draft.tokens, draft.tree, self.config)
+        accepted = _accept(draft, logits, self.config, self.rng)
         self.engine.commit(self.seq, (0, *accepted.slots))
         self.result.stats.record(drafted=draft.tree.num_nodes, depth=draft.tree.depth, accepted=accepted.num_accepted)
-        self._emit(list(accepted.tokens), verify.logits[[0, *accepted.slots]])
+        self._emit(list(accepted.tokens), logits[[0, *accepted.slots]])
         self.root = accepted.tokens[-1]
         if self.finish is None:
             self.request.proposer.observe(verify, accepted)
@@ -205,6 +209,29 @@ def _verify_all(engine: Engine, seqs: list[int], drafts: list[Draft]) -> list[St
     if len(items) > 1 and hasattr(engine, "verify_batch"):
         return engine.verify_batch(items)
     return [engine.verify(*item) for item in items]
+
+
+def _constrain(logits: np.ndarray, output: list[int], draft_tokens, tree, config: GenerationConfig) -> np.ndarray:
+    """Apply min_tokens and bad_words to the rows of one step, each in its own context: row i predicts the token
+    after tree node i, i.e. after `output` plus the draft tokens on the path to node i. The same rule applies to
+    the accepted path as plain decoding applies to each token, so speculation stays lossless."""
+    if not config.bad_words and len(output) + (tree.depth if tree is not None else 0) >= config.min_tokens:
+        return logits
+    logits = np.array(logits, dtype=np.float32, copy=True)
+    rows = 1 if tree is None else tree.num_nodes + 1
+    for i in range(rows):
+        path = []
+        node = i
+        while tree is not None and node > 0:
+            path.append(int(draft_tokens[node]))
+            node = int(tree.parents[node])
+        context = output + path[::-1]
+        if len(context) < config.min_tokens and config.end_id is not None:
+            logits[i, config.end_id] = -np.inf
+        for word in config.bad_words:
+            if len(word) == 1 or (len(context) >= len(word) - 1 and tuple(context[len(context) - len(word) + 1:]) == word[:-1]):
+                logits[i, word[-1]] = -np.inf
+    return logits
 
 
 def _log_probs(logits: np.ndarray, tokens: list[int], params: SamplingParams) -> list[float]:

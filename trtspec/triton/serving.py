@@ -4,7 +4,7 @@ with in-flight batching across requests on one scheduler thread, and report toke
 The tensor names are those of tensorrtllm_backend's `tensorrt_llm` model (input_ids, input_lengths,
 request_output_len, runtime_top_k, streaming, ...), so clients that talk to that model directly work too. Each
 request may carry a batch of B prompts; every prompt becomes its own sequence in the batcher, and its responses
-carry `batch_index`. Inputs the CPU engine cannot honour (beam search, penalties, bad words, logits outputs)
+carry `batch_index`. Inputs the CPU engine cannot honour (beam search, penalties, logits outputs)
 are refused for that request with a message naming the tensor and value, never silently ignored.
 """
 
@@ -86,15 +86,16 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
                               f"{profile.max_seq_len}")
         for name, default, allowed in (("beam_width", 1, (1,)), ("num_return_sequences", 1, (1,)),
                                        ("repetition_penalty", 1.0, (1.0,)), ("presence_penalty", 0.0, (0.0,)),
-                                       ("frequency_penalty", 0.0, (0.0,)), ("min_length", 0, (0, 1)),
-                                       ("min_tokens", 0, (0, 1)), ("return_context_logits", False, (False,)),
+                                       ("frequency_penalty", 0.0, (0.0,)), ("return_context_logits", False, (False,)),
                                        ("return_generation_logits", False, (False,))):
             value = _scalar(inputs, name, b, default)
             if value not in allowed:
                 raise ConfigError(f"{name} = {value} is not supported by the trtspec CPU engine "
                                   f"(supported: {', '.join(map(str, allowed))})")
-        if "bad_words_list" in inputs and decode_word_list(inputs["bad_words_list"][b]):
-            raise ConfigError("bad_words is not supported by the trtspec CPU engine; send an empty list")
+        bad_words = decode_word_list(inputs["bad_words_list"][b]) if "bad_words_list" in inputs else ()
+        min_tokens = int(_first(inputs, ("min_tokens", "min_length"), b, 0))
+        if min_tokens < 0:
+            raise ConfigError(f"min_tokens must be >= 0, got {min_tokens}")
         stop_words = decode_word_list(inputs["stop_words_list"][b]) if "stop_words_list" in inputs else ()
         end_id = _scalar(inputs, "end_id", b, None)
         end_id = manifest.model.end_id if end_id is None or end_id < 0 else int(end_id)
@@ -108,7 +109,8 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
                                       top_p=1.0 if greedy or top_p <= 0 else top_p,
                                       seed=None if seed is None else int(seed))
             config = GenerationConfig(max_tokens=max_tokens, sampling=sampling, end_id=end_id, stop_words=stop_words,
-                                      return_log_probs=bool(_scalar(inputs, "return_log_probs", b, False)))
+                                      return_log_probs=bool(_scalar(inputs, "return_log_probs", b, False)),
+                                      min_tokens=min_tokens, bad_words=bad_words)
         except ConfigError as e:
             raise ConfigError(f"{e}") from None
         items.append(ItemRequest(
