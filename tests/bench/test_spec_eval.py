@@ -1,0 +1,44 @@
+"""bench/spec_eval: tree parsing, the per-tree summary (the DESIGN.md definitions) and tree.json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trtspec.bench.spec_eval import TreeResult, parse_tree, write_tree
+from trtspec.errors import ConfigError
+from trtspec.spec.stats import SpecStats
+
+
+@pytest.mark.parametrize("text,choices", [
+    ("chain_1", [[0]]),
+    ("chain_2", [[0], [0, 0]]),
+    ("[[0],[1],[0,0]]", [[0], [1], [0, 0]]),
+    ("{{0}, {0, 0}}", [[0], [0, 0]]),
+])
+def test_parse_tree(text, choices):
+    assert parse_tree(text) == choices
+
+
+def test_parse_tree_rejects_unknown_names():
+    with pytest.raises(ConfigError):
+        parse_tree("not_a_tree")
+
+
+def test_summary_uses_the_shared_definitions(tmp_path):
+    writing, math = SpecStats(), SpecStats()
+    writing.record(drafted=2, depth=2, accepted=2)  # τ 3
+    math.record(drafted=2, depth=2, accepted=0)
+    math.record(drafted=2, depth=2, accepted=1)  # τ 1.5
+    r = TreeResult("chain_2", [[0], [0, 0]], 2, {"writing": writing, "math": math}, spec_s=2.0, plain_s=3.0,
+                   spec_decode_s=1.0, plain_decode_s=2.0, tokens=30, identical=2, prompts=2).to_dict()
+    assert r["acceptance_length"] == 2.0 and r["acceptance_rate"] == 0.5  # 1 + 3/3, 3/6
+    assert r["tau_per_category"] == {"writing": 3.0, "math": 1.5}
+    assert r["per_position_acceptance"] == [0.667, 0.5]
+    assert (r["speedup"], r["decode_speedup"], r["identical_outputs"]) == (1.5, 2.0, "2/2")
+    report = {"method": "eagle", "prompts": "mt-bench, 1 per category", "max_tokens": 16}
+    write_tree(tmp_path, report, r)
+    tree = json.loads((tmp_path / "tree.json").read_text())
+    assert tree["choices"] == [[0], [0, 0]] and tree["num_eagle_layers"] == 2
+    assert tree["measured"]["speedup"] == 1.5
