@@ -113,22 +113,28 @@ def train(opts: TrainOptions) -> TrainResult:
     lr = opts.lr or DEFAULT_LR[opts.method]
     fit_opts = FitOptions(epochs=opts.epochs, lr=lr, seed=opts.seed, stop_after_steps=opts.stop_after_steps,
                           show_progress=opts.show_progress)
-    fitted = fit(model, batches, loss, fit_opts, work=opts.work_dir, fingerprint=_fingerprint(opts, cache), resume=opts.resume)
+    fitted = fit(model, batches, loss, fit_opts, work=opts.work_dir, fingerprint=_fingerprint(opts, cache),
+                 resume=opts.resume)
     if fitted.stopped_early:
         return TrainResult(opts.out, opts.method, {"stopped_after_steps": fitted.steps})
     accuracy = (M.evaluate(model, held_out, opts.top_k) if opts.method == "medusa"
                 else E.evaluate(model, held_out, opts.top_k))
-    report = {"method": opts.method, "command_options": _options_dict(opts), "lr": lr,
-              "data": {"directory": str(cache.directory), "train_sequences": len(train_set),
-                       "held_out_sequences": len(held_out), "tokens": int(sum(len(s.ids) for s in train_set)),
-                       "reply_tokens": int(sum(len(s.ids) - s.prompt_len for s in train_set)),
-                       "bytes": cache.size_bytes(), "generation_seconds": round(cache.generation_seconds, 1)},
-              "training": {"steps": fitted.steps, "seconds": round(fitted.seconds, 1),
-                           "epoch_losses": [round(x, 4) for x in fitted.epoch_losses],
-                           "active_vocabulary": int(model.lm_head.active_weight.shape[0])},
-              "accuracy": accuracy, "seconds": round(time.perf_counter() - start, 1)}
+    report = _report(opts, cache, train_set, held_out, fitted, model, accuracy, lr, time.perf_counter() - start)
     _export(opts, cfg, model, report)
     return TrainResult(opts.out, opts.method, report)
+
+
+def _report(opts, cache, train_set, held_out, fitted, model, accuracy: dict, lr: float, seconds: float) -> dict:
+    """What training.json holds: the options, the data, the run, the held-out accuracy."""
+    data = {"directory": str(cache.directory), "train_sequences": len(train_set), "held_out_sequences": len(held_out),
+            "tokens": int(sum(len(s.ids) for s in train_set)),
+            "reply_tokens": int(sum(len(s.ids) - s.prompt_len for s in train_set)),
+            "bytes": cache.size_bytes(), "generation_seconds": round(cache.generation_seconds, 1)}
+    run = {"steps": fitted.steps, "seconds": round(fitted.seconds, 1),
+           "epoch_losses": [round(x, 4) for x in fitted.epoch_losses],
+           "active_vocabulary": int(model.lm_head.active_weight.shape[0])}
+    return {"method": opts.method, "command_options": _options_dict(opts), "lr": lr, "data": data, "training": run,
+            "accuracy": accuracy, "seconds": round(seconds, 1)}
 
 
 def _check_work(opts: TrainOptions) -> None:
