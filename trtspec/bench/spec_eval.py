@@ -173,17 +173,20 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     args.work.mkdir(parents=True, exist_ok=True)
     prompts = select_prompts(args.per_category)
-    results = [measure(args, tree, prompts).to_dict() for tree in (args.tree or DEFAULT_TREES)]
-    for r in results:
+    results = []
+    for tree in args.tree or DEFAULT_TREES:  # each tree's line and the JSON as soon as it is measured
+        r = measure(args, tree, prompts).to_dict()
+        results.append(r)
         print(f"{r['tree']:<28} τ {r['acceptance_length']:.2f}  rate {r['acceptance_rate']:.2f}  "
               f"{r['spec_tokens_per_s']:.1f} vs {r['plain_tokens_per_s']:.1f} tok/s  speedup {r['speedup']:.2f}x "
-              f"(decode {r['decode_speedup']:.2f}x)  identical {r['identical_outputs']}")
-    best = max(results, key=lambda r: r["speedup"])
-    report = {"method": "medusa" if args.medusa else "eagle", "drafter": str(args.medusa or args.eagle),
-              "prompts": f"mt-bench, {args.per_category or 10} per category", "max_tokens": args.max_tokens,
-              "temperature": 0, "threads": args.threads, "batch": args.batch, "results": results, "best": best["tree"]}
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+              f"(decode {r['decode_speedup']:.2f}x)  identical {r['identical_outputs']}", flush=True)
+        best = max(results, key=lambda r: r["speedup"])
+        report = {"method": "medusa" if args.medusa else "eagle", "drafter": str(args.medusa or args.eagle),
+                  "prompts": f"mt-bench, {args.per_category or 10} per category", "max_tokens": args.max_tokens,
+                  "temperature": 0, "threads": args.threads, "batch": args.batch, "results": results,
+                  "best": best["tree"]}
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
     if args.write_tree:
         write_tree(args.write_tree, report, best)
 
