@@ -9,28 +9,21 @@ for _path in os.environ.get("TRTSPEC_SITE_PACKAGES", "").split(os.pathsep):
         site.addsitedir(_path)  # the serving venv (the stub's embedded interpreter ignores PYTHONPATH)
 
 import json  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from trtspec.runtime.tokenizer import Tokenizer  # noqa: E402
+from trtspec.triton.model_args import flag, model_path  # noqa: E402
 from trtspec.triton.text import delta_text  # noqa: E402
 
-
-def _parameter(config: dict, key: str, default: str = "") -> str:
-    value = config.get("parameters", {}).get(key, {}).get("string_value", default)
-    return default if value.startswith("$" + "{") else value  # an unfilled placeholder
 
 
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        tokenizer_dir = Path(_parameter(config, "tokenizer_dir"))
-        if not tokenizer_dir.is_absolute():
-            tokenizer_dir = Path(args["model_repository"]) / tokenizer_dir
-        self.tokenizer = Tokenizer.from_dir(tokenizer_dir)
-        self.skip_special = _parameter(config, "skip_special_tokens", "true").lower() in ("1", "true", "t", "yes", "y")
+        self.tokenizer = Tokenizer.from_dir(model_path(args, config, "tokenizer_dir"))
+        self.skip_special = flag(config, "skip_special_tokens", True)
 
     def execute(self, requests):
         responses = []

@@ -9,20 +9,15 @@ for _path in os.environ.get("TRTSPEC_SITE_PACKAGES", "").split(os.pathsep):
         site.addsitedir(_path)  # the serving venv (the stub's embedded interpreter ignores PYTHONPATH)
 
 import json  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from trtspec.runtime.tokenizer import Tokenizer  # noqa: E402
+from trtspec.triton.model_args import flag, model_path, parameter  # noqa: E402
 from trtspec.triton.text import encode_query, encode_word_lists  # noqa: E402
 
-TRUE = ("1", "true", "t", "yes", "y")
 
-
-def _parameter(config: dict, key: str, default: str = "") -> str:
-    value = config.get("parameters", {}).get(key, {}).get("string_value", default)
-    return default if value.startswith("$" + "{") else value  # an unfilled placeholder
 
 
 def _strings(array) -> list[str]:
@@ -32,14 +27,11 @@ def _strings(array) -> list[str]:
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        tokenizer_dir = Path(_parameter(config, "tokenizer_dir"))
-        if not tokenizer_dir.is_absolute():
-            tokenizer_dir = Path(args["model_repository"]) / tokenizer_dir
-        self.tokenizer = Tokenizer.from_dir(tokenizer_dir)
-        self.chat_template = _parameter(config, "chat_template", "true").lower() in TRUE
-        self.add_special_tokens = _parameter(config, "add_special_tokens", "true").lower() in TRUE
-        end = _parameter(config, "end_id")
-        pad = _parameter(config, "pad_id")
+        self.tokenizer = Tokenizer.from_dir(model_path(args, config, "tokenizer_dir"))
+        self.chat_template = flag(config, "chat_template", True)
+        self.add_special_tokens = flag(config, "add_special_tokens", True)
+        end = parameter(config, "end_id")
+        pad = parameter(config, "pad_id")
         eos = self.tokenizer.eos_token_ids
         self.end_id = int(end) if end else (eos[0] if eos else -1)
         self.pad_id = int(pad) if pad else self.end_id

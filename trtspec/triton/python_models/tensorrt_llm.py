@@ -19,14 +19,12 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 from trtspec.errors import TrtspecError  # noqa: E402
 from trtspec.runtime.generator import LocalGenerator  # noqa: E402
 from trtspec.triton.serving import EngineService, Job, parse_request  # noqa: E402
+from trtspec.triton.model_args import flag, parameter  # noqa: E402
 from trtspec.triton.text import CONTEXT_TOKENS  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 LOG_EVERY_STEPS = 500
 
-
-def _parameter(config: dict, key: str, default: str = "") -> str:
-    return config.get("parameters", {}).get(key, {}).get("string_value", default)
 
 
 def _outputs(b: int, ids: list[int], result, finish: str | None, context: list[int], final: bool,
@@ -57,10 +55,10 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         repo = Path(args["model_repository"]).parent
-        engine_dir = Path(_parameter(config, "engine_dir"))
+        engine_dir = Path(parameter(config, "engine_dir"))
         engine_dir = engine_dir if engine_dir.is_absolute() else (repo / engine_dir).resolve()
-        threads = int(_parameter(config, "threads", "0")) or None
-        self.exclude_input = _parameter(config, "exclude_input_in_output", "false").lower() in ("1", "true", "yes")
+        threads = int(parameter(config, "threads", "0")) or None
+        self.exclude_input = flag(config, "exclude_input_in_output", False)
         self.generator = LocalGenerator(engine_dir, threads=threads)
         self.manifest = self.generator.manifest
         batch = int(config.get("max_batch_size") or self.manifest.profile.max_batch_size)

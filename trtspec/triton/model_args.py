@@ -1,0 +1,23 @@
+"""What the CPU flavour's Python-backend models read from Triton's `initialize(args)`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TRUE = ("1", "true", "t", "yes", "y")
+
+
+def parameter(config: dict, key: str, default: str = "") -> str:
+    """A `parameters { key … string_value … }` entry of the model config; an unfilled placeholder counts as unset."""
+    value = config.get("parameters", {}).get(key, {}).get("string_value", default)
+    return default if value.startswith("$" + "{") else value
+
+
+def flag(config: dict, key: str, default: bool) -> bool:
+    return parameter(config, key, str(default).lower()).lower() in TRUE
+
+
+def model_path(args: dict, config: dict, key: str) -> Path:
+    """A path parameter: absolute as written, else relative to the model's folder (`args["model_repository"]`)."""
+    path = Path(parameter(config, key))
+    return path if path.is_absolute() else Path(args["model_repository"]) / path
