@@ -313,3 +313,28 @@ def test_module_imports_without_torch():
     code = "import sys, trtspec.model.onnx_graph; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False", "importing trtspec.model.onnx_graph must not import torch"
+
+
+@pytest.mark.parametrize("case", ["llama_gqa", "tied_embeddings", "eagle_2_layers"])
+def test_graphs_read_the_cache_in_place_with_fused_ops(exported, case):
+    """Per layer the graph stays small: the cache and the new K/V reach attention only through FusedMatMul (no
+    Transpose copies of the past), each residual Add is fused into the next norm, and a vocabulary matrix is
+    used [V, H] (the embedding rows are gathered along axis 0, never column by column)."""
+    ex = exported(case)
+    for role in [r for r in ex.graphs if "context" in r or "generation" in r]:
+        graph = onnx.load(str(ex.graphs[role].path), load_external_data=False).graph
+        layers = sum(1 for i in graph.input if i.name.startswith("past_key_"))
+        consumers = {}
+        for node in graph.node:
+            for name in node.input:
+                consumers.setdefault(name, []).append(node)
+        for layer in range(layers):
+            for kind in ("key", "value"):
+                past = {n.op_type for n in consumers[f"past_{kind}_{layer}"]}
+                assert past <= {"FusedMatMul", "Shape"}, (role, kind)
+                assert {n.op_type for n in consumers[f"new_{kind}_{layer}"]} == {"FusedMatMul"}, (role, kind)
+        ops = [n.op_type for n in graph.node]
+        # per layer the attention's mask Add and past + new Add; the residual Adds are fused into the norms
+        assert ops.count("Add") <= 2 * layers + 2, f"{role}: residual Adds not fused into the norms"
+        assert all(n.attribute[0].i == 0 for n in graph.node if n.op_type == "Gather"), role
+        assert len(graph.node) <= 32 * layers + 30, f"{role}: {len(graph.node)} nodes for {layers} layers"

@@ -23,7 +23,7 @@ from onnx import TensorProto, helper
 
 from trtspec.errors import BuildError
 from trtspec.model.config import ModelConfig
-from trtspec.model.onnx_ops import Dims, Graph, WeightFile, decoder_layer, embed, linear, prelude, rms_norm
+from trtspec.model.onnx_ops import Dims, Graph, Residual, WeightFile, decoder_layer, embed, linear, logits, prelude
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -111,12 +111,12 @@ def _write_layer(src: _Source, wf: WeightFile, c: ModelConfig, prefix: str, dst:
 
 
 def _write_head(src: _Source, wf: WeightFile, embedding: str, lm_head: str, shape: tuple[int, int]) -> bool:
-    """Embedding [V, H] and lm_head (stored [H, V]); when equal (tied) only the lm_head is written."""
+    """Embedding and lm_head, both stored [V, H]; when equal (tied) only the lm_head is written."""
     table, head = src.get(embedding, shape), src.get(lm_head, shape)
     tied = np.array_equal(table, head)
     if not tied:
         wf.add("embedding.weight", table)
-    wf.add("lm_head.weight", head.T)
+    wf.add("lm_head.weight", head)
     return tied
 
 
@@ -138,7 +138,7 @@ def _write_base(src: _Source, wf: WeightFile, c: ModelConfig) -> _Layout:
             heads.append("lm_head.weight")
         else:
             heads.append(f"medusa.{h}.lm_head.weight")
-            wf.add(heads[-1], head.T)
+            wf.add(heads[-1], head)  # [V, H] like the base lm_head
     src.check_all_used(lambda name: not name.startswith("eagle_nets."))
     return _Layout(tied, tuple(heads))
 
@@ -191,11 +191,12 @@ def base_graph(c: ModelConfig, layout: _Layout, wf: WeightFile, tokens: int | No
     """The base network over T = `tokens` new tokens (None: dynamic)."""
     g = Graph(wf)
     pre = prelude(g, _dims(c), _inv_freq(c), "past_key_0", tokens)
-    x = embed(g, "input_ids", tied=layout.tied)  # [B, T, H]
+    x = Residual(embed(g, "input_ids", tied=layout.tied))  # [B, T, H]
     for layer in range(c.num_layers):
         x = decoder_layer(g, _dims(c), pre, x, f"layers.{layer}", layer, c.intermediate_size)
-    hidden = rms_norm(g, x, "ln_f.weight", c.rms_norm_eps, "hidden")
-    g.op("MatMul", hidden, g.w("lm_head.weight"), name="logits")  # [B, T, V]
+    hidden, _ = x.norm(g, "ln_f.weight", c.rms_norm_eps, "ln_f")
+    g.op("Identity", hidden, name="hidden")
+    logits(g, hidden, "lm_head.weight", name="logits")  # [B, T, V]
     inputs, outputs = _io(c, tokens)
     return g.model("trtspec_base", inputs, outputs)
 
@@ -208,16 +209,16 @@ def medusa_graph(c: ModelConfig, layout: _Layout, wf: WeightFile) -> onnx.ModelP
     g = Graph(wf)
     outs = [_medusa_resblocks(g, "hidden", h, c.num_medusa_layers) for h in range(c.num_medusa_heads)]
     shared = [h for h, lm in enumerate(layout.medusa_lm_heads) if lm == "lm_head.weight"]
-    logits = {}
+    head_logits = {}
     if shared:
         stacked = g.op("Concat", *[g.op("Unsqueeze", outs[h], g.const([0])) for h in shared], axis=0)
-        projected = g.op("MatMul", stacked, g.w("lm_head.weight"))  # [len(shared), N, V]
+        projected = logits(g, stacked, "lm_head.weight")  # [len(shared), N, V]
         for i, h in enumerate(shared):
-            logits[h] = g.op("Slice", projected, g.const([i]), g.const([i + 1]), g.const([0]))
+            head_logits[h] = g.op("Slice", projected, g.const([i]), g.const([i + 1]), g.const([0]))
     for h, lm in enumerate(layout.medusa_lm_heads):
-        if h not in logits:
-            logits[h] = g.op("Unsqueeze", g.op("MatMul", outs[h], g.w(lm)), g.const([0]))
-    g.op("Concat", *[logits[h] for h in range(c.num_medusa_heads)], axis=0, name="medusa_logits")
+        if h not in head_logits:
+            head_logits[h] = g.op("Unsqueeze", logits(g, outs[h], lm), g.const([0]))
+    g.op("Concat", *[head_logits[h] for h in range(c.num_medusa_heads)], axis=0, name="medusa_logits")
     info = helper.make_tensor_value_info
     return g.model("trtspec_medusa_heads", [info("hidden", TensorProto.FLOAT, ["rows", c.hidden_size])],
                    [info("medusa_logits", TensorProto.FLOAT, [c.num_medusa_heads, "rows", c.vocab_size])])
@@ -236,10 +237,10 @@ def draft_graph(c: ModelConfig, layout: _Layout, wf: WeightFile, tokens: int | N
     d = _draft_config(c)
     g = Graph(wf)
     pre = prelude(g, _dims(d), _inv_freq(d), "past_key_0", tokens)
-    x = linear(g, g.op("Concat", embed(g, "input_ids", tied=layout.tied), "features", axis=-1), "fc", "fc")
+    x = Residual(linear(g, g.op("Concat", embed(g, "input_ids", tied=layout.tied), "features", axis=-1), "fc", "fc"))
     for j in range(d.num_layers):
         x = decoder_layer(g, _dims(d), pre, x, f"layers.{j}", j, d.intermediate_size)
-    g.op("MatMul", g.op("Identity", x, name="hidden"), g.w("lm_head.weight"), name="logits")
+    logits(g, x.value(g, "hidden"), "lm_head.weight", name="logits")
     t = tokens if tokens is not None else "tokens"
     features = helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", t, d.hidden_size])
     inputs, outputs = _io(d, tokens, extra_inputs=[features])

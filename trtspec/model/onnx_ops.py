@@ -1,5 +1,6 @@
 """Building blocks of the CPU engine's ONNX graphs: a node builder, the external weight file, and the
-decoder layer (fused q/k/v and gate/up MatMuls, RMSNormalization, RotaryEmbedding, masked attention).
+decoder layer (fused q/k/v and gate/up MatMuls, RMSNormalization, RotaryEmbedding, masked attention that reads
+the cache in place through FusedMatMul, residual Adds fused into SkipSimplifiedLayerNormalization).
 
 Everything here is plain `onnx.helper` over numpy; no torch. Shapes use B = batch, T = new tokens,
 P = past tokens, S = P + T, nh / nkv = query / KV heads, hd = head size, rep = nh // nkv.
@@ -17,6 +18,7 @@ from onnx import TensorProto, helper
 
 OPSET = 23  # RMSNormalization and RotaryEmbedding are standard from opset 23 (ONNX Runtime >= 1.22 runs them)
 IR_VERSION = 10
+MS_DOMAIN = "com.microsoft"  # FusedMatMul, SkipSimplifiedLayerNormalization: ONNX Runtime contrib ops, CPU kernels
 # ONNX Runtime memory-maps an external initializer whose offset is page aligned; it does so for large ones.
 PAGE_ALIGN, PAGE_ALIGN_ABOVE, SMALL_ALIGN = 4096, 1 << 20, 64
 
@@ -61,12 +63,16 @@ class Graph:
         self.consts: dict[tuple, str] = {}
         self._ids = itertools.count()
 
-    def op(self, op_type: str, *inputs: str, name: str | None = None, outputs: int = 1, **attrs):
+    def op(self, op_type: str, *inputs: str, name: str | None = None, outputs: int = 1, domain: str = "", **attrs):
         """Add a node; return its output name (or list of names when outputs > 1)."""
         base = name or f"{op_type.lower()}_{next(self._ids)}"
         outs = [base] if outputs == 1 else [f"{base}_{i}" for i in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=f"n_{base}", **attrs))
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=f"n_{base}", domain=domain, **attrs))
         return outs[0] if outputs == 1 else outs
+
+    def ms(self, op_type: str, *inputs: str, **kwargs):
+        """An ONNX Runtime contrib op (com.microsoft), which its CPU provider runs as one fused kernel."""
+        return self.op(op_type, *inputs, domain=MS_DOMAIN, **kwargs)
 
     def const(self, value, dtype=np.int64) -> str:
         """An inline constant initializer (shapes, axes, tables), shared by value."""
@@ -85,7 +91,8 @@ class Graph:
 
     def model(self, name: str, inputs: list, outputs: list) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, name, inputs, outputs, initializer=list(self.used.values()))
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
+        opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)]
+        return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION,
                                  producer_name="trtspec")
 
 
@@ -180,14 +187,14 @@ def _project_qkv(g: Graph, d: Dims, pre: Prelude, x: str, prefix: str, layer: in
 def _attend(g: Graph, pre: Prelude, q: str, keys: tuple[str, str], values: tuple[str, str], prefix: str) -> str:
     """softmax(q K^T + bias) V over the past and the new tokens, kept apart so the cache is never concatenated.
 
-    keys / values are (past [P, B, nkv, hd], new [T, B, nkv, hd]); ONNX Runtime fuses each Transpose below into
-    its MatMul (FusedMatMul, transBatchB), which reads the strided cache in place. Returns [B, nkv, rep·T, hd]."""
-    scores = [g.op("MatMul", q, g.op("Transpose", k, perm=[1, 2, 3, 0])) for k in keys]  # [B, nkv, rep·T, P | T]
+    keys / values are (past [P, B, nkv, hd], new [T, B, nkv, hd]); FusedMatMul's transBatchB views them as
+    [B, nkv, P | T, hd] and reads the strided cache in place (no Transpose copies). Returns [B, nkv, rep·T, hd]."""
+    scores = [g.ms("FusedMatMul", q, k, transB=1, transBatchB=1) for k in keys]  # [B, nkv, rep·T, P | T]
     scores = g.op("Concat", *scores, pre.sink, axis=-1, name=f"{prefix}.scores")  # [B, nkv, rep·T, S+1]
     probs = g.op("Softmax", g.op("Add", scores, pre.bias), axis=-1, name=f"{prefix}.probs")
     p_past, p_new, _ = g.op("Split", probs, pre.split, axis=-1, outputs=3, name=f"{prefix}.probs_split")
-    return g.op("Add", *(g.op("MatMul", p, g.op("Transpose", v, perm=[1, 2, 0, 3]))
-                         for p, v in zip((p_past, p_new), values)), name=f"{prefix}.attn")
+    return g.op("Add", *(g.ms("FusedMatMul", p, v, transBatchB=1) for p, v in zip((p_past, p_new), values)),
+                name=f"{prefix}.attn")
 
 
 def mlp(g: Graph, x: str, prefix: str, intermediate: int) -> str:
@@ -198,17 +205,45 @@ def mlp(g: Graph, x: str, prefix: str, intermediate: int) -> str:
     return linear(g, g.op("Mul", act, up), f"{prefix}.down", f"{prefix}.down")
 
 
-def decoder_layer(g: Graph, d: Dims, pre: Prelude, x: str, prefix: str, layer: int, intermediate: int) -> str:
+@dataclass(frozen=True)
+class Residual:
+    """The residual stream as x + delta, the Add left pending so the next norm fuses it (delta None: just x)."""
+
+    x: str
+    delta: str | None = None
+
+    def norm(self, g: Graph, weight: str, eps: float, name: str) -> tuple[str, str]:
+        """(RMSNorm(x + delta) · weight, x + delta) in one SkipSimplifiedLayerNormalization when an Add is pending."""
+        if self.delta is None:
+            return rms_norm(g, self.x, weight, eps, name), self.x
+        normed, _, _, total = g.ms("SkipSimplifiedLayerNormalization", self.x, self.delta, g.w(weight), epsilon=eps,
+                                   outputs=4, name=name)
+        return normed, total
+
+    def value(self, g: Graph, name: str) -> str:
+        return g.op("Add", self.x, self.delta, name=name) if self.delta is not None else g.op("Identity", self.x,
+                                                                                               name=name)
+
+
+def decoder_layer(g: Graph, d: Dims, pre: Prelude, x: Residual, prefix: str, layer: int,
+                  intermediate: int) -> Residual:
     """Pre-norm decoder layer; a layer without `<prefix>.input_norm.weight` (EAGLE's first) skips that norm."""
     norm = f"{prefix}.input_norm.weight"
-    h = rms_norm(g, x, norm, d.eps, f"{prefix}.input_norm") if norm in g.weights else x
-    x = g.op("Add", x, attention(g, d, pre, h, prefix, layer), name=f"{prefix}.attn_residual")
-    h = rms_norm(g, x, f"{prefix}.post_norm.weight", d.eps, f"{prefix}.post_norm")
-    return g.op("Add", x, mlp(g, h, prefix, intermediate), name=f"{prefix}.out")
+    if norm in g.weights:
+        h, stream = x.norm(g, norm, d.eps, f"{prefix}.input_norm")
+    else:
+        h = stream = x.value(g, f"{prefix}.input")
+    h, stream = Residual(stream, attention(g, d, pre, h, prefix, layer)).norm(g, f"{prefix}.post_norm.weight", d.eps,
+                                                                             f"{prefix}.post_norm")
+    return Residual(stream, mlp(g, h, prefix, intermediate))
+
+
+def logits(g: Graph, hidden: str, weight: str, name: str | None = None) -> str:
+    """hidden [..., H] → [..., V] through a vocabulary matrix stored [V, H] (the embedding's layout); ONNX Runtime
+    prepacks the transposed matrix once, as it does a plain MatMul's."""
+    return g.ms("FusedMatMul", hidden, g.w(weight), transB=1, name=name)
 
 
 def embed(g: Graph, ids: str, *, tied: bool) -> str:
-    """Token embeddings [B, T, H]; a tied table is the lm_head's [H, V] matrix, gathered by column."""
-    if not tied:
-        return g.op("Gather", g.w("embedding.weight"), ids, axis=0, name="embedding")
-    return g.op("Transpose", g.op("Gather", g.w("lm_head.weight"), ids, axis=1), perm=[1, 2, 0], name="embedding")
+    """Token embeddings [B, T, H], rows of a [V, H] table (a tied one is the lm_head's)."""
+    return g.op("Gather", g.w("lm_head.weight" if tied else "embedding.weight"), ids, axis=0, name="embedding")
