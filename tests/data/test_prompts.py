@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import json
-import time
 import tracemalloc
 
 import pytest
@@ -39,17 +38,15 @@ def test_humaneval_prompts_ask_for_the_completion():
 
 def test_sharegpt_reads_only_what_it_needs():
     tracemalloc.start()
-    start = time.perf_counter()
     try:
         prompts = load_prompts("sharegpt", limit=100)
-        seconds = time.perf_counter() - start
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert len(prompts) == 100 and all(p.text.strip() and p.category == "chat" for p in prompts)
     assert len({p.id for p in prompts}) == 100
-    # the file is 125 MB: a bounded read of a few 1 MB chunks is fast and small
-    assert seconds < 2 and peak < 32 * 2**20, (seconds, peak)
+    # the file is 125 MB: a bounded read of a few 1 MB chunks stays small (no timing: CI machines are shared)
+    assert peak < 32 * 2**20, peak
 
 
 def test_sharegpt_truncated_file_yields_every_complete_conversation():
