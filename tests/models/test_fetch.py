@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -51,10 +50,8 @@ def test_real_model_answers_sensibly(smollm2):
 
 
 def test_warm_cache_returns_at_once(smollm2, monkeypatch):
-    monkeypatch.setattr(F, "_convert_gguf", _fail)
-    start = time.perf_counter()
+    monkeypatch.setattr(F, "_convert_gguf", _fail)  # a cached model is never converted again
     assert fetch_model("smollm2-135m") == smollm2
-    assert time.perf_counter() - start < 1
 
 
 def test_cache_dir_follows_env(tmp_path, monkeypatch):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -217,10 +216,9 @@ def test_server_start_failure_is_reported(tmp_path, tiny_repo):
 
     options = ServerOptions(repository=broken, grpc_port=free_port(), http_port=free_port(),
                             metrics_port=free_port(), startup_timeout_s=120)
-    start = time.monotonic()
-    with pytest.raises(ServerError, match="tritonserver exited with code 1 while starting"):
+    # the failure is reported as the server's exit (with the load error), not as a start-up timeout
+    with pytest.raises(ServerError, match="tritonserver exited with code 1 while starting: .*failed to load"):
         TritonServer(options, on_log=lambda line: None).start()
-    assert time.monotonic() - start < 120
 
 
 def test_non_decoupled_repository_serves_unary_requests(tiny_engine, tmp_path, local):
