@@ -1,10 +1,11 @@
 """The embedded CPU engine: ONNX Runtime sessions over the graphs `trtspec build --backend onnx` wrote.
 
-KV caches are pre-allocated per sequence as [S_max, 1, nkv, hd] buffers per layer (past length first), so
-the past is bound as a contiguous prefix view and new keys / values are written by ONNX Runtime straight
-into the buffer (I/O binding): no per-step allocation of the cache. After a verify step, `commit` compacts
-the accepted slots' rows in place. Plain decoding runs the context graph with one token; speculative steps
-run the generation graph with exactly K + 1 slots, padding shorter drafts with masked slots.
+KV caches are pre-allocated per sequence as one [L, 2, S_max, 1, nkv, hd] array (past length first), so each
+layer's past is bound as a contiguous prefix view (I/O binding kept across steps, see _Graph.run) and the new
+keys / values of all layers are copied in after it at once: no per-step allocation of the cache. After a
+verify step, `commit` compacts the accepted slots' rows in place. Plain decoding runs the context graph with
+one token; speculative steps run the generation graph with exactly K + 1 slots, padding shorter drafts with
+masked slots.
 """
 
 from __future__ import annotations
@@ -21,25 +22,25 @@ from trtspec.errors import BuildError, RuntimeEngineError
 from trtspec.runtime.engine import StepOutput
 
 
+PAST_BLOCK = 64  # the past is bound in whole blocks of rows, so one I/O binding serves up to 64 steps
+BINDINGS_KEPT = 8  # per graph: a few sequences decoding in turn each keep theirs
+
+
 @dataclass
 class _Cache:
-    """One network's KV cache of one sequence: per layer a key and a value buffer [S_max, 1, nkv, hd]."""
+    """One network's KV cache: a single array [L, 2, S_max, B, nkv, hd] (layer, key / value, position, ...),
+    so a layer's past is a contiguous prefix view and a step's new rows land with one copy for all layers."""
 
-    keys: list[np.ndarray]
-    values: list[np.ndarray]
+    kv: np.ndarray
     length: int = 0
 
     @classmethod
     def allocate(cls, layers: int, size: int, kv_heads: int, head_dim: int, batch: int = 1) -> _Cache:
-        shape = (size, batch, kv_heads, head_dim)
-        return cls([np.zeros(shape, np.float32) for _ in range(layers)],
-                   [np.zeros(shape, np.float32) for _ in range(layers)])
+        return cls(np.zeros((layers, 2, size, batch, kv_heads, head_dim), np.float32))
 
     def compact(self, start: int, slots: tuple[int, ...]) -> None:
-        """Move rows start + slots[i] to start + i (slots ascend, so moving in order is safe)."""
-        src = start + np.asarray(slots)
-        for buf in itertools.chain(self.keys, self.values):
-            buf[start:start + len(slots)] = buf[src]
+        """Move rows start + slots[i] to start + i (the fancy index copies the sources first)."""
+        self.kv[:, :, start:start + len(slots)] = self.kv[:, :, start + np.asarray(slots)]
 
 
 @dataclass
@@ -50,8 +51,18 @@ class _Sequence:
     extra: dict = field(default_factory=dict)
 
 
+@dataclass
+class _Binding:
+    """An I/O binding kept across steps: the past bound as a `bound`-row prefix of the cache, the new K/V and the
+    plain outputs bound to arrays of their own; only the token inputs are rebound each step."""
+
+    io: ort.IOBinding
+    new_kv: np.ndarray  # [L, 2, T, B, nkv, hd]
+    plain: dict[str, np.ndarray]
+
+
 class _Graph:
-    """One ONNX Runtime session and its I/O names."""
+    """One ONNX Runtime session, its I/O names and the bindings it keeps."""
 
     def __init__(self, path: Path, options: ort.SessionOptions):
         try:
@@ -59,25 +70,49 @@ class _Graph:
         except Exception as e:  # ORT raises its own exception types for bad files
             raise BuildError(f"{path}: ONNX Runtime cannot load it ({str(e).splitlines()[0]})") from None
         self.outputs = [o.name for o in self.session.get_outputs()]
+        self.plain = {o.name: o.shape[-1] for o in self.session.get_outputs() if not o.name.startswith("new_")}
         self.layers = sum(1 for o in self.outputs if o.startswith("new_key_"))
+        self._bindings: dict[tuple, _Binding] = {}
 
     def run(self, feeds: dict[str, np.ndarray], cache: _Cache, tokens: int) -> dict[str, np.ndarray]:
-        """Run with the cache's prefix bound as the past and the new K/V written into it after that prefix."""
-        binding = self.session.io_binding()
-        for name, value in feeds.items():
-            binding.bind_cpu_input(name, np.ascontiguousarray(value))
-        plain = [n for n in self.outputs if not n.startswith("new_")]
-        for name in plain:  # bound first: get_outputs() returns them in binding order
-            binding.bind_output(name, "cpu")
+        """Run over the cache's past and write the new K/V into it after that past (rows length .. + tokens).
+
+        The past is bound rounded up to whole PAST_BLOCKs (at most the buffer): the rows past `length` are
+        masked out (their weight is exactly 0, and they hold finite values: zeros or older K/V)."""
         p = cache.length
+        bound = min(-(-p // PAST_BLOCK) * PAST_BLOCK, cache.kv.shape[2])
+        binding = self._binding(cache, tokens, bound)
+        mask = feeds["attention_mask"]  # [B, T, p + T] → [B, T, bound + T]
+        wide = np.zeros((*mask.shape[:2], bound + tokens), bool)
+        wide[..., :p], wide[..., bound:] = mask[..., :p], mask[..., p:]
+        for name, value in {**feeds, "attention_mask": wide}.items():
+            binding.io.bind_cpu_input(name, np.ascontiguousarray(value))
+        self.session.run_with_iobinding(binding.io)
+        cache.kv[:, :, p:p + tokens] = binding.new_kv
+        return binding.plain
+
+    def _binding(self, cache: _Cache, tokens: int, bound: int) -> _Binding:
+        kv = cache.kv
+        key = (kv.ctypes.data, kv.shape, tokens, bound)  # a buffer freed and reallocated alike binds alike
+        if key in self._bindings:
+            self._bindings[key] = self._bindings.pop(key)  # most recently used last
+            return self._bindings[key]
+        _, _, _, batch, heads, dim = kv.shape
+        io = self.session.io_binding()
+        plain = {name: np.empty((batch, tokens, width), np.float32) for name, width in self.plain.items()}
+        for name, out in plain.items():
+            io.bind_output(name, "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+        new_kv = np.empty((self.layers, 2, tokens, batch, heads, dim), np.float32)
         for l in range(self.layers):
-            for kind, bufs in (("key", cache.keys), ("value", cache.values)):
-                buf = bufs[l]
-                binding.bind_input(f"past_{kind}_{l}", "cpu", 0, np.float32, [p, *buf.shape[1:]], buf.ctypes.data)
-                out = buf[p:p + tokens]
-                binding.bind_output(f"new_{kind}_{l}", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
-        self.session.run_with_iobinding(binding)
-        return dict(zip(plain, (v.numpy() for v in binding.get_outputs()[:len(plain)])))
+            for i, kind in enumerate(("key", "value")):
+                io.bind_input(f"past_{kind}_{l}", "cpu", 0, np.float32, [bound, batch, heads, dim],
+                              kv[l, i].ctypes.data)
+                io.bind_output(f"new_{kind}_{l}", "cpu", 0, np.float32, [tokens, batch, heads, dim],
+                               new_kv[l, i].ctypes.data)
+        if len(self._bindings) >= BINDINGS_KEPT:
+            self._bindings.pop(next(iter(self._bindings)))
+        self._bindings[key] = _Binding(io, new_kv, plain)
+        return self._bindings[key]
 
 
 class OrtEngine:
@@ -154,15 +189,14 @@ class OrtEngine:
         staging = self._staging_cache(len(items))
         staging.length = max(lengths)
         for b, state in enumerate(states):  # gather the pasts
-            for src, dst in zip(state.base.keys + state.base.values, staging.keys + staging.values):
-                dst[:lengths[b], b] = src[:lengths[b], 0]
+            staging.kv[:, :, :lengths[b], b] = state.base.kv[:, :, :lengths[b], 0]
         out = (self._context if plain else self._generation).run(feeds, staging, slots)
         p = staging.length
         for b, state in enumerate(states):  # scatter the new rows after each sequence's own past
-            for src, dst in zip(staging.keys + staging.values, state.base.keys + state.base.values):
-                dst[lengths[b]:lengths[b] + slots, 0] = src[p:p + slots, b]
+            state.base.kv[:, :, lengths[b]:lengths[b] + slots, 0] = staging.kv[:, :, p:p + slots, b]
             state.pending = len(items[b][1])
-        return [StepOutput(out["logits"][b, :len(t)], out["hidden"][b, :len(t)]) for b, (_, t, _, _) in enumerate(items)]
+        return [StepOutput(out["logits"][b, :len(t)].copy(), out["hidden"][b, :len(t)].copy())
+                for b, (_, t, _, _) in enumerate(items)]
 
     def _staging_cache(self, batch: int) -> _Cache:
         if batch not in self._staging:
@@ -242,4 +276,5 @@ def _pad(tokens, positions, mask: np.ndarray, slots: int) -> tuple[np.ndarray, n
 
 
 def _step(out: dict[str, np.ndarray], n: int) -> StepOutput:
-    return StepOutput(out["logits"][0, :n], out["hidden"][0, :n])
+    """The first n slots' outputs, copied: the bound output arrays are overwritten by the graph's next run."""
+    return StepOutput(out["logits"][0, :n].copy(), out["hidden"][0, :n].copy())
