@@ -172,7 +172,8 @@ def test_render_table_and_plot(tmp_path):
     curve = [{"k": 0, "slots": 1, "ms": 10.0, "ratio": 1.0}, {"k": 1, "slots": 2, "ms": 11.0, "ratio": 1.1}]
     row = {"samples": 2, "decode_tps": 30.0, "e2e_tps": 28.0, "ttft_ms": 250.0, "tokens": 128}
     report = {"settings": {"threads": 2, "prompts": 1, "rounds": 2, "max_tokens": 128, "past": 256, "repeats": 20,
-                           "bandwidth_repeats": 7},
+                           "bandwidth_repeats": 7, "cpus": 2,
+                           "load_average": {"before": (3.9, 3.1, 3.15), "after": (4.25, 3.5, 3.2)}},
               "decode": {"trtspec": row, "transformers": {**row, "decode_tps": 10.0}},
               "skipped": {"onnxruntime-genai": "onnxruntime_genai missing: pip install onnxruntime-genai onnx-ir"},
               "ratios": {"transformers": 3.0},
@@ -188,5 +189,6 @@ def test_render_table_and_plot(tmp_path):
     assert "  prompt 1: trtspec ≠ transformers from generated token 57" in text
     assert "    2    11.00   1.10×" in text
     assert "= 1.67× the floor (target ≤ 1.2×)" in text
+    assert "load average (1, 5, 15 min) before 3.9 / 3.1 / 3.1, after 4.2 / 3.5 / 3.2 on 2 CPUs" in text
     cpu_engine.plot_curve(curve, tmp_path / "curve.png", past=256)
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

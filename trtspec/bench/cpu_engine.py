@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -206,6 +207,9 @@ def render_table(report: dict) -> str:
     s, lines = report["settings"], []
     lines.append(f"SmolLM2-135M fp32, {s['threads']} threads, {s['prompts']} MT-Bench writing prompts × "
                  f"{s['rounds']} rounds, greedy, max {s['max_tokens']} new tokens (medians)")
+    if load := s.get("load_average"):
+        lines.append(f"load average (1, 5, 15 min) before {_loads(load['before'])}, after {_loads(load['after'])} "
+                     f"on {s['cpus']} CPUs: other work skews every figure, the ratios least")
     lines.append(f"{'system':<20}{'decode tok/s':>14}{'e2e tok/s':>11}{'TTFT ms':>9}{'samples':>9}")
     for name, row in report["decode"].items():
         lines.append(f"{name:<20}{row['decode_tps']:>14.1f}{row['e2e_tps']:>11.1f}{row['ttft_ms']:>9.0f}"
@@ -232,6 +236,10 @@ def render_table(report: dict) -> str:
                  f"(target ≤ {TARGETS['floor']:.1f}×); numpy {f['numpy_gbps']:.1f} GB/s, onnxruntime ReduceSum "
                  f"{f['onnxruntime_gbps']:.1f} GB/s")
     return "\n".join(lines)
+
+
+def _loads(values) -> str:
+    return " / ".join(f"{v:.1f}" for v in values)
 
 
 def plot_curve(curve: list[dict], png: Path, *, past: int) -> None:
@@ -285,6 +293,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
 
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
+    load = {"before": os.getloadavg()}  # other work on the machine skews every figure; say how much there was
     log = work / "children.log"
     log.write_text("")
     base = fetch_model(MODEL)
@@ -298,10 +307,12 @@ def run_benchmark(args: argparse.Namespace) -> dict:
         "threads": args.threads}, log=log, threads=args.threads)
     (bandwidth,) = run_child("trtspec.bench.cpu_engine:read_bandwidth", {
         "threads": args.threads, "repeats": BANDWIDTH_REPEATS}, log=log, threads=args.threads)
+    load["after"] = os.getloadavg()
     if args.png:
         plot_curve(curve, args.png, past=args.past)
     settings = {**{k: v for k, v in vars(args).items() if k not in ("json", "rebuild")}, "work": str(work),
-                "png": str(args.png) if args.png else None, "bandwidth_repeats": BANDWIDTH_REPEATS}
+                "png": str(args.png) if args.png else None, "bandwidth_repeats": BANDWIDTH_REPEATS,
+                "load_average": load, "cpus": os.cpu_count()}
     return {"settings": settings, "decode": decode, "skipped": skipped,
             "ratios": {name: decode["trtspec"]["decode_tps"] / row["decode_tps"]
                        for name, row in decode.items() if name != "trtspec"},
