@@ -299,15 +299,17 @@ def check_graph(path: Path) -> None:
 def session_options(threads: int | None = None) -> onnxruntime.SessionOptions:
     """The ONNX Runtime options the engine runs with: all graph optimisations, sequential, `threads` intra-op.
 
-    Workers spin between the ops of a run (fast dispatch) but stop at its end: a worker left spinning after its
-    session's run takes a core from the session that runs next, which doubled a step's time when context and
-    generation sessions alternate on 2 cores (ONNX Runtime 1.32; spinning off altogether costs about 10%)."""
+    Workers never spin (they sleep between ops): on a shared machine a spinning worker takes the core the thread
+    it waits for needs, and one left spinning after its session's run takes a core from the session that runs
+    next. SmolLM2-135M decode on 2 cores at load average 3.6: 263 ms a step without spinning, 573 ms with
+    spinning between ops (ONNX Runtime 1.32); on an idle machine spinning had saved about 10%."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads, options.inter_op_num_threads = threads or os.cpu_count() or 1, 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.force_spinning_stop", "1")
     return options
 
