@@ -472,6 +472,12 @@ def train_medusa(as_json: bool, **flags) -> None:
 @click.option("--noise", type=float, default=0.1, show_default=True, help="Uniform feature noise half-width.")
 @click.option("--ce-weight", type=float, default=0.1, show_default=True,
               help="Weight of the token cross-entropy next to the feature regression.")
+@click.option("--unroll", type=int, default=1, show_default=True,
+              help="Depths trained (training-time test): depth d > 1 reads the draft's own predicted features, as "
+                   "tree drafting does; 1 is plain EAGLE-1.")
+@click.option("--draft-vocab", type=int, default=0, show_default=True,
+              help="Score only the N target tokens the training replies use most (EAGLE-3's d2t / t2d): a far "
+                   "cheaper draft lm_head on a CPU; 0 scores the whole vocabulary.")
 @click.option("--intermediate-size", type=int, help="Draft MLP width (default: the base's).")
 @click.option("--with-embeddings", is_flag=True, help="Also store embed_tokens (a copy of the base's; large).")
 @user_errors

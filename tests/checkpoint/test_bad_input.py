@@ -115,6 +115,22 @@ def eagle3_as_eagle(tmp: Path) -> list[str]:
     return convert_args(tmp, "--eagle", str(tmp / "eagle3"))
 
 
+def eagle_d2t_without_t2d(tmp: Path) -> list[str]:
+    write_hf_base(tmp / "base", GQA)
+    write_eagle_draft(tmp / "eagle", GQA, storage="safetensors", draft_vocab_size=32)
+    edit_safetensors(tmp / "eagle" / "model.safetensors", drop=("t2d",))
+    return convert_args(tmp, "--eagle", str(tmp / "eagle"))
+
+
+def eagle_d2t_out_of_range(tmp: Path) -> list[str]:
+    write_hf_base(tmp / "base", GQA)
+    write_eagle_draft(tmp / "eagle", GQA, storage="safetensors", draft_vocab_size=32)
+    d2t = torch.zeros(32, dtype=torch.int64)
+    d2t[-1] = 1000  # the last draft id would map to target id 1031 of 256
+    edit_safetensors(tmp / "eagle" / "model.safetensors", put={"d2t": d2t})
+    return convert_args(tmp, "--eagle", str(tmp / "eagle"))
+
+
 def eagle_long_draft(tmp: Path) -> list[str]:
     write_hf_base(tmp / "base", GQA)
     write_eagle_draft(tmp / "eagle", GQA)
@@ -282,6 +298,10 @@ BAD_INPUT: list = [
     pytest.param(eagle_no_fc_bias, ("eagle/pytorch_model.bin", "fc.bias", "eagle/config.json", '"bias": false'),
                  id="eagle-fc-bias-missing"),
     pytest.param(eagle3_as_eagle, ("eagle3", "EAGLE-3", "EAGLE-1/2", "trtspec inspect"), id="eagle3-given-to-eagle"),
+    pytest.param(eagle_d2t_without_t2d, ("eagle/model.safetensors", "needs both d2t and t2d"),
+                 id="eagle-d2t-without-t2d"),
+    pytest.param(eagle_d2t_out_of_range, ("eagle/model.safetensors", "d2t maps draft ids outside"),
+                 id="eagle-d2t-out-of-range"),
     pytest.param(eagle_long_draft, ("--max-draft-len 300", "256", "EAGLE"), id="eagle-max-draft-len-300"),
     pytest.param(eagle_pipeline, ("--pp-size 2", "EagleForCausalLM", "pp_size 1"), id="eagle-pp-size-2"),
     pytest.param(medusa_and_eagle, ("--medusa", "--eagle", "exclusive"), id="medusa-and-eagle"),

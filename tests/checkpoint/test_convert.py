@@ -116,6 +116,27 @@ def test_eagle_names_shapes_and_config_match_reference(tmp_path, tp):
     assert net["mapping"] == cfg["mapping"]
 
 
+def test_eagle_draft_vocabulary_travels_beside_the_rank_files(tmp_path):
+    """An EAGLE-1 draft with d2t / t2d: the rank files are the same as without (trtllm-build never sees the map),
+    draft_vocab.safetensors carries it, and it reads back as the same target ids."""
+    from trtspec.checkpoint.draft_vocab import CHECKPOINT_FILE, read_checkpoint_vocab
+
+    m = TinyModel()
+    base = write_hf_base(tmp_path / "base", m)
+    plain = write_eagle_draft(tmp_path / "plain", m, storage="safetensors")
+    reduced = write_eagle_draft(tmp_path / "reduced", m, storage="safetensors", draft_vocab_size=40)
+    a, b = _convert(tmp_path, base, "a", eagle=plain), _convert(tmp_path, base, "b", eagle=reduced)
+    assert (a / "rank0.safetensors").read_bytes() == (b / "rank0.safetensors").read_bytes()
+    assert not (a / CHECKPOINT_FILE).exists() and read_checkpoint_vocab(a, m.vocab_size) is None
+    vocab = read_checkpoint_vocab(b, m.vocab_size)
+    src = _hf_state(reduced)
+    assert vocab.size == 40 and list(vocab.target_ids) == (torch.arange(40) + src["d2t"]).tolist()
+    assert list(vocab.target_ids[:8]) == list(range(8)) and (vocab.target_ids[1:] > vocab.target_ids[:-1]).all()
+    from trtspec.checkpoint.convert import PROVENANCE_FILE
+
+    assert json.loads((b / PROVENANCE_FILE).read_text())["eagle"]["draft_vocab_size"] == 40
+
+
 def _check_base_roundtrip(ckpt, src, m: TinyModel):
     assert torch.equal(ckpt.tensor("transformer.vocab_embedding.weight"), src["model.embed_tokens.weight"])
     assert torch.equal(ckpt.tensor("transformer.ln_f.weight"), src["model.norm.weight"])

@@ -175,6 +175,7 @@ def test_cli_prints_accuracy_per_depth(setup, tmp_path):
     (["--samples", "0"], "--samples must be >= 1, got 0"),
     (["--epochs", "0"], "--epochs must be >= 1, got 0"),
     (["--lr", "-1"], "--lr must be > 0, got -1.0"),
+    (["--unroll", "0"], "--unroll must be >= 1, got 0"),
     (["--resume", "--force"], "--resume continues the run in the work folder and --force starts over; pass one"),
     (["--resume"], "--resume: no checkpoint at"),
     (["--max-new-tokens", "8"], "holds data generated with other settings"),
@@ -189,3 +190,59 @@ def test_bad_inputs_give_one_line_errors(setup, tmp_path, extra, message):
 def test_too_few_short_prompts_is_an_error(setup, tmp_path):
     with pytest.raises(ConfigError, match=r"has only \d+ prompts of at most 4 tokens \(--max-prompt-tokens\)"):
         run(setup, tmp_path, "medusa", data=tmp_path / "d", max_prompt_tokens=4)
+
+
+def test_unrolled_depths_read_own_features_and_predict_further_ahead(setup, tmp_path):
+    """Depth d of the training-time test: entry i reads token ids[i + d] and the draft's own depth d − 1 hidden,
+    and is trained towards feature i + d and token ids[i + d + 1]; --unroll is recorded and trains."""
+    import numpy as np
+    import torch
+
+    from trtspec.train import eagle as E
+    from trtspec.train.data import Sample
+    from trtspec.train.heads import SharedLmHead
+
+    n, hidden = 12, MODEL.hidden_size
+    ids = np.arange(3, 3 + n + 1)
+    features = np.repeat(np.arange(n, dtype=np.float16)[:, None], hidden, axis=1)  # row i holds i
+    b = E.sequence(Sample(ids, features, prompt_len=3))
+    from trtspec.checkpoint.hf_config import read_base_config
+
+    cfg = E.draft_config(read_base_config(setup["base"]))
+    model = E.EagleDraftModule(cfg, torch.randn(MODEL.vocab_size, hidden), SharedLmHead(torch.randn(MODEL.vocab_size,
+                                                                                                  hidden)))
+    seen = []
+    for d, (h, labels, targets) in enumerate(E.depth_outputs(model, b, b.features.float(), 3), start=1):
+        rows = len(b.tokens) - (d - 1)
+        assert h.shape == (rows, hidden) and targets.shape == (rows, hidden)
+        assert torch.equal(targets[:, 0], torch.arange(d, d + rows, dtype=torch.float16))  # feature i + d
+        valid = labels != -100
+        assert torch.equal(labels[valid], torch.from_numpy(ids[d + 1:d + 1 + rows])[valid])  # token ids[i + d + 1]
+        assert not valid[:1].any() and valid[-1]  # prompt entries are not trained
+        seen.append(d)
+    assert seen == [1, 2, 3]
+    result = run(setup, tmp_path, "eagle", epochs=2, unroll=3)
+    assert result.report["command_options"]["unroll"] == 3
+    losses = result.report["training"]["epoch_losses"]
+    assert losses[0] > losses[1], losses
+
+
+def test_draft_vocabulary_is_exported_and_converts(setup, tmp_path):
+    """--draft-vocab N: the N label ids used most, as EAGLE-3's d2t / t2d in model.safetensors; held-out
+    accuracy is measured over it (a label outside it is never hit), and convert carries it."""
+    import torch
+    from safetensors.torch import load_file
+
+    from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
+
+    result = run(setup, tmp_path, "eagle", name="reduced", epochs=1, draft_vocab=12)
+    report = result.report["accuracy"]
+    assert report["draft_vocab"]["size"] == 12 and 0 < report["draft_vocab"]["held_out_coverage"] < 1
+    assert report["depths"][0]["top10"] <= report["draft_vocab"]["held_out_coverage"]
+    tensors = load_file(str(result.out / "model.safetensors"))
+    target = torch.arange(12) + tensors["d2t"]
+    assert int(tensors["t2d"].sum()) == 12 and bool(tensors["t2d"][target].all())
+    ckpt = tmp_path / "ckpt"
+    convert(ConvertOptions(base=setup["base"], out=ckpt, eagle=result.out), show_progress=False)
+    assert list(read_checkpoint_vocab(ckpt, MODEL.vocab_size).target_ids) == target.tolist()
+

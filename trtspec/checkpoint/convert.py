@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from trtspec.checkpoint import plan as P
+from trtspec.checkpoint.draft_vocab import DraftVocab, write_checkpoint_vocab
 from trtspec.checkpoint.eagle import EagleDraft, read_eagle_draft
 from trtspec.checkpoint.hf_config import BaseModelConfig, read_base_config, read_json
 from trtspec.checkpoint.medusa import FULL_MODEL_PREFIX, MODELOPT_PREFIX, has_embedded_heads, read_medusa_heads
@@ -88,7 +89,7 @@ def convert(opts: ConvertOptions, *, show_progress: bool = True) -> ConvertResul
     mapping = Mapping(tp_size=opts.tp_size, pp_size=opts.pp_size)
     _check_parallelism(cfg, mapping)
     dtype = opts.dtype or cfg.dtype or "float32"
-    plan, config, provenance = _make_plan(opts, cfg, mapping, DTYPES[dtype])
+    plan, config, provenance, draft_vocab = _make_plan(opts, cfg, mapping, DTYPES[dtype])
     with atomic_output_dir(Path(opts.out), force=opts.force) as tmp:
         n_tensors, n_bytes = 0, 0
         for rank in range(mapping.world_size):
@@ -98,13 +99,15 @@ def convert(opts: ConvertOptions, *, show_progress: bool = True) -> ConvertResul
                 n_bytes += write_safetensors(tmp / f"rank{rank}.safetensors", planned, lambda _: advance())
             n_tensors += len(planned)
         (tmp / "config.json").write_text(json.dumps(config, indent=4) + "\n")
+        if draft_vocab is not None:
+            write_checkpoint_vocab(tmp, draft_vocab)
         (tmp / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
     return ConvertResult(Path(opts.out), config["architecture"], mapping.world_size, n_tensors, n_bytes,
                          time.perf_counter() - start)
 
 
 def _make_plan(opts: ConvertOptions, cfg: BaseModelConfig, mapping: Mapping,
-               dtype: torch.dtype) -> tuple[P.Plan, dict, dict]:
+               dtype: torch.dtype) -> tuple[P.Plan, dict, dict, DraftVocab | None]:
     store = open_hf_weights(opts.base)
     dtype_name = next(k for k, v in DTYPES.items() if v == dtype)
     plan = P.Plan(mapping, dtype, [[] for _ in range(mapping.pp_size)])
@@ -112,6 +115,7 @@ def _make_plan(opts: ConvertOptions, cfg: BaseModelConfig, mapping: Mapping,
     provenance = {"base": str(Path(opts.base).resolve()), "base_architecture": cfg.architecture,
                   "options": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()}}
     embedded = (FULL_MODEL_PREFIX, MODELOPT_PREFIX)
+    draft_vocab = None
     if opts.medusa:
         heads = read_medusa_heads(opts.medusa, num_heads=opts.num_medusa_heads, num_layers=opts.num_medusa_layers)
         P.add_medusa(plan, heads, store, cfg)
@@ -128,19 +132,21 @@ def _make_plan(opts: ConvertOptions, cfg: BaseModelConfig, mapping: Mapping,
         draft = read_eagle_draft(opts.eagle)
         _check_draft_fits(draft, cfg, mapping)
         P.add_eagle(plan, draft, store, cfg, opts.num_eagle_layers)
-        P.check_all_consumed(plan, draft.store, ("layers.0.input_layernorm.",))
+        draft_vocab = draft.draft_vocab(cfg.vocab_size)
+        P.check_all_consumed(plan, draft.store, ("layers.0.input_layernorm.", "d2t", "t2d"))
         config = eagle_config(cfg, draft, dtype=dtype_name, mapping=mapping, max_draft_len=opts.max_draft_len,
                               num_eagle_layers=opts.num_eagle_layers,
                               max_non_leaves_per_layer=opts.max_non_leaves_per_layer)
         provenance["eagle"] = {"directory": str(Path(opts.eagle).resolve()), "fc_bias": draft.has_fc_bias,
-                               "embed_tokens": "draft" if draft.has_embed_tokens else "base"}
+                               "embed_tokens": "draft" if draft.has_embed_tokens else "base",
+                               "draft_vocab_size": draft_vocab.size if draft_vocab else cfg.vocab_size}
     else:
         config = base_config(cfg, dtype=dtype_name, mapping=mapping)
     if has_embedded_heads(store) and not opts.medusa:
         log.warning("%s also holds Medusa heads; they are not converted (pass --medusa %s to convert them)",
                     opts.base, opts.base)
     P.check_all_consumed(plan, store, embedded)
-    return plan, config, provenance
+    return plan, config, provenance, draft_vocab
 
 
 def _check_draft_fits(draft: EagleDraft, cfg: BaseModelConfig, mapping: Mapping) -> None:

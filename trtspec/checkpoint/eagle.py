@@ -2,7 +2,9 @@
 three fused target features, reduced draft vocabulary with `d2t` / `t2d`).
 
 EAGLE-1/2 converts into TensorRT-LLM's `EagleForCausalLM`; EAGLE-3 is read and validated only: the TensorRT
-engine flow has no EAGLE-3 model (TensorRT-LLM runs it in its PyTorch backend).
+engine flow has no EAGLE-3 model (TensorRT-LLM runs it in its PyTorch backend). An EAGLE-1/2 draft may carry
+EAGLE-3's `d2t` / `t2d` too (trtspec's trained drafts do): the CPU engine then drafts over that reduced
+vocabulary (see draft_vocab.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from trtspec.checkpoint.draft_vocab import DraftVocab
 from trtspec.checkpoint.hf_config import read_json
 from trtspec.checkpoint.tensorfile import TensorStore, open_hf_weights
 from trtspec.errors import CheckpointError
@@ -43,6 +46,14 @@ class EagleDraft:
     has_embed_tokens: bool
     config_bias: bool  # the config's `bias` key; absent means True (the EAGLE repository default)
     has_first_input_layernorm: bool  # released layer 0 has none; TRT-LLM's drafter never uses one
+    has_vocab_maps: bool  # d2t / t2d present: a reduced draft vocabulary (read with draft_vocab())
+
+    def draft_vocab(self, vocab_size: int) -> DraftVocab | None:
+        """The reduced draft vocabulary (validated against the target's vocab_size), or None."""
+        if not self.has_vocab_maps:
+            return None
+        return DraftVocab.from_maps(self.store.load("d2t"), self.store.load("t2d"), vocab_size=vocab_size,
+                                    where=str(self.store.info("d2t").path))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +107,7 @@ def read_eagle_draft(directory: Path) -> EagleDraft:
         has_fc_bias="fc.bias" in store, has_embed_tokens="embed_tokens.weight" in store,
         config_bias=bool(cfg.get("bias", True)),
         has_first_input_layernorm="layers.0.input_layernorm.weight" in store,
+        has_vocab_maps="d2t" in store or "t2d" in store,
     )
     _check_eagle_keys(draft)
     return draft
@@ -114,7 +126,7 @@ def eagle_layer_keys(draft: EagleDraft, j: int) -> list[str]:
 
 def _check_eagle_keys(d: EagleDraft) -> None:
     expected = {"fc.weight"} | {k for j in range(d.num_layers) for k in eagle_layer_keys(d, j)}
-    optional = {"fc.bias", "embed_tokens.weight", "layers.0.input_layernorm.weight"}
+    optional = {"fc.bias", "embed_tokens.weight", "layers.0.input_layernorm.weight", "d2t", "t2d"}
     where = d.store.files[0]
     missing = sorted(expected - set(d.store.keys()))
     if missing:
@@ -134,6 +146,8 @@ def _check_eagle_keys(d: EagleDraft) -> None:
         raise CheckpointError(
             f"{where}: EAGLE draft has no fc.bias but {d.directory / 'config.json'} does not say \"bias\": false "
             "(the EAGLE default is a biased fc); add \"bias\": false if the draft was trained without it")
+    if d.has_vocab_maps and not {"d2t", "t2d"} <= set(d.store.keys()):
+        raise CheckpointError(f"{where}: a reduced draft vocabulary needs both d2t and t2d (EAGLE-3's maps)")
     if d.has_first_input_layernorm:
         log.warning("%s: layers.0.input_layernorm.weight is ignored (EAGLE's first layer has no input norm)", where)
 
@@ -192,13 +206,6 @@ def _check_vocab_maps(d: Eagle3Draft) -> None:
         if key not in d.store:
             raise CheckpointError(f"{where}: EAGLE-3 draft with draft_vocab_size={d.draft_vocab_size} < "
                                   f"vocab_size={d.vocab_size} is missing {key}")
-    d2t, t2d = d.store.load("d2t"), d.store.load("t2d")
-    if tuple(d2t.shape) != (d.draft_vocab_size,) or tuple(t2d.shape) != (d.vocab_size,):
-        raise CheckpointError(f"{where}: d2t has shape {list(d2t.shape)} and t2d {list(t2d.shape)}, expected "
-                              f"[{d.draft_vocab_size}] and [{d.vocab_size}]")
-    target = torch.arange(d.draft_vocab_size) + d2t.long()
-    if target.min() < 0 or target.max() >= d.vocab_size or not bool(t2d.bool()[target].all()):
-        raise CheckpointError(f"{where}: d2t maps draft ids outside the target ids marked in t2d")
-    if int(t2d.bool().sum()) != d.draft_vocab_size:
-        raise CheckpointError(f"{where}: t2d marks {int(t2d.bool().sum())} target ids, "
-                              f"draft_vocab_size is {d.draft_vocab_size}")
+    vocab = DraftVocab.from_maps(d.store.load("d2t"), d.store.load("t2d"), vocab_size=d.vocab_size, where=str(where))
+    if vocab.size != d.draft_vocab_size:
+        raise CheckpointError(f"{where}: d2t has {vocab.size} entries, draft_vocab_size is {d.draft_vocab_size}")

@@ -348,13 +348,17 @@ def write_medusa_heads(out_dir: str | Path, model: TinyModel = TinyModel(), *, v
 
 def write_eagle_draft(out_dir: str | Path, model: TinyModel = TinyModel(), *, fc_bias: bool = True,
                       embed_tokens: bool = True, num_layers: int = 1, config_bias: bool | None = None,
-                      storage: str = "bin", seed: int = 2) -> Path:
-    """Write a tiny random EAGLE-1/2 draft in the yuhuili/EAGLE layout."""
+                      storage: str = "bin", seed: int = 2, draft_vocab_size: int | None = None) -> Path:
+    """Write a tiny random EAGLE-1/2 draft in the yuhuili/EAGLE layout; with draft_vocab_size, also EAGLE-3's
+    d2t / t2d maps of a reduced draft vocabulary (as trtspec-trained drafts carry them)."""
     _check_choice("storage", storage, EAGLE_STORAGES)
     _check_positive("num_layers", num_layers)
     out = _mkdir(out_dir)
     shapes = _eagle_shapes(model, fc_bias=fc_bias, embed_tokens=embed_tokens, num_layers=num_layers)
     state = _random_state(shapes, model.torch_dtype, seed)
+    if draft_vocab_size is not None:
+        state["d2t"], state["t2d"] = _draft_vocab(model.vocab_size, draft_vocab_size,
+                                                  torch.Generator().manual_seed(seed))
     if storage == "bin":
         torch.save(state, out / "pytorch_model.bin")
     else:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trtspec.checkpoint.draft_vocab import DraftVocab
 from trtspec.checkpoint.hf_config import BaseModelConfig
 from trtspec.model.config import ModelConfig
 from trtspec.model.reference import DecoderLayer
@@ -27,6 +28,7 @@ from trtspec.train.data import Sample
 from trtspec.train.heads import IGNORE, SharedLmHead, accuracy_at
 
 CE_WEIGHT = 0.1
+UNROLL_DECAY = 0.8  # weight of depth d's loss: 0.8^(d - 1)
 # reference DecoderLayer parameter → EAGLE (HF LLaMA) name; q/k/v are separate in both
 EXPORT_NAMES = {
     "attention.q.weight": "self_attn.q_proj.weight", "attention.k.weight": "self_attn.k_proj.weight",
@@ -73,6 +75,7 @@ class SequenceBatch:
     features: torch.Tensor  # [T, H] ... and feature i (float16)
     target_features: torch.Tensor  # [T, H] feature i + 1
     labels: torch.Tensor  # [T] token ids[i + 2], IGNORE outside the reply
+    ids: torch.Tensor  # [T + 2] the whole sequence (the deeper depths read further tokens)
 
 
 def sequence(s: Sample) -> SequenceBatch:
@@ -81,68 +84,106 @@ def sequence(s: Sample) -> SequenceBatch:
     t = len(feats) - 1  # entries 0..n-2 have a next feature to regress to
     labels = ids[2:2 + t].clone()
     labels[: max(0, s.prompt_len - 1)] = IGNORE  # entries before the one that reads the first reply token
-    return SequenceBatch(ids[1:1 + t], feats[:t], feats[1:1 + t], labels)
+    return SequenceBatch(ids[1:1 + t], feats[:t], feats[1:1 + t], labels, ids)
 
 
-def loss_fn(model: EagleDraftModule, noise: float, ce_weight: float = CE_WEIGHT):
+def loss_fn(model: EagleDraftModule, noise: float, ce_weight: float = CE_WEIGHT, unroll: int = 1):
+    """EAGLE-1's loss at depth 1, plus (unroll > 1, "training-time test") the same loss at depths 2..unroll,
+    where the draft reads its own predicted features as it does when drafting a tree, weighted 0.8^(d - 1)."""
     def compute(b: SequenceBatch, gen: torch.Generator) -> tuple[torch.Tensor, int]:
-        t = len(b.tokens)
         feats = b.features.float()
         feats = feats + (torch.rand(feats.shape, generator=gen) - 0.5) * (2 * noise)  # U(-noise, noise)
-        hidden, _, _ = model(b.tokens, feats, torch.arange(t), torch.ones(t, t, dtype=torch.bool).tril())
-        keep = b.labels != IGNORE
-        reg = F.smooth_l1_loss(hidden[keep], b.target_features[keep].float(), reduction="none").mean(-1).mean()
-        logits, target = model.lm_head.train_logits(hidden[keep], b.labels[keep])
-        return reg + ce_weight * F.cross_entropy(logits, target), int(keep.sum())
+        total, weights, count = 0.0, 0.0, 0
+        for d, (hidden, labels, targets) in enumerate(depth_outputs(model, b, feats, unroll), start=1):
+            keep = labels != IGNORE
+            if not keep.any():
+                break
+            reg = F.smooth_l1_loss(hidden[keep], targets[keep].float(), reduction="none").mean(-1).mean()
+            logits, target = model.lm_head.train_logits(hidden[keep], labels[keep])
+            w = UNROLL_DECAY ** (d - 1)
+            total, weights = total + w * (reg + ce_weight * F.cross_entropy(logits, target)), weights + w
+            count = count or int(keep.sum())
+        return total / weights, count
     return compute
 
 
+def select_draft_vocab(batches: list[SequenceBatch], size: int, vocab_size: int) -> DraftVocab | None:
+    """The `size` target ids the training labels use most (ties: lower id first), or None for 0 / ≥ vocab."""
+    if size <= 0 or size >= vocab_size:
+        return None
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for b in batches:
+        labels = b.labels[b.labels != IGNORE]
+        counts.index_add_(0, labels, torch.ones_like(labels))
+    order = sorted(range(vocab_size), key=lambda i: (-int(counts[i]), i))[:size]
+    return DraftVocab.from_target_ids(order, vocab_size)
+
+
 @torch.no_grad()
-def evaluate(model: EagleDraftModule, samples: list[Sample], top_k: int, depth: int = 4) -> dict:
-    """Per-depth accuracy@1..top_k (full vocabulary) on held-out replies, as the tree drafts them.
+def evaluate(model: EagleDraftModule, samples: list[Sample], top_k: int, depth: int = 4,
+             draft_vocab: DraftVocab | None = None) -> dict:
+    """Per-depth accuracy@1..top_k on held-out replies, as the tree drafts them (over the draft vocabulary when
+    there is one, else the full vocabulary); with a draft vocabulary also the share of labels it covers.
 
     Depth 1 reads true features; depth d reads the draft's own hidden from depth d − 1 and the true token
     (the path so far accepted), attending to the true entries up to its root plus its own ancestors."""
     logits_by_depth, labels_by_depth = [[] for _ in range(depth)], [[] for _ in range(depth)]
+    outside = None
+    if draft_vocab is not None:
+        outside = torch.ones(draft_vocab.vocab_size, dtype=torch.bool)
+        outside[torch.from_numpy(draft_vocab.target_ids)] = False
     for s in samples:
-        for d, (logits, labels) in enumerate(_rollout(model, sequence(s), np.asarray(s.ids, np.int64), depth)):
+        b = sequence(s)
+        for d, (hidden, labels, _) in enumerate(depth_outputs(model, b, b.features.float(), depth)):
+            keep = labels != IGNORE
+            logits = model.lm_head.full_logits(hidden[keep])
+            if outside is not None:
+                logits[:, outside] = -torch.inf
             logits_by_depth[d].append(logits)
-            labels_by_depth[d].append(labels)
+            labels_by_depth[d].append(labels[keep])
     out = []
     for d in range(depth):
         acc = accuracy_at(torch.cat(logits_by_depth[d]), torch.cat(labels_by_depth[d]), top_k)
         out.append({"depth": d + 1, **acc})
-    return {"depths": out}
+    if outside is None:
+        return {"depths": out}
+    labels = torch.cat(labels_by_depth[0])
+    covered = 1 - float(outside[labels].float().mean()) if len(labels) else 0.0
+    return {"depths": out, "draft_vocab": {"size": draft_vocab.size, "held_out_coverage": round(covered, 4)}}
 
 
-def _rollout(model: EagleDraftModule, b: SequenceBatch, ids: np.ndarray, depth: int):
+def depth_outputs(model: EagleDraftModule, b: SequenceBatch, features: torch.Tensor, depth: int):
+    """Yield (hidden [n, H], labels [n], target features [n, H]) for depths 1..depth over one sequence.
+
+    Depth 1 reads the (given) true features; depth d reads the draft's own hidden from depth d − 1 at the same
+    entry and the true token (the path so far accepted), attending to the true entries up to its root plus its
+    own ancestors: entry i at depth d reads ids[i + d], predicts feature i + d and token ids[i + d + 1]."""
     t = len(b.tokens)
-    hidden, k, v = model(b.tokens, b.features.float(), torch.arange(t), torch.ones(t, t, dtype=torch.bool).tril())
+    hidden, k, v = model(b.tokens, features, torch.arange(t), torch.ones(t, t, dtype=torch.bool).tril())
     keys, values = [k], [v]
-    valid = b.labels != IGNORE
-    yield model.lm_head.full_logits(hidden[valid]), b.labels[valid]
-    ids_t = torch.from_numpy(ids)
+    yield hidden, b.labels, b.target_features
+    ids, valid = b.ids, b.labels != IGNORE
     for d in range(2, depth + 1):
-        n = t - (d - 1)  # entry i at depth d reads ids[i + d] and predicts ids[i + d + 1]
+        n = t - (d - 1)
         if n <= 0:
             return
         tril, eye = torch.ones(t, t, dtype=torch.bool).tril()[:n], torch.eye(t, dtype=torch.bool)[:n]
         # row i sees the true entries ≤ i, its own ancestors at depths 2..d-1, and itself
         mask = torch.cat([tril, *[eye] * (d - 2), torch.eye(n, dtype=torch.bool)], dim=1)  # [n, (d-1)·t + n]
         past = (torch.cat(keys, dim=2), torch.cat(values, dim=2))
-        hidden, k, v = model(ids_t[d:d + n], hidden[:n], torch.arange(n) + d - 1, mask, past)
-        k = torch.cat([k, torch.zeros(1, k.shape[1], t - n, k.shape[3])], dim=2)  # pad to t rows for the eye masks
-        v = torch.cat([v, torch.zeros(1, v.shape[1], t - n, v.shape[3])], dim=2)
-        keys.append(k)
-        values.append(v)
-        labels = torch.from_numpy(ids[d + 1:d + 1 + n]).clone()
+        hidden, k, v = model(ids[d:d + n], hidden[:n], torch.arange(n) + d - 1, mask, past)
+        pad = torch.zeros(1, k.shape[1], t - n, k.shape[3])  # pad to t rows for the eye masks
+        keys.append(torch.cat([k, pad], dim=2))
+        values.append(torch.cat([v, pad], dim=2))
+        labels = ids[d + 1:d + 1 + n].clone()
         labels[~valid[:n]] = IGNORE
-        yield model.lm_head.full_logits(hidden), labels
+        yield hidden, labels, b.target_features[d - 1:d - 1 + n]
 
 
 def export(model: EagleDraftModule, out: Path, *, base: Path, cfg: BaseModelConfig, dtype: torch.dtype,
-           with_embeddings: bool, extra: dict) -> list[str]:
-    """Write the EAGLE-1 repository layout into `out`; return the file names."""
+           with_embeddings: bool, extra: dict, draft_vocab: DraftVocab | None = None) -> list[str]:
+    """Write the EAGLE-1 repository layout into `out` (plus EAGLE-3's d2t / t2d with a draft vocabulary);
+    return the file names."""
     from safetensors.torch import save_file
 
     tensors = {"fc.weight": model.fc.weight, "fc.bias": model.fc.bias}
@@ -150,8 +191,10 @@ def export(model: EagleDraftModule, out: Path, *, base: Path, cfg: BaseModelConf
         tensors[f"layers.0.{EXPORT_NAMES[name]}"] = p
     if with_embeddings:
         tensors["embed_tokens.weight"] = model.embed
-    save_file({k: v.detach().to(dtype).contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"),
-              metadata={"format": "pt"})
+    tensors = {k: v.detach().to(dtype).contiguous() for k, v in tensors.items()}
+    if draft_vocab is not None:
+        tensors.update(draft_vocab.maps())
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "model.safetensors").chmod(0o644)  # safetensors writes 0600
     c = model.config
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,

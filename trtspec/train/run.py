@@ -50,6 +50,8 @@ class TrainOptions:
     layers: int = 1  # Medusa ResBlocks per head
     noise: float = 0.1  # EAGLE: uniform feature noise half-width
     ce_weight: float = 0.1  # EAGLE: weight of the token cross-entropy next to the feature regression
+    unroll: int = 1  # EAGLE: depths trained (training-time test); 1 = EAGLE-1
+    draft_vocab: int = 0  # EAGLE: score only this many target ids (the labels' most used; d2t / t2d); 0 = all
     intermediate_size: int | None = None  # EAGLE: draft MLP width (default: the base's)
     with_embeddings: bool = False  # EAGLE: also store embed_tokens (a frozen base copy; convert falls back to the base)
     full_vocab_loss: bool = False  # training cross-entropy over the whole vocabulary, not just the labels used
@@ -69,11 +71,13 @@ class TrainOptions:
             raise ConfigError(f"unknown drafter {self.method!r}; trtspec trains {', '.join(METHODS)}")
         if self.save_dtype not in SAVE_DTYPES:
             raise ConfigError(f"--save-dtype {self.save_dtype!r} is not one of {', '.join(SAVE_DTYPES)}")
-        for name in ("epochs", "batch_size", "heads", "layers", "top_k"):
+        for name in ("epochs", "batch_size", "heads", "layers", "top_k", "unroll"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.lr is not None and self.lr <= 0:
             raise ConfigError(f"--lr must be > 0, got {self.lr}")
+        if self.draft_vocab < 0:
+            raise ConfigError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {self.draft_vocab}")
         if self.noise < 0 or self.ce_weight < 0:
             raise ConfigError(f"--noise and --ce-weight must be >= 0, got {self.noise} and {self.ce_weight}")
         if self.resume and self.force:
@@ -117,10 +121,12 @@ def train(opts: TrainOptions) -> TrainResult:
                  resume=opts.resume)
     if fitted.stopped_early:
         return TrainResult(opts.out, opts.method, {"stopped_after_steps": fitted.steps})
+    draft_vocab = (E.select_draft_vocab(batches, opts.draft_vocab, cfg.vocab_size) if opts.method == "eagle"
+                   else None)
     accuracy = (M.evaluate(model, held_out, opts.top_k) if opts.method == "medusa"
-                else E.evaluate(model, held_out, opts.top_k))
+                else E.evaluate(model, held_out, opts.top_k, draft_vocab=draft_vocab))
     report = _report(opts, cache, train_set, held_out, fitted, model, accuracy, lr, time.perf_counter() - start)
-    _export(opts, cfg, model, report)
+    _export(opts, cfg, model, report, draft_vocab)
     return TrainResult(opts.out, opts.method, report)
 
 
@@ -172,10 +178,10 @@ def _model(opts: TrainOptions, cfg, train_set):
     lm_head = SharedLmHead(lm_weight, None if opts.full_vocab_loss
                            else active_vocabulary([b.labels for b in batches], cfg.vocab_size))
     model = E.EagleDraftModule(E.draft_config(cfg, opts.intermediate_size), embed, lm_head)
-    return model, batches, E.loss_fn(model, opts.noise, opts.ce_weight)
+    return model, batches, E.loss_fn(model, opts.noise, opts.ce_weight, opts.unroll)
 
 
-def _export(opts: TrainOptions, cfg, model, report: dict) -> None:
+def _export(opts: TrainOptions, cfg, model, report: dict, draft_vocab) -> None:
     dtype = SAVE_DTYPES[opts.save_dtype]
     extra = {"trained_by": "trtspec train", "prompts": opts.prompts, "samples": opts.samples, "epochs": opts.epochs,
              "seed": opts.seed}
@@ -184,12 +190,13 @@ def _export(opts: TrainOptions, cfg, model, report: dict) -> None:
         if opts.method == "medusa":
             M.export(model, tmp, base=base, dtype=dtype, extra=extra)
         else:
-            E.export(model, tmp, base=base, cfg=cfg, dtype=dtype, with_embeddings=opts.with_embeddings, extra=extra)
+            E.export(model, tmp, base=base, cfg=cfg, dtype=dtype, with_embeddings=opts.with_embeddings, extra=extra,
+                     draft_vocab=draft_vocab)
         (tmp / RESULT_FILE).write_text(json.dumps(report, indent=2) + "\n")
 
 
 METHOD_OPTIONS = {"medusa": ("heads", "layers", "batch_size"),
-                  "eagle": ("noise", "ce_weight", "intermediate_size", "with_embeddings")}
+                  "eagle": ("noise", "ce_weight", "unroll", "draft_vocab", "intermediate_size", "with_embeddings")}
 
 
 def _options_dict(opts: TrainOptions) -> dict:
@@ -199,6 +206,6 @@ def _options_dict(opts: TrainOptions) -> dict:
 
 
 def _fingerprint(opts: TrainOptions, cache: DataCache) -> dict:
-    keep = ("method", "epochs", "lr", "batch_size", "heads", "layers", "noise", "ce_weight", "intermediate_size",
-            "full_vocab_loss", "seed")
+    keep = ("method", "epochs", "lr", "batch_size", "heads", "layers", "noise", "ce_weight", "unroll",
+            "intermediate_size", "full_vocab_loss", "seed")
     return fingerprint_of(data=asdict(cache.spec), **{k: getattr(opts, k) for k in keep})
