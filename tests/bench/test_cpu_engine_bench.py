@@ -3,6 +3,7 @@ decode runners and their child processes, the summary arithmetic and the command
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from trtspec.bench import cpu_engine, peers
 from trtspec.bench.cpu_engine import (build_engines, identical_outputs, parse_args, read_bandwidth, render_table,
                                       summarize, verify_curve)
 from trtspec.bench.peers import run_child, run_trtspec
-from trtspec.engine.manifest import read_manifest
+from trtspec.engine.manifest import ONNX_GRAPH_FORMAT, read_manifest
 from trtspec.errors import ConfigError
 from trtspec.runtime.generator import GenerateOptions, LocalGenerator
 from trtspec.testing import TinyModel, write_hf_base
@@ -38,6 +39,14 @@ def test_build_engines_one_per_k_and_reuses_them(tiny, tmp_path):
     stamps = {k: (e / "manifest.json").stat().st_mtime_ns for k, e in engines.items()}
     again = build_engines(base, engines[0].parent, ks=KS, max_input_len=32, max_seq_len=64, show_progress=False)
     assert {k: (e / "manifest.json").stat().st_mtime_ns for k, e in again.items()} == stamps
+
+
+def test_engine_of_an_older_graph_format_is_rebuilt(tiny):
+    base, engines = tiny
+    manifest = json.loads((engines[1] / "manifest.json").read_text())
+    (engines[1] / "manifest.json").write_text(json.dumps({**manifest, "graph_format": 1}))
+    build_engines(base, engines[0].parent, ks=(1,), max_input_len=32, max_seq_len=64, show_progress=False)
+    assert read_manifest(engines[1]).graph_format == ONNX_GRAPH_FORMAT
 
 
 def test_verify_curve_one_positive_ratio_per_k(tiny):

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from trtspec.cli import cli
-from trtspec.engine.manifest import Manifest, read_manifest
+from trtspec.engine.manifest import ONNX_GRAPH_FORMAT, Manifest, read_manifest
 from trtspec.engine.onnx_builder import BuildOptions, build, plan_build
 from trtspec.errors import BuildError, ConfigError
 from trtspec.testing import TinyModel, tiny_trtllm_checkpoints
@@ -87,3 +87,21 @@ def test_manifest_rejects_unknown_keys_and_versions(ckpts, tmp_path):
         Manifest.from_dict({**m, "colour": "red"})
     with pytest.raises(BuildError, match="manifest version 99"):
         Manifest.from_dict({**m, "version": 99})
+
+
+
+@pytest.mark.parametrize("change", [lambda m: m.pop("graph_format"), lambda m: m.update(graph_format=1)])
+def test_manifest_of_an_older_graph_format_says_to_rebuild(ckpts, tmp_path, change):
+    """Engines built before GroupQueryAttention (no graph_format, or format 1) cannot run: the KV layout changed."""
+    m = plan_build(BuildOptions(source=ckpts["medusa"], out=tmp_path / "e", max_input_len=64)).to_dict()
+    assert m["graph_format"] == ONNX_GRAPH_FORMAT
+    change(m)
+    with pytest.raises(BuildError, match=rf"graphs are of format 1, this trtspec runs format {ONNX_GRAPH_FORMAT}; "
+                                         r"rebuild the engine with this trtspec"):
+        Manifest.from_dict(m)
+
+
+def test_plan_rejects_a_head_dim_the_attention_kernel_cannot_run(tmp_path):
+    ckpt = tiny_trtllm_checkpoints(tmp_path, TinyModel(hidden_size=96, num_heads=12, num_kv_heads=4), ("none",))
+    with pytest.raises(BuildError, match="the model's head_dim is 8; .* needs a multiple of 16"):
+        plan_build(BuildOptions(source=ckpt["none"], out=tmp_path / "e", max_input_len=64))

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import pytest
 
+from trtspec.engine.manifest import ONNX_GRAPH_FORMAT
 from trtspec.engine.onnx_builder import BuildOptions, build
-from trtspec.errors import RuntimeEngineError
+from trtspec.errors import BuildError, RuntimeEngineError
 from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.runtime.torch_engine import TorchEngine
@@ -74,6 +78,19 @@ def test_sampling_matches_torch_reference_with_the_same_seed(engines):
     config = GenerationConfig(max_tokens=20, sampling=SamplingParams(temperature=0.8, seed=5))
     outs = [generate(e, _prompts(1)[0], _proposer("medusa", e), config).output_ids for e in (ort_engine, torch_engine)]
     assert outs[0] == outs[1]
+
+
+def test_engine_of_an_older_graph_format_is_refused_in_one_line(engines, tmp_path):
+    old = tmp_path / "old"
+    shutil.copytree(engines["medusa"][0].engine_dir, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["graph_format"]  # what builds before format 2 wrote
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BuildError) as error:
+        OrtEngine(old, threads=1)
+    assert "\n" not in str(error.value) and str(error.value).endswith(
+        f"ONNX graphs are of format 1, this trtspec runs format {ONNX_GRAPH_FORMAT}; rebuild the engine with this "
+        "trtspec (`trtspec build ... --force`)")
 
 
 def test_limits_are_clear_errors(engines):

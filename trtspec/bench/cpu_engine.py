@@ -62,6 +62,8 @@ def build_engines(base: Path, work: Path, *, ks=CURVE_KS, max_input_len: int = 5
 
 
 def _is_current(engine_dir: Path, k: int, max_input_len: int, max_seq_len: int) -> bool:
+    """Whether `engine_dir` holds an engine of this profile that this trtspec runs: read_manifest refuses an
+    older graph format (or a missing or broken engine), which is then rebuilt."""
     from trtspec.engine.manifest import read_manifest
     from trtspec.errors import TrtspecError
 

@@ -18,6 +18,10 @@ from trtspec.errors import BuildError, ConfigError
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
+# The onnx backend's graph contract (inputs, outputs, KV layout) the runtime runs. Format 1 (manifests without
+# `graph_format`): MatMul / Softmax attention, KV cache [P, B, nkv, hd], new rows as outputs of their own.
+# Format 2: GroupQueryAttention, KV buffers [B, nkv, capacity, hd] bound as both past and present.
+ONNX_GRAPH_FORMAT = 2
 
 
 class Backend(enum.Enum):
@@ -114,6 +118,7 @@ class Manifest:
     lookahead: dict[str, int] | None = None
     tp_size: int = 1  # tensor-parallel ranks (trtllm engines: one rank{r}.engine per rank, one MPI rank per GPU)
     pp_size: int = 1
+    graph_format: int | None = None  # onnx backend: ONNX_GRAPH_FORMAT of the graphs it built
 
     @property
     def world_size(self) -> int:
@@ -135,6 +140,10 @@ class Manifest:
             data["backend"], data["method"] = Backend(data.get("backend")), Method(data.get("method"))
         except ValueError as e:
             raise ConfigError(f"{where}: {e}") from None
+        if data["backend"] is Backend.ONNX and data.get("graph_format", 1) != ONNX_GRAPH_FORMAT:
+            raise BuildError(f"{where}: the engine's ONNX graphs are of format {data.get('graph_format', 1)!r}, this "
+                             f"trtspec runs format {ONNX_GRAPH_FORMAT}; rebuild the engine with this trtspec "
+                             "(`trtspec build ... --force`)")
         data["model"] = _from_dict(ModelInfo, data.get("model"), f"{where}: model")
         data["profile"] = _from_dict(Profile, data.get("profile"), f"{where}: profile")
         if data.get("tree") is not None:

@@ -18,7 +18,7 @@ from trtspec import __version__
 from trtspec.checkpoint.convert import PROVENANCE_FILE
 from trtspec.checkpoint.hf_config import read_json
 from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
-from trtspec.engine.manifest import Backend, Manifest, Method, ModelInfo, Profile
+from trtspec.engine.manifest import ONNX_GRAPH_FORMAT, Backend, Manifest, Method, ModelInfo, Profile
 from trtspec.errors import BuildError, ConfigError
 from trtspec.model.config import ModelConfig
 from trtspec.outdir import atomic_output_dir, check_output_dir
@@ -58,6 +58,8 @@ class BuildOptions:
 
 def plan_build(opts: BuildOptions) -> Manifest:
     """Validate the build and return the manifest it will write (without files and numerics)."""
+    from trtspec.model.onnx_graph import check_supported  # onnx, imported when a build is planned
+
     ckpt_config = read_json(Path(opts.source) / "config.json")
     if "architecture" not in ckpt_config:
         hint = (f"; it looks like a Hugging Face folder: run `trtspec convert --base {opts.source} --out CKPT` first"
@@ -65,6 +67,7 @@ def plan_build(opts: BuildOptions) -> Manifest:
         raise BuildError(f"{Path(opts.source) / 'config.json'} has no 'architecture': {opts.source} is not a "
                          f"TensorRT-LLM checkpoint{hint}")
     cfg = ModelConfig.from_trtllm(ckpt_config)
+    check_supported(cfg)
     method = _method(cfg, opts)
     tree = _tree(cfg, method, opts)
     draft_tokens = opts.dynamic_tree.total_tokens if method is Method.EAGLE2 else tree.num_nodes if tree else 0
@@ -84,7 +87,7 @@ def plan_build(opts: BuildOptions) -> Manifest:
                     model=_model_info(cfg, end_id, pad_id), profile=profile,
                     tree=tree.choices if tree is not None else None,
                     dynamic_tree=vars(opts.dynamic_tree) if method is Method.EAGLE2 else None,
-                    source=str(Path(opts.source).resolve()), versions=_versions())
+                    source=str(Path(opts.source).resolve()), versions=_versions(), graph_format=ONNX_GRAPH_FORMAT)
 
 
 def build(opts: BuildOptions) -> Manifest:
@@ -95,7 +98,9 @@ def build(opts: BuildOptions) -> Manifest:
     check_output_dir(Path(opts.out), force=opts.force)
     ckpt = read_trtllm_checkpoint(opts.source)
     with atomic_output_dir(Path(opts.out), force=opts.force) as tmp:
-        graphs = export_graphs(ckpt, tmp, generation_tokens=manifest.profile.tokens_per_step)
+        p = manifest.profile  # a step's slots may reach K + 1 positions past max_seq_len - 1 (see OrtEngine)
+        graphs = export_graphs(ckpt, tmp, generation_tokens=p.tokens_per_step,
+                               max_positions=p.max_seq_len + p.tokens_per_step)
         for graph in graphs.values():
             check_graph(graph.path)
         numerics = compare_with_reference(opts.source, tmp, graphs)

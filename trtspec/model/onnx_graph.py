@@ -3,7 +3,8 @@ them with the torch reference.
 
 Graphs: `context` (T dynamic) and `generation` (T = K + 1 fixed) over one shared `weights.bin`; for EAGLE also
 `draft_context` / `draft_generation` over `draft_weights.bin`. Compute is float32 whatever the stored dtype.
-KV layout is past length first, [P, B, nkv, hd], so the runtime binds a prefix view of its cache buffer.
+Each layer's attention is one GroupQueryAttention node over a KV buffer [B, nkv, capacity, hd] that the runtime
+binds as both past and present, so the new rows are written into the cache in place (at each row's past length).
 Importing this module does not import torch (the serving path uses `session_options` only).
 """
 
@@ -23,7 +24,8 @@ from onnx import TensorProto, helper
 
 from trtspec.errors import BuildError
 from trtspec.model.config import ModelConfig
-from trtspec.model.onnx_ops import Dims, Graph, Residual, WeightFile, decoder_layer, embed, linear, logits, prelude
+from trtspec.model.onnx_ops import (HEAD_DIM_MULTIPLE, Dims, Graph, Residual, WeightFile, decoder_layer, embed,
+                                    linear, logits, prelude)
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -171,26 +173,29 @@ def _inv_freq(c: ModelConfig) -> np.ndarray:
     return rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling).numpy()  # [hd/2] float32
 
 
-def _io(c: ModelConfig, tokens: int | None, extra_inputs=(), outputs=()) -> tuple[list, list]:
-    """Graph inputs and outputs; every KV tensor is [length, B, nkv, hd]."""
+def _io(c: ModelConfig, tokens: int | None, extra_inputs=()) -> tuple[list, list]:
+    """Graph inputs and outputs. Context graphs (tokens None) take no positions or mask: they are causal after
+    each row's past. Every KV tensor is [B, nkv, capacity, hd]; present_* is past_* with the new rows written."""
     t = tokens if tokens is not None else "tokens"
     info = helper.make_tensor_value_info
-    kv = [c.num_kv_heads, c.head_dim]
-    inputs = [info("input_ids", TensorProto.INT64, ["batch", t]), *extra_inputs,
-              info("position_ids", TensorProto.INT64, ["batch", t]),
-              info("attention_mask", TensorProto.BOOL, ["batch", t, "past_plus_tokens"])]
+    tree = [info("position_ids", TensorProto.INT64, ["batch", t]),
+            info("tree_mask", TensorProto.BOOL, ["batch", t, t])] if tokens is not None else []
+    inputs = [info("input_ids", TensorProto.INT64, ["batch", t]), *extra_inputs, *tree,
+              info("past_lengths", TensorProto.INT32, ["batch"])]
     outs = [info("logits", TensorProto.FLOAT, ["batch", t, c.vocab_size]),
-            info("hidden", TensorProto.FLOAT, ["batch", t, c.hidden_size]), *outputs]
+            info("hidden", TensorProto.FLOAT, ["batch", t, c.hidden_size])]
+    kv = ["batch", c.num_kv_heads, "capacity", c.head_dim]
     for layer in range(c.num_layers):
-        inputs += [info(f"past_{kind}_{layer}", TensorProto.FLOAT, ["past", "batch", *kv]) for kind in ("key", "value")]
-        outs += [info(f"new_{kind}_{layer}", TensorProto.FLOAT, [t, "batch", *kv]) for kind in ("key", "value")]
+        inputs += [info(f"past_{kind}_{layer}", TensorProto.FLOAT, kv) for kind in ("key", "value")]
+        outs += [info(f"present_{kind}_{layer}", TensorProto.FLOAT, kv) for kind in ("key", "value")]
     return inputs, outs
 
 
-def base_graph(c: ModelConfig, layout: _Layout, wf: WeightFile, tokens: int | None) -> onnx.ModelProto:
-    """The base network over T = `tokens` new tokens (None: dynamic)."""
+def base_graph(c: ModelConfig, layout: _Layout, wf: WeightFile, tokens: int | None,
+               positions: int) -> onnx.ModelProto:
+    """The base network over T = `tokens` new tokens (None: dynamic) at positions below `positions`."""
     g = Graph(wf)
-    pre = prelude(g, _dims(c), _inv_freq(c), "past_key_0", tokens)
+    pre = prelude(g, _inv_freq(c), positions, tokens)
     x = Residual(embed(g, "input_ids", tied=layout.tied))  # [B, T, H]
     for layer in range(c.num_layers):
         x = decoder_layer(g, _dims(c), pre, x, f"layers.{layer}", layer, c.intermediate_size)
@@ -232,15 +237,17 @@ def _medusa_resblocks(g: Graph, x: str, head: int, layers: int) -> str:
     return x
 
 
-def draft_graph(c: ModelConfig, layout: _Layout, wf: WeightFile, tokens: int | None) -> onnx.ModelProto:
+def draft_graph(c: ModelConfig, layout: _Layout, wf: WeightFile, tokens: int | None,
+                positions: int) -> onnx.ModelProto:
     """The EAGLE drafter: fc(cat[embed, feature]), its layers (layer 0 without input norm), the lm_head."""
     d = _draft_config(c)
     g = Graph(wf)
-    pre = prelude(g, _dims(d), _inv_freq(d), "past_key_0", tokens)
+    pre = prelude(g, _inv_freq(d), positions, tokens)
     x = Residual(linear(g, g.op("Concat", embed(g, "input_ids", tied=layout.tied), "features", axis=-1), "fc", "fc"))
     for j in range(d.num_layers):
         x = decoder_layer(g, _dims(d), pre, x, f"layers.{j}", j, d.intermediate_size)
-    logits(g, x.value(g, "hidden"), "lm_head.weight", name="logits")
+    hidden = x.value(g, "hidden")  # [B, T, H]
+    logits(g, hidden, "lm_head.weight", name="logits")  # the lm_head: [B, T, V]
     t = tokens if tokens is not None else "tokens"
     features = helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", t, d.hidden_size])
     inputs, outputs = _io(d, tokens, extra_inputs=[features])
@@ -249,11 +256,16 @@ def draft_graph(c: ModelConfig, layout: _Layout, wf: WeightFile, tokens: int | N
 
 # ---- export, check, compare ---------------------------------------------------------------------------------
 
-def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, generation_tokens: int) -> dict[str, ExportedGraph]:
-    """Write context.onnx / generation.onnx over weights.bin (and the EAGLE draft pair over draft_weights.bin)."""
-    if isinstance(generation_tokens, bool) or not isinstance(generation_tokens, int) or generation_tokens < 1:
-        raise BuildError(f"generation_tokens must be a positive int (K + 1), got {generation_tokens!r}")
+def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, generation_tokens: int,
+                  max_positions: int) -> dict[str, ExportedGraph]:
+    """Write context.onnx / generation.onnx over weights.bin (and the EAGLE draft pair over draft_weights.bin).
+
+    `max_positions` sizes the graphs' RoPE tables: every position a step uses must be below it."""
+    for name, value in (("generation_tokens", generation_tokens), ("max_positions", max_positions)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BuildError(f"{name} must be a positive int, got {value!r}")
     c, out_dir = ModelConfig.from_trtllm(ckpt.config), Path(out_dir)
+    check_supported(c)
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = [("", BASE_WEIGHTS, _write_base, base_graph)]
     if c.eagle is not None:
@@ -267,10 +279,19 @@ def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, generation_tokens: i
         finally:
             wf.close()
         for role, tokens in (("context", None), ("generation", generation_tokens)):
-            graphs[role_prefix + role] = _save(build(c, layout, wf, tokens), out_dir / f"{role_prefix}{role}.onnx")
+            graphs[role_prefix + role] = _save(build(c, layout, wf, tokens, max_positions),
+                                               out_dir / f"{role_prefix}{role}.onnx")
         if layout.medusa_lm_heads:
             graphs["medusa"] = _save(medusa_graph(c, layout, wf), out_dir / "medusa.onnx")
     return graphs
+
+
+def check_supported(c: ModelConfig) -> None:
+    """Reject a network whose attention ONNX Runtime's CPU GroupQueryAttention kernel cannot run."""
+    for what, dims in (("model", c), ("EAGLE draft", c.eagle)):
+        if dims is not None and dims.head_dim % HEAD_DIM_MULTIPLE:
+            raise BuildError(f"the {what}'s head_dim is {dims.head_dim}; the onnx backend's attention (ONNX Runtime "
+                             f"GroupQueryAttention on CPU) needs a multiple of {HEAD_DIM_MULTIPLE}")
 
 
 def _check_eagle_copies(ckpt: TrtllmCheckpoint, c: ModelConfig) -> None:
@@ -302,7 +323,11 @@ def session_options(threads: int | None = None) -> onnxruntime.SessionOptions:
     Workers never spin (they sleep between ops): on a shared machine a spinning worker takes the core the thread
     it waits for needs, and one left spinning after its session's run takes a core from the session that runs
     next. SmolLM2-135M decode on 2 cores at load average 3.6: 263 ms a step without spinning, 573 ms with
-    spinning between ops (ONNX Runtime 1.32); on an idle machine spinning had saved about 10%."""
+    spinning between ops (ONNX Runtime 1.32); on an idle machine spinning had saved about 10%.
+
+    Denormal floats are flushed to zero: attention over a real cache produces them (tiny probabilities), and the
+    CPU computes with them slowly. SmolLM2-135M decode step after a 400-token prompt: 54.8 ms without, 47.5 ms
+    with (ONNX Runtime 1.32, 2 threads, interleaved medians)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -311,6 +336,7 @@ def session_options(threads: int | None = None) -> onnxruntime.SessionOptions:
     options.intra_op_num_threads, options.inter_op_num_threads = threads or os.cpu_count() or 1, 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.force_spinning_stop", "1")
+    options.add_session_config_entry("session.set_denormal_as_zero", "1")
     return options
 
 
@@ -318,9 +344,9 @@ def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], 
     """Run each graph in ONNX Runtime and the torch reference on one random step; return per output the max abs
     difference divided by max(1, max |reference output|) (30 fp32 layers accumulate ~1e-3 on logits of ~30).
 
-    Keys are "<graph>.<output>" (new_key / new_value: the maximum over layers). Context graphs get causal prompts
-    (P = 0); generation graphs a random past, a random tree mask with depth positions, and a batch row whose
-    first past columns are padding. `out_dir` holds the graphs (their paths in `graphs` are used)."""
+    Keys are "<graph>.<output>" (new_key / new_value: the new cache rows, the maximum over layers). Context graphs
+    get causal prompts (no past); generation graphs a random past, a random tree mask with depth positions, and a
+    batch row with a shorter past. `out_dir` holds the graphs (their paths in `graphs` are used)."""
     from trtspec.model.eagle_draft import EagleDraftModel  # torch, at build time only
     from trtspec.model.reference import ReferenceModel
 
@@ -338,7 +364,7 @@ def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], 
         tokens = session.get_inputs()[0].shape[1]  # an int for the generation graphs, "tokens" otherwise
         feeds = random_step(model.config, rng, tokens=tokens if isinstance(tokens, int) else 6,
                             past=0 if role.endswith("context") else 5, features=role.startswith("draft_"))
-        ours = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+        ours = new_rows(dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds))), feeds)
         reference = reference_outputs(model, feeds)
         for name, diff in max_diffs(ours, reference).items():
             diffs[f"{role}.{name}"] = diff / _scale(reference, name)
@@ -363,47 +389,65 @@ def ort_session(path: Path, threads: int | None = None) -> onnxruntime.Inference
 
 def random_step(c: ModelConfig, rng: np.random.Generator, *, tokens: int, past: int, batch: int = 2,
                 features: bool = False) -> dict[str, np.ndarray]:
-    """Graph feeds for one step: row 0 sees the whole past, row 1 has `past // 2` leading padding columns.
+    """Graph feeds for one step over a random cache of `past` rows: row 0's past is all of them, the other rows'
+    past // 2 fewer (the rows after a row's past are garbage, never read).
 
-    With past = 0 the new tokens are causal; otherwise they form a random tree (each slot's parent is an
-    earlier slot) with positions = past length + depth."""
-    parents = [-1] + [int(rng.integers(0, i)) for i in range(1, tokens)] if past else list(range(-1, tokens - 1))
-    tree, depth = np.eye(tokens, dtype=bool), np.zeros(tokens, np.int64)
-    for slot, parent in enumerate(parents):
-        depth[slot] = depth[parent] + 1 if parent >= 0 else 0
-        tree[slot] |= tree[parent] if parent >= 0 else False
-    mask = np.ones((batch, tokens, past + tokens), bool)
-    mask[:, :, past:] = tree
-    pad = np.zeros(batch, np.int64)
-    pad[1:] = past // 2
-    for b in range(batch):
-        mask[b, :, :pad[b]] = False  # padding slots: garbage in the cache, masked out
-    kv = (past, batch, c.num_kv_heads, c.head_dim)
-    feeds = {"input_ids": rng.integers(0, c.vocab_size, (batch, tokens)),
-             "position_ids": (past - pad)[:, None] + depth[None], "attention_mask": mask}
+    With past = 0 the feeds are a context graph's (causal prompts); otherwise a generation graph's: the new
+    tokens form a random tree (each slot's parent is an earlier slot) at positions = past length + depth."""
+    lengths = np.full(batch, past, np.int32)
+    lengths[1:] -= past // 2
+    feeds = {"input_ids": rng.integers(0, c.vocab_size, (batch, tokens))}
     if features:
         feeds["features"] = rng.standard_normal((batch, tokens, c.hidden_size), dtype=np.float32)
+    if past:
+        tree, depth = np.eye(tokens, dtype=bool), np.zeros(tokens, np.int64)
+        for slot in range(1, tokens):
+            parent = int(rng.integers(0, slot))
+            depth[slot], tree[slot] = depth[parent] + 1, tree[slot] | tree[parent]
+        feeds["position_ids"] = lengths[:, None] + depth[None]
+        feeds["tree_mask"] = np.broadcast_to(tree, (batch, tokens, tokens)).copy()
+    feeds["past_lengths"] = lengths
+    kv = (batch, c.num_kv_heads, past, c.head_dim)
     for layer in range(c.num_layers):
         for kind in ("key", "value"):
             feeds[f"past_{kind}_{layer}"] = rng.standard_normal(kv, dtype=np.float32)
     return feeds
 
 
+def new_rows(outputs: dict[str, np.ndarray], feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A graph's outputs with each present_{key,value}_{l} [B, nkv, S, hd] replaced by the rows the step wrote,
+    new_{key,value}_{l} [B, nkv, T, hd] (row b's start at its past length), the reference's layout."""
+    t, out = feeds["input_ids"].shape[1], {}
+    for name, value in outputs.items():
+        if name.startswith("present_"):
+            name = "new_" + name.removeprefix("present_")
+            value = np.stack([value[b, :, p:p + t] for b, p in enumerate(feeds["past_lengths"])])
+        out[name] = value
+    return out
+
+
 def reference_outputs(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run a ReferenceModel / EagleDraftModel on graph feeds; return its outputs named and laid out as the graph's."""
+    """Run a ReferenceModel / EagleDraftModel on graph feeds; return its outputs named and laid out as `new_rows`
+    gives the graph's."""
     import torch
 
-    L = model.config.num_layers
-    t = {k: torch.from_numpy(np.array(v)) for k, v in feeds.items()}  # a writable copy
-    past = [torch.stack([t[f"past_{kind}_{layer}"].permute(1, 2, 0, 3) for layer in range(L)])
-            for kind in ("key", "value")]
+    L, (B, T) = model.config.num_layers, feeds["input_ids"].shape
+    lengths, past = feeds["past_lengths"], feeds["past_key_0"].shape[2]
+    mask = np.zeros((B, T, past + T), bool)  # [B, T, P + T]: a row's own past, then the new tokens
+    mask[:, :, past:] = feeds["tree_mask"] if "tree_mask" in feeds else np.tril(np.ones((T, T), bool))
+    for b, length in enumerate(lengths):
+        mask[b, :, :length] = True
+    positions = feeds.get("position_ids", lengths[:, None].astype(np.int64) + np.arange(T))
+    t = {k: torch.from_numpy(np.array(v)) for k, v in {**feeds, "attention_mask": mask,
+                                                        "position_ids": positions}.items()}  # writable copies
+    kv = [torch.stack([t[f"past_{kind}_{layer}"] for layer in range(L)]) for kind in ("key", "value")]
     args = (t["input_ids"], t["features"]) if "features" in t else (t["input_ids"],)
     with torch.no_grad():
-        out = model(*args, t["position_ids"], t["attention_mask"], *past)  # past [L, B, nkv, P, hd]
+        out = model(*args, t["position_ids"], t["attention_mask"], *kv)  # past [L, B, nkv, P, hd]
     result = {"logits": out.logits.numpy(), "hidden": out.hidden.float().numpy()}
-    for layer in range(L):  # [B, nkv, T, hd] → [T, B, nkv, hd]
-        result[f"new_key_{layer}"] = out.new_key[layer].permute(2, 0, 1, 3).float().numpy()
-        result[f"new_value_{layer}"] = out.new_value[layer].permute(2, 0, 1, 3).float().numpy()
+    for layer in range(L):  # [B, nkv, T, hd]
+        result[f"new_key_{layer}"] = out.new_key[layer].float().numpy()
+        result[f"new_value_{layer}"] = out.new_value[layer].float().numpy()
     return result
 
 
