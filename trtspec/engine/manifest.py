@@ -97,6 +97,7 @@ class ModelInfo:
     pad_id: int | None = None
     max_non_leaves_per_layer: int = 0  # EAGLE: most expanding nodes per tree level the engine allows
     logits_dtype: str = "float32"  # the engine's logits dtype (Triton `logits_datatype` must match it)
+    draft_vocab_size: int = 0  # EAGLE: target ids the draft lm_head scores (d2t / t2d); 0 = the whole vocabulary
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from trtspec import __version__
 from trtspec.checkpoint.convert import PROVENANCE_FILE
+from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
 from trtspec.checkpoint.hf_config import read_json
 from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
 from trtspec.engine.manifest import ONNX_GRAPH_FORMAT, Backend, Manifest, Method, ModelInfo, Profile
@@ -83,8 +84,10 @@ def plan_build(opts: BuildOptions) -> Manifest:
     profile = Profile(max_batch_size=opts.max_batch_size, max_input_len=opts.max_input_len,
                       max_seq_len=max_seq_len, max_draft_len=k)
     end_id, pad_id = _special_ids(_tokenizer_dir(opts))
+    draft_vocab = read_checkpoint_vocab(opts.source, cfg.vocab_size) if cfg.eagle is not None else None
+    model = replace(_model_info(cfg, end_id, pad_id), draft_vocab_size=draft_vocab.size if draft_vocab else 0)
     return Manifest(name=opts.name or Path(opts.out).name, backend=Backend.ONNX, method=method,
-                    model=_model_info(cfg, end_id, pad_id), profile=profile,
+                    model=model, profile=profile,
                     tree=tree.choices if tree is not None else None,
                     dynamic_tree=vars(opts.dynamic_tree) if method is Method.EAGLE2 else None,
                     source=str(Path(opts.source).resolve()), versions=_versions(), graph_format=ONNX_GRAPH_FORMAT)

@@ -55,6 +55,7 @@ class _Layout:
 
     tied: bool
     medusa_lm_heads: tuple[str, ...] = ()
+    draft_vocab: tuple[int, ...] | None = None  # EAGLE: the target ids the draft lm_head scores (None: all)
 
 
 # ---- weights ------------------------------------------------------------------------------------------------
@@ -150,15 +151,24 @@ def _draft_config(c: ModelConfig) -> ModelConfig:
 
 
 def _write_draft(src: _Source, wf: WeightFile, c: ModelConfig) -> _Layout:
+    from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
+
     d, p = _draft_config(c), "eagle_nets.0"
-    tied = _write_head(src, wf, f"{p}.drafter.vocab_embedding.weight", f"{p}.lm_head.weight",
-                       (d.vocab_size, d.hidden_size))
+    embedding, lm_head, shape = f"{p}.drafter.vocab_embedding.weight", f"{p}.lm_head.weight", (d.vocab_size,
+                                                                                              d.hidden_size)
+    vocab = read_checkpoint_vocab(src.ckpt.directory, d.vocab_size)
+    if vocab is None:
+        tied = _write_head(src, wf, embedding, lm_head, shape)
+    else:  # the whole embedding (any token can be fed), the lm_head's rows of the draft vocabulary only
+        tied = False
+        wf.add("embedding.weight", src.get(embedding, shape))
+        wf.add("lm_head.weight", src.get(lm_head, shape)[vocab.target_ids])
     wf.add("fc.weight", src.get(f"{p}.drafter.fc.weight", (d.hidden_size, 2 * d.hidden_size)).T)
     wf.add("fc.bias", src.get(f"{p}.drafter.fc.bias", (d.hidden_size,)))
     for j in range(d.num_layers):
         _write_layer(src, wf, d, f"{p}.drafter.layers.{j}", f"layers.{j}", input_norm=j > 0)
     src.check_all_used(lambda name: name.startswith(f"{p}."))
-    return _Layout(tied)
+    return _Layout(tied, draft_vocab=tuple(int(i) for i in vocab.target_ids) if vocab else None)
 
 
 # ---- graphs ---------------------------------------------------------------------------------------------------
@@ -247,11 +257,25 @@ def draft_graph(c: ModelConfig, layout: _Layout, wf: WeightFile, tokens: int | N
     for j in range(d.num_layers):
         x = decoder_layer(g, _dims(d), pre, x, f"layers.{j}", j, d.intermediate_size)
     hidden = x.value(g, "hidden")  # [B, T, H]
-    logits(g, hidden, "lm_head.weight", name="logits")  # the lm_head: [B, T, V]
+    if layout.draft_vocab is None:
+        logits(g, hidden, "lm_head.weight", name="logits")  # the lm_head: [B, T, V]
+    else:
+        _draft_vocab_logits(g, hidden, layout.draft_vocab, c.vocab_size)
     t = tokens if tokens is not None else "tokens"
     features = helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", t, d.hidden_size])
     inputs, outputs = _io(d, tokens, extra_inputs=[features])
     return g.model("trtspec_eagle_draft", inputs, outputs)
+
+
+def _draft_vocab_logits(g: Graph, hidden: str, target_ids: tuple[int, ...], vocab_size: int) -> str:
+    """The lm_head over the draft vocabulary only ([B, T, Vd]: it reads Vd rows, not V), scattered into full
+    [B, T, V] logits that are −inf elsewhere, so the runtime and the proposers see target ids as always."""
+    scored = logits(g, hidden, "lm_head.weight")  # [B, T, Vd]
+    rows = g.op("Slice", g.op("Shape", hidden), g.const([0]), g.const([2]))  # [B, T]
+    minus_inf = onnx.numpy_helper.from_array(np.array([-np.inf], np.float32), "value")
+    full = g.op("ConstantOfShape", g.op("Concat", rows, g.const([vocab_size]), axis=0), value=minus_inf)
+    ids = g.op("Expand", g.const(np.asarray(target_ids, np.int64).reshape(1, 1, -1)), g.op("Shape", scored))
+    return g.op("ScatterElements", full, ids, scored, axis=2, name="logits")
 
 
 # ---- export, check, compare ---------------------------------------------------------------------------------
@@ -350,10 +374,14 @@ def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], 
     from trtspec.model.eagle_draft import EagleDraftModel  # torch, at build time only
     from trtspec.model.reference import ReferenceModel
 
+    from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
+
     rng = np.random.default_rng(seed)
     models = {"": ReferenceModel.from_checkpoint(Path(ckpt_dir))}
+    draft_vocab = None
     if any(role.startswith("draft_") for role in graphs):
         models["draft_"] = EagleDraftModel.from_checkpoint(Path(ckpt_dir))
+        draft_vocab = read_checkpoint_vocab(Path(ckpt_dir), models["draft_"].config.vocab_size)
     diffs = {}
     for role, graph in graphs.items():
         model = models["draft_" if role.startswith("draft_") else ""]
@@ -366,9 +394,21 @@ def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], 
                             past=0 if role.endswith("context") else 5, features=role.startswith("draft_"))
         ours = new_rows(dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds))), feeds)
         reference = reference_outputs(model, feeds)
+        if role.startswith("draft_") and draft_vocab is not None:
+            ours["logits"] = _draft_vocab_columns(ours["logits"], draft_vocab.target_ids, graph.path)
+            reference["logits"] = reference["logits"][..., draft_vocab.target_ids]
         for name, diff in max_diffs(ours, reference).items():
             diffs[f"{role}.{name}"] = diff / _scale(reference, name)
     return diffs
+
+
+def _draft_vocab_columns(logits: np.ndarray, target_ids: np.ndarray, path: Path) -> np.ndarray:
+    """The draft vocabulary's columns of a draft graph's logits, after checking every other column is −inf."""
+    outside = np.ones(logits.shape[-1], bool)
+    outside[target_ids] = False
+    if not np.all(np.isneginf(logits[..., outside])):
+        raise BuildError(f"{path}: logits outside the draft vocabulary are not -inf; this is a trtspec export bug")
+    return logits[..., target_ids]
 
 
 def _compare_medusa(session, model, rng: np.random.Generator) -> float:
