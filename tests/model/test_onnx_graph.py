@@ -355,7 +355,15 @@ def test_session_options(threads, expected):
     assert options.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
     assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert options.get_session_config_entry("session.set_denormal_as_zero") == "1"
+
+
+def test_spinning_is_opt_in(monkeypatch):
+    monkeypatch.setenv("TRTSPEC_ORT_SPIN", "1")
+    options = session_options(2)
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+    assert options.get_session_config_entry("session.force_spinning_stop") == "0"
 
 
 def test_module_imports_without_torch():
