@@ -128,10 +128,7 @@ def evaluate(model: EagleDraftModule, samples: list[Sample], top_k: int, depth: 
     Depth 1 reads true features; depth d reads the draft's own hidden from depth d − 1 and the true token
     (the path so far accepted), attending to the true entries up to its root plus its own ancestors."""
     logits_by_depth, labels_by_depth = [[] for _ in range(depth)], [[] for _ in range(depth)]
-    outside = None
-    if draft_vocab is not None:
-        outside = torch.ones(draft_vocab.vocab_size, dtype=torch.bool)
-        outside[torch.from_numpy(draft_vocab.target_ids)] = False
+    outside = ~draft_vocab.maps()["t2d"] if draft_vocab is not None else None  # [V] ids the draft never scores
     for s in samples:
         b = sequence(s)
         for d, (hidden, labels, _) in enumerate(depth_outputs(model, b, b.features.float(), depth)):
