@@ -122,3 +122,19 @@ def test_in_flight_batch_equals_each_sequence_alone(engines, name):
         del engine.verify_batch
     assert [r.output_ids for r in batched] == alone
     assert max(calls) == 3 and len(engine._seqs) == 0  # batched steps happened; every sequence was closed
+    # sequences left in every order, yet each batch ran in the pool's rows in place, never through a staging copy
+    assert engine._rows == [] and engine._staging == {}
+
+
+def test_sequences_beyond_the_pool_rows_still_batch_losslessly(tmp_path):
+    """An engine with max_batch_size 2 driven 4 at a time: two sequences have caches of their own, so batches
+    go through the staging copy; a closing row's sequence moves into the freed row; outputs equal runs alone."""
+    ckpt = tiny_trtllm_checkpoints(tmp_path, MODEL, ("medusa",))["medusa"]
+    build(BuildOptions(source=ckpt, out=tmp_path / "engine", max_input_len=64, max_seq_len=160, max_batch_size=2,
+                       choices=TREE, max_draft_len=10))
+    engine = OrtEngine(tmp_path / "engine", threads=1)
+    prompts, configs = _prompts(6, seed=3), [GenerationConfig(max_tokens=n) for n in (5, 29, 11, 23, 17, 8)]
+    alone = [generate(engine, p, _proposer("medusa", engine), c).output_ids for p, c in zip(prompts, configs)]
+    requests = [Request(p, _proposer("medusa", engine), c) for p, c in zip(prompts, configs)]
+    assert [r.output_ids for r in generate_batch(engine, requests, max_batch_size=4)] == alone
+    assert 4 in engine._staging and engine._rows == [] and engine._seqs == {}

@@ -6,6 +6,10 @@ present, bound to the same memory (I/O binding kept across steps), so a step's n
 place after the sequence's length: no copy, no per-step allocation. After a verify step, `commit` compacts the
 accepted slots' rows in place. Plain decoding runs the context graph with one token; speculative steps run the
 generation graph with exactly K + 1 slots, padding shorter drafts with masked slots.
+
+The caches of the first max_batch_size sequences are rows of one pool [L, 2, max_batch_size, nkv, S_max, hd], kept
+dense (rows 0..n-1: a sequence that closes hands its row to the last row's sequence, which moves once), so a batched
+verify step over the open sequences binds the pool's rows directly: no per-step copy of anyone's past.
 """
 
 from __future__ import annotations
@@ -37,6 +41,10 @@ class _Cache:
     def allocate(cls, layers: int, size: int, kv_heads: int, head_dim: int, batch: int = 1) -> _Cache:
         return cls(np.zeros((layers, 2, batch, kv_heads, size, head_dim), np.float32))
 
+    def rows(self, first: int, count: int) -> _Cache:
+        """Rows first..first+count-1 as a cache of their own (a view: each layer's key / value stays contiguous)."""
+        return _Cache(self.kv[:, :, first:first + count])
+
     def compact(self, start: int, slots: tuple[int, ...]) -> None:
         """Move rows start + slots[i] to start + i (the fancy index copies the sources first)."""
         self.kv[..., start:start + len(slots), :] = self.kv[..., start + np.asarray(slots), :]
@@ -47,6 +55,7 @@ class _Sequence:
     base: _Cache
     draft: _Cache | None
     pending: int = 0  # slots written by the last verify, awaiting commit
+    row: int | None = None  # its row of the engine's pool, or None: a cache of its own
     extra: dict = field(default_factory=dict)
 
 
@@ -128,19 +137,37 @@ class OrtEngine:
         self._size = p.max_seq_len + self._slots  # room for one padded step past max_seq_len
         self._seqs: dict[int, _Sequence] = {}
         self._ids = itertools.count()
-        self._staging: dict[int, _Cache] = {}  # batch size → a staging cache of that many rows, reused every step
+        # the pool's pages are touched only as rows fill (np.zeros maps zero pages lazily)
+        self._pool = _Cache.allocate(m.num_layers, self._size, m.num_kv_heads, m.head_dim, p.max_batch_size)
+        self._rows: list[int] = []  # _rows[r] = the sequence in pool row r; rows 0..len-1 are taken
+        self._staging: dict[int, _Cache] = {}  # batch size → a staging cache for batches not in the pool's rows
 
     def open(self) -> int:
         m = self.manifest.model
-        base = _Cache.allocate(m.num_layers, self._size, m.num_kv_heads, m.head_dim)
+        seq = next(self._ids)
+        row = len(self._rows) if len(self._rows) < self._pool.kv.shape[2] else None
+        if row is None:
+            base = _Cache.allocate(m.num_layers, self._size, m.num_kv_heads, m.head_dim)
+        else:
+            base = self._pool.rows(row, 1)
+            self._rows.append(seq)
         draft = (_Cache.allocate(m.draft_layers, self._size, m.draft_num_kv_heads, m.draft_head_dim)
                  if self.has_eagle_draft else None)
-        seq = next(self._ids)
-        self._seqs[seq] = _Sequence(base, draft)
+        self._seqs[seq] = _Sequence(base, draft, row=row)
         return seq
 
     def close(self, seq: int) -> None:
-        self._seqs.pop(seq, None)
+        """Forget the sequence; if it held a pool row, the last row's sequence moves into it (rows stay dense)."""
+        state = self._seqs.pop(seq, None)
+        if state is None or state.row is None:
+            return
+        last = self._rows.pop()
+        if last != seq:
+            moved = self._seqs[last]
+            n = moved.base.length + moved.pending
+            self._pool.kv[:, :, state.row, :, :n] = moved.base.kv[:, :, 0, :, :n]
+            moved.base = _Cache(self._pool.kv[:, :, state.row:state.row + 1], moved.base.length)
+            moved.row, self._rows[state.row] = state.row, last
 
     def prefill(self, seq: int, token_ids: np.ndarray) -> StepOutput:
         t = len(token_ids)
@@ -167,24 +194,37 @@ class OrtEngine:
     def verify_batch(self, items: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]) -> list[StepOutput]:
         """One graph run over several sequences' drafts (seq, tokens, depths, mask) in one batch.
 
-        The sequences' pasts are gathered into the rows of a staging cache [L, 2, B, nkv, S_max, hd] (each row's
-        own length; GroupQueryAttention reads no further), their new rows scattered back after the run; commit
-        then works per sequence as usual."""
+        When the sequences hold consecutive rows of the pool (every open sequence does, in any order) the graph runs
+        over those rows in place; otherwise their pasts are gathered into a staging cache [L, 2, B, nkv, S_max, hd]
+        (each row's own length; GroupQueryAttention reads no further) and their new rows scattered back after the
+        run. Either way each row's new K/V lands after its own past; commit then works per sequence as usual."""
         states = [self._seqs[seq] for seq, *_ in items]
         for state, (_, tokens, _, _) in zip(states, items):
             self._check_room(state.base, len(tokens))
         plain = all(len(tokens) == 1 for _, tokens, _, _ in items)
         slots = 1 if plain else self._slots
-        lengths = [state.base.length for state in states]
-        staging = self._staging_cache(len(items))
-        for b, (state, n) in enumerate(zip(states, lengths)):  # gather the pasts
-            staging.kv[:, :, b, :, :n] = state.base.kv[:, :, 0, :, :n]
-        out = (self._context if plain else self._generation).run(_batch_feeds(items, lengths, slots), staging)
-        for b, (state, n) in enumerate(zip(states, lengths)):  # scatter the new rows
-            state.base.kv[:, :, 0, :, n:n + slots] = staging.kv[:, :, b, :, n:n + slots]
-            state.pending = len(items[b][1])
+        graph = self._context if plain else self._generation
+        rows = [state.row for state in states]
+        if None not in rows and max(rows) - min(rows) == len(rows) - 1:  # consecutive pool rows: run in place
+            order = np.argsort(rows)  # batch row b = pool row min(rows) + b
+            ordered = [items[i] for i in order]
+            out = graph.run(_batch_feeds(ordered, [states[i].base.length for i in order], slots),
+                            self._pool.rows(min(rows), len(rows)))
+            at = np.empty_like(order)
+            at[order] = np.arange(len(order))  # items[i] ran as batch row at[i]
+        else:
+            lengths = [state.base.length for state in states]
+            staging = self._staging_cache(len(items))
+            for b, (state, n) in enumerate(zip(states, lengths)):  # gather the pasts
+                staging.kv[:, :, b, :, :n] = state.base.kv[:, :, 0, :, :n]
+            out = graph.run(_batch_feeds(items, lengths, slots), staging)
+            for b, (state, n) in enumerate(zip(states, lengths)):  # scatter the new rows
+                state.base.kv[:, :, 0, :, n:n + slots] = staging.kv[:, :, b, :, n:n + slots]
+            at = np.arange(len(items))
+        for state, (_, tokens, _, _) in zip(states, items):
+            state.pending = len(tokens)
         return [StepOutput(out["logits"][b, :len(t)].copy(), out["hidden"][b, :len(t)].copy())
-                for b, (_, t, _, _) in enumerate(items)]
+                for b, (_, t, _, _) in zip(at, items)]
 
     def _staging_cache(self, batch: int) -> _Cache:
         if batch not in self._staging:
