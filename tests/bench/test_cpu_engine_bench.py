@@ -4,6 +4,7 @@ decode runners and their child processes, the summary arithmetic and the command
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -126,9 +127,26 @@ def test_missing_peer_is_skipped_with_install_hint(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(cpu_engine, "missing_modules", lambda modules: list(modules)[:1])
     args = parse_args(["--work", str(tmp_path)])
     jobs, skipped = cpu_engine._decode_jobs(args, tiny[0], tiny[1][0], PROMPTS, tmp_path / "log")
-    assert list(jobs) == ["trtspec"]
+    assert list(jobs) == ["trtspec", "trtspec spinning"]
     assert skipped["onnxruntime-genai"] == "onnxruntime_genai missing: pip install onnxruntime-genai onnx-ir"
     assert set(skipped) == {"onnxruntime-genai", "transformers"}
+
+
+@pytest.mark.parametrize("spin,rows", [("both", {"trtspec": False, "trtspec spinning": True}),
+                                       ("off", {"trtspec": False}), ("on", {"trtspec spinning": True})])
+def test_spin_chooses_the_trtspec_rows_and_their_thread_policy(tiny, tmp_path, spin, rows):
+    args = parse_args(["--work", str(tmp_path), "--skip-peers", "--spin", spin])
+    jobs, _ = cpu_engine._decode_jobs(args, tiny[0], tiny[1][0], PROMPTS, tmp_path / "log")
+    assert {name: kwargs["spin"] for name, (_, kwargs) in jobs.items()} == rows
+
+
+def test_run_trtspec_sets_the_spin_switch_for_its_process(tiny, monkeypatch):
+    from trtspec.model.onnx_graph import SPIN_ENV
+
+    monkeypatch.setenv(SPIN_ENV, "0")
+    spinning = [r["output_ids"] for r in run_trtspec(str(tiny[1][0]), PROMPTS, max_tokens=4, threads=1, spin=True)]
+    assert os.environ[SPIN_ENV] == "1"
+    assert spinning == [r["output_ids"] for r in run_trtspec(str(tiny[1][0]), PROMPTS, max_tokens=4, threads=1)]
 
 
 def _sample(prompt, ids, ttft, total, round_=0):
@@ -160,7 +178,7 @@ def test_identical_outputs_counts_prompts_where_every_system_agrees():
 
 @pytest.mark.parametrize("argv,expected", [
     ([], {"prompts": 10, "max_tokens": 128, "threads": 2, "rounds": 2, "skip_peers": False, "json": False,
-          "png": None, "past": 256}),
+          "png": None, "past": 256, "spin": "both"}),
     (["--prompts", "3", "--max-tokens", "16", "--threads", "1", "--rounds", "1", "--skip-peers", "--json",
       "--png", "c.png"], {"prompts": 3, "max_tokens": 16, "threads": 1, "rounds": 1, "skip_peers": True,
                           "json": True, "png": Path("c.png")}),
@@ -183,21 +201,25 @@ def test_render_table_and_plot(tmp_path):
     report = {"settings": {"threads": 2, "prompts": 1, "rounds": 2, "max_tokens": 128, "past": 256, "repeats": 20,
                            "bandwidth_repeats": 7, "cpus": 2,
                            "load_average": {"before": (3.9, 3.1, 3.15), "after": (4.25, 3.5, 3.2)}},
-              "decode": {"trtspec": row, "transformers": {**row, "decode_tps": 10.0}},
+              "decode": {"trtspec": row, "trtspec spinning": {**row, "decode_tps": 36.0},
+                         "transformers": {**row, "decode_tps": 10.0}},
               "skipped": {"onnxruntime-genai": "onnxruntime_genai missing: pip install onnxruntime-genai onnx-ir"},
-              "ratios": {"transformers": 3.0},
+              "ratios": {"transformers": 3.0}, "ratios_spinning": {"transformers": 3.6},
               "identical": {"identical": 1, "prompts": 2, "differ": [{"prompt": 1, "first_diff": 57,
                                                                       "groups": [["trtspec"], ["transformers"]]}]},
               "curve": curve,
               "floor": {"weight_bytes": 538e6, "gbps": 26.9, "method": "numpy", "buffer_mb": 1024, "floor_ms": 20.0,
-                        "decode_ms": 33.3, "ratio": 1.665, "numpy_gbps": 26.9, "onnxruntime_gbps": 15.0}}
+                        "decode_ms": 33.3, "ratio": 1.665, "numpy_gbps": 26.9, "onnxruntime_gbps": 15.0,
+                        "spinning": {"decode_ms": 27.8, "ratio": 1.39}}}
     text = render_table(report)
     assert "trtspec ÷ transformers: 3.00× decode (target ≥ 3.0×)" in text
     assert "onnxruntime-genai     skipped: not installed (onnxruntime_genai missing" in text
-    assert "token-identical across trtspec, transformers: 1/2 prompts" in text
+    assert "token-identical across trtspec, trtspec spinning, transformers: 1/2 prompts" in text
     assert "  prompt 1: trtspec ≠ transformers from generated token 57" in text
     assert "    2    11.00   1.10×" in text
     assert "= 1.67× the floor (target ≤ 1.2×)" in text
+    assert "trtspec spinning ÷ transformers: 3.60× decode (the thread policy onnxruntime-genai runs with)" in text
+    assert "trtspec spinning 27.8 ms/token = 1.39× the floor" in text
     assert "load average (1, 5, 15 min) before 3.9 / 3.1 / 3.1, after 4.2 / 3.5 / 3.2 on 2 CPUs" in text
     cpu_engine.plot_curve(curve, tmp_path / "curve.png", past=256)
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -40,9 +40,15 @@ def _sample(prompt: int, output_ids, start: float, first: float, end: float) -> 
 
 # ---- trtspec ------------------------------------------------------------------------------------------------
 
-def run_trtspec(engine: str, prompts: list[list[int]], *, max_tokens: int, threads: int) -> Iterator[dict]:
-    """Plain greedy decoding (speculation off) with trtspec's LocalGenerator; ttft and total as it measures them."""
+def run_trtspec(engine: str, prompts: list[list[int]], *, max_tokens: int, threads: int,
+                spin: bool | None = None) -> Iterator[dict]:
+    """Plain greedy decoding (speculation off) with trtspec's LocalGenerator; ttft and total as it measures them.
+    `spin` sets TRTSPEC_ORT_SPIN for this process (None: as the environment has it)."""
+    from trtspec.model.onnx_graph import SPIN_ENV
     from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+
+    if spin is not None:
+        os.environ[SPIN_ENV] = "1" if spin else "0"
 
     generator = LocalGenerator(engine, threads=threads)
     generator.generate(prompts[0], GenerateOptions(max_tokens=WARMUP_TOKENS, no_spec=True))
