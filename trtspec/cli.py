@@ -197,6 +197,7 @@ def _plan_text(plan) -> str:
     lines += [f"  {k:<26} {v}" for k, v in plan.runtime.items() if not isinstance(v, (dict, list))]
     lines.append(f"  {'engine max_seq_len':<26} {plan.build_config['max_seq_len']}")
     lines.append(f"  {'container':<26} {plan.version.container or 'see NGC release notes'}")
+    lines += [f"note: {note}" for note in plan.notes]
     return "\n".join(lines)
 
 

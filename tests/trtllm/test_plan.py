@@ -63,6 +63,22 @@ def test_vicuna_7b_eagle(checkpoints, tmp_path):
     assert p.pretrained_config == {"architecture": "EagleForCausalLM", "dtype": "float16", "vocab_size": 32000,
                                    "num_eagle_layers": 4, "max_non_leaves_per_layer": 10}
     assert p.runtime["eagle_choices"] == cpp_choices(p.manifest.tree)
+    assert p.notes == ()
+
+
+def test_a_draft_vocabulary_beside_the_rank_files_is_noted_not_silently_dropped(checkpoints, tmp_path):
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(checkpoints["vicuna-7b-eagle"], ckpt)
+    (ckpt / "draft_vocab.safetensors").write_bytes(b"")  # only its presence matters to the plan
+    p = plan(ckpt, tmp_path)
+    assert p.notes == (f"{ckpt / 'draft_vocab.safetensors'}: TensorRT-LLM's EAGLE-1 engine has no reduced draft "
+                       "vocabulary, so its draft scores the whole vocabulary (same outputs; a larger draft lm_head)",)
+    assert p.to_dict()["notes"] == list(p.notes)
+    result = CliRunner().invoke(cli, ["build", str(ckpt), "--backend", "trtllm", "--dry-run", "--out",
+                                      str(tmp_path / "engine"), "--trtllm-version", "1.2"])
+    assert result.exit_code == 0 and f"note: {p.notes[0]}" in result.output
 
 
 def test_llama_31_8b_lookahead_777(checkpoints, tmp_path):

@@ -37,6 +37,8 @@ def trtllm_available() -> bool:
 def build(opts: TrtllmBuildOptions, *, runner: Runner | None = None) -> Manifest:
     """Plan, run trtllm-build into a staging dir, check its config.json against the plan, write the manifest."""
     plan = plan_trtllm_build(opts)
+    for note in plan.notes:
+        log.warning(note)
     if runner is None:
         if _adoptable(Path(opts.out)):
             return adopt(opts, plan)

@@ -127,6 +127,7 @@ class TrtllmPlan:
     pretrained_config: dict  # fields its `pretrained_config` must hold
     runtime: dict  # what the server side needs: decoding_mode, the C++ choices string, lookahead, ...
     manifest: Manifest  # written last by build (files and tokenizer filled in then)
+    notes: tuple[str, ...] = ()  # what the engine will not do that the checkpoint asks for (printed, logged)
 
     @property
     def command_line(self) -> str:
@@ -136,7 +137,7 @@ class TrtllmPlan:
         return {"trtllm_version": self.version.text, "container": self.version.container,
                 "command": list(self.argv), "command_line": self.command_line,
                 "build_config": self.build_config, "pretrained_config": self.pretrained_config,
-                "runtime_config": self.runtime, "manifest": self.manifest.to_dict()}
+                "runtime_config": self.runtime, "notes": list(self.notes), "manifest": self.manifest.to_dict()}
 
 
 def plan_trtllm_build(opts: TrtllmBuildOptions) -> TrtllmPlan:
@@ -156,7 +157,18 @@ def plan_trtllm_build(opts: TrtllmBuildOptions) -> TrtllmPlan:
     return TrtllmPlan(version=version, argv=_argv(opts, cfg, method, k, max_seq_len, max_num_tokens),
                       build_config=_expected_build_config(opts, cfg, method, k, max_seq_len, max_num_tokens),
                       pretrained_config=_expected_pretrained(cfg, method, k),
-                      runtime=_runtime(method, tree, k, opts, tp, pp), manifest=manifest)
+                      runtime=_runtime(method, tree, k, opts, tp, pp), manifest=manifest,
+                      notes=_notes(opts, method))
+
+
+def _notes(opts: TrtllmBuildOptions, method: Method) -> tuple[str, ...]:
+    from trtspec.checkpoint.draft_vocab import CHECKPOINT_FILE
+
+    notes = []
+    if method is Method.EAGLE and (Path(opts.source) / CHECKPOINT_FILE).is_file():
+        notes.append(f"{Path(opts.source) / CHECKPOINT_FILE}: TensorRT-LLM's EAGLE-1 engine has no reduced draft "
+                     "vocabulary, so its draft scores the whole vocabulary (same outputs; a larger draft lm_head)")
+    return tuple(notes)
 
 
 # ---- inputs -------------------------------------------------------------------------------------------
