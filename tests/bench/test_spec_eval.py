@@ -42,3 +42,36 @@ def test_summary_uses_the_shared_definitions(tmp_path):
     tree = json.loads((tmp_path / "tree.json").read_text())
     assert tree["choices"] == [[0], [0, 0]] and tree["num_eagle_layers"] == 2
     assert tree["measured"]["speedup"] == 1.5
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_engines_and_checkpoints_are_deleted_once_measured_unless_kept(tmp_path, monkeypatch, keep):
+    from trtspec.bench import spec_eval
+
+    built = []
+
+    def build_engine(args, choices, work):
+        spec_eval.checkpoint_dir(args, max(map(len, choices))).mkdir(parents=True, exist_ok=True)
+        engine = work / f"engine-{len(built)}"
+        (engine / "weights.bin").parent.mkdir(parents=True)
+        (engine / "weights.bin").write_bytes(b"0")
+        built.append(engine)
+        return engine
+
+    def measure(args, tree, choices, engine, prompts):
+        assert engine.is_dir()  # still there while it is measured
+        stats = SpecStats()
+        stats.record(drafted=len(choices), depth=1, accepted=1)
+        return TreeResult(tree, choices, 1, {"writing": stats}, spec_s=1.0, plain_s=1.5, spec_decode_s=1.0,
+                          plain_decode_s=1.5, tokens=8, identical=1, prompts=1)
+
+    monkeypatch.setattr(spec_eval, "build_engine", build_engine)
+    monkeypatch.setattr(spec_eval, "_measure", measure)
+    monkeypatch.setattr(spec_eval, "select_prompts", lambda per_category: [])
+    argv = ["--base", str(tmp_path), "--eagle", str(tmp_path), "--work", str(tmp_path / "work"), "--tree", "chain_1",
+            "--tree", "chain_2", "--json", str(tmp_path / "r.json")] + (["--keep-engines"] if keep else [])
+    spec_eval.main(argv)
+    assert len(built) == 2 and all(e.is_dir() == keep for e in built)
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == (
+        ["ckpt-eagle-1", "ckpt-eagle-2", "engine-0", "engine-1"] if keep else [])
+    assert [r["tree"] for r in json.loads((tmp_path / "r.json").read_text())["results"]] == ["chain_1", "chain_2"]

@@ -3,9 +3,11 @@ speculation and without (the same engine, the same run, prompt by prompt alterna
 τ per category, acceptance rate, per-position acceptance, wall-clock speedup and token-identity.
 
     .venv/bin/python -m trtspec.bench.spec_eval --base BASE (--medusa DIR | --eagle DIR) [--tree chain_2 ...]
-        [--per-category 10] [--max-tokens 128] [--threads 2] [--work DIR] [--json FILE] [--write-tree DIR]
+        [--per-category 10] [--max-tokens 128] [--threads 2] [--work DIR] [--keep-engines] [--json FILE]
+        [--write-tree DIR]
 
-Medusa checkpoints are converted with as many heads as the tree is deep (every head costs one lm_head product
+Each tree's engine (about 600 MB for SmolLM2) is deleted once measured, and the converted checkpoints at the end,
+unless --keep-engines (a rerun then reuses them). Medusa checkpoints are converted with as many heads as the tree is deep (every head costs one lm_head product
 per step); EAGLE checkpoints with num_eagle_layers = the tree depth (TensorRT-LLM requires it).
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -63,6 +66,10 @@ def parse_tree(text: str) -> list:
     return preset(text) if text in TREE_PRESETS else [list(c) for c in parse_choices(text)]
 
 
+def checkpoint_dir(args, depth: int) -> Path:
+    return args.work / f"ckpt-{'medusa' if args.medusa else 'eagle'}-{depth}"
+
+
 def build_engine(args, choices: list, work: Path) -> Path:
     """Convert with heads / EagleNets for the tree's depth, then build a batch-1 engine with the tree."""
     from trtspec.checkpoint.convert import ConvertOptions, convert
@@ -70,7 +77,7 @@ def build_engine(args, choices: list, work: Path) -> Path:
 
     depth = max(len(c) for c in choices)
     method = "medusa" if args.medusa else "eagle"
-    ckpt = work / f"ckpt-{method}-{depth}"
+    ckpt = checkpoint_dir(args, depth)
     if not (ckpt / "config.json").is_file():
         drafter = ({"medusa": args.medusa, "num_medusa_heads": depth} if args.medusa
                    else {"eagle": args.eagle, "num_eagle_layers": depth})
@@ -84,10 +91,20 @@ def build_engine(args, choices: list, work: Path) -> Path:
 
 
 def measure(args, tree: str, prompts) -> TreeResult:
+    """Build the tree's engine, measure it, and (unless --keep-engines) delete it."""
+    choices = parse_tree(tree)
+    engine = build_engine(args, choices, args.work)
+    try:
+        return _measure(args, tree, choices, engine, prompts)
+    finally:
+        if not args.keep_engines:
+            shutil.rmtree(engine, ignore_errors=True)
+
+
+def _measure(args, tree: str, choices: list, engine: Path, prompts) -> TreeResult:
     from trtspec.runtime.generator import GenerateOptions, LocalGenerator
 
-    choices = parse_tree(tree)
-    generator = LocalGenerator(build_engine(args, choices, args.work), threads=args.threads)
+    generator = LocalGenerator(engine, threads=args.threads)
     result = TreeResult(tree, choices, max(len(c) for c in choices))
     spec, plain = GenerateOptions(max_tokens=args.max_tokens), GenerateOptions(max_tokens=args.max_tokens, no_spec=True)
     if args.batch > 1:
@@ -164,6 +181,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=1, help="> 1: all prompts in flight at once (τ and identity "
                                                               "only; the speedup is measured at batch 1)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/trtspec-spec-eval"))
+    parser.add_argument("--keep-engines", action="store_true", help="keep engines and checkpoints under --work")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--write-tree", type=Path, help="write the fastest tree as tree.json into this folder")
     return parser.parse_args(argv)
@@ -173,22 +191,38 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     args.work.mkdir(parents=True, exist_ok=True)
     prompts = select_prompts(args.per_category)
-    results = []
-    for tree in args.tree or DEFAULT_TREES:  # each tree's line and the JSON as soon as it is measured
-        r = measure(args, tree, prompts).to_dict()
-        results.append(r)
-        print(f"{r['tree']:<28} τ {r['acceptance_length']:.2f}  rate {r['acceptance_rate']:.2f}  "
-              f"{r['spec_tokens_per_s']:.1f} vs {r['plain_tokens_per_s']:.1f} tok/s  speedup {r['speedup']:.2f}x "
-              f"(decode {r['decode_speedup']:.2f}x)  identical {r['identical_outputs']}", flush=True)
-        best = max(results, key=lambda r: r["speedup"])
-        report = {"method": "medusa" if args.medusa else "eagle", "drafter": str(args.medusa or args.eagle),
-                  "prompts": f"mt-bench, {args.per_category or 10} per category", "max_tokens": args.max_tokens,
-                  "temperature": 0, "threads": args.threads, "batch": args.batch, "results": results,
-                  "best": best["tree"]}
-        if args.json:
-            args.json.write_text(json.dumps(report, indent=2) + "\n")
+    results, trees = [], args.tree or DEFAULT_TREES
+    try:
+        for tree in trees:  # each tree's line and the JSON as soon as it is measured
+            results.append(_report_tree(args, tree, prompts, results))
+    finally:
+        if not args.keep_engines:
+            for depth in {max(map(len, parse_tree(tree))) for tree in trees}:
+                shutil.rmtree(checkpoint_dir(args, depth), ignore_errors=True)
     if args.write_tree:
+        report, best = _report(args, results)
         write_tree(args.write_tree, report, best)
+
+
+def _report_tree(args, tree: str, prompts, results: list[dict]) -> dict:
+    """Measure one tree, print its line, rewrite the JSON report with it among `results`; return its summary."""
+    r = measure(args, tree, prompts).to_dict()
+    print(f"{r['tree']:<28} τ {r['acceptance_length']:.2f}  rate {r['acceptance_rate']:.2f}  "
+          f"{r['spec_tokens_per_s']:.1f} vs {r['plain_tokens_per_s']:.1f} tok/s  speedup {r['speedup']:.2f}x "
+          f"(decode {r['decode_speedup']:.2f}x)  identical {r['identical_outputs']}", flush=True)
+    if args.json:
+        report, _ = _report(args, [*results, r])
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return r
+
+
+def _report(args, results: list[dict]) -> tuple[dict, dict]:
+    """The JSON report over the trees measured so far, and the fastest of them."""
+    best = max(results, key=lambda r: r["speedup"])
+    return ({"method": "medusa" if args.medusa else "eagle", "drafter": str(args.medusa or args.eagle),
+             "prompts": f"mt-bench, {args.per_category or 10} per category", "max_tokens": args.max_tokens,
+             "temperature": 0, "threads": args.threads, "batch": args.batch, "results": results,
+             "best": best["tree"]}, best)
 
 
 def write_tree(folder: Path, report: dict, best: dict) -> None:
