@@ -359,11 +359,13 @@ def test_session_options(threads, expected):
     assert options.get_session_config_entry("session.set_denormal_as_zero") == "1"
 
 
-def test_spinning_is_opt_in(monkeypatch):
-    monkeypatch.setenv("TRTSPEC_ORT_SPIN", "1")
-    options = session_options(2)
-    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "1"
-    assert options.get_session_config_entry("session.force_spinning_stop") == "0"
+@pytest.mark.parametrize("env, spin, spinning", [("1", None, "1"), ("0", None, "0"), ("0", True, "1"),
+                                                 ("1", False, "0")])
+def test_spinning_is_opt_in_and_an_explicit_choice_overrides_the_environment(monkeypatch, env, spin, spinning):
+    monkeypatch.setenv("TRTSPEC_ORT_SPIN", env)
+    options = session_options(2, spin)
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == spinning
+    assert options.get_session_config_entry("session.force_spinning_stop") == {"1": "0", "0": "1"}[spinning]
 
 
 def test_module_imports_without_torch():

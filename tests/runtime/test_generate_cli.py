@@ -48,6 +48,9 @@ def test_json_lines_and_speculation_off_identical(engine, prompts_file):
     assert set(stats) == {"steps", "draft_tokens", "accepted_tokens", "acceptance_rate", "acceptance_length",
                           "ttft_ms", "tokens_per_second"}
     assert stats["draft_tokens"] == 8 * stats["steps"] and plain_rows[0]["stats"]["draft_tokens"] == 0
+    spinning = _run(engine, "--prompts", prompts_file, "--max-tokens", 24, "--json", "--spin")
+    assert [json.loads(line)["output_ids"] for line in spinning.output.splitlines()] == \
+        [r["output_ids"] for r in spec_rows]
 
 
 @pytest.mark.parametrize("args,message", [

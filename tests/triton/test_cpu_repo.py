@@ -74,6 +74,9 @@ def test_options_reach_the_configs(tiny_engine, tmp_path):
     assert engine.parameters["engine_dir"].string_value == "tensorrt_llm/1/engine"
     assert json.loads((repo / "tensorrt_llm/1/engine/manifest.json").read_text())["method"] == "medusa"
     assert _config(repo, "preprocessing").parameters["chat_template"].string_value == "false"
+    assert engine.parameters["spin"].string_value == "auto"  # the server's TRTSPEC_ORT_SPIN decides
+    repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "s", spin=True))
+    assert _config(repo, "tensorrt_llm").parameters["spin"].string_value == "true"
 
 
 def test_repository_moves_with_the_engine(tiny_engine, tmp_path):

@@ -53,8 +53,8 @@ class Generation:
 class LocalGenerator:
     """An engine dir opened for generation: ONNX Runtime sessions, tokenizer, and the manifest's method."""
 
-    def __init__(self, engine_dir: str | Path, *, threads: int | None = None):
-        self.engine = OrtEngine(engine_dir, threads=threads)
+    def __init__(self, engine_dir: str | Path, *, threads: int | None = None, spin: bool | None = None):
+        self.engine = OrtEngine(engine_dir, threads=threads, spin=spin)
         self.manifest = self.engine.manifest
         self.tokenizer = None
         if self.manifest.tokenizer is not None:

@@ -118,12 +118,12 @@ class _Graph:
 class OrtEngine:
     """The Engine interface over ONNX Runtime, one sequence per call."""
 
-    def __init__(self, engine_dir: str | Path, *, threads: int | None = None):
+    def __init__(self, engine_dir: str | Path, *, threads: int | None = None, spin: bool | None = None):
         from trtspec.model.onnx_graph import session_options
 
         self.engine_dir = Path(engine_dir)
         self.manifest: Manifest = read_manifest(self.engine_dir)
-        options = session_options(threads)
+        options = session_options(threads, spin)  # spin None: TRTSPEC_ORT_SPIN decides
         files = self.manifest.files
         graph = lambda role: _Graph(self.engine_dir / files[role], options) if role in files else None  # noqa: E731
         self._context, self._generation = graph("context"), graph("generation")

@@ -31,6 +31,7 @@ class DeployOptions:
     chat_template: bool = True  # preprocessing applies the tokenizer's chat template to text_input
     copy_engine: bool = False  # CPU flavour: copy the engine into the repository (fully self-contained)
     threads: int | None = None  # CPU flavour: ONNX Runtime intra-op threads per engine instance
+    spin: bool | None = None  # CPU flavour: intra-op workers spin between ops (None: TRTSPEC_ORT_SPIN on the server)
     force: bool = False
     # trtllm flavour knobs (the tensorrt_llm model's parameters)
     batching_strategy: str = "inflight_fused_batching"

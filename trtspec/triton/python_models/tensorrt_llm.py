@@ -58,8 +58,9 @@ class TritonPythonModel:
         engine_dir = Path(parameter(config, "engine_dir"))
         engine_dir = engine_dir if engine_dir.is_absolute() else (repo / engine_dir).resolve()
         threads = int(parameter(config, "threads", "0")) or None
+        spin = {"true": True, "false": False}.get(parameter(config, "spin", "auto"))  # auto: TRTSPEC_ORT_SPIN
         self.exclude_input = flag(config, "exclude_input_in_output", False)
-        self.generator = LocalGenerator(engine_dir, threads=threads)
+        self.generator = LocalGenerator(engine_dir, threads=threads, spin=spin)
         self.manifest = self.generator.manifest
         batch = int(config.get("max_batch_size") or self.manifest.profile.max_batch_size)
         self._metrics = self._make_metrics(args["model_name"])
