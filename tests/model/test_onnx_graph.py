@@ -19,8 +19,9 @@ import torch
 from trtspec import BuildError, ConvertOptions, convert, read_trtllm_checkpoint
 from trtspec.model.eagle_draft import EagleDraftModel
 from trtspec.model.config import ModelConfig
-from trtspec.model.onnx_graph import (check_graph, check_supported, compare_with_reference, export_graphs, max_diffs,
-                                      new_rows, reference_outputs, session_options)
+from trtspec.model.onnx_check import check_graph, compare_with_reference, max_diffs, new_rows, reference_outputs
+from trtspec.model.onnx_graph import check_supported, export_graphs
+from trtspec.runtime.ort_session import session_options
 from trtspec.model.reference import ReferenceModel
 from trtspec.testing import add_llama_biases, TinyModel, write_eagle_draft, write_hf_base, write_medusa_heads
 
@@ -372,6 +373,13 @@ def test_module_imports_without_torch():
     code = "import sys, trtspec.model.onnx_graph; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False", "importing trtspec.model.onnx_graph must not import torch"
+
+
+def test_the_serving_path_needs_neither_onnx_nor_torch():
+    code = ("import sys, trtspec.runtime.generator, trtspec.runtime.ort_session as s; s.session_options(1); "
+            "print(sorted({'onnx', 'torch'} & set(sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("case", ["llama_gqa", "tied_embeddings", "eagle_2_layers"])

@@ -95,7 +95,8 @@ def plan_build(opts: BuildOptions) -> Manifest:
 
 def build(opts: BuildOptions) -> Manifest:
     """Plan, export, check, compare with the reference, and write the engine dir atomically."""
-    from trtspec.model.onnx_graph import check_graph, compare_with_reference, export_graphs
+    from trtspec.model.onnx_check import check_graph, compare_with_reference
+    from trtspec.model.onnx_graph import export_graphs
 
     manifest = plan_build(opts)
     check_output_dir(Path(opts.out), force=opts.force)

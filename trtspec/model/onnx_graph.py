@@ -1,19 +1,17 @@
-"""Export a TensorRT-LLM checkpoint to the CPU engine's ONNX graphs (static-K profile), check them, and compare
-them with the torch reference.
+"""Export a TensorRT-LLM checkpoint to the CPU engine's ONNX graphs (static-K profile); `onnx_check` validates
+them and compares them with the torch reference.
 
 Graphs: `context` (T dynamic) and `generation` (T = K + 1 fixed) over one shared `weights.bin`; for EAGLE also
 `draft_context` / `draft_generation` over `draft_weights.bin`. Compute is float32 whatever the stored dtype.
 Each layer's attention is one GroupQueryAttention node over a KV buffer [B, nkv, capacity, hd] that the runtime
 binds as both past and present, so the new rows are written into the cache in place (at each row's past length).
-Importing this module does not import torch (the serving path uses `session_options` only).
+Importing this module does not import torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,8 +26,6 @@ from trtspec.model.onnx_ops import (HEAD_DIM_MULTIPLE, Dims, Graph, Residual, We
                                     linear, logits, prelude)
 
 if TYPE_CHECKING:
-    import onnxruntime
-
     from trtspec.checkpoint.trtllm_reader import TrtllmCheckpoint
 
 BASE_WEIGHTS, DRAFT_WEIGHTS = "weights.bin", "draft_weights.bin"
@@ -327,190 +323,3 @@ def _check_eagle_copies(ckpt: TrtllmCheckpoint, c: ModelConfig) -> None:
 def _save(model: onnx.ModelProto, path: Path) -> ExportedGraph:
     onnx.save_model(model, str(path))
     return ExportedGraph(path, tuple(i.name for i in model.graph.input), tuple(o.name for o in model.graph.output))
-
-
-def check_graph(path: Path) -> None:
-    """Run the ONNX checker and strict shape inference on a saved graph (external data beside it)."""
-    path = Path(path)
-    try:
-        onnx.checker.check_model(str(path))
-        with tempfile.TemporaryDirectory() as tmp:
-            onnx.shape_inference.infer_shapes_path(str(path), str(Path(tmp) / path.name), strict_mode=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, OSError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise BuildError(f"{path}: not a valid ONNX graph ({first}); this is a trtspec export bug") from None
-
-
-SPIN_ENV = "TRTSPEC_ORT_SPIN"  # "1": intra-op workers spin between ops (dedicated hosts only)
-
-
-def session_options(threads: int | None = None, spin: bool | None = None) -> onnxruntime.SessionOptions:
-    """The ONNX Runtime options the engine runs with: all graph optimisations, sequential, `threads` intra-op.
-
-    Workers never spin (they sleep between ops) unless `spin` (None: TRTSPEC_ORT_SPIN=1): on a shared machine a spinning worker
-    takes the core the thread it waits for needs, and one left spinning after its session's run takes a core from
-    the session that runs next. SmolLM2-135M decode on 2 cores at load average 3.6: 263 ms a step without spinning,
-    573 ms with spinning between ops (ONNX Runtime 1.32); on an idle machine spinning had saved about 10%, so a host
-    that runs nothing else may set TRTSPEC_ORT_SPIN=1 (onnxruntime-genai spins by default).
-
-    Denormal floats are flushed to zero: attention over a real cache produces them (tiny probabilities), and the
-    CPU computes with them slowly. SmolLM2-135M decode step after a 400-token prompt: 54.8 ms without, 47.5 ms
-    with (ONNX Runtime 1.32, 2 threads, interleaved medians)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads, options.inter_op_num_threads = threads or os.cpu_count() or 1, 1
-    spin = os.environ.get(SPIN_ENV, "0") == "1" if spin is None else spin
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-    options.add_session_config_entry("session.force_spinning_stop", "0" if spin else "1")
-    options.add_session_config_entry("session.set_denormal_as_zero", "1")
-    return options
-
-
-def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], *, seed: int = 0) -> dict[str, float]:
-    """Run each graph in ONNX Runtime and the torch reference on one random step; return per output the max abs
-    difference divided by max(1, max |reference output|) (30 fp32 layers accumulate ~1e-3 on logits of ~30).
-
-    Keys are "<graph>.<output>" (new_key / new_value: the new cache rows, the maximum over layers). Context graphs
-    get causal prompts (no past); generation graphs a random past, a random tree mask with depth positions, and a
-    batch row with a shorter past. `out_dir` holds the graphs (their paths in `graphs` are used)."""
-    from trtspec.model.eagle_draft import EagleDraftModel  # torch, at build time only
-    from trtspec.model.reference import ReferenceModel
-
-    from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
-
-    rng = np.random.default_rng(seed)
-    models = {"": ReferenceModel.from_checkpoint(Path(ckpt_dir))}
-    draft_vocab = None
-    if any(role.startswith("draft_") for role in graphs):
-        models["draft_"] = EagleDraftModel.from_checkpoint(Path(ckpt_dir))
-        draft_vocab = read_checkpoint_vocab(Path(ckpt_dir), models["draft_"].config.vocab_size)
-    diffs = {}
-    for role, graph in graphs.items():
-        model = models["draft_" if role.startswith("draft_") else ""]
-        session = ort_session(graph.path)
-        if role == "medusa":
-            diffs["medusa.medusa_logits"] = _compare_medusa(session, model, rng)
-            continue
-        tokens = session.get_inputs()[0].shape[1]  # an int for the generation graphs, "tokens" otherwise
-        feeds = random_step(model.config, rng, tokens=tokens if isinstance(tokens, int) else 6,
-                            past=0 if role.endswith("context") else 5, features=role.startswith("draft_"))
-        ours = new_rows(dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds))), feeds)
-        reference = reference_outputs(model, feeds)
-        if role.startswith("draft_") and draft_vocab is not None:
-            ours["logits"] = _draft_vocab_columns(ours["logits"], draft_vocab.target_ids, graph.path)
-            reference["logits"] = reference["logits"][..., draft_vocab.target_ids]
-        for name, diff in max_diffs(ours, reference).items():
-            diffs[f"{role}.{name}"] = diff / _scale(reference, name)
-    return diffs
-
-
-def _draft_vocab_columns(logits: np.ndarray, target_ids: np.ndarray, path: Path) -> np.ndarray:
-    """The draft vocabulary's columns of a draft graph's logits, after checking every other column is −inf."""
-    outside = np.ones(logits.shape[-1], bool)
-    outside[target_ids] = False
-    if not np.all(np.isneginf(logits[..., outside])):
-        raise BuildError(f"{path}: logits outside the draft vocabulary are not -inf; this is a trtspec export bug")
-    return logits[..., target_ids]
-
-
-def _compare_medusa(session, model, rng: np.random.Generator) -> float:
-    import torch
-
-    hidden = rng.standard_normal((3, model.config.hidden_size), dtype=np.float32)
-    (ours,) = session.run(None, {"hidden": hidden})
-    with torch.no_grad():
-        ref = torch.stack([head(torch.from_numpy(hidden)) for head in model.medusa_heads]).float().numpy()
-    return float(np.abs(ours - ref).max())
-
-
-def ort_session(path: Path, threads: int | None = None) -> onnxruntime.InferenceSession:
-    import onnxruntime as ort
-
-    return ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
-
-
-def random_step(c: ModelConfig, rng: np.random.Generator, *, tokens: int, past: int, batch: int = 2,
-                features: bool = False) -> dict[str, np.ndarray]:
-    """Graph feeds for one step over a random cache of `past` rows: row 0's past is all of them, the other rows'
-    past // 2 fewer (the rows after a row's past are garbage, never read).
-
-    With past = 0 the feeds are a context graph's (causal prompts); otherwise a generation graph's: the new
-    tokens form a random tree (each slot's parent is an earlier slot) at positions = past length + depth."""
-    lengths = np.full(batch, past, np.int32)
-    lengths[1:] -= past // 2
-    feeds = {"input_ids": rng.integers(0, c.vocab_size, (batch, tokens))}
-    if features:
-        feeds["features"] = rng.standard_normal((batch, tokens, c.hidden_size), dtype=np.float32)
-    if past:
-        tree, depth = np.eye(tokens, dtype=bool), np.zeros(tokens, np.int64)
-        for slot in range(1, tokens):
-            parent = int(rng.integers(0, slot))
-            depth[slot], tree[slot] = depth[parent] + 1, tree[slot] | tree[parent]
-        feeds["position_ids"] = lengths[:, None] + depth[None]
-        feeds["tree_mask"] = np.broadcast_to(tree, (batch, tokens, tokens)).copy()
-    feeds["past_lengths"] = lengths
-    kv = (batch, c.num_kv_heads, past, c.head_dim)
-    for layer in range(c.num_layers):
-        for kind in ("key", "value"):
-            feeds[f"past_{kind}_{layer}"] = rng.standard_normal(kv, dtype=np.float32)
-    return feeds
-
-
-def new_rows(outputs: dict[str, np.ndarray], feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A graph's outputs with each present_{key,value}_{l} [B, nkv, S, hd] replaced by the rows the step wrote,
-    new_{key,value}_{l} [B, nkv, T, hd] (row b's start at its past length), the reference's layout."""
-    t, out = feeds["input_ids"].shape[1], {}
-    for name, value in outputs.items():
-        if name.startswith("present_"):
-            name = "new_" + name.removeprefix("present_")
-            value = np.stack([value[b, :, p:p + t] for b, p in enumerate(feeds["past_lengths"])])
-        out[name] = value
-    return out
-
-
-def reference_outputs(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run a ReferenceModel / EagleDraftModel on graph feeds; return its outputs named and laid out as `new_rows`
-    gives the graph's."""
-    import torch
-
-    L, (B, T) = model.config.num_layers, feeds["input_ids"].shape
-    lengths, past = feeds["past_lengths"], feeds["past_key_0"].shape[2]
-    mask = np.zeros((B, T, past + T), bool)  # [B, T, P + T]: a row's own past, then the new tokens
-    mask[:, :, past:] = feeds["tree_mask"] if "tree_mask" in feeds else np.tril(np.ones((T, T), bool))
-    for b, length in enumerate(lengths):
-        mask[b, :, :length] = True
-    positions = feeds.get("position_ids", lengths[:, None].astype(np.int64) + np.arange(T))
-    t = {k: torch.from_numpy(np.array(v)) for k, v in {**feeds, "attention_mask": mask,
-                                                        "position_ids": positions}.items()}  # writable copies
-    kv = [torch.stack([t[f"past_{kind}_{layer}"] for layer in range(L)]) for kind in ("key", "value")]
-    args = (t["input_ids"], t["features"]) if "features" in t else (t["input_ids"],)
-    with torch.no_grad():
-        out = model(*args, t["position_ids"], t["attention_mask"], *kv)  # past [L, B, nkv, P, hd]
-    result = {"logits": out.logits.numpy(), "hidden": out.hidden.float().numpy()}
-    for layer in range(L):  # [B, nkv, T, hd]
-        result[f"new_key_{layer}"] = out.new_key[layer].float().numpy()
-        result[f"new_value_{layer}"] = out.new_value[layer].float().numpy()
-    return result
-
-
-def _scale(reference: dict[str, np.ndarray], key: str) -> float:
-    """max(1, max |reference|) over the outputs folded into `key`: errors are judged relative to the values."""
-    values = [v for n, v in reference.items() if (n.rsplit("_", 1)[0] if n.startswith("new_") else n) == key]
-    return max(1.0, *(float(np.abs(v).max(initial=0.0)) for v in values))
-
-
-def max_diffs(ours: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict[str, float]:
-    """Max abs difference per output; new_key_{l} / new_value_{l} fold into new_key / new_value."""
-    if ours.keys() != reference.keys():
-        raise BuildError(f"graph outputs {sorted(ours)} differ from the reference's {sorted(reference)}")
-    diffs: dict[str, float] = {}
-    for name, value in ours.items():
-        if value.shape != reference[name].shape:
-            raise BuildError(f"graph output {name} has shape {list(value.shape)}, the reference "
-                             f"{list(reference[name].shape)}")
-        key = name.rsplit("_", 1)[0] if name.startswith("new_") else name
-        diffs[key] = max(diffs.get(key, 0.0), float(np.abs(value - reference[name]).max(initial=0.0)))
-    return diffs

@@ -119,7 +119,7 @@ class OrtEngine:
     """The Engine interface over ONNX Runtime, one sequence per call."""
 
     def __init__(self, engine_dir: str | Path, *, threads: int | None = None, spin: bool | None = None):
-        from trtspec.model.onnx_graph import session_options
+        from trtspec.runtime.ort_session import session_options
 
         self.engine_dir = Path(engine_dir)
         self.manifest: Manifest = read_manifest(self.engine_dir)
