@@ -19,6 +19,7 @@ from trtspec.checkpoint.convert import PROVENANCE_FILE
 from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
 from trtspec.checkpoint.hf_config import read_json
 from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
+from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
 from trtspec.engine.manifest import ONNX_GRAPH_FORMAT, Backend, Manifest, Method, ModelInfo, Profile
 from trtspec.errors import BuildError, ConfigError
 from trtspec.model.config import ModelConfig
@@ -37,37 +38,15 @@ DEFAULT_PRESET = "medusa_small_8"
 
 
 @dataclass(frozen=True, kw_only=True)
-class BuildOptions:
-    source: Path
-    out: Path
-    max_draft_len: int | None = None
-    choices: str | None = None  # JSON / C++ `{0, 1}` / tuple syntax
-    preset: str | None = None
+class BuildOptions(EngineBuildOptions):
     dynamic_tree: DynamicTree | None = None  # EAGLE-2 instead of a static tree
-    no_spec: bool = False  # build a plain engine even from a Medusa / EAGLE checkpoint
-    max_batch_size: int = 8
-    max_input_len: int = 1024
-    max_seq_len: int | None = None
-    tokenizer: Path | None = None
-    name: str | None = None
-    force: bool = False
-
-    def __post_init__(self):
-        if self.choices is not None and self.preset is not None:
-            raise ConfigError("pass either --choices or --preset, not both")
 
 
 def plan_build(opts: BuildOptions) -> Manifest:
     """Validate the build and return the manifest it will write (without files and numerics)."""
     from trtspec.model.onnx_graph import check_supported  # onnx, imported when a build is planned
 
-    ckpt_config = read_json(Path(opts.source) / "config.json")
-    if "architecture" not in ckpt_config:
-        hint = (f"; it looks like a Hugging Face folder: run `trtspec convert --base {opts.source} --out CKPT` first"
-                if "architectures" in ckpt_config else "")
-        raise BuildError(f"{Path(opts.source) / 'config.json'} has no 'architecture': {opts.source} is not a "
-                         f"TensorRT-LLM checkpoint{hint}")
-    cfg = ModelConfig.from_trtllm(ckpt_config)
+    cfg = ModelConfig.from_trtllm(read_checkpoint_config(opts.source))
     check_supported(cfg)
     method = _method(cfg, opts)
     tree = _tree(cfg, method, opts)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtspec import __version__
-from trtspec.checkpoint.hf_config import read_json
+from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
 from trtspec.engine.manifest import Backend, Manifest, Method, ModelInfo, Profile
 from trtspec.engine.trtllm_versions import TrtllmVersion, installed_version, newest, parse_version
 from trtspec.errors import BuildError, CheckpointError, ConfigError
@@ -92,27 +92,16 @@ class Lookahead:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrtllmBuildOptions:
-    source: Path
-    out: Path
+class TrtllmBuildOptions(EngineBuildOptions):
+    """max_seq_len is prompt + output: trtllm-build adds the draft slots itself (EF §3.2)."""
+
     trtllm_version: str | None = None  # default: the installed tensorrt_llm, else the newest supported
-    max_draft_len: int | None = None
-    choices: str | None = None  # JSON / C++ `{0, 1}` / tuple syntax
-    preset: str | None = None
     lookahead: Lookahead | None = None  # plain checkpoint → lookahead decoding
     draft_target: bool = False  # plain checkpoint → a target that verifies an external draft model's tokens
-    no_spec: bool = False
-    max_batch_size: int = 8
-    max_input_len: int = 1024
-    max_seq_len: int | None = None  # prompt + output; trtllm-build adds the draft slots itself (EF §3.2)
     max_num_tokens: int | None = None
-    tokenizer: Path | None = None
-    name: str | None = None
-    force: bool = False
 
     def __post_init__(self):
-        if self.choices is not None and self.preset is not None:
-            raise ConfigError("pass either --choices or --preset, not both")
+        super().__post_init__()
         if self.lookahead is not None and self.draft_target:
             raise ConfigError("pass either --lookahead or --draft-target, not both")
 
@@ -144,7 +133,7 @@ def plan_trtllm_build(opts: TrtllmBuildOptions) -> TrtllmPlan:
     """Validate the build against the checkpoint and the target version; return the plan."""
     version = _version(opts.trtllm_version)
     config_path = Path(opts.source) / "config.json"
-    raw = _checkpoint_config(config_path)
+    raw = read_checkpoint_config(opts.source)
     cfg = _model_config(raw, config_path)
     method = _method(cfg, opts)
     tree = _tree(cfg, method, opts)
@@ -178,15 +167,6 @@ def _version(text: str | None) -> TrtllmVersion:
         return parse_version(text)
     installed = installed_version()
     return parse_version(installed) if installed else newest()
-
-
-def _checkpoint_config(path: Path) -> dict:
-    raw = read_json(path)
-    if "architecture" not in raw:
-        hint = (f"; it looks like a Hugging Face folder: run `trtspec convert --base {path.parent} --out CKPT` "
-                "first" if "architectures" in raw else "")
-        raise BuildError(f"{path} has no 'architecture': {path.parent} is not a TensorRT-LLM checkpoint{hint}")
-    return raw
 
 
 def _model_config(raw: dict, path: Path) -> ModelConfig:
