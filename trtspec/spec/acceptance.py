@@ -48,6 +48,8 @@ def accept_greedy(draft_tokens: np.ndarray, target_logits: np.ndarray, paths: np
 
     draft_tokens: int [n+1] (slot 0 ignored); target_logits: [n+1, V]; paths: int [num_paths, depth+1].
     """
+    if len(draft_tokens) == 1:  # no draft (plain decoding): the argmax after the root, nothing else to check
+        return _emit((), draft_tokens, int(np.argmax(target_logits[0])))
     # Rule: draft at path[j+1] is accepted iff it equals argmax(target[path[j]]) and every earlier one was.
     predicted = np.argmax(target_logits, axis=-1)  # [n+1], the target's greedy token after each slot
     parents, kids, real = _edges(paths, len(predicted))
