@@ -113,28 +113,60 @@ def test_in_flight_batch_equals_each_sequence_alone(engines, name):
     alone = [generate(engine, p, _proposer(name, engine, s), c).output_ids
              for p, c, s in zip(prompts, configs, no_spec)]
     requests = [Request(p, _proposer(name, engine, s), c) for p, c, s in zip(prompts, configs, no_spec)]
-    calls = []
-    verify_batch = engine.verify_batch
+    calls, extends = [], []
+    verify_batch, draft_extend_batch = engine.verify_batch, engine.draft_extend_batch
     engine.verify_batch = lambda items: (calls.append(len(items)), verify_batch(items))[1]
+    engine.draft_extend_batch = lambda items: (extends.append(len(items)), draft_extend_batch(items))[1]
     try:
         batched = generate_batch(engine, requests, max_batch_size=3)
     finally:
-        del engine.verify_batch
+        del engine.verify_batch, engine.draft_extend_batch
     assert [r.output_ids for r in batched] == alone
     assert max(calls) == 3 and len(engine._seqs) == 0  # batched steps happened; every sequence was closed
+    # EAGLE drafts observe each step together: one draft run extends every speculating sequence's draft cache
+    assert (max(extends, default=0) >= 2) == name.startswith("eagle")
     # sequences left in every order, yet each batch ran in the pool's rows in place, never through a staging copy
     assert engine._rows == [] and engine._staging == {}
 
 
-def test_sequences_beyond_the_pool_rows_still_batch_losslessly(tmp_path):
+@pytest.mark.parametrize("name", ["medusa", "eagle"])
+def test_sequences_beyond_the_pool_rows_still_batch_losslessly(tmp_path, name):
     """An engine with max_batch_size 2 driven 4 at a time: two sequences have caches of their own, so batches
-    go through the staging copy; a closing row's sequence moves into the freed row; outputs equal runs alone."""
-    ckpt = tiny_trtllm_checkpoints(tmp_path, MODEL, ("medusa",))["medusa"]
+    go through the staging copy; a closing row's sequence moves into the freed row (with its draft cache);
+    outputs equal runs alone."""
+    ckpt = tiny_trtllm_checkpoints(tmp_path, MODEL, (name,))[name]
     build(BuildOptions(source=ckpt, out=tmp_path / "engine", max_input_len=64, max_seq_len=160, max_batch_size=2,
                        choices=TREE, max_draft_len=10))
     engine = OrtEngine(tmp_path / "engine", threads=1)
     prompts, configs = _prompts(6, seed=3), [GenerationConfig(max_tokens=n) for n in (5, 29, 11, 23, 17, 8)]
-    alone = [generate(engine, p, _proposer("medusa", engine), c).output_ids for p, c in zip(prompts, configs)]
-    requests = [Request(p, _proposer("medusa", engine), c) for p, c in zip(prompts, configs)]
+    alone = [generate(engine, p, _proposer(name, engine), c).output_ids for p, c in zip(prompts, configs)]
+    requests = [Request(p, _proposer(name, engine), c) for p, c in zip(prompts, configs)]
     assert [r.output_ids for r in generate_batch(engine, requests, max_batch_size=4)] == alone
     assert 4 in engine._staging and engine._rows == [] and engine._seqs == {}
+
+
+def test_draft_extend_batch_equals_one_extension_per_sequence(engines):
+    """Ragged entries (1, 4 and 2 of them) after different pasts: one padded batched run gives each sequence the
+    hidden states and logits (and later draft steps) its own extension gives."""
+    alone, together = (OrtEngine(engines["eagle"][0].engine_dir, threads=1) for _ in range(2))
+    rng = np.random.default_rng(4)
+    prompts, entries = _prompts(3, seed=5), (1, 4, 2)
+    feats = [rng.standard_normal((len(p), MODEL.hidden_size)).astype(np.float32) for p in prompts]
+    new = [(rng.integers(0, MODEL.vocab_size, n), rng.standard_normal((n, MODEL.hidden_size)).astype(np.float32))
+           for n in entries]
+    seqs = {}
+    for name, engine in (("alone", alone), ("together", together)):
+        seqs[name] = [engine.open() for _ in prompts]
+        for seq, prompt, f in zip(seqs[name], prompts, feats):
+            engine.draft_extend(seq, prompt, f)
+    single = [alone.draft_extend(seq, *n) for seq, n in zip(seqs["alone"], new)]
+    batched = together.draft_extend_batch([(seq, *n) for seq, n in zip(seqs["together"], new)])
+    for a, b in zip(single, batched):
+        np.testing.assert_allclose(b.logits, a.logits, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(b.hidden, a.hidden, rtol=1e-5, atol=1e-5)
+    tree = build_tree([[0], [0, 0]])
+    for sa, sb in zip(seqs["alone"], seqs["together"]):  # the caches hold the same entries afterwards
+        args = (np.array([5, 6]), rng.standard_normal((2, MODEL.hidden_size)).astype(np.float32),
+                tree.position_offsets[1:], tree.mask[1:, 1:])
+        np.testing.assert_allclose(together.draft_step(sb, *args).logits, alone.draft_step(sa, *args).logits,
+                                   rtol=1e-5, atol=1e-5)

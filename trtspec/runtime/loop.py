@@ -98,8 +98,9 @@ class _Decoding:
         self.draft = self.request.proposer.propose(self.root)
         return self.draft
 
-    def advance(self, verify: StepOutput) -> None:
-        """Accept against the verify output of self.draft, commit, emit, and let the drafter see the step."""
+    def advance(self, verify: StepOutput) -> tuple[StepOutput, Accepted] | None:
+        """Accept against the verify output of self.draft, commit, emit; return what the drafter must observe
+        (the verify output and the accepted path), or None when the sequence finished."""
         draft = self.draft
         logits = _constrain(verify.logits, self.result.output_ids, draft.tokens, draft.tree, self.config)
         accepted = _accept(draft, logits, self.config, self.rng)
@@ -107,8 +108,7 @@ class _Decoding:
         self.result.stats.record(drafted=draft.tree.num_nodes, depth=draft.tree.depth, accepted=accepted.num_accepted)
         self._emit(list(accepted.tokens), logits[[0, *accepted.slots]])
         self.root = accepted.tokens[-1]
-        if self.finish is None:
-            self.request.proposer.observe(verify, accepted)
+        return (verify, accepted) if self.finish is None else None
 
     def _emit(self, tokens: list[int], logits: np.ndarray) -> None:
         """Emit tokens; logits[j] is the row that produced tokens[j] (for log probabilities)."""
@@ -176,8 +176,9 @@ class InflightBatch:
         if self.active:
             drafts = [d.propose() for _, d in self.active]
             outputs = _verify_all(self.engine, [d.seq for _, d in self.active], drafts)
-            for (_, decoding), output in zip(self.active, outputs):
-                decoding.advance(output)
+            steps = [(decoding.request.proposer, decoding.advance(output))
+                     for (_, decoding), output in zip(self.active, outputs)]
+            _observe_all([(proposer, step) for proposer, step in steps if step is not None])
             done += self._drain_finished()
         return done
 
@@ -201,6 +202,20 @@ class InflightBatch:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _observe_all(steps: list[tuple[Proposer, tuple[StepOutput, Accepted]]]) -> None:
+    """Let each drafter see its step; drafters of a kind that can observe a batch at once (`observe_batch`,
+    e.g. one EAGLE draft run for every sequence) do so together."""
+    kinds: dict[type, list] = {}
+    for proposer, step in steps:
+        kinds.setdefault(type(proposer), []).append((proposer, step))
+    for kind, group in kinds.items():
+        if len(group) > 1 and hasattr(kind, "observe_batch"):
+            kind.observe_batch([p for p, _ in group], [s for _, s in group])
+        else:
+            for proposer, (verify, accepted) in group:
+                proposer.observe(verify, accepted)
 
 
 def _verify_all(engine: Engine, seqs: list[int], drafts: list[Draft]) -> list[StepOutput]:

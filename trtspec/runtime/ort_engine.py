@@ -9,7 +9,9 @@ generation graph with exactly K + 1 slots, padding shorter drafts with masked sl
 
 The caches of the first max_batch_size sequences are rows of one pool [L, 2, max_batch_size, nkv, S_max, hd], kept
 dense (rows 0..n-1: a sequence that closes hands its row to the last row's sequence, which moves once), so a batched
-verify step over the open sequences binds the pool's rows directly: no per-step copy of anyone's past.
+verify step over the open sequences binds the pool's rows directly: no per-step copy of anyone's past. EAGLE draft
+caches live in a second pool with the same rows, so the accepted entries of a whole batch extend the draft caches
+in one run (`draft_extend_batch`).
 """
 
 from __future__ import annotations
@@ -139,6 +141,8 @@ class OrtEngine:
         self._ids = itertools.count()
         # the pool's pages are touched only as rows fill (np.zeros maps zero pages lazily)
         self._pool = _Cache.allocate(m.num_layers, self._size, m.num_kv_heads, m.head_dim, p.max_batch_size)
+        self._draft_pool = (_Cache.allocate(m.draft_layers, self._size, m.draft_num_kv_heads, m.draft_head_dim,
+                                            p.max_batch_size) if self.has_eagle_draft else None)
         self._rows: list[int] = []  # _rows[r] = the sequence in pool row r; rows 0..len-1 are taken
         self._staging: dict[int, _Cache] = {}  # batch size → a staging cache for batches not in the pool's rows
 
@@ -148,11 +152,11 @@ class OrtEngine:
         row = len(self._rows) if len(self._rows) < self._pool.kv.shape[2] else None
         if row is None:
             base = _Cache.allocate(m.num_layers, self._size, m.num_kv_heads, m.head_dim)
+            draft = (_Cache.allocate(m.draft_layers, self._size, m.draft_num_kv_heads, m.draft_head_dim)
+                     if self.has_eagle_draft else None)
         else:
-            base = self._pool.rows(row, 1)
+            base, draft = self._pool.rows(row, 1), self._draft_pool.rows(row, 1) if self.has_eagle_draft else None
             self._rows.append(seq)
-        draft = (_Cache.allocate(m.draft_layers, self._size, m.draft_num_kv_heads, m.draft_head_dim)
-                 if self.has_eagle_draft else None)
         self._seqs[seq] = _Sequence(base, draft, row=row)
         return seq
 
@@ -164,9 +168,9 @@ class OrtEngine:
         last = self._rows.pop()
         if last != seq:
             moved = self._seqs[last]
-            n = moved.base.length + moved.pending
-            self._pool.kv[:, :, state.row, :, :n] = moved.base.kv[:, :, 0, :, :n]
-            moved.base = _Cache(self._pool.kv[:, :, state.row:state.row + 1], moved.base.length)
+            moved.base = _move_row(moved.base, self._pool, state.row, moved.base.length + moved.pending)
+            if moved.draft is not None:
+                moved.draft = _move_row(moved.draft, self._draft_pool, state.row, moved.draft.length)
             moved.row, self._rows[state.row] = state.row, last
 
     def prefill(self, seq: int, token_ids: np.ndarray) -> StepOutput:
@@ -253,6 +257,34 @@ class OrtEngine:
         cache.length += t
         return _step(out, t)
 
+    def draft_extend_batch(self, items: list[tuple[int, np.ndarray, np.ndarray]]) -> list[StepOutput]:
+        """`draft_extend` for several sequences (seq, token_ids, features) in one run of the draft context graph
+        when they hold consecutive pool rows (else one run each). Rows with fewer entries are padded at the end:
+        the padding is causal-after every real entry and lands past the row's new length, so nothing reads it."""
+        states = [self._seqs[seq] for seq, _, _ in items]
+        rows = [state.row for state in states]
+        if len(items) == 1 or None in rows or max(rows) - min(rows) != len(rows) - 1:
+            return [self.draft_extend(*item) for item in items]
+        t = max(len(tokens) for _, tokens, _ in items)
+        for state in states:
+            self._check_room(state.draft, t)
+        ids = np.zeros((len(items), t), np.int64)
+        feats = np.zeros((len(items), t, items[0][2].shape[-1]), np.float32)
+        first = min(rows)
+        for state, (_, tokens, features) in zip(states, items):
+            ids[state.row - first, :len(tokens)], feats[state.row - first, :len(tokens)] = tokens, features
+        lengths = np.zeros(len(items), np.int32)
+        for state in states:
+            lengths[state.row - first] = state.draft.length
+        out = self._draft_context.run({"input_ids": ids, "features": feats, "past_lengths": lengths},
+                                      self._draft_pool.rows(first, len(items)))
+        results = []
+        for state, (_, tokens, _) in zip(states, items):
+            b, n = state.row - first, len(tokens)
+            state.draft.length += n
+            results.append(StepOutput(out["logits"][b, :n].copy(), out["hidden"][b, :n].copy()))
+        return results
+
     def draft_step(self, seq: int, token_ids: np.ndarray, features: np.ndarray, depths: np.ndarray,
                    mask: np.ndarray) -> StepOutput:
         cache = self._seqs[seq].draft
@@ -269,6 +301,12 @@ class OrtEngine:
         if cache.length >= self.manifest.profile.max_seq_len or cache.length + tokens > self._size:
             raise RuntimeEngineError(f"sequence of {cache.length} tokens cannot take {tokens} more: "
                                      f"max_seq_len is {self.manifest.profile.max_seq_len}")
+
+
+def _move_row(cache: _Cache, pool: _Cache, row: int, rows: int) -> _Cache:
+    """Copy the first `rows` positions of a one-row cache into pool row `row`; return that row as the cache."""
+    pool.kv[:, :, row, :, :rows] = cache.kv[:, :, 0, :, :rows]
+    return _Cache(pool.kv[:, :, row:row + 1], cache.length)
 
 
 def _feeds(ids, past: int, positions=None, tree=None) -> dict[str, np.ndarray]:

@@ -79,8 +79,19 @@ class EagleProposer:
         self._extend(tokens, prefill.hidden)
 
     def observe(self, verify: StepOutput, accepted: Accepted) -> None:
-        slots = [0, *accepted.slots]  # features of the root and each accepted node pair with the next token
-        self._extend(np.asarray(accepted.tokens, dtype=np.int64), verify.hidden[slots])
+        self._extend(*_entries(verify, accepted))
+
+    @staticmethod
+    def observe_batch(proposers: list[EagleProposer], steps: list[tuple[StepOutput, Accepted]]) -> None:
+        """`observe` for several sequences: one batched draft extension when they share an engine that has one."""
+        engine = proposers[0]._engine
+        if not hasattr(engine, "draft_extend_batch") or any(p._engine is not engine for p in proposers):
+            for proposer, step in zip(proposers, steps):
+                proposer.observe(*step)
+            return
+        outs = engine.draft_extend_batch([(p._seq, *_entries(*step)) for p, step in zip(proposers, steps)])
+        for proposer, out in zip(proposers, outs):
+            proposer._feature, proposer._logits = out.hidden[-1], out.logits[-1]
 
     def _extend(self, tokens: np.ndarray, features: np.ndarray) -> None:
         out = self._engine.draft_extend(self._seq, tokens, features)
@@ -144,6 +155,13 @@ class EagleProposer:
         feats = np.stack([self._feature if cands.parent[n] < 0 else hidden[cands.parent[n]] for n in fed])
         return self._engine.draft_step(self._seq, np.array([cands.token[n] for n in fed]), feats,
                                        np.array([cands.depth[n] for n in fed]), mask)
+
+
+def _entries(verify: StepOutput, accepted: Accepted) -> tuple[np.ndarray, np.ndarray]:
+    """The draft entries a verify step commits: each emitted token with the feature of the slot before it (the
+    root's, then each accepted node's)."""
+    slots = [0, *accepted.slots]
+    return np.asarray(accepted.tokens, dtype=np.int64), verify.hidden[slots]
 
 
 def _tree_from_candidates(cands: _Candidates, root: int, total_tokens: int) -> Draft:
