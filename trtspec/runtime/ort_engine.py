@@ -208,14 +208,13 @@ class OrtEngine:
         plain = all(len(tokens) == 1 for _, tokens, _, _ in items)
         slots = 1 if plain else self._slots
         graph = self._context if plain else self._generation
-        rows = [state.row for state in states]
-        if None not in rows and max(rows) - min(rows) == len(rows) - 1:  # consecutive pool rows: run in place
-            order = np.argsort(rows)  # batch row b = pool row min(rows) + b
-            ordered = [items[i] for i in order]
-            out = graph.run(_batch_feeds(ordered, [states[i].base.length for i in order], slots),
-                            self._pool.rows(min(rows), len(rows)))
-            at = np.empty_like(order)
-            at[order] = np.arange(len(order))  # items[i] ran as batch row at[i]
+        first = _pool_block(states)
+        if first is not None:  # batch row b is pool row first + b: run in place
+            at = [state.row - first for state in states]  # items[i] runs as batch row at[i]
+            ordered, lengths = [None] * len(items), [0] * len(items)
+            for b, item, state in zip(at, items, states):
+                ordered[b], lengths[b] = item, state.base.length
+            out = graph.run(_batch_feeds(ordered, lengths, slots), self._pool.rows(first, len(items)))
         else:
             lengths = [state.base.length for state in states]
             staging = self._staging_cache(len(items))
@@ -262,20 +261,17 @@ class OrtEngine:
         when they hold consecutive pool rows (else one run each). Rows with fewer entries are padded at the end:
         the padding is causal-after every real entry and lands past the row's new length, so nothing reads it."""
         states = [self._seqs[seq] for seq, _, _ in items]
-        rows = [state.row for state in states]
-        if len(items) == 1 or None in rows or max(rows) - min(rows) != len(rows) - 1:
+        first = _pool_block(states)
+        if len(items) == 1 or first is None:
             return [self.draft_extend(*item) for item in items]
         t = max(len(tokens) for _, tokens, _ in items)
         for state in states:
             self._check_room(state.draft, t)
-        ids = np.zeros((len(items), t), np.int64)
+        ids, lengths = np.zeros((len(items), t), np.int64), np.zeros(len(items), np.int32)
         feats = np.zeros((len(items), t, items[0][2].shape[-1]), np.float32)
-        first = min(rows)
         for state, (_, tokens, features) in zip(states, items):
-            ids[state.row - first, :len(tokens)], feats[state.row - first, :len(tokens)] = tokens, features
-        lengths = np.zeros(len(items), np.int32)
-        for state in states:
-            lengths[state.row - first] = state.draft.length
+            b = state.row - first
+            ids[b, :len(tokens)], feats[b, :len(tokens)], lengths[b] = tokens, features, state.draft.length
         out = self._draft_context.run({"input_ids": ids, "features": feats, "past_lengths": lengths},
                                       self._draft_pool.rows(first, len(items)))
         results = []
@@ -301,6 +297,14 @@ class OrtEngine:
         if cache.length >= self.manifest.profile.max_seq_len or cache.length + tokens > self._size:
             raise RuntimeEngineError(f"sequence of {cache.length} tokens cannot take {tokens} more: "
                                      f"max_seq_len is {self.manifest.profile.max_seq_len}")
+
+
+def _pool_block(states: list[_Sequence]) -> int | None:
+    """The first pool row when the sequences hold consecutive pool rows (in any order), else None."""
+    rows = [state.row for state in states]
+    if None in rows or max(rows) - min(rows) != len(rows) - 1 or len(set(rows)) != len(rows):
+        return None
+    return min(rows)
 
 
 def _move_row(cache: _Cache, pool: _Cache, row: int, rows: int) -> _Cache:
