@@ -91,11 +91,14 @@ class EagleProposer:
             return
         outs = engine.draft_extend_batch([(p._seq, *_entries(*step)) for p, step in zip(proposers, steps)])
         for proposer, out in zip(proposers, outs):
-            proposer._feature, proposer._logits = out.hidden[-1], out.logits[-1]
+            proposer._take(out)
 
     def _extend(self, tokens: np.ndarray, features: np.ndarray) -> None:
-        out = self._engine.draft_extend(self._seq, tokens, features)
-        self._feature, self._logits = out.hidden[-1], out.logits[-1]
+        self._take(self._engine.draft_extend(self._seq, tokens, features))
+
+    def _take(self, extension: StepOutput) -> None:
+        """Keep the last committed entry's draft hidden and logits: the next tree grows from them."""
+        self._feature, self._logits = extension.hidden[-1], extension.logits[-1]
 
     def propose(self, root: int) -> Draft:
         return self._static(root) if self.tree is not None else self._dynamic(root)
