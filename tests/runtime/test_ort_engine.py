@@ -113,18 +113,22 @@ def test_in_flight_batch_equals_each_sequence_alone(engines, name):
     alone = [generate(engine, p, _proposer(name, engine, s), c).output_ids
              for p, c, s in zip(prompts, configs, no_spec)]
     requests = [Request(p, _proposer(name, engine, s), c) for p, c, s in zip(prompts, configs, no_spec)]
-    calls, extends = [], []
+    calls, extends, heads = [], [], []
     verify_batch, draft_extend_batch = engine.verify_batch, engine.draft_extend_batch
+    medusa_logits_batch = engine.medusa_logits_batch
     engine.verify_batch = lambda items: (calls.append(len(items)), verify_batch(items))[1]
     engine.draft_extend_batch = lambda items: (extends.append(len(items)), draft_extend_batch(items))[1]
+    engine.medusa_logits_batch = lambda hidden: (heads.append(len(hidden)), medusa_logits_batch(hidden))[1]
     try:
         batched = generate_batch(engine, requests, max_batch_size=3)
     finally:
-        del engine.verify_batch, engine.draft_extend_batch
+        del engine.verify_batch, engine.draft_extend_batch, engine.medusa_logits_batch
     assert [r.output_ids for r in batched] == alone
     assert max(calls) == 3 and len(engine._seqs) == 0  # batched steps happened; every sequence was closed
-    # EAGLE drafts observe each step together: one draft run extends every speculating sequence's draft cache
+    # drafters observe each step together: one draft run extends every speculating sequence's EAGLE draft cache,
+    # one run of the Medusa heads scores every speculating sequence's last accepted hidden state
     assert (max(extends, default=0) >= 2) == name.startswith("eagle")
+    assert (max(heads, default=0) >= 2) == (name == "medusa")
     # sequences left in every order, yet each batch ran in the pool's rows in place, never through a staging copy
     assert engine._rows == [] and engine._staging == {}
 
@@ -170,3 +174,12 @@ def test_draft_extend_batch_equals_one_extension_per_sequence(engines):
                 tree.position_offsets[1:], tree.mask[1:, 1:])
         np.testing.assert_allclose(together.draft_step(sb, *args).logits, alone.draft_step(sa, *args).logits,
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_medusa_logits_batch_equals_one_run_per_hidden_state(engines):
+    engine = engines["medusa"][0]
+    hidden = np.random.default_rng(6).standard_normal((3, MODEL.hidden_size)).astype(np.float32)
+    batched = engine.medusa_logits_batch(hidden)
+    assert batched.shape == (3, engine.num_medusa_heads, MODEL.vocab_size)
+    for row, h in zip(batched, hidden):
+        np.testing.assert_allclose(row, engine.medusa_logits(h), rtol=1e-5, atol=1e-5)

@@ -6,7 +6,8 @@ committed_length + depth, attending to the whole committed cache plus their tree
 keeps the KV rows of the listed slots (slot 0 and the accepted path, in order) and drops the rest.
 The EAGLE draft network has its own cache with the same rule: `draft_extend` commits, `draft_step` does not.
 An engine may also offer `verify_batch(items)` (one step over several sequences; the loop uses it when present) and
-`draft_extend_batch(items)` (EAGLE draft extensions of several sequences in one run; EagleProposer uses it).
+`draft_extend_batch(items)` (EAGLE draft extensions of several sequences in one run; EagleProposer uses it) and
+`medusa_logits_batch(hidden)` (the Medusa heads over several sequences' hidden states; MedusaProposer uses it).
 """
 
 from __future__ import annotations

@@ -244,8 +244,13 @@ class OrtEngine:
         state.pending = 0
 
     def medusa_logits(self, hidden: np.ndarray) -> np.ndarray:
-        (logits,) = self._medusa.session.run(None, {"hidden": np.asarray(hidden, np.float32)[None]})
-        return logits[:, 0]  # [heads, V]
+        return self.medusa_logits_batch(np.asarray(hidden)[None])[0]  # [heads, V]
+
+    def medusa_logits_batch(self, hidden: np.ndarray) -> np.ndarray:
+        """The heads' logits [rows, heads, V] over several final hidden states [rows, H] in one run (the heads'
+        shared lm_head is read once for all of them)."""
+        (logits,) = self._medusa.session.run(None, {"hidden": np.asarray(hidden, np.float32)})
+        return logits.transpose(1, 0, 2)  # [heads, rows, V] → [rows, heads, V]
 
     def draft_extend(self, seq: int, token_ids: np.ndarray, features: np.ndarray) -> StepOutput:
         cache = self._seqs[seq].draft

@@ -38,3 +38,16 @@ class MedusaProposer:
 
     def observe(self, verify: StepOutput, accepted: Accepted) -> None:
         self._head_logits = self._engine.medusa_logits(verify.hidden[accepted.last_slot])
+
+    @staticmethod
+    def observe_batch(proposers: list[MedusaProposer], steps: list[tuple[StepOutput, Accepted]]) -> None:
+        """`observe` for several sequences: one run of the heads over every sequence's last accepted hidden state
+        when they share an engine that has `medusa_logits_batch`."""
+        engine = proposers[0]._engine
+        if not hasattr(engine, "medusa_logits_batch") or any(p._engine is not engine for p in proposers):
+            for proposer, step in zip(proposers, steps):
+                proposer.observe(*step)
+            return
+        logits = engine.medusa_logits_batch(np.stack([verify.hidden[accepted.last_slot] for verify, accepted in steps]))
+        for proposer, rows in zip(proposers, logits):
+            proposer._head_logits = rows

@@ -24,7 +24,7 @@ class Proposer(Protocol):
     """A drafter: sees the prefill and every verify step of one sequence, proposes the next tree.
 
     A drafter class may also offer a static `observe_batch(proposers, steps)`: the in-flight loop then hands it the
-    steps of all its sequences at once (EAGLE extends every draft cache in one run)."""
+    steps of all its sequences at once (EAGLE extends every draft cache in one run, Medusa runs its heads once)."""
 
     def start(self, engine: Engine, seq: int, prefill: StepOutput, prompt_ids: np.ndarray, root: int) -> None: ...
 
