@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from trtspec.errors import ConfigError
-from trtspec.train.bars import TrainBar
+from trtspec.progress import StatusBar
 from trtspec.train.data import DataCache, load_training_prompts
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def generate_data(engine_dir: Path, cache: DataCache, *, threads: int | None = N
     done = {r["id"] for r in cache.rows if r["index"] < total}
     todo = [(i, pid, ids) for i, (pid, ids) in enumerate(_encoded(gen, spec)) if pid not in done]
     start, tokens = time.perf_counter(), 0
-    with TrainBar("self-distillation data", total=total, enabled=show_progress) as bar:
+    with StatusBar("self-distillation data", total=total, enabled=show_progress) as bar:
         bar.advance(len(done))
         for seq in _run(gen, todo, spec.max_new_tokens):
             cache.append(seq.prompt_id, seq.ids, np.concatenate(seq.features), seq.prompt_len, seq.index)

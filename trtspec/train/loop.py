@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from trtspec.errors import ConfigError
-from trtspec.train.bars import TrainBar
+from trtspec.progress import StatusBar
 
 log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -80,7 +80,7 @@ def fit(module: nn.Module, batches: Sequence, loss_fn: LossFn, opts: FitOptions,
     result = FitResult(step, 0.0)
     for epoch in range(step // per_epoch, opts.epochs):
         order = epoch_order(opts.seed, epoch, per_epoch)
-        with TrainBar(f"epoch {epoch + 1}/{opts.epochs}", total=per_epoch, enabled=opts.show_progress) as bar:
+        with StatusBar(f"epoch {epoch + 1}/{opts.epochs}", total=per_epoch, enabled=opts.show_progress) as bar:
             bar.advance(step - epoch * per_epoch)
             for i in order[step - epoch * per_epoch:]:
                 loss, weight = loss_fn(batches[i], step_generator(opts.seed, step))
