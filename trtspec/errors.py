@@ -1,5 +1,9 @@
 """The one error hierarchy of trtspec: every user-facing failure is a TrtspecError with a one-line message."""
 
+from __future__ import annotations
+
+import dataclasses
+
 
 class TrtspecError(Exception):
     """A failure caused by the user's input or environment; the CLI prints it as one line and exits 1."""
@@ -27,3 +31,15 @@ class RepositoryError(TrtspecError):
 
 class ServerError(TrtspecError):
     """The Triton server cannot be found, started or reached."""
+
+
+def check_fields(cls, data: object, where: str, *, container: str = "an object") -> dict:
+    """`data` as the keyword arguments of dataclass `cls`: a ConfigError names `where` when it is not a mapping
+    or has a key `cls` lacks (with the valid keys)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected {container}, found {type(data).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(names))}")
+    return data

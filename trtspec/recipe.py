@@ -13,7 +13,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtspec.errors import ConfigError
+from trtspec.errors import ConfigError, check_fields
 
 
 class Drafter(enum.Enum):
@@ -209,7 +209,7 @@ def load_recipe(path: Path) -> Recipe:
 
 
 def recipe_from_dict(data: object) -> Recipe:
-    top = _checked(Recipe, data, "recipe")
+    top = check_fields(Recipe, data, "recipe", container="a mapping")
     sections = {k: _section(k, top.get(k)) for k in SECTIONS if k in top}
     if "base" not in sections:
         raise ConfigError("recipe needs a base section (base.path: the Hugging Face base folder)")
@@ -218,7 +218,7 @@ def recipe_from_dict(data: object) -> Recipe:
 
 def _section(name: str, data: object):
     cls = SECTIONS[name]
-    values = dict(_checked(cls, data, name))
+    values = dict(check_fields(cls, data, f"recipe {name}", container="a mapping"))
     if name == "drafter" and "kind" in values:
         try:
             values["kind"] = Drafter(values["kind"])
@@ -232,16 +232,6 @@ def _section(name: str, data: object):
         return cls(**values)
     except TypeError as e:
         raise ConfigError(f"recipe {name}: {e}") from None
-
-
-def _checked(cls, data: object, where: str) -> dict:
-    if not isinstance(data, dict):
-        raise ConfigError(f"recipe {where}: expected a mapping, found {type(data).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ConfigError(f"recipe {where}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(names))}")
-    return data
 
 
 def _is_int(value: object) -> bool:

@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtspec.errors import BuildError, ConfigError
+from trtspec.errors import BuildError, ConfigError, check_fields
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
@@ -40,12 +40,7 @@ class Method(enum.Enum):
 
 def _from_dict(cls, data: dict, where: str):
     """Build a dataclass from a dict, rejecting unknown keys with the list of valid ones."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where}: expected an object, found {type(data).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(names))}")
+    check_fields(cls, data, where)
     try:
         return cls(**data)
     except TypeError as e:
