@@ -60,6 +60,8 @@ BASE = {"name": "r", "base": {"path": "models/base"}}
     ({**BASE, "build": {"preset": "mc_sim_7b_64"}}, "unknown tree preset"),
     ({**BASE, "bulid": {}}, "unknown key 'bulid'; valid keys: base, build, convert, deploy, drafter, name"),
     ({"name": "r"}, "needs a base section"),
+    (["name", "r"], "recipe: expected a mapping, found list"),
+    ({**BASE, "build": 3}, "recipe build: expected a mapping, found int"),
 ])
 def test_recipe_errors(data, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
