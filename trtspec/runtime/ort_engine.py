@@ -26,6 +26,7 @@ import onnxruntime as ort
 from trtspec.engine.manifest import Manifest, read_manifest
 from trtspec.errors import BuildError, RuntimeEngineError
 from trtspec.runtime.engine import StepOutput
+from trtspec.runtime.ort_session import session_options
 
 
 BINDINGS_KEPT = 8  # per graph: a few sequences decoding in turn (and a few prompt lengths) each keep theirs
@@ -121,8 +122,6 @@ class OrtEngine:
     """The Engine interface over ONNX Runtime, one sequence per call."""
 
     def __init__(self, engine_dir: str | Path, *, threads: int | None = None, spin: bool | None = None):
-        from trtspec.runtime.ort_session import session_options
-
         self.engine_dir = Path(engine_dir)
         self.manifest: Manifest = read_manifest(self.engine_dir)
         options = session_options(threads, spin)  # spin None: TRTSPEC_ORT_SPIN decides
