@@ -16,7 +16,7 @@ import numpy as np
 from trtspec.errors import ConfigError
 from trtspec.runtime.engine import Engine, StepOutput
 from trtspec.spec.acceptance import Accepted, accept_greedy, accept_rejection_tree, accept_typical
-from trtspec.spec.proposer import Draft, Proposer
+from trtspec.spec.proposer import Draft, Proposer, observe_one_by_one
 from trtspec.spec.sampling import SamplingParams, logits_to_probs, make_rng, sample, softmax
 from trtspec.spec.stats import SpecStats
 
@@ -211,11 +211,11 @@ def _observe_all(steps: list[tuple[Proposer, tuple[StepOutput, Accepted]]]) -> N
     for proposer, step in steps:
         kinds.setdefault(type(proposer), []).append((proposer, step))
     for kind, group in kinds.items():
+        proposers, kind_steps = [p for p, _ in group], [s for _, s in group]
         if len(group) > 1 and hasattr(kind, "observe_batch"):
-            kind.observe_batch([p for p, _ in group], [s for _, s in group])
+            kind.observe_batch(proposers, kind_steps)
         else:
-            for proposer, (verify, accepted) in group:
-                proposer.observe(verify, accepted)
+            observe_one_by_one(proposers, kind_steps)
 
 
 def _verify_all(engine: Engine, seqs: list[int], drafts: list[Draft]) -> list[StepOutput]:

@@ -14,7 +14,7 @@ import numpy as np
 from trtspec.errors import ConfigError
 from trtspec.runtime.engine import Engine, StepOutput
 from trtspec.spec.acceptance import Accepted
-from trtspec.spec.proposer import Draft, top_ranked
+from trtspec.spec.proposer import Draft, batch_engine, observe_one_by_one, top_ranked
 from trtspec.spec.tree import Tree, build_tree
 
 
@@ -84,11 +84,9 @@ class EagleProposer:
     @staticmethod
     def observe_batch(proposers: list[EagleProposer], steps: list[tuple[StepOutput, Accepted]]) -> None:
         """`observe` for several sequences: one batched draft extension when they share an engine that has one."""
-        engine = proposers[0]._engine
-        if not hasattr(engine, "draft_extend_batch") or any(p._engine is not engine for p in proposers):
-            for proposer, step in zip(proposers, steps):
-                proposer.observe(*step)
-            return
+        engine = batch_engine(proposers, "draft_extend_batch")
+        if engine is None:
+            return observe_one_by_one(proposers, steps)
         outs = engine.draft_extend_batch([(p._seq, *_entries(*step)) for p, step in zip(proposers, steps)])
         for proposer, out in zip(proposers, outs):
             proposer._take(out)

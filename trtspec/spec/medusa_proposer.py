@@ -11,7 +11,7 @@ import numpy as np
 from trtspec.errors import ConfigError
 from trtspec.runtime.engine import Engine, StepOutput
 from trtspec.spec.acceptance import Accepted
-from trtspec.spec.proposer import Draft, top_ranked
+from trtspec.spec.proposer import Draft, batch_engine, observe_one_by_one, top_ranked
 from trtspec.spec.tree import Tree
 
 
@@ -43,11 +43,10 @@ class MedusaProposer:
     def observe_batch(proposers: list[MedusaProposer], steps: list[tuple[StepOutput, Accepted]]) -> None:
         """`observe` for several sequences: one run of the heads over every sequence's last accepted hidden state
         when they share an engine that has `medusa_logits_batch`."""
-        engine = proposers[0]._engine
-        if not hasattr(engine, "medusa_logits_batch") or any(p._engine is not engine for p in proposers):
-            for proposer, step in zip(proposers, steps):
-                proposer.observe(*step)
-            return
-        logits = engine.medusa_logits_batch(np.stack([verify.hidden[accepted.last_slot] for verify, accepted in steps]))
+        engine = batch_engine(proposers, "medusa_logits_batch")
+        if engine is None:
+            return observe_one_by_one(proposers, steps)
+        hidden = np.stack([verify.hidden[accepted.last_slot] for verify, accepted in steps])
+        logits = engine.medusa_logits_batch(hidden)
         for proposer, rows in zip(proposers, logits):
             proposer._head_logits = rows

@@ -49,6 +49,20 @@ class NoDraft:
         pass
 
 
+def batch_engine(proposers: list, method: str) -> Engine | None:
+    """The engine every proposer drafts on when it offers `method` (a batched engine call), else None: the caller
+    then lets each proposer observe alone."""
+    engine = proposers[0]._engine
+    if hasattr(engine, method) and all(p._engine is engine for p in proposers):
+        return engine
+    return None
+
+
+def observe_one_by_one(proposers: list, steps: list) -> None:
+    for proposer, (verify, accepted) in zip(proposers, steps):
+        proposer.observe(verify, accepted)
+
+
 def top_ranked(logits: np.ndarray, k: int) -> np.ndarray:
     """The k highest-scoring token ids in descending order (ties: lower id first)."""
     k = min(k, logits.shape[-1])
