@@ -34,6 +34,10 @@ def user_errors(fn):
     return wrapper
 
 
+SPIN_HELP = ("ONNX Runtime's intra-op workers spin between ops: about 15% faster decoding on cores nothing else "
+             "uses, much slower on a shared machine (default: off, or TRTSPEC_ORT_SPIN=1).")
+
+
 @click.group()
 @click.version_option(trtspec.__version__, prog_name="trtspec")
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages to stderr.")
@@ -230,7 +234,7 @@ def _dynamic_tree(text: str | None, cls):
               help="Print text as it is generated (default: on with --url, off locally, where prompts are batched).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt.")
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads (default: all cores).")
-@click.option("--spin/--no-spin", default=None, help="ONNX Runtime's intra-op workers spin between ops: about 15% faster decoding on cores nothing else uses, much slower on a shared machine (default: off, or TRTSPEC_ORT_SPIN=1).")
+@click.option("--spin/--no-spin", default=None, help=SPIN_HELP)
 @click.option("--concurrency", type=int, default=1, show_default=True,
               help="--url: prompts in flight at once (each on its own gRPC stream).")
 @click.option("--model", "model_name", default="ensemble", show_default=True, help="--url: the model to call.")
@@ -321,7 +325,7 @@ def _text(result) -> str:
               help="Preprocessing renders text_input through the tokenizer's chat template.")
 @click.option("--copy-engine", is_flag=True, help="Copy the engine into the repository (self-contained).")
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads per engine instance (default: all cores).")
-@click.option("--spin/--no-spin", default=None, help="CPU flavour: " + "ONNX Runtime's intra-op workers spin between ops: about 15% faster decoding on cores nothing else uses, much slower on a shared machine (default: off, or TRTSPEC_ORT_SPIN=1).")
+@click.option("--spin/--no-spin", default=None, help="CPU flavour: " + SPIN_HELP)
 @click.option("--draft-engine", "draft_engine_dir", type=EXISTING_DIR,
               help="trtllm, draft-target engines: the draft model's engine (served as tensorrt_llm_draft).")
 @click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=0.9, show_default=True,

@@ -7,8 +7,8 @@ speculation and without (the same engine, the same run, prompt by prompt alterna
         [--write-tree DIR]
 
 Each tree's engine (about 600 MB for SmolLM2) is deleted once measured, and the converted checkpoints at the end,
-unless --keep-engines (a rerun then reuses them). Medusa checkpoints are converted with as many heads as the tree is deep (every head costs one lm_head product
-per step); EAGLE checkpoints with num_eagle_layers = the tree depth (TensorRT-LLM requires it).
+unless --keep-engines (a rerun then reuses them). Medusa checkpoints are converted with as many heads as the tree is
+deep (every head costs one lm_head product per step); EAGLE checkpoints with num_eagle_layers = the tree depth (TensorRT-LLM requires it).
 """
 
 from __future__ import annotations

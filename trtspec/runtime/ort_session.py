@@ -17,9 +17,9 @@ def session_options(threads: int | None = None, spin: bool | None = None) -> onn
 
     Workers never spin (they sleep between ops) unless `spin` (None: TRTSPEC_ORT_SPIN=1): on a shared machine a
     spinning worker takes the core the thread it waits for needs, and one left spinning after its session's run
-    takes a core from the session that runs next. SmolLM2-135M decode on 2 cores at load average 3.6: 263 ms a step without spinning,
-    573 ms with spinning between ops (ONNX Runtime 1.32); on an idle machine spinning had saved about 10%, so a host
-    that runs nothing else may set TRTSPEC_ORT_SPIN=1 (onnxruntime-genai spins by default).
+    takes a core from the session that runs next. SmolLM2-135M decode on 2 cores at load average 3.6: 263 ms a step
+    without spinning, 573 ms with spinning between ops (ONNX Runtime 1.32); on an idle machine spinning saves
+    10-17%, so a host that runs nothing else may spin (onnxruntime-genai spins by default).
 
     Denormal floats are flushed to zero: attention over a real cache produces them (tiny probabilities), and the
     CPU computes with them slowly. SmolLM2-135M decode step after a 400-token prompt: 54.8 ms without, 47.5 ms
