@@ -81,7 +81,24 @@ def convert(as_json: bool, **flags) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @user_errors
 def inspect(directory: Path, as_json: bool) -> None:
-    """Summarise any HF / Medusa / EAGLE / TensorRT-LLM checkpoint folder."""
+    """Summarise any HF / Medusa / EAGLE / TensorRT-LLM checkpoint folder, or a built engine."""
+    from trtspec.engine.inspect import engine_summary, is_engine_dir
+
+    if is_engine_dir(directory):
+        facts = engine_summary(directory)
+        if as_json:
+            click.echo(json.dumps(facts, indent=2))
+            return
+        click.echo(f"{directory}: {facts.pop('backend')} engine · {facts.pop('method')}")
+        for key, value in facts.items():
+            if key == "files":
+                value = ", ".join(f"{k} ({v / 2**20:.1f} MiB)" for k, v in value.items())
+            elif isinstance(value, dict):
+                value = ", ".join(f"{k}: {v}" for k, v in value.items())
+            elif isinstance(value, list):
+                value = ", ".join(map(str, value))
+            click.echo(f"  {key:<26} {value}")
+        return
     summary = trtspec.inspect_checkpoint(directory)
     if as_json:
         click.echo(json.dumps(summary.to_dict(), indent=2))
@@ -133,6 +150,8 @@ def tree(choices: str | None, preset: str | None, as_json: bool, png: Path | Non
 @click.option("--preset", help="Named draft tree (see `trtspec tree --preset`).")
 @click.option("--eagle2", "eagle2", help="EAGLE-2 dynamic tree DEPTH,TOP_K,TOTAL_TOKENS instead of a static tree.")
 @click.option("--no-spec", is_flag=True, help="Build a plain engine (no drafter) from any checkpoint.")
+@click.option("--profiles", help="onnx: verify-step slot counts, e.g. 2,4,8 (K + 1 is always one; default "
+                                 "2,3,5,9,17,... up to K + 1): a step runs the smallest that holds its draft.")
 @click.option("--max-batch-size", type=int, default=8, show_default=True, help="Most sequences per step.")
 @click.option("--max-input-len", type=int, default=1024, show_default=True, help="Longest prompt in tokens.")
 @click.option("--max-seq-len", type=int, help="Longest prompt + output (default 2 x max input).")
@@ -163,8 +182,9 @@ def build(source: Path, backend: str, eagle2: str | None, dry_run: bool, **flags
         return
     manifest = build_engine(opts)
     worst = max(manifest.numerics.values(), default=0.0)
+    slots = ", ".join(map(str, manifest.profile.slots)) or "none (plain)"
     click.echo(f"wrote {opts.out}: {manifest.method.value} engine, K={manifest.profile.max_draft_len} "
-               f"({manifest.profile.tokens_per_step} slots per step), max ORT vs reference error {worst:.1e} of scale")
+               f"(slot profiles {slots}), max ORT vs reference error {worst:.1e} of scale")
 
 
 TRTLLM_ONLY = {"trtllm_version": "--trtllm-version", "lookahead": "--lookahead", "draft_target": "--draft-target",
@@ -179,6 +199,9 @@ def _reject_trtllm_flags(flags: dict) -> None:
 
 def _build_trtllm(source: Path, eagle2: str | None, dry_run: bool, *, as_json: bool, lookahead: str | None,
                   **flags) -> None:
+    if flags.pop("profiles", None) is not None:
+        raise click.UsageError("--profiles applies to --backend onnx only: a TensorRT-LLM engine keeps one "
+                               "max_draft_len (a GPU's verify step costs about the same at any slot count)")
     if eagle2 is not None:
         raise click.UsageError("--eagle2: the Triton tensorrt_llm model exposes no dynamic tree (EAGLE-2); build "
                                "the EAGLE engine with a static tree")

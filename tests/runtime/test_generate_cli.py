@@ -46,8 +46,11 @@ def test_json_lines_and_speculation_off_identical(engine, prompts_file):
     assert [r["output_ids"] for r in spec_rows] == [r["output_ids"] for r in plain_rows]
     stats = spec_rows[0]["stats"]
     assert set(stats) == {"steps", "draft_tokens", "accepted_tokens", "acceptance_rate", "acceptance_length",
-                          "ttft_ms", "tokens_per_second"}
+                          "ttft_ms", "tokens_per_second", "steps_per_profile"}
     assert stats["draft_tokens"] == 8 * stats["steps"] and plain_rows[0]["stats"]["draft_tokens"] == 0
+    # an 8-node tree runs in the 9-slot profile every step; plain decoding in the one-slot step
+    assert stats["steps_per_profile"] == {"9": stats["steps"]}
+    assert plain_rows[0]["stats"]["steps_per_profile"] == {"1": plain_rows[0]["stats"]["steps"]}
     spinning = _run(engine, "--prompts", prompts_file, "--max-tokens", 24, "--json", "--spin")
     assert [json.loads(line)["output_ids"] for line in spinning.output.splitlines()] == \
         [r["output_ids"] for r in spec_rows]

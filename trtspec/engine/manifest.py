@@ -49,12 +49,15 @@ def _from_dict(cls, data: dict, where: str):
 
 @dataclass(frozen=True, kw_only=True)
 class Profile:
-    """The static shapes the engine was built for; every generation step feeds max_draft_len + 1 slots."""
+    """The static shapes the engine was built for. A generation step feeds one of `slots` (its slot profiles,
+    ascending, the last K + 1): the smallest that holds its draft, padded within it."""
 
     max_batch_size: int
     max_input_len: int
     max_seq_len: int
     max_draft_len: int
+    # verify-step slot counts the engine runs (onnx backend); None: K + 1 alone (engines of earlier versions)
+    slot_profiles: tuple[int, ...] | None = None
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_input_len", "max_seq_len"):
@@ -67,10 +70,73 @@ class Profile:
                 f"max_seq_len={self.max_seq_len} is below max_input_len={self.max_input_len} + "
                 f"max_draft_len={self.max_draft_len} + 1; raise --max-seq-len to at least "
                 f"{self.max_input_len + self.max_draft_len + 1} or lower --max-input-len")
+        if self.slot_profiles is not None:
+            object.__setattr__(self, "slot_profiles", tuple(self.slot_profiles))
+            check_slot_profiles(self.slot_profiles, self.max_draft_len, "slot_profiles")
+            if self.max_draft_len and self.slot_profiles[-1] != self.max_draft_len + 1:
+                raise ConfigError(f"slot_profiles {list(self.slot_profiles)}: the last profile must be "
+                                  f"max_draft_len + 1 = {self.max_draft_len + 1}")
 
     @property
     def tokens_per_step(self) -> int:
+        """The most slots a generation step feeds (K + 1)."""
         return self.max_draft_len + 1
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        """The slot counts a generation step may run, ascending (empty for a plain engine)."""
+        if self.slot_profiles is not None:
+            return self.slot_profiles
+        return (self.tokens_per_step,) if self.max_draft_len else ()
+
+    def profile_for(self, slots: int) -> int:
+        """The smallest slot profile that holds `slots` slots (1: a plain step, no profile needed)."""
+        if slots <= 1:
+            return 1
+        for size in self.slots:
+            if size >= slots:
+                return size
+        raise ConfigError(f"a draft of {slots - 1} tokens does not fit the engine's max_draft_len "
+                          f"{self.max_draft_len}")
+
+
+def default_slot_profiles(max_draft_len: int) -> tuple[int, ...]:
+    """2, 3, 5, 9, 17, ... (2^i + 1: a draft of 2^i tokens and its root) up to K + 1, and K + 1 itself."""
+    if max_draft_len < 1:
+        return ()
+    sizes, power = [], 1
+    while power + 1 < max_draft_len + 1:
+        sizes.append(power + 1)
+        power *= 2
+    return (*sizes, max_draft_len + 1)
+
+
+def check_slot_profiles(profiles, max_draft_len: int, what: str = "--profiles") -> None:
+    """Slot counts must be ints, ascending, each within 2..K + 1."""
+    shown = ",".join(map(str, profiles))
+    for size in profiles:
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise ConfigError(f"{what} {shown}: {size!r} is not a whole number of slots")
+    if max_draft_len < 1 and profiles:
+        raise ConfigError(f"{what} {shown}: a plain engine (max_draft_len 0) has no generation profiles")
+    for prev, size in zip((None, *profiles), profiles):
+        if size < 2:
+            raise ConfigError(f"{what} {shown}: a profile of {size} slot(s) is below 2 (the root and one draft token); a "
+                              "one-slot step is plain decoding, which every engine runs")
+        if size > max_draft_len + 1:
+            raise ConfigError(f"{what} {shown}: {size} slots is above max_draft_len + 1 = {max_draft_len + 1}")
+        if prev is not None and size <= prev:
+            raise ConfigError(f"{what} {shown}: slot counts must increase ({size} after {prev})")
+
+
+def parse_slot_profiles(text: str, max_draft_len: int) -> tuple[int, ...]:
+    """`--profiles 2,4,8`: checked slot counts, with K + 1 added when missing (a step must hold a K-token draft)."""
+    try:
+        profiles = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--profiles {text}: expected slot counts separated by commas, e.g. 2,3,5,9,17") from None
+    check_slot_profiles(profiles, max_draft_len)
+    return profiles if profiles and profiles[-1] == max_draft_len + 1 else (*profiles, max_draft_len + 1)
 
 
 @dataclass(frozen=True, kw_only=True)

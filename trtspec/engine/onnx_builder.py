@@ -1,6 +1,7 @@
 """`trtspec build --backend onnx`: a TRT-LLM checkpoint → ONNX graphs with the padded static-K profile.
 
-Writes context.onnx (variable prompt length), generation.onnx (exactly K + 1 token slots), their shared
+Writes context.onnx (variable prompt length), generation.onnx (the verify step over any slot count: the manifest lists
+the slot profiles the runtime pads a step to, by default 2, 3, 5, 9, 17, ... up to K + 1), their shared
 weights, the EAGLE draft graphs when the checkpoint has a draft, the tokenizer, and manifest.json last.
 Every inconsistency is rejected before anything is exported; every graph is checked and compared with the
 torch reference network on random inputs.
@@ -20,7 +21,8 @@ from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
 from trtspec.checkpoint.hf_config import read_json
 from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
-from trtspec.engine.manifest import ONNX_GRAPH_FORMAT, Backend, Manifest, Method, ModelInfo, Profile
+from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, Backend, Manifest, Method, ModelInfo, Profile,
+                                     default_slot_profiles, parse_slot_profiles)
 from trtspec.errors import BuildError, ConfigError
 from trtspec.model.config import ModelConfig
 from trtspec.outdir import atomic_output_dir, check_output_dir
@@ -40,6 +42,7 @@ DEFAULT_PRESET = "medusa_small_8"
 @dataclass(frozen=True, kw_only=True)
 class BuildOptions(EngineBuildOptions):
     dynamic_tree: DynamicTree | None = None  # EAGLE-2 instead of a static tree
+    profiles: str | None = None  # `--profiles 2,4,8,16`: verify-step slot counts (default: 2, 3, 5, 9, ... K + 1)
 
 
 def plan_build(opts: BuildOptions) -> Manifest:
@@ -60,8 +63,9 @@ def plan_build(opts: BuildOptions) -> Manifest:
     if max_seq_len > cfg.max_position_embeddings:
         raise BuildError(f"--max-seq-len {max_seq_len} exceeds the model's max_position_embeddings="
                          f"{cfg.max_position_embeddings} ({Path(opts.source) / 'config.json'})")
+    slots = parse_slot_profiles(opts.profiles, k) if opts.profiles is not None else default_slot_profiles(k)
     profile = Profile(max_batch_size=opts.max_batch_size, max_input_len=opts.max_input_len,
-                      max_seq_len=max_seq_len, max_draft_len=k)
+                      max_seq_len=max_seq_len, max_draft_len=k, slot_profiles=slots)
     end_id, pad_id = _special_ids(_tokenizer_dir(opts))
     draft_vocab = read_checkpoint_vocab(opts.source, cfg.vocab_size) if cfg.eagle is not None else None
     model = replace(_model_info(cfg, end_id, pad_id), draft_vocab_size=draft_vocab.size if draft_vocab else 0)
@@ -82,11 +86,10 @@ def build(opts: BuildOptions) -> Manifest:
     ckpt = read_trtllm_checkpoint(opts.source)
     with atomic_output_dir(Path(opts.out), force=opts.force) as tmp:
         p = manifest.profile  # a step's slots may reach K + 1 positions past max_seq_len - 1 (see OrtEngine)
-        graphs = export_graphs(ckpt, tmp, generation_tokens=p.tokens_per_step,
-                               max_positions=p.max_seq_len + p.tokens_per_step)
+        graphs = export_graphs(ckpt, tmp, max_positions=p.max_seq_len + p.tokens_per_step)
         for graph in graphs.values():
             check_graph(graph.path)
-        numerics = compare_with_reference(opts.source, tmp, graphs)
+        numerics = compare_with_reference(opts.source, tmp, graphs, generation_tokens=max(p.tokens_per_step, 2))
         worst = max(numerics.items(), key=lambda kv: kv[1])
         if worst[1] > NUMERICS_TOLERANCE:
             raise BuildError(f"exported graph output {worst[0]} differs from the torch reference by {worst[1]:.2e} of "

@@ -27,13 +27,15 @@ def check_graph(path: Path) -> None:
         raise BuildError(f"{path}: not a valid ONNX graph ({first}); this is a trtspec export bug") from None
 
 
-def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], *, seed: int = 0) -> dict[str, float]:
+def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], *, seed: int = 0,
+                           generation_tokens: int = 6) -> dict[str, float]:
     """Run each graph in ONNX Runtime and the torch reference on one random step; return per output the max abs
     difference divided by max(1, max |reference output|) (30 fp32 layers accumulate ~1e-3 on logits of ~30).
 
     Keys are "<graph>.<output>" (new_key / new_value: the new cache rows, the maximum over layers). Context graphs
     get causal prompts (no past); generation graphs a random past, a random tree mask with depth positions, and a
-    batch row with a shorter past. `out_dir` holds the graphs (their paths in `graphs` are used)."""
+    batch row with a shorter past, over `generation_tokens` slots unless the graph fixes T. `out_dir` holds the graphs
+    (their paths in `graphs` are used)."""
     from trtspec.model.eagle_draft import EagleDraftModel  # torch, at build time only
     from trtspec.model.reference import ReferenceModel
 
@@ -52,9 +54,11 @@ def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], 
         if role == "medusa":
             diffs["medusa.medusa_logits"] = _compare_medusa(session, model, rng)
             continue
-        tokens = session.get_inputs()[0].shape[1]  # an int for the generation graphs, "tokens" otherwise
-        feeds = random_step(model.config, rng, tokens=tokens if isinstance(tokens, int) else 6,
-                            past=0 if role.endswith("context") else 5, features=role.startswith("draft_"))
+        tokens = session.get_inputs()[0].shape[1]  # an int for a fixed-T graph, "tokens" otherwise
+        context = role.endswith("context")
+        feeds = random_step(model.config, rng, tokens=tokens if isinstance(tokens, int) else
+                            6 if context else generation_tokens,
+                            past=0 if context else 5, features=role.startswith("draft_"))
         ours = new_rows(dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds))), feeds)
         reference = reference_outputs(model, feeds)
         if role.startswith("draft_") and draft_vocab is not None:

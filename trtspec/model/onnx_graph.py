@@ -1,7 +1,8 @@
 """Export a TensorRT-LLM checkpoint to the CPU engine's ONNX graphs (static-K profile); `onnx_check` validates
 them and compares them with the torch reference.
 
-Graphs: `context` (T dynamic) and `generation` (T = K + 1 fixed) over one shared `weights.bin`; for EAGLE also
+Graphs: `context` (T dynamic, causal) and `generation` (T dynamic, a tree mask: the runtime feeds it the engine's
+slot profiles) over one shared `weights.bin`; for EAGLE also
 `draft_context` / `draft_generation` over `draft_weights.bin`. Compute is float32 whatever the stored dtype.
 Each layer's attention is one GroupQueryAttention node over a KV buffer [B, nkv, capacity, hd] that the runtime
 binds as both past and present, so the new rows are written into the cache in place (at each row's past length).
@@ -179,13 +180,14 @@ def _inv_freq(c: ModelConfig) -> np.ndarray:
     return rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling).numpy()  # [hd/2] float32
 
 
-def _io(c: ModelConfig, tokens: int | None, extra_inputs=()) -> tuple[list, list]:
-    """Graph inputs and outputs. Context graphs (tokens None) take no positions or mask: they are causal after
+def _io(c: ModelConfig, tokens: int | None, tree: bool, extra_inputs=()) -> tuple[list, list]:
+    """Graph inputs and outputs over T = `tokens` (None: dynamic). Context graphs (tree False) take no positions or
+    mask: they are causal after
     each row's past. Every KV tensor is [B, nkv, capacity, hd]; present_* is past_* with the new rows written."""
     t = tokens if tokens is not None else "tokens"
     info = helper.make_tensor_value_info
     tree = [info("position_ids", TensorProto.INT64, ["batch", t]),
-            info("tree_mask", TensorProto.BOOL, ["batch", t, t])] if tokens is not None else []
+            info("tree_mask", TensorProto.BOOL, ["batch", t, t])] if tree else []
     inputs = [info("input_ids", TensorProto.INT64, ["batch", t]), *extra_inputs, *tree,
               info("past_lengths", TensorProto.INT32, ["batch"])]
     outs = [info("logits", TensorProto.FLOAT, ["batch", t, c.vocab_size]),
@@ -198,17 +200,18 @@ def _io(c: ModelConfig, tokens: int | None, extra_inputs=()) -> tuple[list, list
 
 
 def base_graph(c: ModelConfig, layout: _Layout, wf: WeightFile, tokens: int | None,
-               positions: int) -> onnx.ModelProto:
-    """The base network over T = `tokens` new tokens (None: dynamic) at positions below `positions`."""
+               positions: int, *, tree: bool) -> onnx.ModelProto:
+    """The base network over T = `tokens` new tokens (None: dynamic) at positions below `positions`; a generation
+    graph (tree) takes tree positions and mask, a context graph is causal."""
     g = Graph(wf)
-    pre = prelude(g, _inv_freq(c), positions, tokens)
+    pre = prelude(g, _inv_freq(c), positions, tokens, tree=tree)
     x = Residual(embed(g, "input_ids", tied=layout.tied))  # [B, T, H]
     for layer in range(c.num_layers):
         x = decoder_layer(g, _dims(c), pre, x, f"layers.{layer}", layer, c.intermediate_size)
     hidden, _ = x.norm(g, "ln_f.weight", c.rms_norm_eps, "ln_f")
     g.op("Identity", hidden, name="hidden")
     logits(g, hidden, "lm_head.weight", name="logits")  # [B, T, V]
-    inputs, outputs = _io(c, tokens)
+    inputs, outputs = _io(c, tokens, tree)
     return g.model("trtspec_base", inputs, outputs)
 
 
@@ -244,11 +247,11 @@ def _medusa_resblocks(g: Graph, x: str, head: int, layers: int) -> str:
 
 
 def draft_graph(c: ModelConfig, layout: _Layout, wf: WeightFile, tokens: int | None,
-                positions: int) -> onnx.ModelProto:
+                positions: int, *, tree: bool) -> onnx.ModelProto:
     """The EAGLE drafter: fc(cat[embed, feature]), its layers (layer 0 without input norm), the lm_head."""
     d = _draft_config(c)
     g = Graph(wf)
-    pre = prelude(g, _inv_freq(d), positions, tokens)
+    pre = prelude(g, _inv_freq(d), positions, tokens, tree=tree)
     x = Residual(linear(g, g.op("Concat", embed(g, "input_ids", tied=layout.tied), "features", axis=-1), "fc", "fc"))
     for j in range(d.num_layers):
         x = decoder_layer(g, _dims(d), pre, x, f"layers.{j}", j, d.intermediate_size)
@@ -259,7 +262,7 @@ def draft_graph(c: ModelConfig, layout: _Layout, wf: WeightFile, tokens: int | N
         _draft_vocab_logits(g, hidden, layout.draft_vocab, c.vocab_size)
     t = tokens if tokens is not None else "tokens"
     features = helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", t, d.hidden_size])
-    inputs, outputs = _io(d, tokens, extra_inputs=[features])
+    inputs, outputs = _io(d, tokens, tree, extra_inputs=[features])
     return g.model("trtspec_eagle_draft", inputs, outputs)
 
 
@@ -276,12 +279,17 @@ def _draft_vocab_logits(g: Graph, hidden: str, target_ids: tuple[int, ...], voca
 
 # ---- export, check, compare ---------------------------------------------------------------------------------
 
-def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, generation_tokens: int,
-                  max_positions: int) -> dict[str, ExportedGraph]:
+def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, max_positions: int,
+                  generation_tokens: int | None = None) -> dict[str, ExportedGraph]:
     """Write context.onnx / generation.onnx over weights.bin (and the EAGLE draft pair over draft_weights.bin).
 
+    The generation graphs take any number of slots T (`generation_tokens` None, what `build` writes: the runtime
+    feeds them the slot counts of the engine's profiles, one session holding one prepacked copy of the weights
+    for all of them) or exactly `generation_tokens` (engines of earlier trtspec versions had T = K + 1 fixed).
     `max_positions` sizes the graphs' RoPE tables: every position a step uses must be below it."""
-    for name, value in (("generation_tokens", generation_tokens), ("max_positions", max_positions)):
+    checked = (("max_positions", max_positions),) + ((("generation_tokens", generation_tokens),)
+                                                     if generation_tokens is not None else ())
+    for name, value in checked:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise BuildError(f"{name} must be a positive int, got {value!r}")
     c, out_dir = ModelConfig.from_trtllm(ckpt.config), Path(out_dir)
@@ -298,8 +306,8 @@ def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, generation_tokens: i
             layout = write(_Source(ckpt), wf, c)
         finally:
             wf.close()
-        for role, tokens in (("context", None), ("generation", generation_tokens)):
-            graphs[role_prefix + role] = _save(build(c, layout, wf, tokens, max_positions),
+        for role, tokens, tree in (("context", None, False), ("generation", generation_tokens, True)):
+            graphs[role_prefix + role] = _save(build(c, layout, wf, tokens, max_positions, tree=tree),
                                                out_dir / f"{role_prefix}{role}.onnx")
         if layout.medusa_lm_heads:
             graphs["medusa"] = _save(medusa_graph(c, layout, wf), out_dir / "medusa.onnx")

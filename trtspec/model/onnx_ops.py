@@ -131,11 +131,11 @@ class Prelude:
     bias: str  # [B, 1, T, total] the tree mask as an additive bias; "" in context graphs (causal only)
 
 
-def prelude(g: Graph, inv_freq: np.ndarray, positions: int, tokens: int | None) -> Prelude:
-    """The attention inputs a graph over T = `tokens` new tokens needs (None: dynamic T, a context graph).
+def prelude(g: Graph, inv_freq: np.ndarray, positions: int, tokens: int | None, *, tree: bool) -> Prelude:
+    """The attention inputs a graph over T = `tokens` new tokens needs (None: T dynamic, read from input_ids).
 
-    A context graph appends consecutive positions after each row's past and is causal; a generation graph
-    (static T) takes position_ids and a tree mask. Either way every row's own past is wholly visible."""
+    A context graph (tree False) appends consecutive positions after each row's past and is causal; a generation
+    graph (tree True) takes position_ids and a tree mask. Either way every row's own past is wholly visible."""
     t = (g.const([tokens], np.int32) if tokens is not None
          else g.op("Cast", g.op("Shape", "input_ids", start=1, end=2), to=TensorProto.INT32))  # [1]
     seqlens = g.op("Add", "past_lengths", g.op("Sub", t, g.const([1], np.int32)), name="seqlens_k")
@@ -145,18 +145,19 @@ def prelude(g: Graph, inv_freq: np.ndarray, positions: int, tokens: int | None) 
     angles = g.op("Mul", g.op("Unsqueeze", g.op("Range", *(g.const(v, np.float32) for v in (0, positions, 1))),
                               g.const([-1])), g.const(inv_freq, np.float32))  # [positions, hd/2]
     cos, sin = g.op("Cos", angles, name="cos_cache"), g.op("Sin", angles, name="sin_cache")
-    if tokens is None:
+    if not tree:
         return Prelude(seqlens, total, query_lengths, cos, sin, "", "")
-    return Prelude(seqlens, total, query_lengths, cos, sin, "position_ids", _tree_bias(g, total, tokens))
+    return Prelude(seqlens, total, query_lengths, cos, sin, "position_ids", _tree_bias(g, total, t))
 
 
-def _tree_bias(g: Graph, total: str, tokens: int) -> str:
+def _tree_bias(g: Graph, total: str, tokens: str) -> str:
     """tree_mask [B, T, T] → additive bias [B, 1, T, total] over absolute key columns: column j of row b is
     its past when j < past_lengths[b], else new slot j - past_lengths[b]. Columns past a row's last slot are
-    never read, so what they hold does not matter."""
+    never read, so what they hold does not matter. `tokens` is T as an int32 [1]."""
     columns = g.op("Range", g.const(0, np.int32), total, g.const(1, np.int32))  # [total]
     slot = g.op("Sub", g.op("Unsqueeze", columns, g.const([0])), g.op("Unsqueeze", "past_lengths", g.const([1])))
-    index = g.op("Clip", slot, g.const(0, np.int32), g.const(tokens - 1, np.int32))  # [B, total]
+    last = g.op("Squeeze", g.op("Sub", tokens, g.const([1], np.int32)), g.const([0]))  # [] T - 1
+    index = g.op("Clip", slot, g.const(0, np.int32), last)  # [B, total]
     shape = g.op("Concat", g.op("Shape", "tree_mask", start=0, end=2), g.op("Shape", columns), axis=0)
     in_tree = g.op("GatherElements", "tree_mask", g.op("Expand", g.op("Unsqueeze", index, g.const([1])), shape),
                    axis=2)  # [B, T, total]

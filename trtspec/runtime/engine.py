@@ -8,6 +8,9 @@ The EAGLE draft network has its own cache with the same rule: `draft_extend` com
 An engine may also offer `verify_batch(items)` (one step over several sequences; the loop uses it when present) and
 `draft_extend_batch(items)` (EAGLE draft extensions of several sequences in one run; EagleProposer uses it) and
 `medusa_logits_batch(hidden)` (the Medusa heads over several sequences' hidden states; MedusaProposer uses it).
+Slot profiles: an engine runs a verify step over the smallest of its `slot_profiles` that holds the draft (padding
+within it) and may offer `step_costs()` (spec.step_costs.StepCosts: each profile's cost relative to a plain step),
+which training-free drafters budget their drafts against.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ class StepOutput:
 
     logits: np.ndarray  # [T, V] float32
     hidden: np.ndarray | None = None  # [T, H] final hidden states (Medusa / EAGLE features, draft hidden)
+    slots: int = 0  # the slot profile the step ran over (1: a plain step; 0: not reported)
 
 
 class Engine(Protocol):
     vocab_size: int
     max_draft_len: int  # K: a verify step feeds at most K + 1 slots
+    slot_profiles: tuple[int, ...]  # the slot counts a verify step runs over, ascending, the last K + 1
     num_medusa_heads: int
     has_eagle_draft: bool
 

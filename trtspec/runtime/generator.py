@@ -44,6 +44,7 @@ class Generation:
         s = self.result.stats
         stats = {"steps": s.steps, "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
                  "acceptance_rate": round(s.acceptance_rate, 4), "acceptance_length": round(s.acceptance_length, 4),
+                 "steps_per_profile": {str(k): v for k, v in sorted(s.profile_steps.items())},
                  "ttft_ms": round(self.result.ttft_s * 1000, 2),
                  "tokens_per_second": round(self.result.tokens_per_second, 2)}
         return {"prompt_index": self.prompt_index, "output_ids": self.output_ids, "text": self.text,

@@ -105,7 +105,8 @@ class _Decoding:
         logits = _constrain(verify.logits, self.result.output_ids, draft.tokens, draft.tree, self.config)
         accepted = _accept(draft, logits, self.config, self.rng)
         self.engine.commit(self.seq, (0, *accepted.slots))
-        self.result.stats.record(drafted=draft.tree.num_nodes, depth=draft.tree.depth, accepted=accepted.num_accepted)
+        self.result.stats.record(drafted=draft.tree.num_nodes, depth=draft.tree.depth, accepted=accepted.num_accepted,
+                                 slots=verify.slots)
         self._emit(list(accepted.tokens), logits[[0, *accepted.slots]])
         self.root = accepted.tokens[-1]
         return (verify, accepted) if self.finish is None else None
@@ -135,7 +136,8 @@ def generate(engine: Engine, prompt_ids, proposer: Proposer, config: GenerationC
 
 def generate_batch(engine: Engine, requests: list[Request], *, max_batch_size: int = 8) -> list[GenerationResult]:
     """In-flight batching: up to max_batch_size sequences share each verify step; a sequence joins as soon as
-    another leaves. Each sequence keeps its own drafter and tree; the engine pads every draft to K + 1 slots.
+    another leaves. Each sequence keeps its own drafter and tree; the engine pads a step's drafts to the smallest
+    slot profile that holds the largest of them.
     Results come back in request order and equal what `generate` gives each request alone."""
     queue = list(enumerate(requests))[::-1]
     results: list[GenerationResult | None] = [None] * len(requests)

@@ -4,8 +4,10 @@ KV caches are pre-allocated per sequence as one array [L, 2, 1, nkv, S_max, hd]:
 contiguous [B, nkv, S_max, hd] buffer that the graph's GroupQueryAttention reads as its past and writes as its
 present, bound to the same memory (I/O binding kept across steps), so a step's new rows land in the cache in
 place after the sequence's length: no copy, no per-step allocation. After a verify step, `commit` compacts the
-accepted slots' rows in place. Plain decoding runs the context graph with one token; speculative steps run the
-generation graph with exactly K + 1 slots, padding shorter drafts with masked slots.
+accepted slots' rows in place. Plain decoding runs the context graph with one token; a speculative step runs the
+generation graph over the smallest of the engine's slot profiles (manifest `profile.slot_profiles`, e.g. 2, 3, 5,
+9, 17) that holds its draft, padding it with masked slots: on a CPU a verify step's cost grows with its slots, so a
+step pays only for the draft it carries. A batched step runs the profile of its largest draft.
 
 The caches of the first max_batch_size sequences are rows of one pool [L, 2, max_batch_size, nkv, S_max, hd], kept
 dense (rows 0..n-1: a sequence that closes hands its row to the last row's sequence, which moves once), so a batched
@@ -26,10 +28,11 @@ import onnxruntime as ort
 from trtspec.engine.manifest import Manifest, read_manifest
 from trtspec.errors import BuildError, RuntimeEngineError
 from trtspec.runtime.engine import StepOutput
-from trtspec.runtime.ort_session import session_options
+from trtspec.runtime.ort_session import effective_spin, session_options
 
 
-BINDINGS_KEPT = 8  # per graph: a few sequences decoding in turn (and a few prompt lengths) each keep theirs
+# per graph: a few sequences decoding in turn, a few prompt lengths, each slot profile and batch size keep theirs
+BINDINGS_KEPT = 24
 
 
 @dataclass
@@ -81,6 +84,7 @@ class _Graph:
         except Exception as e:  # ORT raises its own exception types for bad files
             raise BuildError(f"{path}: ONNX Runtime cannot load it ({str(e).splitlines()[0]})") from None
         self.plain = {o.name: o.shape[-1] for o in self.session.get_outputs() if not o.name.startswith("present_")}
+        self.tokens = self.session.get_inputs()[0].shape[1]  # an int for a fixed-T graph, else a dimension name
         self.layers = sum(1 for o in self.session.get_outputs() if o.name.startswith("present_key_"))
         self._bindings: dict[tuple, _Binding] = {}
 
@@ -125,6 +129,7 @@ class OrtEngine:
         self.engine_dir = Path(engine_dir)
         self.manifest: Manifest = read_manifest(self.engine_dir)
         options = session_options(threads, spin)  # spin None: TRTSPEC_ORT_SPIN decides
+        self.threads, self.spin = options.intra_op_num_threads, effective_spin(spin)
         files = self.manifest.files
         graph = lambda role: _Graph(self.engine_dir / files[role], options) if role in files else None  # noqa: E731
         self._context, self._generation = graph("context"), graph("generation")
@@ -134,8 +139,16 @@ class OrtEngine:
         self.vocab_size, self.max_draft_len = m.vocab_size, p.max_draft_len
         self.num_medusa_heads = m.num_medusa_heads
         self.has_eagle_draft = self._draft_context is not None
-        self._slots = p.tokens_per_step
-        self._size = p.max_seq_len + self._slots  # room for one padded step past max_seq_len
+        self.slot_profiles = p.slots  # ascending verify-step slot counts; a step runs the smallest that fits
+        # every verify step, plain ones too, runs the generation graph when it takes any T (engines of earlier
+        # versions fixed T = K + 1: their plain steps run the context graph). One session for the whole decode
+        # matters with spinning workers: a session's spinning pool takes the cores the other session's run needs
+        # (SmolLM2, 2 spinning threads: a 1-slot context step alternating with a 3-slot generation step cost
+        # 147 ms a pair, the same two steps in the generation graph 74 ms)
+        self._decode = (self._generation if self._generation is not None and
+                        not isinstance(self._generation.tokens, int) else self._context)
+        self._size = p.max_seq_len + p.tokens_per_step  # room for one padded step past max_seq_len
+        self._costs = None
         self._seqs: dict[int, _Sequence] = {}
         self._ids = itertools.count()
         # the pool's pages are touched only as rows fill (np.zeros maps zero pages lazily)
@@ -144,6 +157,19 @@ class OrtEngine:
                                             p.max_batch_size) if self.has_eagle_draft else None)
         self._rows: list[int] = []  # _rows[r] = the sequence in pool row r; rows 0..len-1 are taken
         self._staging: dict[int, _Cache] = {}  # batch size → a staging cache for batches not in the pool's rows
+
+    @property
+    def profile(self):
+        return self.manifest.profile
+
+    def step_costs(self):
+        """The verify step's cost per slot profile relative to a plain step (`verify_curve`): measured once on this
+        machine and cached beside the engine."""
+        if self._costs is None:
+            from trtspec.runtime.verify_curve import load_or_measure
+
+            self._costs = load_or_measure(self)
+        return self._costs
 
     def open(self) -> int:
         m = self.manifest.model
@@ -186,13 +212,14 @@ class OrtEngine:
         state = self._seqs[seq]
         cache, n = state.base, len(tokens)
         self._check_room(cache, n)
-        if n == 1:  # speculation off: one token through the context graph, no padding
-            out = self._context.run(_feeds(tokens, cache.length), cache)
+        slots = self.profile.profile_for(n)
+        if n == 1:  # a step without a draft: one token, no padding
+            out = self._plain_step(tokens[None], [cache.length], cache)
         else:
-            ids, pos, tree = _pad(tokens, cache.length + np.asarray(depths), mask, self._slots)
+            ids, pos, tree = _pad(tokens, cache.length + np.asarray(depths), mask, slots)
             out = self._generation.run(_feeds(ids, cache.length, pos, tree), cache)
         state.pending = n
-        return _step(out, n)
+        return _step(out, n, slots)
 
     def verify_batch(self, items: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]) -> list[StepOutput]:
         """One graph run over several sequences' drafts (seq, tokens, depths, mask) in one batch.
@@ -204,29 +231,40 @@ class OrtEngine:
         states = [self._seqs[seq] for seq, *_ in items]
         for state, (_, tokens, _, _) in zip(states, items):
             self._check_room(state.base, len(tokens))
-        plain = all(len(tokens) == 1 for _, tokens, _, _ in items)
-        slots = 1 if plain else self._slots
-        graph = self._context if plain else self._generation
+        slots = self.profile.profile_for(max(len(tokens) for _, tokens, _, _ in items))
+        run = self._generation.run
+        if slots == 1:
+            run = lambda feeds, cache: self._plain_step(feeds["input_ids"], feeds["past_lengths"], cache)  # noqa: E731
         first = _pool_block(states)
         if first is not None:  # batch row b is pool row first + b: run in place
             at = [state.row - first for state in states]  # items[i] runs as batch row at[i]
             ordered, lengths = [None] * len(items), [0] * len(items)
             for b, item, state in zip(at, items, states):
                 ordered[b], lengths[b] = item, state.base.length
-            out = graph.run(_batch_feeds(ordered, lengths, slots), self._pool.rows(first, len(items)))
+            out = run(_batch_feeds(ordered, lengths, slots), self._pool.rows(first, len(items)))
         else:
             lengths = [state.base.length for state in states]
             staging = self._staging_cache(len(items))
             for b, (state, n) in enumerate(zip(states, lengths)):  # gather the pasts
                 staging.kv[:, :, b, :, :n] = state.base.kv[:, :, 0, :, :n]
-            out = graph.run(_batch_feeds(items, lengths, slots), staging)
+            out = run(_batch_feeds(items, lengths, slots), staging)
             for b, (state, n) in enumerate(zip(states, lengths)):  # scatter the new rows
                 state.base.kv[:, :, 0, :, n:n + slots] = staging.kv[:, :, b, :, n:n + slots]
             at = np.arange(len(items))
         for state, (_, tokens, _, _) in zip(states, items):
             state.pending = len(tokens)
-        return [StepOutput(out["logits"][b, :len(t)].copy(), out["hidden"][b, :len(t)].copy())
+        return [StepOutput(out["logits"][b, :len(t)].copy(), out["hidden"][b, :len(t)].copy(), slots)
                 for b, (_, t, _, _) in zip(at, items)]
+
+    def _plain_step(self, ids: np.ndarray, lengths, cache: _Cache) -> dict[str, np.ndarray]:
+        """One token per row [B, 1] after each row's past, in the decode graph (a trivial tree for the generation
+        graph)."""
+        ids = np.asarray(ids, np.int64)
+        feeds = {"input_ids": ids, "past_lengths": np.asarray(lengths, np.int32)}
+        if self._decode is self._generation:
+            feeds["position_ids"] = feeds["past_lengths"].astype(np.int64)[:, None]
+            feeds["tree_mask"] = np.ones((len(ids), 1, 1), bool)
+        return self._decode.run(feeds, cache)
 
     def _staging_cache(self, batch: int) -> _Cache:
         if batch not in self._staging:
@@ -289,12 +327,13 @@ class OrtEngine:
                    mask: np.ndarray) -> StepOutput:
         cache = self._seqs[seq].draft
         m = len(token_ids)
-        self._check_room(cache, self._slots)
-        ids, pos, tree = _pad(token_ids, cache.length + np.asarray(depths) - 1, mask, self._slots)
-        feats = np.zeros((1, self._slots, features.shape[-1]), np.float32)
+        slots = self.profile.profile_for(max(m, 2))
+        self._check_room(cache, slots)
+        ids, pos, tree = _pad(token_ids, cache.length + np.asarray(depths) - 1, mask, slots)
+        feats = np.zeros((1, slots, features.shape[-1]), np.float32)
         feats[0, :m] = features
         feeds = {**_feeds(ids, cache.length, pos, tree), "features": feats}
-        return _step(self._draft_generation.run(feeds, cache), m)  # scratch rows, not committed
+        return _step(self._draft_generation.run(feeds, cache), m, slots)  # scratch rows, not committed
 
     def _check_room(self, cache: _Cache, tokens: int) -> None:
         """The committed length must stay below max_seq_len; a step's slots may use the buffer's spare K + 1."""
@@ -350,6 +389,6 @@ def _pad(tokens, positions, mask: np.ndarray, slots: int) -> tuple[np.ndarray, n
     return ids, pos, full
 
 
-def _step(out: dict[str, np.ndarray], n: int) -> StepOutput:
+def _step(out: dict[str, np.ndarray], n: int, slots: int = 0) -> StepOutput:
     """The first n slots' outputs, copied: the bound output arrays are overwritten by the graph's next run."""
-    return StepOutput(out["logits"][0, :n].copy(), out["hidden"][0, :n].copy())
+    return StepOutput(out["logits"][0, :n].copy(), out["hidden"][0, :n].copy(), slots)

@@ -30,11 +30,16 @@ def session_options(threads: int | None = None, spin: bool | None = None) -> onn
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads, options.inter_op_num_threads = threads or os.cpu_count() or 1, 1
-    spin = os.environ.get(SPIN_ENV, "0") == "1" if spin is None else spin
+    spin = effective_spin(spin)
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     options.add_session_config_entry("session.force_spinning_stop", "0" if spin else "1")
     options.add_session_config_entry("session.set_denormal_as_zero", "1")
     return options
+
+
+def effective_spin(spin: bool | None) -> bool:
+    """Whether intra-op workers spin: `spin`, or TRTSPEC_ORT_SPIN=1 when None."""
+    return os.environ.get(SPIN_ENV, "0") == "1" if spin is None else spin
 
 
 def ort_session(path: Path, threads: int | None = None) -> onnxruntime.InferenceSession:

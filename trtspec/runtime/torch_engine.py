@@ -46,6 +46,7 @@ class TorchEngine:
         self.model, self.draft = model.eval(), draft.eval() if draft is not None else None
         self.vocab_size = model.config.vocab_size
         self.max_draft_len = max_draft_len
+        self.slot_profiles = (max_draft_len + 1,) if max_draft_len else ()  # exact slots: no padding here
         self.num_medusa_heads = model.config.num_medusa_heads
         self.has_eagle_draft = draft is not None
         self._seqs: dict[int, _Sequence] = {}

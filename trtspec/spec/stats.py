@@ -18,10 +18,14 @@ class SpecStats:
     accepted_tokens: int = 0  # draft tokens accepted over all steps
     position_trials: list[int] = field(default_factory=list)  # [d-1]: steps with depth d drafted and d-1 accepted
     position_hits: list[int] = field(default_factory=list)  # [d-1]: steps that accepted depth d
+    profile_steps: dict[int, int] = field(default_factory=dict)  # slot profile → verify steps run over it
 
-    def record(self, *, drafted: int, depth: int, accepted: int) -> None:
-        """Count one verify step: `drafted` nodes in a tree of `depth`, `accepted` of them on the path."""
+    def record(self, *, drafted: int, depth: int, accepted: int, slots: int = 0) -> None:
+        """Count one verify step: `drafted` nodes in a tree of `depth`, `accepted` of them on the path, run over a
+        slot profile of `slots` (1: a plain step; 0: the engine did not say)."""
         self.steps += 1
+        if slots:
+            self.profile_steps[slots] = self.profile_steps.get(slots, 0) + 1
         self.draft_tokens += drafted
         self.accepted_tokens += accepted
         _grow(self.position_trials, depth)
@@ -34,10 +38,14 @@ class SpecStats:
     def merge(self, other: SpecStats) -> SpecStats:
         n = max(len(self.position_trials), len(other.position_trials))
         pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
+        profiles = dict(self.profile_steps)
+        for slots, steps in other.profile_steps.items():
+            profiles[slots] = profiles.get(slots, 0) + steps
         return SpecStats(self.steps + other.steps, self.draft_tokens + other.draft_tokens,
                          self.accepted_tokens + other.accepted_tokens,
                          [a + b for a, b in zip(pad(self.position_trials), pad(other.position_trials))],
-                         [a + b for a, b in zip(pad(self.position_hits), pad(other.position_hits))])
+                         [a + b for a, b in zip(pad(self.position_hits), pad(other.position_hits))],
+                         dict(sorted(profiles.items())))
 
     @property
     def acceptance_rate(self) -> float:
@@ -55,7 +63,8 @@ class SpecStats:
         return {"steps": self.steps, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
                 "acceptance_rate": round(self.acceptance_rate, 4),
                 "acceptance_length": round(self.acceptance_length, 4),
-                "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance]}
+                "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance],
+                "steps_per_profile": {str(k): v for k, v in sorted(self.profile_steps.items())}}
 
 
 def _grow(counts: list[int], size: int) -> None:

@@ -1,0 +1,37 @@
+"""`trtspec inspect ENGINE_DIR`: what a built engine holds, from its manifest (and its cached verify curve)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trtspec.engine.manifest import MANIFEST_FILE, read_manifest
+
+CURVE_FILE = "verify_curve.json"  # written by runtime.verify_curve beside the engine
+
+
+def is_engine_dir(directory: Path) -> bool:
+    return (Path(directory) / MANIFEST_FILE).is_file()
+
+
+def engine_summary(directory: Path) -> dict:
+    """The engine's facts in display order: method, backend, K, slot profiles, limits, files, the verify curve."""
+    directory = Path(directory)
+    m = read_manifest(directory)
+    p = m.profile
+    out = {"name": m.name, "backend": m.backend.value, "method": m.method.value,
+           "architecture": m.model.architecture, "max_draft_len": p.max_draft_len,
+           "slot_profiles": list(p.slots), "max_batch_size": p.max_batch_size, "max_input_len": p.max_input_len,
+           "max_seq_len": p.max_seq_len}
+    if m.tree:
+        out["tree"] = [list(c) for c in m.tree]
+    out["files"] = {rel: (directory / rel).stat().st_size for rel in sorted(set(m.files.values()))}
+    curve = directory / CURVE_FILE
+    if curve.is_file():
+        try:
+            data = json.loads(curve.read_text())
+            out["verify_curve"] = {str(s): f"{ms:.2f} ms ({rel:.2f}x)" for s, ms, rel in
+                                   zip(data["profiles"], data["step_ms"], data["relative"])}
+        except (ValueError, KeyError, TypeError):
+            out["verify_curve"] = "unreadable (measured again on the next start)"
+    return out

@@ -1,0 +1,93 @@
+"""The verify curve of an engine on this machine: one step's time per slot profile, measured once and cached.
+
+`load_or_measure(engine)` returns the engine's `StepCosts`: from `verify_curve.json` beside the engine when it was
+measured for the same slot profiles, thread count, spinning and ONNX Runtime version, else measured now (a second or
+two for SmolLM2-135M: every profile's step after a 64-token past, rounds alternating between profiles, the median of
+each) and written there atomically (kept in memory only when the engine folder is read-only). `trtspec bench
+profiles ENGINE` measures it again on demand (`--save` replaces the cache).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from trtspec.engine.inspect import CURVE_FILE
+from trtspec.spec.step_costs import StepCosts
+from trtspec.spec.tree import chain_tree
+
+log = logging.getLogger(__name__)
+
+PAST_TOKENS = 64
+ROUNDS = 9
+
+
+def curve_key(engine) -> dict:
+    """What a cached curve must match to be reused."""
+    import onnxruntime
+
+    return {"slot_profiles": list(engine.slot_profiles), "threads": engine.threads, "spin": engine.spin,
+            "onnxruntime": onnxruntime.__version__}
+
+
+def measure(engine, *, rounds: int = ROUNDS, past: int = PAST_TOKENS) -> StepCosts:
+    """Time one verify step per profile (and the plain one-slot step) over one sequence, rounds alternating."""
+    profiles = (1, *engine.slot_profiles)
+    past = max(1, min(past, engine.manifest.profile.max_input_len))
+    rng = np.random.default_rng(0)
+    seq = engine.open()
+    times: dict[int, list[float]] = {p: [] for p in profiles}
+    try:
+        engine.prefill(seq, rng.integers(0, engine.vocab_size, past))
+        for r in range(rounds + 1):
+            for slots in profiles if r % 2 else profiles[::-1]:
+                tree = chain_tree(slots - 1)
+                tokens = rng.integers(0, engine.vocab_size, slots)
+                start = time.perf_counter()
+                engine.verify(seq, tokens, tree.position_offsets, tree.mask)
+                if r:  # round 0 warms every binding up
+                    times[slots].append(time.perf_counter() - start)
+    finally:
+        engine.close(seq)
+    ms = [float(np.median(times[p])) * 1000 for p in profiles]
+    return StepCosts(profiles, tuple(t / ms[0] for t in ms), tuple(ms))
+
+
+def load_or_measure(engine) -> StepCosts:
+    """The cached curve when it matches this engine and machine setup, else a fresh measurement (then cached)."""
+    key, path = curve_key(engine), Path(engine.engine_dir) / CURVE_FILE
+    cached = _read(path, key)
+    if cached is not None:
+        return cached
+    costs = measure(engine)
+    log.info("verify curve of %s: %s", engine.engine_dir,
+             ", ".join(f"{p} slots {c:.2f}x" for p, c in zip(costs.profiles, costs.relative)))
+    save(path, key, costs)
+    return costs
+
+
+def save(path: Path, key: dict, costs: StepCosts) -> None:
+    """Write the curve atomically; a read-only engine folder keeps it in memory only."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".verify-curve-")
+        with os.fdopen(fd, "w") as f:
+            json.dump({**key, **costs.to_dict()}, f, indent=2)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.debug("verify curve not cached in %s: %s", path.parent, e)
+
+
+def _read(path: Path, key: dict) -> StepCosts | None:
+    try:
+        data = json.loads(path.read_text())
+        if any(data.get(k) != v for k, v in key.items()):
+            return None
+        return StepCosts(tuple(data["profiles"]), tuple(data["relative"]), tuple(data.get("step_ms", ())))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
