@@ -252,6 +252,8 @@ def _dynamic_tree(text: str | None, cls):
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.")
 @click.option("--seed", type=int, help="Sampling seed.")
 @click.option("--no-spec", is_flag=True, help="Same engine, speculation off.")
+@click.option("--method", help="Drafter: none, ngram (prompt lookup + Token Recycling, any engine with K >= 1), or "
+                               "the engine's own (default).")
 @click.option("--wait", "wait_s", type=float, default=0.0, help="--url: wait up to this many seconds for the server.")
 @click.option("--stream/--no-stream", default=None,
               help="Print text as it is generated (default: on with --url, off locally, where prompts are batched).")

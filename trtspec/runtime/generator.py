@@ -16,6 +16,7 @@ from trtspec.runtime.loop import GenerationConfig, GenerationResult, Request, ge
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.spec.eagle_proposer import DynamicTree
 from trtspec.spec.methods import make_proposer
+from trtspec.spec.ngram_proposer import AcceptanceModel, NgramConfig
 from trtspec.spec.proposer import Proposer
 from trtspec.spec.sampling import SamplingParams
 from trtspec.spec.tree import build_tree
@@ -29,6 +30,8 @@ class GenerateOptions:
     top_p: float = 1.0
     seed: int | None = None
     no_spec: bool = False
+    method: str | None = None  # the drafter (none, ngram, or the engine's own); None: the manifest's method
+    ngram: NgramConfig | None = None  # method ngram: its options (None: the defaults)
 
 
 @dataclass(frozen=True)
@@ -63,11 +66,14 @@ class LocalGenerator:
 
             self.tokenizer = Tokenizer.from_dir(Path(engine_dir) / self.manifest.tokenizer)
         self._tree = build_tree([list(c) for c in self.manifest.tree]) if self.manifest.tree else None
+        self.acceptance = AcceptanceModel()  # training-free drafters' acceptance rates, learnt across requests
 
-    def proposer(self, no_spec: bool = False) -> Proposer:
-        method = "none" if no_spec else self.manifest.method.value
+    def proposer(self, no_spec: bool = False, method: str | None = None, ngram: NgramConfig | None = None) -> Proposer:
+        """A drafter for one sequence: `method` (none / ngram / the engine's own), else the manifest's."""
+        method = "none" if no_spec else method or self.manifest.method.value
         dynamic = DynamicTree(**self.manifest.dynamic_tree) if self.manifest.method is Method.EAGLE2 else None
-        return make_proposer(method, self.engine, tree=self._tree, dynamic=dynamic)
+        return make_proposer(method, self.engine, tree=self._tree, dynamic=dynamic, ngram=ngram,
+                             acceptance=self.acceptance)
 
     def encode(self, prompt: str | list[dict] | list[int]) -> list[int]:
         """Token ids of a prompt: ids as is; text and chat messages through the tokenizer's chat template."""
@@ -81,7 +87,7 @@ class LocalGenerator:
 
     def generate_many(self, prompts: list, options: GenerateOptions = GenerateOptions()) -> list[Generation]:
         """All prompts with in-flight batching (up to the manifest's max_batch_size per step)."""
-        requests = [Request(self._checked_ids(p, options, i), self.proposer(options.no_spec), self._config(options))
+        requests = [Request(self._checked_ids(p, options, i), self._proposer(options), self._config(options))
                     for i, p in enumerate(prompts)]
         results = generate_batch(self.engine, requests, max_batch_size=self.manifest.profile.max_batch_size)
         return [Generation(i, r.output_ids, self._decode(r.output_ids), r) for i, r in enumerate(results)]
@@ -95,8 +101,11 @@ class LocalGenerator:
 
             decoder = IncrementalDecoder(self.tokenizer)
             on_tokens = lambda tokens: on_text(decoder.feed(tokens))  # noqa: E731
-        result = generate(self.engine, ids, self.proposer(options.no_spec), self._config(options), on_tokens)
+        result = generate(self.engine, ids, self._proposer(options), self._config(options), on_tokens)
         return Generation(index, result.output_ids, self._decode(result.output_ids), result)
+
+    def _proposer(self, options: GenerateOptions) -> Proposer:
+        return self.proposer(options.no_spec, options.method, options.ngram)
 
     def _decode(self, ids: list[int]) -> str | None:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else None

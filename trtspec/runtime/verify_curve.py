@@ -3,7 +3,7 @@
 `load_or_measure(engine)` returns the engine's `StepCosts`: from `verify_curve.json` beside the engine when it was
 measured for the same slot profiles, thread count, spinning and ONNX Runtime version, else measured now (a second or
 two for SmolLM2-135M: every profile's step after a 64-token past, rounds alternating between profiles, the median of
-each) and written there atomically (kept in memory only when the engine folder is read-only). `trtspec bench
+each, levelled so that no profile costs more than a larger one) and written there atomically (kept in memory only when the engine folder is read-only). `trtspec bench
 profiles ENGINE` measures it again on demand (`--save` replaces the cache).
 """
 
@@ -25,7 +25,7 @@ from trtspec.spec.tree import chain_tree
 log = logging.getLogger(__name__)
 
 PAST_TOKENS = 64
-ROUNDS = 9
+ROUNDS = 15
 
 
 def curve_key(engine) -> dict:
@@ -56,6 +56,10 @@ def measure(engine, *, rounds: int = ROUNDS, past: int = PAST_TOKENS) -> StepCos
     finally:
         engine.close(seq)
     ms = [float(np.median(times[p])) * 1000 for p in profiles]
+    # a step may always run padded into a larger profile, so no profile costs more than any larger one: noise that
+    # says otherwise is levelled down (suffix minimum)
+    for i in range(len(ms) - 2, -1, -1):
+        ms[i] = min(ms[i], ms[i + 1])
     return StepCosts(profiles, tuple(t / ms[0] for t in ms), tuple(ms))
 
 

@@ -6,19 +6,28 @@ from trtspec.errors import ConfigError
 from trtspec.runtime.engine import Engine
 from trtspec.spec.eagle_proposer import DynamicTree, EagleProposer
 from trtspec.spec.medusa_proposer import MedusaProposer
+from trtspec.spec.ngram_proposer import AcceptanceModel, NgramConfig, NgramProposer
 from trtspec.spec.proposer import NoDraft, Proposer
+from trtspec.spec.step_costs import StepCosts
 from trtspec.spec.tree import Tree
 
-METHODS = ("none", "medusa", "eagle", "eagle2")
+METHODS = ("none", "medusa", "eagle", "eagle2", "ngram")
+TRAINING_FREE = ("ngram",)  # need no drafter: any engine built with K >= 1 runs them
 
 
-def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None,
-                  dynamic: DynamicTree | None = None) -> Proposer:
-    """A fresh proposer for one sequence; `tree` for medusa / eagle (EAGLE-1), `dynamic` for eagle2."""
+def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dynamic: DynamicTree | None = None,
+                  ngram: NgramConfig | None = None, acceptance: AcceptanceModel | None = None) -> Proposer:
+    """A fresh proposer for one sequence; `tree` for medusa / eagle (EAGLE-1), `dynamic` for eagle2, `ngram` (and
+    an `acceptance` model shared across sequences) for ngram."""
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if method == "none":
         return NoDraft()
+    if method == "ngram":
+        if engine.max_draft_len < 1:
+            raise ConfigError("method ngram needs an engine built with --max-draft-len K >= 1 (this one has K = 0)")
+        return NgramProposer(step_costs(engine), ngram or NgramConfig(), model=acceptance,
+                             max_draft_len=engine.max_draft_len)
     size = _need(dynamic, method).total_tokens if method == "eagle2" else _need(tree, method).num_nodes
     if size > engine.max_draft_len:
         raise ConfigError(f"{method} drafts {size} tokens per step but the engine's max_draft_len is "
@@ -36,3 +45,10 @@ def _need(value, method: str):
     if value is None:
         raise ConfigError(f"method {method} needs a {'dynamic tree' if method == 'eagle2' else 'tree'}")
     return value
+
+
+def step_costs(engine: Engine) -> StepCosts:
+    """The engine's measured verify curve when it offers one, else the straight-line guess over its profiles."""
+    if hasattr(engine, "step_costs"):
+        return engine.step_costs()
+    return StepCosts.linear(tuple(getattr(engine, "slot_profiles", ())) or (engine.max_draft_len + 1,))

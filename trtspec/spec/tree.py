@@ -10,6 +10,7 @@ import ast
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from numbers import Integral
 
 import numpy as np
@@ -109,6 +110,16 @@ def chain_tree(length: int) -> Tree:
     if isinstance(length, bool) or not isinstance(length, Integral) or length < 0:
         raise ConfigError(f"chain length must be a non-negative int, got {length!r}")
     return _make_tree([(0,) * d for d in range(1, int(length) + 1)])
+
+
+EMPTY_CHOICES: tuple[Choice, ...] = ()
+
+
+@lru_cache(maxsize=4096)
+def tree_from_choices(choices: tuple[Choice, ...]) -> Tree:
+    """The tree of a complete, (length, lexicographic)-sorted tuple of choices, unvalidated and cached: for drafters
+    that lay out a fresh tree every step (n-gram, Token Recycling), whose shapes recur."""
+    return _make_tree(list(choices))
 
 
 def expand_choices(choices: Iterable[Sequence[int]]) -> list[list[int]]:

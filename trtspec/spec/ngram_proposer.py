@@ -1,0 +1,299 @@
+"""Training-free drafts from the sequence itself: prompt lookup (n-gram matches) and Token Recycling, budgeted.
+
+* **Prompt lookup**: the longest suffix of the sequence (n from `max_ngram` down to `min_ngram` tokens) that occurred
+  before, in the prompt or the output so far; its continuations after the most recent occurrences (up to
+  `max_occurrences`) are drafted, merged into a tree where they disagree (most recent first). The index is
+  incremental: each committed token adds `max_ngram` keys, and a lookup is `max_ngram` dictionary reads, whatever the
+  sequence's length.
+* **Token Recycling** (Luo et al., ACL 2025): every verify step leaves the target's top-k next tokens after each
+  committed token; they are kept per token (the newest wins) and drafted as a small tree when the root, or a
+  drafted token, has an entry. It needs nothing but logits the step computed anyway.
+* **The budget**: each candidate node gets an estimated probability of being accepted, the product along its path of
+  conditional acceptance rates learnt online per kind of node (its source, the match length, its depth, its rank
+  among its siblings; `AcceptanceModel`). On the engine's verify curve (`StepCosts`: a step over T slots costs c(T)
+  plain steps) the step takes, for each slot profile T, its T - 1 most probable nodes, and runs the profile that
+  maximises expected tokens per unit of cost, (1 + sum of p) / c(T); where no profile beats a plain step
+  (value 1) it drafts nothing. A long chain follows a long match; a failing source falls silent by itself.
+
+Drafts are deterministic token choices (q = 1), so greedy acceptance keeps the output identical to plain decoding and
+the tree rejection rule keeps the target distribution at T > 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import numpy as np
+
+from trtspec.errors import ConfigError
+from trtspec.spec.proposer import Draft
+from trtspec.spec.step_costs import StepCosts
+from trtspec.spec.tree import EMPTY_CHOICES, Tree, tree_from_choices
+
+NGRAM, RECYCLED = "ngram", "recycled"
+PROMPT_ROWS_RECYCLED = 256  # the prefill's last rows whose top-k seed the Token Recycling table
+
+
+@dataclass(frozen=True, kw_only=True)
+class NgramConfig:
+    """Per-request drafting options (`generate --ngram`, the Triton `ngram` parameters)."""
+
+    max_ngram: int = 4  # longest suffix matched
+    min_ngram: int = 1  # shortest suffix matched
+    max_occurrences: int = 3  # most recent earlier occurrences whose continuations are drafted
+    recycle_top_k: int = 2  # Token Recycling: successors kept per token (0: off)
+    recycle_depth: int = 3  # Token Recycling: deepest recycled level
+    max_draft_len: int | None = None  # at most this many draft tokens (None: the engine's K)
+
+    def __post_init__(self):
+        for name in ("max_ngram", "min_ngram", "max_occurrences"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"ngram {name} must be a positive int, got {value!r}")
+        if self.min_ngram > self.max_ngram:
+            raise ConfigError(f"ngram range is empty: min_ngram {self.min_ngram} > max_ngram {self.max_ngram}")
+        for name in ("recycle_top_k", "recycle_depth"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"ngram {name} must be a non-negative int, got {value!r}")
+        if self.max_draft_len is not None and (isinstance(self.max_draft_len, bool) or
+                                               not isinstance(self.max_draft_len, int) or self.max_draft_len < 0):
+            raise ConfigError(f"ngram max_draft_len must be a non-negative int, got {self.max_draft_len!r}")
+
+
+# Prior conditional acceptance rates (a node accepted given its parent was), by node kind; learnt online from there.
+# From SmolLM2-135M on grounded prompts: a continuation after a 4+-token match is right 8-9 times in 10 at every
+# depth, after a 1-token match about 1 time in 6.
+PRIOR_WEIGHT = 4.0
+MATCH_BUCKETS = (1, 2, 3, 4, 6, 10)  # a match of m tokens counts as the largest bucket <= m
+NGRAM_PRIOR = {1: 0.20, 2: 0.45, 3: 0.60, 4: 0.75, 6: 0.80, 10: 0.85}
+RECYCLED_PRIOR = (0.30, 0.10, 0.05)  # by rank among the recycled successors
+LONGEST_MATCH = max(MATCH_BUCKETS)
+
+
+class AcceptanceModel:
+    """Conditional acceptance rates per node kind, counted over every drafted node whose parent was accepted.
+
+    One model may be shared by every sequence of a generator (rates converge across requests); it only steers how
+    much is drafted, never what is emitted."""
+
+    def __init__(self):
+        self.counts: dict[tuple, list[float]] = {}
+
+    def rate(self, kind: tuple) -> float:
+        hits, trials = self.counts.get(kind, (0.0, 0.0))
+        return (hits + PRIOR_WEIGHT * _prior(kind)) / (trials + PRIOR_WEIGHT)
+
+    def record(self, kind: tuple, accepted: bool) -> None:
+        counts = self.counts.setdefault(kind, [0.0, 0.0])
+        counts[0] += accepted
+        counts[1] += 1
+
+    def to_dict(self) -> dict:
+        return {"/".join(map(str, k)): round(self.rate(k), 3) for k in sorted(self.counts, key=str)}
+
+
+def _prior(kind: tuple) -> float:
+    if kind[0] == NGRAM:
+        _, match, _, rank = kind
+        return NGRAM_PRIOR[match] * (0.4 if rank else 1.0)
+    _, rank, depth = kind
+    return RECYCLED_PRIOR[min(rank, len(RECYCLED_PRIOR) - 1)] * (0.8 ** (depth - 1))
+
+
+class SuffixIndex:
+    """Every n-gram (n = 1..max_n) of a growing token sequence → the positions right after its occurrences."""
+
+    def __init__(self, max_n: int):
+        self.max_n = max_n
+        self.tokens: list[int] = []
+        self._after: list[dict[tuple, list[int]]] = [{} for _ in range(max_n + 1)]
+
+    def extend(self, tokens) -> None:
+        seq, after = self.tokens, self._after
+        for token in tokens:
+            seq.append(int(token))
+            j = len(seq) - 1  # the n-grams ending at j - 1 are now followed by position j
+            for n in range(1, min(self.max_n, j) + 1):
+                after[n].setdefault(tuple(seq[j - n:j]), []).append(j)
+
+    def continuations(self, n: int) -> list[int]:
+        """Where earlier occurrences of the last n tokens continue (oldest first); [] when none."""
+        if n > len(self.tokens):
+            return []
+        return self._after[n].get(tuple(self.tokens[-n:]), [])
+
+
+@dataclass
+class _Node:
+    token: int
+    parent: int  # index in the candidate list, -1: the root
+    kind: tuple
+    p: float  # estimated probability that the node is accepted
+    depth: int
+    support: int = 1
+
+
+class NgramProposer:
+    """Prompt lookup plus Token Recycling over one sequence, drafting what the verify curve says pays."""
+
+    def __init__(self, costs: StepCosts, config: NgramConfig = NgramConfig(), *,
+                 model: AcceptanceModel | None = None, max_draft_len: int | None = None):
+        self.config, self.model = config, model if model is not None else AcceptanceModel()
+        limit = min(x for x in (costs.max_slots - 1, config.max_draft_len, max_draft_len) if x is not None)
+        self.costs, self.max_nodes = costs, limit
+        self.index = SuffixIndex(config.max_ngram)
+        self.recycled: dict[int, np.ndarray] = {}  # token → the target's top-k next tokens after it, best first
+        self._kinds: list[tuple] = []  # kind of each node of the last draft (node i + 1)
+        self._draft: Draft | None = None
+
+    def start(self, engine, seq, prefill, prompt_ids, root) -> None:
+        self.index.extend(prompt_ids)
+        self.index.extend([root])
+        if self.config.recycle_top_k and prefill is not None:
+            rows = slice(max(0, len(prompt_ids) - PROMPT_ROWS_RECYCLED), len(prompt_ids))
+            self._recycle(np.asarray(prompt_ids)[rows], prefill.logits[rows])
+
+    def propose(self, root: int) -> Draft:
+        nodes = self._candidates() if self.max_nodes else []
+        chosen = _budget(nodes, self.costs, self.max_nodes)
+        tree, order = _tree_of(nodes, chosen)
+        self._kinds = [nodes[i].kind for i in order]
+        tokens = np.array([root, *(nodes[i].token for i in order)], dtype=np.int64)
+        self._draft = Draft(tree, tokens)
+        return self._draft
+
+    def observe(self, verify, accepted) -> None:
+        draft = self._draft
+        if draft is not None and draft.tree.num_nodes:
+            on_path = {0, *accepted.slots}
+            for node in range(1, draft.tree.num_nodes + 1):
+                if int(draft.tree.parents[node]) in on_path:  # tried: its parent was accepted
+                    self.model.record(self._kinds[node - 1], node in on_path)
+        if self.config.recycle_top_k and draft is not None:
+            rows = [0, *accepted.slots]
+            self._recycle(draft.tokens[rows], verify.logits[rows])
+        self.index.extend(accepted.tokens)
+
+    # ---- candidates ----------------------------------------------------------------------------------------
+
+    def _candidates(self) -> list[_Node]:
+        nodes: list[_Node] = []
+        self._lookup(nodes)
+        self._recycle_candidates(nodes)
+        return nodes
+
+    def _lookup(self, nodes: list[_Node]) -> None:
+        """The continuations of the longest matched suffix, most recent occurrence first, merged into a trie."""
+        cfg, seq = self.config, self.index.tokens
+        for n in range(min(cfg.max_ngram, len(seq) - 1), cfg.min_ngram - 1, -1):
+            starts = self.index.continuations(n)
+            if starts:
+                break
+        else:
+            return
+        children: dict[tuple[int, int], int] = {}  # (parent, token) → node
+        for start in reversed(starts[-cfg.max_occurrences:]):
+            match = _bucket(_match_length(seq, start, n))
+            parent, depth = -1, 0
+            for token in seq[start:start + self.max_nodes]:
+                depth += 1
+                node = children.get((parent, token))
+                if node is None:
+                    rank = sum(1 for (p, _) in children if p == parent)
+                    kind = (NGRAM, match, min(depth, 4), min(rank, 1))
+                    p = self.model.rate(kind) * (nodes[parent].p if parent >= 0 else 1.0)
+                    node = len(nodes)
+                    nodes.append(_Node(token, parent, kind, p, depth))
+                    children[(parent, token)] = node
+                else:
+                    nodes[node].support += 1
+                parent = node
+
+    def _recycle_candidates(self, nodes: list[_Node]) -> None:
+        """Token Recycling below the root (and below its recycled children), where the root's top child from the
+        lookup is not already the same token."""
+        cfg = self.config
+        if not cfg.recycle_top_k or not cfg.recycle_depth:
+            return
+        taken = {nodes[i].token for i in range(len(nodes)) if nodes[i].parent == -1}
+        frontier = [(-1, self.index.tokens[-1], 1.0)]
+        for depth in range(1, cfg.recycle_depth + 1):
+            nxt = []
+            for parent, token, p_parent in frontier:
+                successors = self.recycled.get(token)
+                if successors is None:
+                    continue
+                for rank, succ in enumerate(successors[:cfg.recycle_top_k].tolist()):
+                    if parent == -1 and succ in taken:
+                        continue
+                    kind = (RECYCLED, rank, min(depth, 3))
+                    p = self.model.rate(kind) * p_parent
+                    if p < 0.01:
+                        continue
+                    nodes.append(_Node(succ, parent, kind, p, depth))
+                    nxt.append((len(nodes) - 1, succ, p))
+            frontier = nxt
+
+    def _recycle(self, tokens: np.ndarray, logits: np.ndarray) -> None:
+        """Keep each token's top-k successors under these logits rows (k argmax passes: far cheaper than a partial
+        sort of a 49 k vocabulary)."""
+        if len(tokens) == 0:
+            return
+        rows = np.array(logits, dtype=np.float32, copy=True)  # [r, V], masked below
+        top = np.empty((len(rows), self.config.recycle_top_k), np.int64)
+        at = np.arange(len(rows))
+        for j in range(top.shape[1]):
+            top[:, j] = rows.argmax(axis=-1)
+            rows[at, top[:, j]] = -np.inf
+        for token, row in zip(np.asarray(tokens).tolist(), top):
+            self.recycled[token] = row
+
+
+def _match_length(seq: list[int], start: int, n: int) -> int:
+    """How many tokens before `start` equal the sequence's last ones (at least n, which the index matched; counted
+    on up to LONGEST_MATCH)."""
+    end, m = len(seq), n
+    while m < LONGEST_MATCH and start - m - 1 >= 0 and seq[start - m - 1] == seq[end - m - 1]:
+        m += 1
+    return m
+
+
+def _bucket(match: int) -> int:
+    return max(b for b in MATCH_BUCKETS if b <= match)
+
+
+def _budget(nodes: list[_Node], costs: StepCosts, max_nodes: int) -> list[int]:
+    """The nodes to draft: for each slot profile its most probable nodes that fit, the profile with the most
+    expected tokens per unit of step cost; [] when a plain step is worth more."""
+    if not nodes:
+        return []
+    # parents before children among equals: a child's p never exceeds its parent's
+    ranked = sorted(range(len(nodes)), key=lambda i: (-nodes[i].p, nodes[i].depth, i))[:max_nodes]
+    gain = np.concatenate([[0.0], np.cumsum([nodes[i].p for i in ranked])])
+    best, best_value = 0, 1.0  # a plain step: one token for one step's cost
+    for slots, cost in zip(costs.profiles[1:], costs.relative[1:]):
+        m = min(slots - 1, len(ranked))
+        value = (1.0 + gain[m]) / cost
+        if value > best_value + 1e-9:
+            best, best_value = m, value
+        if slots - 1 >= len(ranked):
+            break
+    return ranked[:best]
+
+
+def _tree_of(nodes: list[_Node], chosen: list[int]) -> tuple[Tree, list[int]]:
+    """The draft tree of the chosen nodes and the candidate index of each tree node (node i + 1)."""
+    if not chosen:
+        return tree_from_choices(EMPTY_CHOICES), []
+    chosen_set = set(chosen)
+    choice_of: dict[int, tuple[int, ...]] = {}
+    rank_used: dict[int, int] = {}
+    for i in sorted(chosen):  # candidate order puts parents first
+        parent = nodes[i].parent
+        assert parent == -1 or parent in chosen_set, "draft nodes must be prefix closed"
+        rank = rank_used.get(parent, 0)
+        rank_used[parent] = rank + 1
+        choice_of[i] = (*choice_of.get(parent, ()), rank)
+    by_choice = {c: i for i, c in choice_of.items()}
+    tree = tree_from_choices(tuple(sorted(choice_of.values(), key=lambda c: (len(c), c))))
+    return tree, [by_choice[c] for c in tree.choices]
