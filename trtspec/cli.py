@@ -351,6 +351,8 @@ def _text(result) -> str:
 @click.option("--copy-engine", is_flag=True, help="Copy the engine into the repository (self-contained).")
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads per engine instance (default: all cores).")
 @click.option("--spin/--no-spin", default=None, help="CPU flavour: " + SPIN_HELP)
+@click.option("--method", help="CPU flavour: the drafter every request gets: none, ngram (any engine with K >= 1) "
+                               "or the engine's own (default).")
 @click.option("--draft-engine", "draft_engine_dir", type=EXISTING_DIR,
               help="trtllm, draft-target engines: the draft model's engine (served as tensorrt_llm_draft).")
 @click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=0.9, show_default=True,
@@ -532,6 +534,16 @@ def bench_cpu_engine(args: tuple[str, ...]) -> None:
 
     run(list(args))
 
+
+
+@bench.command("drafting", context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench_drafting(args: tuple[str, ...]) -> None:
+    """Drafters against plain decoding on real prompt sets (grounded, MT-Bench 2-turn), alternating, with the
+    peers' own speculation (`trtspec bench drafting --help` for its options)."""
+    from trtspec.bench.drafting import main as run
+
+    run(list(args))
 
 
 @bench.command("serving", context_settings={"ignore_unknown_options": True, "help_option_names": []})

@@ -77,6 +77,9 @@ def test_options_reach_the_configs(tiny_engine, tmp_path):
     assert engine.parameters["spin"].string_value == "auto"  # the server's TRTSPEC_ORT_SPIN decides
     repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "s", spin=True))
     assert _config(repo, "tensorrt_llm").parameters["spin"].string_value == "true"
+    assert engine.parameters["method"].string_value == "auto"  # the manifest's method
+    repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "t", method="ngram"))
+    assert _config(repo, "tensorrt_llm").parameters["method"].string_value == "ngram"
 
 
 def test_repository_moves_with_the_engine(tiny_engine, tmp_path):
@@ -92,6 +95,8 @@ def test_repository_moves_with_the_engine(tiny_engine, tmp_path):
     (["--max-batch-size", "9"], "--max-batch-size 9 exceeds the engine's max_batch_size 8"),
     (["--instances", "0"], "--instances must be >= 1, got 0"),
     (["--flavour", "trtllm"], "--flavour trtllm needs a trtllm engine; the manifest's backend is 'onnx'"),
+    (["--method", "lookup"], "--method 'lookup' is not one of none, medusa, eagle, eagle2, ngram"),
+    (["--method", "eagle"], "--method eagle: the engine was built for medusa (engine); it runs none, ngram or medusa"),
 ])
 def test_bad_options_fail_in_one_line_and_write_nothing(tiny_engine, tmp_path, args, message):
     result = CliRunner().invoke(cli, ["deploy", str(tiny_engine), "--out", str(tmp_path / "repo"), *args])

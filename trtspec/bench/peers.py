@@ -142,6 +142,36 @@ def run_transformers(model: str, prompts: list[list[int]], *, max_tokens: int, t
         yield _sample(index, *generate(ids, max_tokens))
 
 
+def run_transformers_lookup(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int,
+                            prompt_lookup: int = 10) -> Iterator[dict]:
+    """transformers' own speculation, prompt lookup (`prompt_lookup_num_tokens`, its default n-gram size 2), against
+    its own greedy decoding on each prompt, the order alternating; one row per prompt with both times."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    loaded = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    eos = loaded.generation_config.eos_token_id
+
+    def generate(ids: list[int], new_tokens: int, lookup: int | None) -> tuple[list[int], float]:
+        x = torch.tensor([ids])
+        extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = loaded.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
+                                  do_sample=False, pad_token_id=eos, **extra)
+        return out[0, len(ids):].tolist(), time.perf_counter() - start
+
+    generate(prompts[0], WARMUP_TOKENS, None)
+    generate(prompts[0], WARMUP_TOKENS, prompt_lookup)
+    for index, ids in enumerate(prompts):
+        order = (None, prompt_lookup) if index % 2 else (prompt_lookup, None)
+        (a, ta), (b, tb) = (generate(ids, max_tokens, lookup) for lookup in order)
+        plain, lookup = ((a, ta), (b, tb)) if order[0] is None else ((b, tb), (a, ta))
+        yield {"prompt": index, "tokens": len(plain[0]), "plain_s": plain[1], "lookup_s": lookup[1],
+               "identical": plain[0] == lookup[0]}
+
+
 # ---- the child process --------------------------------------------------------------------------------------
 
 def run_child(function: str, kwargs: dict, *, log: Path, on_row: Callable[[dict], None] = lambda row: None,

@@ -154,6 +154,10 @@ def _notes(opts: TrtllmBuildOptions, method: Method) -> tuple[str, ...]:
     from trtspec.checkpoint.draft_vocab import CHECKPOINT_FILE
 
     notes = []
+    if method is not Method.NONE:
+        notes.append("one generation-step profile of max_draft_len + 1 tokens: on a GPU a verify step costs about "
+                     "the same at any token count up to it, so TensorRT-LLM pads every draft to it (the onnx backend "
+                     "carries several slot profiles instead, because a CPU's verify step grows with its slots)")
     if method is Method.EAGLE and (Path(opts.source) / CHECKPOINT_FILE).is_file():
         notes.append(f"{Path(opts.source) / CHECKPOINT_FILE}: TensorRT-LLM's EAGLE-1 engine has no reduced draft "
                      "vocabulary, so its draft scores the whole vocabulary (same outputs; a larger draft lm_head)")

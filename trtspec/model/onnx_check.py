@@ -60,7 +60,7 @@ def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], 
                             6 if context else generation_tokens,
                             past=0 if context else 5, features=role.startswith("draft_"))
         ours = new_rows(dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds))), feeds)
-        reference = reference_outputs(model, feeds)
+        reference = last_rows_like(ours, reference_outputs(model, feeds))
         if role.startswith("draft_") and draft_vocab is not None:
             ours["logits"] = _draft_vocab_columns(ours["logits"], draft_vocab.target_ids, graph.path)
             reference["logits"] = reference["logits"][..., draft_vocab.target_ids]
@@ -113,6 +113,14 @@ def random_step(c: ModelConfig, rng: np.random.Generator, *, tokens: int, past: 
         for kind in ("key", "value"):
             feeds[f"past_{kind}_{layer}"] = rng.standard_normal(kv, dtype=np.float32)
     return feeds
+
+
+def last_rows_like(ours: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The reference's logits cut to the last positions ours has: a base context graph scores its last one only."""
+    rows = ours["logits"].shape[1]
+    if rows < reference["logits"].shape[1]:
+        reference = {**reference, "logits": reference["logits"][:, -rows:]}
+    return reference
 
 
 def new_rows(outputs: dict[str, np.ndarray], feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

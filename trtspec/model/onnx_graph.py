@@ -1,7 +1,7 @@
 """Export a TensorRT-LLM checkpoint to the CPU engine's ONNX graphs (static-K profile); `onnx_check` validates
 them and compares them with the torch reference.
 
-Graphs: `context` (T dynamic, causal) and `generation` (T dynamic, a tree mask: the runtime feeds it the engine's
+Graphs: `context` (T dynamic, causal; logits of the last position only, hidden states of all) and `generation` (T dynamic, a tree mask: the runtime feeds it the engine's
 slot profiles) over one shared `weights.bin`; for EAGLE also
 `draft_context` / `draft_generation` over `draft_weights.bin`. Compute is float32 whatever the stored dtype.
 Each layer's attention is one GroupQueryAttention node over a KV buffer [B, nkv, capacity, hd] that the runtime
@@ -180,17 +180,18 @@ def _inv_freq(c: ModelConfig) -> np.ndarray:
     return rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling).numpy()  # [hd/2] float32
 
 
-def _io(c: ModelConfig, tokens: int | None, tree: bool, extra_inputs=()) -> tuple[list, list]:
+def _io(c: ModelConfig, tokens: int | None, tree: bool, extra_inputs=(),
+        logit_rows: int | None = None) -> tuple[list, list]:
     """Graph inputs and outputs over T = `tokens` (None: dynamic). Context graphs (tree False) take no positions or
-    mask: they are causal after
-    each row's past. Every KV tensor is [B, nkv, capacity, hd]; present_* is past_* with the new rows written."""
+    mask: they are causal after each row's past. `logit_rows`: logits for that many last positions (None: all T).
+    Every KV tensor is [B, nkv, capacity, hd]; present_* is past_* with the new rows written."""
     t = tokens if tokens is not None else "tokens"
     info = helper.make_tensor_value_info
     tree = [info("position_ids", TensorProto.INT64, ["batch", t]),
             info("tree_mask", TensorProto.BOOL, ["batch", t, t])] if tree else []
     inputs = [info("input_ids", TensorProto.INT64, ["batch", t]), *extra_inputs, *tree,
               info("past_lengths", TensorProto.INT32, ["batch"])]
-    outs = [info("logits", TensorProto.FLOAT, ["batch", t, c.vocab_size]),
+    outs = [info("logits", TensorProto.FLOAT, ["batch", logit_rows or t, c.vocab_size]),
             info("hidden", TensorProto.FLOAT, ["batch", t, c.hidden_size])]
     kv = ["batch", c.num_kv_heads, "capacity", c.head_dim]
     for layer in range(c.num_layers):
@@ -210,8 +211,12 @@ def base_graph(c: ModelConfig, layout: _Layout, wf: WeightFile, tokens: int | No
         x = decoder_layer(g, _dims(c), pre, x, f"layers.{layer}", layer, c.intermediate_size)
     hidden, _ = x.norm(g, "ln_f.weight", c.rms_norm_eps, "ln_f")
     g.op("Identity", hidden, name="hidden")
-    logits(g, hidden, "lm_head.weight", name="logits")  # [B, T, V]
-    inputs, outputs = _io(c, tokens, tree)
+    if tree:
+        logits(g, hidden, "lm_head.weight", name="logits")  # [B, T, V]: every draft slot is verified
+    else:  # a prompt needs only its last position's logits: the lm_head over T rows was most of a long prefill
+        last = g.op("Slice", hidden, g.const([-1]), g.const([np.iinfo(np.int64).max]), g.const([1]))  # [B, 1, H]
+        logits(g, last, "lm_head.weight", name="logits")  # [B, 1, V]
+    inputs, outputs = _io(c, tokens, tree, logit_rows=None if tree else 1)
     return g.model("trtspec_base", inputs, outputs)
 
 

@@ -83,7 +83,10 @@ class _Graph:
             self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         except Exception as e:  # ORT raises its own exception types for bad files
             raise BuildError(f"{path}: ONNX Runtime cannot load it ({str(e).splitlines()[0]})") from None
-        self.plain = {o.name: o.shape[-1] for o in self.session.get_outputs() if not o.name.startswith("present_")}
+        # plain outputs: name → (rows, width); rows an int when fixed (a context graph's logits: the last position
+        # only), else None (one per fed token)
+        self.plain = {o.name: (o.shape[1] if isinstance(o.shape[1], int) else None, o.shape[-1])
+                      for o in self.session.get_outputs() if not o.name.startswith("present_")}
         self.tokens = self.session.get_inputs()[0].shape[1]  # an int for a fixed-T graph, else a dimension name
         self.layers = sum(1 for o in self.session.get_outputs() if o.name.startswith("present_key_"))
         self._bindings: dict[tuple, _Binding] = {}
@@ -106,7 +109,8 @@ class _Graph:
             return self._bindings[key]
         io = self.session.io_binding()
         inputs = {name: np.empty(np.shape(value), np.asarray(value).dtype) for name, value in feeds.items()}
-        plain = {name: np.empty((batch, tokens, width), np.float32) for name, width in self.plain.items()}
+        plain = {name: np.empty((batch, rows or tokens, width), np.float32)
+                 for name, (rows, width) in self.plain.items()}
         for name, array in inputs.items():
             io.bind_input(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
         for name, array in plain.items():

@@ -60,7 +60,8 @@ def measure(engine, *, rounds: int = ROUNDS, past: int = PAST_TOKENS) -> StepCos
     # says otherwise is levelled down (suffix minimum)
     for i in range(len(ms) - 2, -1, -1):
         ms[i] = min(ms[i], ms[i + 1])
-    return StepCosts(profiles, tuple(t / ms[0] for t in ms), tuple(ms))
+    # rounded as the cache stores them, so a curve read back equals the one measured
+    return StepCosts(profiles, tuple(round(t / ms[0], 4) for t in ms), tuple(round(t, 3) for t in ms))
 
 
 def load_or_measure(engine) -> StepCosts:

@@ -149,9 +149,9 @@ class NgramProposer:
     def start(self, engine, seq, prefill, prompt_ids, root) -> None:
         self.index.extend(prompt_ids)
         self.index.extend([root])
-        if self.config.recycle_top_k and prefill is not None:
-            rows = slice(max(0, len(prompt_ids) - PROMPT_ROWS_RECYCLED), len(prompt_ids))
-            self._recycle(np.asarray(prompt_ids)[rows], prefill.logits[rows])
+        if self.config.recycle_top_k and prefill is not None:  # the rows the prefill has logits for (the CPU
+            rows = min(len(prefill.logits), len(prompt_ids), PROMPT_ROWS_RECYCLED)  # engine: the last one)
+            self._recycle(np.asarray(prompt_ids)[len(prompt_ids) - rows:], prefill.logits[len(prefill.logits) - rows:])
 
     def propose(self, root: int) -> Draft:
         nodes = self._candidates() if self.max_nodes else []

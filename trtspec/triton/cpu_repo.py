@@ -86,7 +86,8 @@ def preprocessing_config(batch: int, options: DeployOptions, end_id: int | None,
 
 def engine_config(batch: int, options: DeployOptions, engine_path: str) -> str:
     params = {"engine_dir": engine_path, "threads": str(options.threads or 0), "exclude_input_in_output": "false",
-              "spin": {None: "auto", True: "true", False: "false"}[options.spin]}
+              "spin": {None: "auto", True: "true", False: "false"}[options.spin],
+              "method": options.method or "auto"}
     return render(ModelConfig(name=ENGINE_MODEL, backend="python", max_batch_size=batch, decoupled=options.decoupled,
                               dynamic_batching={}, inputs=ENGINE_INPUTS, outputs=ENGINE_OUTPUTS,
                               instance_count=options.instances, parameters=params))

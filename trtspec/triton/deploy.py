@@ -32,6 +32,7 @@ class DeployOptions:
     copy_engine: bool = False  # CPU flavour: copy the engine into the repository (fully self-contained)
     threads: int | None = None  # CPU flavour: ONNX Runtime intra-op threads per engine instance
     spin: bool | None = None  # CPU flavour: intra-op workers spin between ops (None: TRTSPEC_ORT_SPIN on the server)
+    method: str | None = None  # CPU flavour: the drafter requests get (none / ngram / the engine's own; None: its own)
     force: bool = False
     # trtllm flavour knobs (the tensorrt_llm model's parameters)
     batching_strategy: str = "inflight_fused_batching"
@@ -64,7 +65,27 @@ def check_options(manifest: Manifest, options: DeployOptions) -> int:
                           f"({options.engine_dir / 'manifest.json'})")
     if options.instances < 1:
         raise ConfigError(f"--instances must be >= 1, got {options.instances}")
+    if options.method is not None:
+        check_method(manifest, options.method)
     return batch
+
+
+def check_method(manifest: Manifest, method: str) -> None:
+    """`--method`: a drafter the engine can run (checked at deploy time, before anything is served)."""
+    from trtspec.spec.methods import METHODS, TRAINING_FREE
+
+    if manifest.backend is not Backend.ONNX:
+        raise ConfigError("--method applies to the CPU flavour only (a TensorRT-LLM engine runs the method it was "
+                          "built for)")
+    own = manifest.method.value
+    if method not in METHODS:
+        raise ConfigError(f"--method {method!r} is not one of {', '.join(METHODS)}")
+    if method in TRAINING_FREE and manifest.profile.max_draft_len < 1:
+        raise ConfigError(f"--method {method}: the engine was built with max_draft_len 0; rebuild it with "
+                          "--max-draft-len K (e.g. 16)")
+    if method not in ("none", own, *TRAINING_FREE):
+        raise ConfigError(f"--method {method}: the engine was built for {own} ({manifest.name}); it runs none, "
+                          f"{', '.join(TRAINING_FREE)} or {own}")
 
 
 def deploy(options: DeployOptions) -> Path:

@@ -67,12 +67,16 @@ class TritonPythonModel:
         self._published = {key: 0 for key in self._metrics}
         self._metrics_lock = threading.Lock()
         self._stop_publishing = threading.Event()
-        self.service = EngineService(self.generator.engine, lambda spec: self.generator.proposer(no_spec=not spec),
+        method = parameter(config, "method", "auto")  # auto: the manifest's method
+        self.method = None if method == "auto" else method
+        self.generator.proposer(method=self.method)  # an unknown method or one the engine cannot run fails here
+        self.service = EngineService(self.generator.engine,
+                                     lambda spec: self.generator.proposer(no_spec=not spec, method=self.method),
                                      max_batch_size=min(batch, self.manifest.profile.max_batch_size))
         self._logged_steps = 0
         if self._metrics:
             threading.Thread(target=self._publish_periodically, name="trtspec-metrics", daemon=True).start()
-        pb_utils.Logger.log_info(f"trtspec engine {engine_dir} ({self.manifest.method.value}, K="
+        pb_utils.Logger.log_info(f"trtspec engine {engine_dir} ({self.method or self.manifest.method.value}, K="
                                  f"{self.manifest.profile.max_draft_len}), decoupled={self.decoupled}")
 
     def _make_metrics(self, model: str) -> dict:

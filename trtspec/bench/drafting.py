@@ -1,0 +1,224 @@
+"""Training-free (and trained) drafting on real prompt sets, measured side by side in one run.
+
+    trtspec bench drafting ENGINE [ENGINE ...] [--sets sharegpt-grounded,code-edit,mt-bench-2turn,mt-bench] [--methods ngram]
+        [--limit 8] [--max-tokens 128] [--threads 2] [--no-spin] [--peers transformers --hf DIR --peer-limit 3]
+        [--json FILE] [--png FILE]
+
+For every prompt of every set, each method and plain decoding run on the same engine one after the other, the order
+rotating from prompt to prompt, so the machine's drift hits all alike. Reported per set and method: τ (tokens per
+verify step), acceptance rate, tokens/s with and without the drafter, the speedup end to end (prompt included) and
+of the decode alone (after the first token), how many outputs are token-identical to plain decoding, and the verify
+steps per slot profile. `mt-bench-2turn` measures the second turn with the engine's own (plain, greedy) first answer
+in its context, the standard protocol. Sets with a measurement split (`sharegpt-grounded`, `code-edit`) use it: the
+drafters' priors were set on other prompts. Peers (`--peers transformers`): Hugging Face transformers' prompt lookup
+(`prompt_lookup_num_tokens`) against its own greedy decoding on the same token ids, in a child process, so its
+ratio stands next to ours. Several engines of one model (e.g. K = 4 and K = 16, or five slot profiles and one):
+each runs every method on every prompt in the same rotation, against plain decoding on the first (pass --no-spin:
+in one process, one engine's spinning workers take the cores another engine's run needs). The load average before
+and after says how quiet the machine was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtspec.spec.stats import SpecStats
+
+DEFAULT_SETS = ("sharegpt-grounded", "code-edit", "mt-bench-2turn", "mt-bench")
+WARMUP_TOKENS = 8
+
+
+@dataclass
+class Cell:
+    """One method on one set: sums over its prompts."""
+
+    stats: SpecStats = field(default_factory=SpecStats)
+    tokens: int = 0
+    spec_s: float = 0.0
+    plain_s: float = 0.0
+    spec_decode_s: float = 0.0
+    plain_decode_s: float = 0.0
+    identical: int = 0
+    prompts: int = 0
+
+    def add(self, spec, plain) -> None:
+        self.stats = self.stats.merge(spec.stats)
+        self.tokens += len(spec.output_ids)
+        self.spec_s += spec.total_s
+        self.plain_s += plain.total_s
+        self.spec_decode_s += spec.total_s - spec.ttft_s
+        self.plain_decode_s += plain.total_s - plain.ttft_s
+        self.identical += spec.output_ids == plain.output_ids
+        self.prompts += 1
+
+    def to_dict(self) -> dict:
+        s = self.stats
+        return {"prompts": self.prompts, "tokens": self.tokens, "identical": f"{self.identical}/{self.prompts}",
+                "tau": round(s.acceptance_length, 3), "acceptance_rate": round(s.acceptance_rate, 3),
+                "tokens_per_s": round(self.tokens / self.spec_s, 2), "plain_tokens_per_s": round(self.tokens / self.plain_s, 2),
+                "speedup": round(self.plain_s / self.spec_s, 3),
+                "decode_speedup": round(self.plain_decode_s / self.spec_decode_s, 3),
+                "steps_per_profile": {str(k): v for k, v in sorted(s.profile_steps.items())}}
+
+
+def set_prompts(generator, name: str, limit: int, max_tokens: int) -> list[tuple[str, list[int]]]:
+    """(id, token ids) of a set's measured prompts; mt-bench-2turn's second turns carry the engine's first answer."""
+    from trtspec.data.prompts import PROMPT_SETS, load_prompts, second_turn
+    from trtspec.runtime.generator import GenerateOptions
+
+    source = PROMPT_SETS[name]
+    split = "measure" if source.measure_size else None
+    prompts = load_prompts(name, limit=limit, split=split)
+    out = []
+    for p in prompts:
+        messages = list(p.messages)
+        if source.two_turn:
+            first = generator.generate(messages, GenerateOptions(max_tokens=max_tokens, no_spec=True))
+            messages = list(second_turn(p, first.text))
+        ids = generator.encode(messages)
+        limit_in = generator.manifest.profile.max_input_len
+        if len(ids) + max_tokens <= generator.manifest.profile.max_seq_len and len(ids) <= limit_in:
+            out.append((p.id, ids))
+    return out
+
+
+def run_benchmark(args: argparse.Namespace, show=print) -> dict:
+    from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+
+    load = {"before": os.getloadavg()}
+    generators = [LocalGenerator(e, threads=args.threads, spin=args.spin) for e in args.engine]
+    generator = generators[0]
+    curves = {}
+    for path, g in zip(args.engine, generators):
+        costs = g.engine.step_costs()
+        curves[str(path)] = costs.to_dict()
+        show(f"verify curve ({path}): " + ", ".join(f"{p} slots {ms:.1f} ms ({c:.2f}x)" for p, ms, c in
+                                                   zip(costs.profiles, costs.step_ms, costs.relative)))
+    label = (lambda m, i: m) if len(generators) == 1 else (lambda m, i: f"{m}@{Path(args.engine[i]).name}")
+    runs_of = {label(m, i): (g, m) for i, g in enumerate(generators) for m in args.methods}
+    methods = tuple(runs_of)
+    report: dict = {"engine": ", ".join(map(str, args.engine)), "max_tokens": args.max_tokens,
+                    "threads": args.threads, "spin": generator.engine.spin, "verify_curve": curves, "sets": {},
+                    "peers": {}}
+    plain_options = GenerateOptions(max_tokens=args.max_tokens, no_spec=True)
+    rotation = 0
+    for name in args.sets:
+        prompts = set_prompts(generator, name, args.limit, args.max_tokens)
+        if not prompts:
+            continue
+        for g in generators:
+            g.generate(prompts[0][1], GenerateOptions(max_tokens=WARMUP_TOKENS, no_spec=True))
+        cells = {m: Cell() for m in methods}
+        for prompt_id, ids in prompts:
+            runs = ["none", *methods]
+            rotation += 1
+            runs = runs[rotation % len(runs):] + runs[:rotation % len(runs)]
+            results = {m: generator.generate(ids, plain_options).result if m == "none" else
+                        runs_of[m][0].generate(ids, GenerateOptions(max_tokens=args.max_tokens,
+                                                                    method=runs_of[m][1])).result for m in runs}
+            for m in methods:
+                cells[m].add(results[m], results["none"])
+            show(f"  {name} {prompt_id}: " + ", ".join(
+                f"{m} τ {results[m].stats.acceptance_length:.2f} {results['none'].total_s / results[m].total_s:.2f}x"
+                for m in methods))
+        report["sets"][name] = {m: c.to_dict() for m, c in cells.items()}
+        report["sets"][name]["prompt_ids"] = [p for p, _ in prompts]
+        if "transformers" in args.peers:
+            report["peers"].setdefault("transformers", {})[name] = _transformers_peer(
+                args, [ids for _, ids in prompts[:args.peer_limit]])
+    load["after"] = os.getloadavg()
+    report["load_average"] = {k: [round(x, 2) for x in v] for k, v in load.items()}
+    report["acceptance_model"] = generator.acceptance.to_dict()
+    return report
+
+
+def _transformers_peer(args, prompts: list[list[int]]) -> dict:
+    """transformers greedy with and without prompt lookup on the same ids, alternating per prompt."""
+    from trtspec.bench.peers import run_child
+
+    log = Path(args.work) / "transformers-peer.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    rows = run_child("trtspec.bench.peers:run_transformers_lookup",
+                     {"model": str(args.hf), "prompts": prompts, "max_tokens": args.max_tokens,
+                      "threads": args.threads, "prompt_lookup": args.prompt_lookup}, log=log, threads=args.threads)
+    plain = sum(r["plain_s"] for r in rows)
+    spec = sum(r["lookup_s"] for r in rows)
+    tokens = sum(r["tokens"] for r in rows)
+    return {"prompts": len(rows), "prompt_lookup_num_tokens": args.prompt_lookup,
+            "tokens_per_s": round(tokens / spec, 2), "plain_tokens_per_s": round(tokens / plain, 2),
+            "speedup": round(plain / spec, 3), "identical": f"{sum(r['identical'] for r in rows)}/{len(rows)}"}
+
+
+def format_report(report: dict) -> str:
+    width = max([8, *(len(m) + 1 for cells in report["sets"].values() for m in cells)])
+    lines = [f"engine {report['engine']}, {report['max_tokens']} tokens, {report['threads']} threads, "
+             f"spin {report['spin']}, load average {report['load_average']}",
+             f"{'set':<20} {'method':<{width}} {'τ':>5} {'acc':>5} {'tok/s':>7} {'plain':>7} {'speedup':>8} "
+             f"{'decode':>7} {'same':>6}  steps per profile"]
+    for name, cells in report["sets"].items():
+        for method, c in cells.items():
+            if method == "prompt_ids":
+                continue
+            lines.append(f"{name:<20} {method:<{width}} {c['tau']:>5.2f} {c['acceptance_rate']:>5.2f} "
+                         f"{c['tokens_per_s']:>7.1f} {c['plain_tokens_per_s']:>7.1f} {c['speedup']:>7.2f}x "
+                         f"{c['decode_speedup']:>6.2f}x {c['identical']:>6}  {c['steps_per_profile']}")
+        for peer, sets in report["peers"].items():
+            if name in sets:
+                p = sets[name]
+                lines.append(f"{name:<20} {peer + ' PL':<{width}} {'':>5} {'':>5} {p['tokens_per_s']:>7.1f} "
+                             f"{p['plain_tokens_per_s']:>7.1f} {p['speedup']:>7.2f}x {'':>7} {p['identical']:>6}  "
+                             f"({p['prompts']} prompts)")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from trtspec.models.fetch import cache_dir
+
+    parser = argparse.ArgumentParser(prog="trtspec bench drafting", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("engine", type=Path, nargs="+", help="engine folder(s) of one model (built with "
+                                                            "--max-draft-len K >= 1); plain decoding runs on the first")
+    parser.add_argument("--sets", type=lambda s: tuple(s.split(",")), default=DEFAULT_SETS, help="prompt sets")
+    parser.add_argument("--methods", type=lambda s: tuple(s.split(",")), default=("ngram",), help="drafters")
+    parser.add_argument("--limit", type=int, default=8, help="prompts per set")
+    parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt")
+    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
+    parser.add_argument("--no-spin", dest="spin", action="store_false", help="workers sleep between ops")
+    parser.add_argument("--peers", type=lambda s: tuple(s.split(",")) if s else (), default=(),
+                        help="peers' own speculation beside ours: transformers")
+    parser.add_argument("--hf", type=Path, help="the Hugging Face folder of the engine's model (for peers)")
+    parser.add_argument("--peer-limit", type=int, default=3, help="prompts per set for the peers (slow)")
+    parser.add_argument("--prompt-lookup", type=int, default=10, help="transformers prompt_lookup_num_tokens")
+    parser.add_argument("--work", type=Path, default=cache_dir() / "bench" / "drafting", help="logs of the peers")
+    parser.add_argument("--json", type=Path, help="write the report as JSON here")
+    args = parser.parse_args(argv)
+    if args.peers and args.hf is None:
+        parser.error("--peers needs --hf DIR (the model's Hugging Face folder)")
+    for peer in args.peers:
+        if peer != "transformers":
+            parser.error(f"--peers {peer}: unknown peer (known: transformers)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    from trtspec.errors import TrtspecError
+
+    args = parse_args(argv)
+    try:
+        report = run_benchmark(args, show=lambda line: print(line, file=sys.stderr, flush=True))
+    except TrtspecError as e:
+        sys.exit(f"error: {e}")
+    print(format_report(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return None
+
+
+if __name__ == "__main__":
+    main()
