@@ -244,7 +244,8 @@ def _dynamic_tree(text: str | None, cls):
 @click.option("--prompt", help="One prompt (goes through the chat template).")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="JSONL file: one {\"prompt\": ...} or {\"messages\": [...]} per line.")
-@click.option("--prompt-set", help="A real prompt set: mt-bench, humaneval, sharegpt, champ (first turn of each).")
+@click.option("--prompt-set", help="A real prompt set: mt-bench, humaneval, sharegpt, champ, sharegpt-grounded, "
+                                   "code-edit (first turn of each; `bench drafting` runs mt-bench-2turn's second).")
 @click.option("--limit", type=int, help="With --prompt-set: the first N prompts.")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens to generate per prompt.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")

@@ -19,7 +19,9 @@ def test_cpu_flavour_gets_trtspec_inputs():
     names = _names(build_inputs("hi", GenerateOptions(seed=3, no_spec=True), stream=True, accepted=accepted))
     assert names["random_seed"] == "UINT64" and names["use_speculation"] == "BOOL"
     assert names["text_input"] == "BYTES" and names["max_tokens"] == "INT32" and "return_perf_metrics" not in names
-    assert set(names) <= accepted
+    assert set(names) <= accepted and "draft_method" not in names
+    names = _names(build_inputs("hi", GenerateOptions(method="ngram"), stream=True, accepted=accepted))
+    assert names["draft_method"] == "BYTES"
 
 
 @pytest.mark.parametrize("newest", [False, True])
@@ -30,3 +32,5 @@ def test_gpu_flavour_gets_its_spelling_and_perf_metrics(newest):
     assert names["return_perf_metrics"] == "BOOL" and set(names) <= accepted
     with pytest.raises(ServerError, match="no use_speculation input"):
         build_inputs("hi", GenerateOptions(no_spec=True), stream=True, accepted=accepted)
+    with pytest.raises(ServerError, match="no draft_method input"):
+        build_inputs("hi", GenerateOptions(method="ngram"), stream=True, accepted=accepted)

@@ -68,8 +68,27 @@ def test_sixteen_streams_mixed_lengths_and_speculation(server, local, tiny_repo)
     steps = after["trtspec_engine_steps_total"] - before["trtspec_engine_steps_total"]
     sequences = after["trtspec_engine_step_sequences_total"] - before["trtspec_engine_step_sequences_total"]
     assert sequences / steps > 3  # the engine batched requests from different streams into one verify step
+    profile = "trtspec_engine_profile_steps_total"
+    assert after[profile] - before[profile] == steps  # every step is counted under the slot profile it ran over
+    assert {k for k in after if k.startswith(f"{profile}[")} == {f"{profile}[{s}]" for s in (1, 2, 3, 5, 9)}
+    assert after[f"{profile}[9]"] > before.get(f"{profile}[9]", 0)  # the 8-node Medusa tree runs in 9 slots
     drafted = after["trtspec_draft_tokens_total"] - before["trtspec_draft_tokens_total"]
     assert drafted == sum(r.draft_tokens for r in results)
+
+
+def test_each_request_chooses_its_drafter(server, local):
+    """draft_method per request: ngram, none and the engine's own (Medusa) in flight together, every output equal to
+    plain local decoding; only the drafting requests draft."""
+    prompts = _prompts(9, seed=5)
+    methods = ["ngram", "none", "medusa"] * 3
+    results = generate_concurrently(server.grpc_url, prompts, concurrency=9,
+                                    options_for=lambda i: GenerateOptions(max_tokens=32, method=methods[i]))
+    for i, result in enumerate(results):
+        assert not isinstance(result, BaseException), result
+        assert result.output_ids == local.generate(prompts[i], GenerateOptions(max_tokens=32, no_spec=True)).output_ids
+        if methods[i] == "none":
+            assert result.draft_tokens == 0
+    assert all(results[i].draft_tokens > 0 for i in range(9) if methods[i] == "medusa")
 
 
 def test_non_streaming_request_and_direct_engine_call(server, local):
@@ -144,6 +163,12 @@ def _tensor(name, array):
       ("beam_width", np.array([[2]], np.int32))], "beam_width = 2 is not supported"),
     ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[8]], np.int32)),
       ("repetition_penalty", np.array([[1.3]], np.float32))], "repetition_penalty = 1.29"),
+    ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[8]], np.int32)),
+      ("draft_method", np.array([[b"lookup"]], np.object_))],
+     "draft_method 'lookup' is not one of none, medusa, eagle, eagle2, ngram"),
+    ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[8]], np.int32)),
+      ("draft_method", np.array([[b"eagle"]], np.object_))],
+     "draft_method eagle: the engine was built for medusa"),
 ])
 def test_bad_requests_get_an_error_and_the_server_keeps_serving(server, local, inputs, message):
     got = _stream_once(server.grpc_url, "ensemble", [_tensor(n, a) for n, a in inputs])

@@ -7,8 +7,8 @@
 For every prompt of every set, each method and plain decoding run on the same engine one after the other, the order
 rotating from prompt to prompt, so the machine's drift hits all alike. Reported per set and method: τ (tokens per
 verify step), acceptance rate, tokens/s with and without the drafter, the speedup end to end (prompt included) and
-of the decode alone (after the first token), how many outputs are token-identical to plain decoding, and the verify
-steps per slot profile. `mt-bench-2turn` measures the second turn with the engine's own (plain, greedy) first answer
+of the decode alone (after the first token), how many outputs are token-identical to plain decoding, the share of
+the decode spent drafting (propose + observe), and the verify steps per slot profile. `mt-bench-2turn` measures the second turn with the engine's own (plain, greedy) first answer
 in its context, the standard protocol. Sets with a measurement split (`sharegpt-grounded`, `code-edit`) use it: the
 drafters' priors were set on other prompts. Peers (`--peers transformers`): Hugging Face transformers' prompt lookup
 (`prompt_lookup_num_tokens`) against its own greedy decoding on the same token ids, in a child process, so its
@@ -64,6 +64,8 @@ class Cell:
                 "tokens_per_s": round(self.tokens / self.spec_s, 2), "plain_tokens_per_s": round(self.tokens / self.plain_s, 2),
                 "speedup": round(self.plain_s / self.spec_s, 3),
                 "decode_speedup": round(self.plain_decode_s / self.spec_decode_s, 3),
+                "draft_ms_per_step": round(1000 * s.draft_s / s.steps, 3) if s.steps else 0.0,
+                "draft_share": round(s.draft_s / self.spec_decode_s, 4) if self.spec_decode_s else 0.0,
                 "steps_per_profile": {str(k): v for k, v in sorted(s.profile_steps.items())}}
 
 
@@ -160,14 +162,15 @@ def format_report(report: dict) -> str:
     lines = [f"engine {report['engine']}, {report['max_tokens']} tokens, {report['threads']} threads, "
              f"spin {report['spin']}, load average {report['load_average']}",
              f"{'set':<20} {'method':<{width}} {'τ':>5} {'acc':>5} {'tok/s':>7} {'plain':>7} {'speedup':>8} "
-             f"{'decode':>7} {'same':>6}  steps per profile"]
+             f"{'decode':>7} {'same':>6} {'draft':>6}  steps per profile"]
     for name, cells in report["sets"].items():
         for method, c in cells.items():
             if method == "prompt_ids":
                 continue
             lines.append(f"{name:<20} {method:<{width}} {c['tau']:>5.2f} {c['acceptance_rate']:>5.2f} "
                          f"{c['tokens_per_s']:>7.1f} {c['plain_tokens_per_s']:>7.1f} {c['speedup']:>7.2f}x "
-                         f"{c['decode_speedup']:>6.2f}x {c['identical']:>6}  {c['steps_per_profile']}")
+                         f"{c['decode_speedup']:>6.2f}x {c['identical']:>6} {c['draft_share']:>6.1%}  "
+                         f"{c['steps_per_profile']}")
         for peer, sets in report["peers"].items():
             if name in sets:
                 p = sets[name]

@@ -106,8 +106,12 @@ def read_counters(metrics_url: str, *, publish_via: str | None = None) -> dict[s
 
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
     counters: dict[str, float] = {}
-    for m in re.finditer(r"^(trtspec_[a-z_]+)(?:\{[^}]*\})? ([0-9.e+-]+)$", text, re.M):
-        counters[m[1]] = counters.get(m[1], 0.0) + float(m[2])
+    for m in re.finditer(r"^(trtspec_[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$", text, re.M):
+        counters[m[1]] = counters.get(m[1], 0.0) + float(m[3])
+        slots = re.search(r'slots="(\d+)"', m[2] or "")
+        if slots:  # per slot profile too: trtspec_engine_profile_steps_total[5]
+            key = f"{m[1]}[{slots[1]}]"
+            counters[key] = counters.get(key, 0.0) + float(m[3])
     return counters
 
 

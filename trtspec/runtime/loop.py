@@ -95,7 +95,9 @@ class _Decoding:
             raise
 
     def propose(self) -> Draft:
+        start = time.perf_counter()
         self.draft = self.request.proposer.propose(self.root)
+        self.result.stats.draft_s += time.perf_counter() - start
         return self.draft
 
     def advance(self, verify: StepOutput) -> tuple[StepOutput, Accepted] | None:
@@ -161,6 +163,7 @@ class InflightBatch:
     def __init__(self, engine: Engine, max_batch_size: int):
         self.engine, self.max_batch_size = engine, max_batch_size
         self.active: list[tuple[object, _Decoding]] = []
+        self.last_slots = 0  # the slot profile the last step ran over (0: no step yet, or not reported)
 
     @property
     def has_room(self) -> bool:
@@ -178,9 +181,9 @@ class InflightBatch:
         if self.active:
             drafts = [d.propose() for _, d in self.active]
             outputs = _verify_all(self.engine, [d.seq for _, d in self.active], drafts)
-            steps = [(decoding.request.proposer, decoding.advance(output))
-                     for (_, decoding), output in zip(self.active, outputs)]
-            _observe_all([(proposer, step) for proposer, step in steps if step is not None])
+            self.last_slots = max(o.slots for o in outputs)
+            steps = [(decoding, decoding.advance(output)) for (_, decoding), output in zip(self.active, outputs)]
+            _observe_all([(decoding, step) for decoding, step in steps if step is not None])
             done += self._drain_finished()
         return done
 
@@ -206,18 +209,23 @@ class InflightBatch:
         self.close()
 
 
-def _observe_all(steps: list[tuple[Proposer, tuple[StepOutput, Accepted]]]) -> None:
+def _observe_all(steps: list[tuple[_Decoding, tuple[StepOutput, Accepted]]]) -> None:
     """Let each drafter see its step; drafters of a kind that can observe a batch at once (`observe_batch`,
-    e.g. one EAGLE draft run for every sequence) do so together."""
+    e.g. one EAGLE draft run for every sequence) do so together. The time goes to each sequence's draft_s (a
+    batched observation's, shared evenly)."""
     kinds: dict[type, list] = {}
-    for proposer, step in steps:
-        kinds.setdefault(type(proposer), []).append((proposer, step))
+    for decoding, step in steps:
+        kinds.setdefault(type(decoding.request.proposer), []).append((decoding, step))
     for kind, group in kinds.items():
-        proposers, kind_steps = [p for p, _ in group], [s for _, s in group]
+        proposers, kind_steps = [d.request.proposer for d, _ in group], [s for _, s in group]
+        start = time.perf_counter()
         if len(group) > 1 and hasattr(kind, "observe_batch"):
             kind.observe_batch(proposers, kind_steps)
         else:
             observe_one_by_one(proposers, kind_steps)
+        share = (time.perf_counter() - start) / len(group)
+        for decoding, _ in group:
+            decoding.result.stats.draft_s += share
 
 
 def _verify_all(engine: Engine, seqs: list[int], drafts: list[Draft]) -> list[StepOutput]:

@@ -19,6 +19,7 @@ class SpecStats:
     position_trials: list[int] = field(default_factory=list)  # [d-1]: steps with depth d drafted and d-1 accepted
     position_hits: list[int] = field(default_factory=list)  # [d-1]: steps that accepted depth d
     profile_steps: dict[int, int] = field(default_factory=dict)  # slot profile → verify steps run over it
+    draft_s: float = 0.0  # wall time in the drafter (propose + observe, an EAGLE draft's graph runs included)
 
     def record(self, *, drafted: int, depth: int, accepted: int, slots: int = 0) -> None:
         """Count one verify step: `drafted` nodes in a tree of `depth`, `accepted` of them on the path, run over a
@@ -45,7 +46,7 @@ class SpecStats:
                          self.accepted_tokens + other.accepted_tokens,
                          [a + b for a, b in zip(pad(self.position_trials), pad(other.position_trials))],
                          [a + b for a, b in zip(pad(self.position_hits), pad(other.position_hits))],
-                         dict(sorted(profiles.items())))
+                         dict(sorted(profiles.items())), self.draft_s + other.draft_s)
 
     @property
     def acceptance_rate(self) -> float:

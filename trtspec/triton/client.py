@@ -80,6 +80,11 @@ def build_inputs(prompt: str, options: GenerateOptions, *, stream: bool, stop_wo
             raise ServerError("this deployment has no use_speculation input (TensorRT-LLM engines always decode "
                               "speculatively); --no-spec works against trtspec's CPU flavour")
         inputs.append(tensor("use_speculation", np.array([[False]], np.bool_)))
+    if options.method is not None:
+        if not has("draft_method"):
+            raise ServerError("this deployment has no draft_method input (a TensorRT-LLM engine runs the method it "
+                              "was built for); --method works against trtspec's CPU flavour")
+        inputs.append(tensor("draft_method", np.array([[options.method.encode()]], np.object_)))
     if accepted is not None and "return_perf_metrics" in accepted and "num_draft_tokens" not in accepted:
         inputs.append(tensor("return_perf_metrics", np.array([[True]], np.bool_)))
     if stop_words:

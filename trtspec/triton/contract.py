@@ -60,10 +60,11 @@ ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = (
     _t("sequence_index", "TYPE_INT32"),
 )
 
-# trtspec's additions: a per-request switch, the acceptance counters upstream lacks, and the token ids
-# (what tests and benchmarks compare exactly).
+# trtspec's additions: a per-request switch and drafter (none, ngram, the engine's own), the acceptance counters
+# upstream lacks, and the token ids (what tests and benchmarks compare exactly).
 TRTSPEC_INPUTS: tuple[Tensor, ...] = (
     _t("use_speculation", "TYPE_BOOL"),
+    _t("draft_method", "TYPE_STRING"),
 )
 TRTSPEC_OUTPUTS: tuple[Tensor, ...] = (
     _t("output_ids", "TYPE_INT32", (-1, -1)),  # [beams, tokens]

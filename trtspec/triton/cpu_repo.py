@@ -42,7 +42,7 @@ ENGINE_INPUTS = (
     _t("random_seed", "TYPE_UINT64"), _t("seed", "TYPE_UINT64"), _t("return_log_probs", "TYPE_BOOL"),
     _t("return_context_logits", "TYPE_BOOL"), _t("return_generation_logits", "TYPE_BOOL"),
     _t("beam_width", "TYPE_INT32"), _t("num_return_sequences", "TYPE_INT32"), _t("streaming", "TYPE_BOOL"),
-    _t("exclude_input_in_output", "TYPE_BOOL"), _t("use_speculation", "TYPE_BOOL"),
+    _t("exclude_input_in_output", "TYPE_BOOL"), _t("use_speculation", "TYPE_BOOL"), _t("draft_method", "TYPE_STRING"),
 )
 ENGINE_OUTPUTS = (
     _t("output_ids", "TYPE_INT32", (-1, -1)), _t("sequence_length", "TYPE_INT32", (-1,)),

@@ -70,21 +70,21 @@ def check_options(manifest: Manifest, options: DeployOptions) -> int:
     return batch
 
 
-def check_method(manifest: Manifest, method: str) -> None:
-    """`--method`: a drafter the engine can run (checked at deploy time, before anything is served)."""
+def check_method(manifest: Manifest, method: str, what: str = "--method") -> None:
+    """`--method` (or a request's `draft_method`): a drafter the engine can run, checked before anything runs."""
     from trtspec.spec.methods import METHODS, TRAINING_FREE
 
     if manifest.backend is not Backend.ONNX:
-        raise ConfigError("--method applies to the CPU flavour only (a TensorRT-LLM engine runs the method it was "
+        raise ConfigError(f"{what} applies to the CPU flavour only (a TensorRT-LLM engine runs the method it was "
                           "built for)")
     own = manifest.method.value
     if method not in METHODS:
-        raise ConfigError(f"--method {method!r} is not one of {', '.join(METHODS)}")
+        raise ConfigError(f"{what} {method!r} is not one of {', '.join(METHODS)}")
     if method in TRAINING_FREE and manifest.profile.max_draft_len < 1:
-        raise ConfigError(f"--method {method}: the engine was built with max_draft_len 0; rebuild it with "
+        raise ConfigError(f"{what} {method}: the engine was built with max_draft_len 0; rebuild it with "
                           "--max-draft-len K (e.g. 16)")
     if method not in ("none", own, *TRAINING_FREE):
-        raise ConfigError(f"--method {method}: the engine was built for {own} ({manifest.name}); it runs none, "
+        raise ConfigError(f"{what} {method}: the engine was built for {own} ({manifest.name}); it runs none, "
                           f"{', '.join(TRAINING_FREE)} or {own}")
 
 

@@ -35,6 +35,7 @@ class ItemRequest:
     prompt_ids: list[int]
     config: GenerationConfig
     use_speculation: bool = True
+    method: str | None = None  # draft_method: the drafter for this request (None: the deployment's)
     streaming: bool = False
     exclude_input_in_output: bool = False
 
@@ -113,8 +114,14 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
                                       min_tokens=min_tokens, bad_words=bad_words)
         except ConfigError as e:
             raise ConfigError(f"{e}") from None
+        method = _scalar(inputs, "draft_method", b, None)
+        method = method.decode(errors="replace") if isinstance(method, bytes) else method
+        if method:
+            from trtspec.triton.deploy import check_method
+
+            check_method(manifest, method, what="draft_method")
         items.append(ItemRequest(
-            prompt, config, use_speculation=bool(_scalar(inputs, "use_speculation", b, True)),
+            prompt, config, use_speculation=bool(_scalar(inputs, "use_speculation", b, True)), method=method or None,
             streaming=bool(_first(inputs, ("streaming", "stream"), b, False)),
             exclude_input_in_output=bool(_scalar(inputs, "exclude_input_in_output", b, default_exclude_input))))
     return items
@@ -143,9 +150,12 @@ class BatchingStats:
     max_sequences: int = 0
     draft_tokens: int = 0  # of finished sequences
     accepted_tokens: int = 0
+    profile_steps: dict[int, int] = field(default_factory=dict)  # slot profile → verify steps run over it
 
-    def record(self, active: int) -> None:
+    def record(self, active: int, slots: int = 0) -> None:
         self.steps += 1
+        if slots:
+            self.profile_steps[slots] = self.profile_steps.get(slots, 0) + 1
         self.sequences += active
         self.max_sequences = max(self.max_sequences, active)
 
@@ -157,7 +167,7 @@ class BatchingStats:
 class EngineService:
     """One engine, one scheduler thread, in-flight batching of every prompt of every submitted job."""
 
-    def __init__(self, engine, make_proposer: Callable[[bool], Proposer], max_batch_size: int):
+    def __init__(self, engine, make_proposer: Callable[[bool, str | None], Proposer], max_batch_size: int):
         self.engine, self.make_proposer = engine, make_proposer
         self.batch = InflightBatch(engine, max_batch_size)
         self.stats = BatchingStats()
@@ -201,7 +211,7 @@ class EngineService:
                     self._fail(job, index, f"engine step failed: {e}")
                 self.batch.close()
                 continue
-            self.stats.record(active)
+            self.stats.record(active, self.batch.last_slots)
             for (job, index), result in done:
                 self._finish(job, index, result)
         for (job, index), _ in self.batch.active:
@@ -220,7 +230,7 @@ class EngineService:
             except Exception:  # a response that cannot be sent must not stop the other sequences
                 log.exception("sending a response failed")
 
-        request = Request(item.prompt_ids, self.make_proposer(item.use_speculation), item.config,
+        request = Request(item.prompt_ids, self.make_proposer(item.use_speculation, item.method), item.config,
                           cancelled=job.cancelled, on_progress=progress)
         try:
             self.batch.add((job, index), request)

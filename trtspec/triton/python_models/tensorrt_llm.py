@@ -71,7 +71,8 @@ class TritonPythonModel:
         self.method = None if method == "auto" else method
         self.generator.proposer(method=self.method)  # an unknown method or one the engine cannot run fails here
         self.service = EngineService(self.generator.engine,
-                                     lambda spec: self.generator.proposer(no_spec=not spec, method=self.method),
+                                     lambda spec, method: self.generator.proposer(no_spec=not spec,
+                                                                                  method=method or self.method),
                                      max_batch_size=min(batch, self.manifest.profile.max_batch_size))
         self._logged_steps = 0
         if self._metrics:
@@ -91,8 +92,14 @@ class TritonPythonModel:
         try:
             families = {key: pb_utils.MetricFamily(name=name, description=text, kind=pb_utils.MetricFamily.COUNTER)
                         for key, (name, text) in counters.items()}
-            self._metric_families = families  # a family must outlive its metrics
-            return {key: family.Metric(labels={"model": model}) for key, family in families.items()}
+            profile = pb_utils.MetricFamily(name="trtspec_engine_profile_steps_total",
+                                            description="Verify steps run over each slot profile (slots: 1 = plain)",
+                                            kind=pb_utils.MetricFamily.COUNTER)
+            self._metric_families = {**families, "profile": profile}  # a family must outlive its metrics
+            metrics = {key: family.Metric(labels={"model": model}) for key, family in families.items()}
+            for slots in (1, *self.generator.engine.slot_profiles):
+                metrics[f"profile_{slots}"] = profile.Metric(labels={"model": model, "slots": str(slots)})
+            return metrics
         except Exception as e:  # metrics disabled on this server
             pb_utils.Logger.log_warn(f"trtspec metrics unavailable: {e}")
             return {}
@@ -114,9 +121,10 @@ class TritonPythonModel:
     def _publish_locked(self) -> None:
         stats = self.service.stats
         totals = {"steps": stats.steps, "sequences": stats.sequences, "draft": stats.draft_tokens,
-                  "accepted": stats.accepted_tokens}
+                  "accepted": stats.accepted_tokens,
+                  **{f"profile_{slots}": n for slots, n in stats.profile_steps.items()}}
         for key, metric in self._metrics.items():
-            delta = totals[key] - self._published[key]
+            delta = totals.get(key, 0) - self._published[key]
             if delta:
                 metric.increment(delta)
                 self._published[key] = totals[key]
