@@ -2,7 +2,7 @@
 
 `load_or_measure(engine)` returns the engine's `StepCosts`: from `verify_curve.json` beside the engine when it was
 measured for the same slot profiles, thread count, spinning and ONNX Runtime version, else measured now (a second or
-two for SmolLM2-135M: every profile's step after a 64-token past, rounds alternating between profiles, the median of
+two for SmolLM2-135M: every profile's step after a 256-token past, rounds alternating between profiles, the median of
 each, levelled so that no profile costs more than a larger one) and written there atomically (kept in memory only when the engine folder is read-only). `trtspec bench
 profiles ENGINE` measures it again on demand (`--save` replaces the cache).
 """
@@ -24,7 +24,7 @@ from trtspec.spec.tree import chain_tree
 
 log = logging.getLogger(__name__)
 
-PAST_TOKENS = 64
+PAST_TOKENS = 256  # a typical chat context; the curve is flatter after a longer past
 ROUNDS = 15
 
 
@@ -33,7 +33,7 @@ def curve_key(engine) -> dict:
     import onnxruntime
 
     return {"slot_profiles": list(engine.slot_profiles), "threads": engine.threads, "spin": engine.spin,
-            "onnxruntime": onnxruntime.__version__}
+            "past": min(PAST_TOKENS, engine.manifest.profile.max_input_len), "onnxruntime": onnxruntime.__version__}
 
 
 def measure(engine, *, rounds: int = ROUNDS, past: int = PAST_TOKENS) -> StepCosts:

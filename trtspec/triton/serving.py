@@ -46,8 +46,10 @@ def _scalar(inputs: dict[str, np.ndarray], name: str, b: int, default):
         return default
     flat = np.asarray(value).reshape(value.shape[0], -1) if value.ndim else value.reshape(1, 1)
     row = flat[b] if flat.shape[0] > b else flat[0]
-    item = row[0].item() if row.size else default
-    return item
+    if not row.size:
+        return default
+    item = row[0]
+    return item.item() if isinstance(item, np.generic) else item  # BYTES tensors hold Python bytes
 
 
 def _first(inputs: dict[str, np.ndarray], names: tuple[str, ...], b: int, default):
