@@ -211,3 +211,39 @@ def test_sampled_output_keeps_the_target_distribution():
     counts = np.bincount(outcomes, minlength=vocab ** 3)
     assert chisquare(counts, expected * counts.sum()).pvalue > 1e-4
     assert accepted > 1000
+
+
+def test_a_batch_shrinks_drafts_to_what_pays_for_every_row():
+    """Seven rows with nothing to draft and one with a confident 16-token chain: where a batch's slots are dear the
+    chain is cut to the profile that pays for the whole batch; where they are cheap it stays whole."""
+    from trtspec.runtime.loop import _Decoding, _fit_batch
+
+    passage = list(range(10, 40))
+
+    table = _deterministic_table(50)
+    table[10:39] = 1e-4
+    table[np.arange(10, 39), np.arange(11, 40)] = 1.0  # the passage continues itself: the root after it is its next
+    table /= table.sum(axis=1, keepdims=True)
+
+    def batch(costs):
+        engine = MarkovEngine(table)
+        engine.step_costs = lambda: costs
+        decodings = []
+        for row in range(8):
+            proposer = NgramProposer(costs, NgramConfig(recycle_top_k=0))
+            prompt = passage + [1, 2] + passage[:5] if row == 0 else [45 + row % 4]
+            decodings.append(_Decoding(engine, Request(np.array(prompt), proposer, GenerationConfig(max_tokens=4))))
+            for match in (4, 6, 10):
+                for depth in (1, 2, 3, 4):
+                    proposer.model.counts[(NGRAM, match, depth, 0)] = [97.0, 100.0]
+        drafts = [d.propose() for d in decodings]
+        return drafts, _fit_batch(engine, decodings, drafts)
+
+    steep = StepCosts(COSTS.profiles, COSTS.relative, batch=8, batch_relative=(1.5, 1.6, 1.7, 1.8, 3.5, 7.0))
+    before, after = batch(steep)
+    assert before[0].tree.num_nodes >= 8 and sum(d.tree.num_nodes for d in before[1:]) == 0
+    assert after[0].tree.num_nodes == 4 < before[0].tree.num_nodes  # the 5-slot profile pays for all eight
+    assert after[0].tokens.tolist() == before[0].tokens[:after[0].tree.num_nodes + 1].tolist()  # its first nodes
+    flat = StepCosts(COSTS.profiles, COSTS.relative, batch=8, batch_relative=(1.1, 1.12, 1.14, 1.16, 1.3, 1.6))
+    before, after = batch(flat)
+    assert after[0].tree.num_nodes == before[0].tree.num_nodes

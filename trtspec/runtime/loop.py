@@ -180,6 +180,8 @@ class InflightBatch:
         done = self._drain_finished()
         if self.active:
             drafts = [d.propose() for _, d in self.active]
+            if len(drafts) > 1:
+                drafts = _fit_batch(self.engine, [d for _, d in self.active], drafts)
             outputs = _verify_all(self.engine, [d.seq for _, d in self.active], drafts)
             self.last_slots = max(o.slots for o in outputs)
             steps = [(decoding, decoding.advance(output)) for (_, decoding), output in zip(self.active, outputs)]
@@ -226,6 +228,46 @@ def _observe_all(steps: list[tuple[_Decoding, tuple[StepOutput, Accepted]]]) -> 
         share = (time.perf_counter() - start) / len(group)
         for decoding, _ in group:
             decoding.result.stats.draft_s += share
+
+
+# a drafting batch step's cost beyond its graph run, as a share of it (acceptance, commit and drafter updates per
+# row). SmolLM2, 8 prompts in flight (4 code edits, 4 MT-Bench), 96 tokens, against plain batched decoding:
+# 0.0 → 0.95 / 0.86x, 0.1 → 0.99 / 0.99x, 0.2 → 0.91 / 0.92x (two rounds each; without the batch fit 0.60x)
+BATCH_DRAFT_OVERHEAD = 0.1
+
+
+def _fit_batch(engine: Engine, decodings: list[_Decoding], drafts: list[Draft]) -> list[Draft]:
+    """Shrink the drafts of an in-flight batch to the slot profile worth most to the batch as a whole.
+
+    Every row of a batched step pays for the batch's profile, and a batch's slots cost far more than one sequence's,
+    so each row's own budget (made against the one-sequence curve) is only an upper bound: the step takes the
+    profile T that maximises the batch's expected tokens per unit of its cost, and drafts that carry node
+    probabilities keep their T - 1 most probable nodes. Drafts without them (static trees) keep their size, which
+    bounds T from below; their rows count the acceptance length they have had so far."""
+    if not hasattr(engine, "step_costs") or all(d.node_p is None for d in drafts):
+        return drafts
+    costs = engine.step_costs()
+    floor = max((d.tree.num_nodes + 1 for d in drafts if d.node_p is None), default=1)
+    gains = [np.concatenate([[0.0], np.cumsum(np.sort(d.node_p)[::-1])]) if d.node_p is not None else None
+             for d in drafts]
+    fixed = sum(d.result.stats.acceptance_length or 1.0 for d, g in zip(decodings, gains) if g is None)
+    widest = max(d.tree.num_nodes + 1 for d in drafts)
+    best, best_value = widest, -1.0
+    for slots in costs.profiles:
+        if slots < floor or slots > costs.profile_for(max(widest, floor)):
+            continue
+        tokens = fixed + sum(1.0 + g[min(slots - 1, len(g) - 1)] for g in gains if g is not None)
+        # each drafting row's bookkeeping (acceptance, commit, its drafter's update) is paid on top of the graph
+        value = tokens / (costs.batch_cost(len(drafts), slots) * (1.0 + BATCH_DRAFT_OVERHEAD * (slots > 1)))
+        if value > best_value + 1e-9:
+            best, best_value = slots, value
+    out = []
+    for decoding, draft in zip(decodings, drafts):
+        if draft.node_p is not None and draft.tree.num_nodes > best - 1:
+            draft = decoding.request.proposer.shrink(best - 1)
+            decoding.draft = draft
+        out.append(draft)
+    return out
 
 
 def _verify_all(engine: Engine, seqs: list[int], drafts: list[Draft]) -> list[StepOutput]:

@@ -1,9 +1,10 @@
-"""The verify curve of an engine on this machine: one step's time per slot profile, measured once and cached.
+"""The verify curve of an engine on this machine: one step's time per slot profile, for one sequence and for an
+in-flight batch, measured once and cached.
 
 `load_or_measure(engine)` returns the engine's `StepCosts`: from `verify_curve.json` beside the engine when it was
 measured for the same slot profiles, thread count, spinning and ONNX Runtime version, else measured now (a second or
-two for SmolLM2-135M: every profile's step after a 256-token past, rounds alternating between profiles, the median of
-each, levelled so that no profile costs more than a larger one) and written there atomically (kept in memory only when the engine folder is read-only). `trtspec bench
+ten for SmolLM2-135M: every profile's step after a 256-token past, rounds alternating between profiles, the median of
+each, levelled so that no profile costs more than a larger one; then the same over a batch of up to 8 sequences) and written there atomically (kept in memory only when the engine folder is read-only). `trtspec bench
 profiles ENGINE` measures it again on demand (`--save` replaces the cache).
 """
 
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 PAST_TOKENS = 256  # a typical chat context; the curve is flatter after a longer past
 ROUNDS = 15
+BATCH, BATCH_ROUNDS = 8, 5  # the batch curve: at most 8 sequences, fewer rounds (each step is several times longer)
 
 
 def curve_key(engine) -> dict:
@@ -37,31 +39,44 @@ def curve_key(engine) -> dict:
 
 
 def measure(engine, *, rounds: int = ROUNDS, past: int = PAST_TOKENS) -> StepCosts:
-    """Time one verify step per profile (and the plain one-slot step) over one sequence, rounds alternating."""
+    """Time one verify step per profile (and the plain one-slot step) over one sequence, rounds alternating; then
+    the same over a batch of min(max_batch_size, BATCH) sequences (fewer rounds: the in-flight batch's budget)."""
     profiles = (1, *engine.slot_profiles)
     past = max(1, min(past, engine.manifest.profile.max_input_len))
+    ms = _times(engine, profiles, 1, rounds, past)
+    batch = min(engine.manifest.profile.max_batch_size, BATCH) if hasattr(engine, "verify_batch") else 1
+    batch_ms = _times(engine, profiles, batch, BATCH_ROUNDS, past) if batch > 1 else []
+    # rounded as the cache stores them, so a curve read back equals the one measured
+    return StepCosts(profiles, tuple(round(t / ms[0], 4) for t in ms), tuple(round(t, 3) for t in ms),
+                     batch, tuple(round(t / ms[0], 4) for t in batch_ms))
+
+
+def _times(engine, profiles: tuple[int, ...], batch: int, rounds: int, past: int) -> list[float]:
+    """Median ms of a chain step per profile over `batch` sequences after `past` tokens, levelled so that no profile
+    costs more than a larger one (a step may always run padded into a larger profile: noise that says otherwise is
+    levelled down)."""
     rng = np.random.default_rng(0)
-    seq = engine.open()
+    seqs = [engine.open() for _ in range(batch)]
     times: dict[int, list[float]] = {p: [] for p in profiles}
     try:
-        engine.prefill(seq, rng.integers(0, engine.vocab_size, past))
+        for seq in seqs:
+            engine.prefill(seq, rng.integers(0, engine.vocab_size, past))
         for r in range(rounds + 1):
             for slots in profiles if r % 2 else profiles[::-1]:
                 tree = chain_tree(slots - 1)
-                tokens = rng.integers(0, engine.vocab_size, slots)
+                items = [(seq, rng.integers(0, engine.vocab_size, slots), tree.position_offsets, tree.mask)
+                         for seq in seqs]
                 start = time.perf_counter()
-                engine.verify(seq, tokens, tree.position_offsets, tree.mask)
+                engine.verify_batch(items) if batch > 1 else engine.verify(*items[0])
                 if r:  # round 0 warms every binding up
                     times[slots].append(time.perf_counter() - start)
     finally:
-        engine.close(seq)
+        for seq in seqs:
+            engine.close(seq)
     ms = [float(np.median(times[p])) * 1000 for p in profiles]
-    # a step may always run padded into a larger profile, so no profile costs more than any larger one: noise that
-    # says otherwise is levelled down (suffix minimum)
     for i in range(len(ms) - 2, -1, -1):
         ms[i] = min(ms[i], ms[i + 1])
-    # rounded as the cache stores them, so a curve read back equals the one measured
-    return StepCosts(profiles, tuple(round(t / ms[0], 4) for t in ms), tuple(round(t, 3) for t in ms))
+    return ms
 
 
 def load_or_measure(engine) -> StepCosts:
@@ -93,6 +108,7 @@ def _read(path: Path, key: dict) -> StepCosts | None:
         data = json.loads(path.read_text())
         if any(data.get(k) != v for k, v in key.items()):
             return None
-        return StepCosts(tuple(data["profiles"]), tuple(data["relative"]), tuple(data.get("step_ms", ())))
+        return StepCosts(tuple(data["profiles"]), tuple(data["relative"]), tuple(data["step_ms"]), data["batch"],
+                         tuple(data["batch_relative"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None

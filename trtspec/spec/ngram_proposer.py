@@ -145,6 +145,8 @@ class NgramProposer:
         self.recycled: dict[int, np.ndarray] = {}  # token → the target's top-k next tokens after it, best first
         self._kinds: list[tuple] = []  # kind of each node of the last draft (node i + 1)
         self._draft: Draft | None = None
+        self._nodes: list[_Node] = []  # the last step's candidates
+        self._chosen: list[int] = []  # the drafted ones, most probable first
 
     def start(self, engine, seq, prefill, prompt_ids, root) -> None:
         self.index.extend(prompt_ids)
@@ -155,11 +157,20 @@ class NgramProposer:
 
     def propose(self, root: int) -> Draft:
         nodes = self._candidates() if self.max_nodes else []
-        chosen = _budget(nodes, self.costs, self.max_nodes)
-        tree, order = _tree_of(nodes, chosen)
+        self._nodes, self._chosen = nodes, _budget(nodes, self.costs, self.max_nodes)
+        return self._lay_out(root)
+
+    def shrink(self, max_nodes: int) -> Draft:
+        """Keep the `max_nodes` most probable nodes of the draft just proposed (an in-flight batch's budget)."""
+        self._chosen = self._chosen[:max_nodes]
+        return self._lay_out(int(self._draft.tokens[0]))
+
+    def _lay_out(self, root: int) -> Draft:
+        nodes = self._nodes
+        tree, order = _tree_of(nodes, self._chosen)
         self._kinds = [nodes[i].kind for i in order]
         tokens = np.array([root, *(nodes[i].token for i in order)], dtype=np.int64)
-        self._draft = Draft(tree, tokens)
+        self._draft = Draft(tree, tokens, np.array([nodes[i].p for i in order]))
         return self._draft
 
     def observe(self, verify, accepted) -> None:

@@ -18,13 +18,18 @@ class Draft:
 
     tree: Tree
     tokens: np.ndarray  # int64 [n+1]
+    # the drafter's estimate that each node is accepted (node i + 1), when it has one: an in-flight batch then
+    # weighs every row's draft against the batch's step cost and may shrink it (Proposer.shrink)
+    node_p: np.ndarray | None = None
 
 
 class Proposer(Protocol):
     """A drafter: sees the prefill and every verify step of one sequence, proposes the next tree.
 
     A drafter class may also offer a static `observe_batch(proposers, steps)`: the in-flight loop then hands it the
-    steps of all its sequences at once (EAGLE extends every draft cache in one run, Medusa runs its heads once)."""
+    steps of all its sequences at once (EAGLE extends every draft cache in one run, Medusa runs its heads once).
+    A drafter whose drafts carry `node_p` offers `shrink(max_nodes)`: keep the most probable nodes of the draft it
+    just proposed and return that draft (which it then observes)."""
 
     def start(self, engine: Engine, seq: int, prefill: StepOutput, prompt_ids: np.ndarray, root: int) -> None: ...
 

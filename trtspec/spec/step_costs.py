@@ -20,6 +20,10 @@ class StepCosts:
     profiles: tuple[int, ...]
     relative: tuple[float, ...]
     step_ms: tuple[float, ...] = ()  # the measured milliseconds behind `relative`, when measured
+    # the same steps over `batch` sequences at once (an in-flight batch), relative to the one-sequence plain step:
+    # a batch's slots cost far more than one sequence's (SmolLM2, 8 sequences: 17 slots each cost 6x 1 slot each)
+    batch: int = 1
+    batch_relative: tuple[float, ...] = ()
 
     def __post_init__(self):
         if not self.profiles or self.profiles[0] != 1 or len(self.profiles) != len(self.relative):
@@ -48,6 +52,19 @@ class StepCosts:
         """The relative cost of a step that feeds `slots` slots (padded to its profile)."""
         return self.relative[self.profiles.index(self.profile_for(slots))]
 
+    def batch_cost(self, rows: int, slots: int) -> float:
+        """The relative cost of a step over `rows` sequences padded to the profile holding `slots`: interpolated
+        linearly in rows between the one-sequence curve and the measured batch curve (rows x the one-sequence cost
+        where no batch curve was measured)."""
+        i = self.profiles.index(self.profile_for(slots))
+        if rows <= 1:
+            return self.relative[i]
+        if not self.batch_relative or self.batch <= 1:
+            return rows * self.relative[i]
+        share = (rows - 1) / (self.batch - 1)
+        return self.relative[i] + share * (self.batch_relative[i] - self.relative[i])
+
     def to_dict(self) -> dict:
         return {"profiles": list(self.profiles), "relative": [round(c, 4) for c in self.relative],
-                "step_ms": [round(t, 3) for t in self.step_ms]}
+                "step_ms": [round(t, 3) for t in self.step_ms], "batch": self.batch,
+                "batch_relative": [round(c, 4) for c in self.batch_relative]}
