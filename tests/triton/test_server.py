@@ -149,6 +149,25 @@ def _tensor(name, array):
     return t
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_text_output_reads_as_nvidias_clients_read_it(server, local, stream):
+    """The requests tensorrtllm_backend's end_to_end_grpc_client.py sends (text_input, max_tokens, empty bad / stop
+    words, stream), parsed as it parses them: `as_numpy("text_output")[0].decode("utf-8")` on a 1-D array."""
+    inputs = [_tensor("text_input", np.array([[b"Hello world"]], np.object_)),
+              _tensor("max_tokens", np.array([[16]], np.int32)),
+              _tensor("bad_words", np.array([[b""]], np.object_)), _tensor("stop_words", np.array([[b""]], np.object_)),
+              _tensor("exclude_input_in_output", np.array([[True]], bool)), _tensor("stream", np.array([[stream]], bool))]
+    got = _stream_once(server.grpc_url, "ensemble", inputs)
+    assert got and all(error is None for _, error in got)
+    pieces = []
+    for result, _ in got:
+        output = result.as_numpy("text_output")
+        assert output.ndim == 1 and isinstance(output[0], bytes)
+        pieces.append(output[0].decode("utf-8"))
+    assert (len(pieces) > 1) == stream
+    assert "".join(pieces) == local.generate("Hello world", GenerateOptions(max_tokens=16)).text
+
+
 @pytest.mark.parametrize("inputs,message", [
     ([("max_tokens", np.array([[8]], np.int32))], "text_input"),
     ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[0]], np.int32))],

@@ -1,5 +1,8 @@
 # trtspec CPU flavour: postprocessing. Token ids → text. Streamed chunks carry the tokens before them
 # (CONTEXT_IDS), so the delta text is exact across multi-byte characters without state between responses.
+# OUTPUT is 1-D, one string per batch item and beam, as tensorrtllm_backend's postprocessing model sends it
+# (`np.array(outputs)` over a flat list, whatever its config's dims say): NVIDIA's clients read
+# `as_numpy("text_output")[0].decode()`.
 import os
 import site
 import sys
@@ -44,6 +47,6 @@ class TritonPythonModel:
                     before = context[b].tolist() if context is not None else []
                     row.append(delta_text(self.tokenizer, before, ids, final=bool(final[b]),
                                           skip_special_tokens=self.skip_special).encode("utf-8"))
-                texts.append(row)
+                texts += row
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", np.array(texts, np.object_))]))
         return responses

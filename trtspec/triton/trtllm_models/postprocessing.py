@@ -1,6 +1,8 @@
 """trtspec postprocessing (TensorRT-LLM repository): token ids → text, one string per beam, plus beam 0's ids.
 
-Each response is decoded on its own (a streamed response carries only its new tokens).
+Each response is decoded on its own (a streamed response carries only its new tokens). OUTPUT is 1-D (batch x
+beams strings), as upstream's postprocessing model sends it whatever its config's dims say, and as NVIDIA's clients
+read it (`as_numpy("text_output")[0].decode()`).
 """
 
 import json
@@ -12,7 +14,7 @@ TRUE = ("true", "1", "t", "y", "yes")
 
 
 def detokenize(tokenizer, tokens, lengths, *, skip_special_tokens):
-    """tokens int [B, beams, L], lengths [B, beams] → (object [B, beams] utf-8 bytes, int32 [B, L'] beam-0 ids)."""
+    """tokens int [B, beams, L], lengths [B, beams] → (object [B x beams] utf-8 bytes, int32 [B, L'] beam-0 ids)."""
     tokens, lengths = np.asarray(tokens), np.asarray(lengths).reshape(tokens.shape[0], -1)
     texts = np.empty(lengths.shape, dtype=object)
     for b in range(tokens.shape[0]):
@@ -24,7 +26,7 @@ def detokenize(tokenizer, tokens, lengths, *, skip_special_tokens):
     for b in range(tokens.shape[0]):
         n = max(int(lengths[b, 0]), 0)
         ids[b, :n] = tokens[b, 0, :n]
-    return texts, ids
+    return texts.reshape(-1), ids
 
 
 class TritonPythonModel:
