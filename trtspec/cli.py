@@ -276,8 +276,12 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
     from trtspec.runtime.generator import GenerateOptions, read_prompt_file
 
     if prompt_set is not None:
-        from trtspec.data.prompts import load_prompts
+        from trtspec.data.prompts import PROMPT_SETS, load_prompts
 
+        if prompt_set in PROMPT_SETS and PROMPT_SETS[prompt_set].two_turn:
+            raise click.UsageError(f"--prompt-set {prompt_set}: its second turns need the engine's own first answers; "
+                                   "`trtspec bench drafting ENGINE --sets mt-bench-2turn` runs both turns (or "
+                                   "--prompt-set mt-bench for the first turns)")
         prompts = [p.text for p in load_prompts(prompt_set, limit=limit)]
     else:
         prompts = [prompt] if prompt is not None else read_prompt_file(prompts_file)

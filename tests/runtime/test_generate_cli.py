@@ -82,3 +82,9 @@ def test_missing_or_corrupt_engine_files(engine, tmp_path, prompts_file):
     (broken / "medusa.onnx").unlink()
     res = _run(broken, "--prompts", prompts_file)
     assert res.exit_code == 1 and "file medusa.onnx (medusa) is missing from the engine directory" in res.output
+
+
+def test_a_two_turn_prompt_set_is_refused_with_where_it_runs(engine):
+    result = _run(engine, "--prompt-set", "mt-bench-2turn")
+    assert result.exit_code == 2 and "--prompt-set mt-bench-2turn: its second turns need the engine's own first " \
+        "answers" in result.output and "bench drafting" in result.output and "Traceback" not in result.output

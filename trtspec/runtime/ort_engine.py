@@ -4,10 +4,11 @@ KV caches are pre-allocated per sequence as one array [L, 2, 1, nkv, S_max, hd]:
 contiguous [B, nkv, S_max, hd] buffer that the graph's GroupQueryAttention reads as its past and writes as its
 present, bound to the same memory (I/O binding kept across steps), so a step's new rows land in the cache in
 place after the sequence's length: no copy, no per-step allocation. After a verify step, `commit` compacts the
-accepted slots' rows in place. Plain decoding runs the context graph with one token; a speculative step runs the
-generation graph over the smallest of the engine's slot profiles (manifest `profile.slot_profiles`, e.g. 2, 3, 5,
-9, 17) that holds its draft, padding it with masked slots: on a CPU a verify step's cost grows with its slots, so a
-step pays only for the draft it carries. A batched step runs the profile of its largest draft.
+accepted slots' rows in place. The context graph runs prompts; every decode step runs the generation graph (one
+session for the whole decode), a plain step over one token and a speculative step over the smallest of the engine's
+slot profiles (manifest `profile.slot_profiles`, e.g. 2, 3, 5, 9, 17) that holds its draft, padding it with masked
+slots: on a CPU a verify step's cost grows with its slots, so a step pays only for the draft it carries. A batched
+step runs the profile of its largest draft.
 
 The caches of the first max_batch_size sequences are rows of one pool [L, 2, max_batch_size, nkv, S_max, hd], kept
 dense (rows 0..n-1: a sequence that closes hands its row to the last row's sequence, which moves once), so a batched
