@@ -203,6 +203,7 @@ class NgramProposer:
         else:
             return
         children: dict[tuple[int, int], int] = {}  # (parent, token) → node
+        fanout: dict[int, int] = {}  # parent → children so far (the next child's rank)
         for start in reversed(starts[-cfg.max_occurrences:]):
             match = _bucket(_match_length(seq, start, n))
             parent, depth = -1, 0
@@ -210,7 +211,8 @@ class NgramProposer:
                 depth += 1
                 node = children.get((parent, token))
                 if node is None:
-                    rank = sum(1 for (p, _) in children if p == parent)
+                    rank = fanout.get(parent, 0)
+                    fanout[parent] = rank + 1
                     kind = (NGRAM, match, min(depth, 4), min(rank, 1))
                     p = self.model.rate(kind) * (nodes[parent].p if parent >= 0 else 1.0)
                     node = len(nodes)
