@@ -21,6 +21,20 @@ def tiny_engine(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def long_repo(tmp_path_factory):
+    """A small model with room for 1,500-token answers: requests that run for half a minute (cancellation tests).
+    Its steps (~20 ms) are slower than the ensemble's per-response path (~2.6 ms on 2 cores), as a real model's are:
+    with the tiny model the engine runs ahead of its streams and a cancellation is seen only after the backlog."""
+    root = tmp_path_factory.mktemp("triton-long")
+    vocab = write_tiny_tokenizer(root / "tokenizer")
+    ckpt = tiny_trtllm_checkpoints(root, TinyModel(vocab_size=vocab, hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4,
+                                                    intermediate_size=2048, max_position_embeddings=2048), ("medusa",))["medusa"]
+    build(BuildOptions(source=ckpt, out=root / "engine", max_input_len=64, max_seq_len=1600, max_batch_size=8,
+                       tokenizer=root / "tokenizer"))
+    return deploy(DeployOptions(engine_dir=root / "engine", out=root / "repo", threads=1))
+
+
+@pytest.fixture(scope="session")
 def tiny_repo(tiny_engine, tmp_path_factory):
     return deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path_factory.mktemp("repos") / "repo", threads=1))
 

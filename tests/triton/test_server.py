@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from trtspec.bench.serving import read_counters
 from trtspec.errors import ServerError
 from trtspec.runtime.generator import GenerateOptions, LocalGenerator
 from trtspec.triton.client import TritonClient, build_inputs, generate_concurrently
-from trtspec.triton.server import ServerOptions, TritonServer, find_tritonserver
+from trtspec.triton.server import ServerOptions, TritonServer, find_tritonserver, free_port
 
 WORDS = ["Hello world", "speculative decoding", "Medusa heads", "the target model", "tokens", "café 東京 🙂",
          "def f(x): return x", "quick brown fox"]
@@ -123,7 +124,7 @@ def test_stop_words_and_seeded_sampling(server, local):
     assert sampled[0].output_ids != sampled[2].output_ids
 
 
-def _stream_once(url, model, inputs, timeout=60):
+def _stream_once(url, model, inputs, timeout=60, request_id=""):
     client = grpcclient.InferenceServerClient(url)
     responses, done = [], threading.Event()
 
@@ -134,7 +135,7 @@ def _stream_once(url, model, inputs, timeout=60):
             done.set()
 
     client.start_stream(callback=callback)
-    client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+    client.async_stream_infer(model, inputs, enable_empty_final_response=True, request_id=request_id)
     assert done.wait(timeout)
     client.stop_stream()
     client.close()
@@ -198,25 +199,140 @@ def test_bad_requests_get_an_error_and_the_server_keeps_serving(server, local, i
             local.generate("Hello world", GenerateOptions(max_tokens=8)).output_ids
 
 
-def test_client_disconnect_mid_stream_costs_nobody_else(server, local):
-    """A client that drops its stream after the first response: its sequence is cancelled between steps,
-    while a concurrent request completes exactly."""
+@pytest.mark.parametrize("ids", [[5, 2**31 - 1, 6], [-3]])
+def test_token_ids_outside_the_vocabulary_are_refused_in_one_line(server, local, ids):
+    """benchmark_core_model.py's token-norm-dist draws ids up to INT32_MAX: each such request gets one line naming
+    the id and the vocabulary, the server logs no traceback, and keeps serving."""
+    inputs = [_tensor("input_ids", np.array([ids], np.int32)), _tensor("input_lengths", np.array([[len(ids)]], np.int32)),
+              _tensor("request_output_len", np.array([[4]], np.int32))]
+    got = _stream_once(server.grpc_url, "tensorrt_llm", inputs)
+    errors = [str(e) for _, e in got if e is not None]
+    vocab = local.manifest.model.vocab_size
+    bad = next(i for i, t in enumerate(ids) if not 0 <= t < vocab)
+    assert errors and f"input_ids[0][{bad}] = {ids[bad]} is not a token id of this engine (its vocabulary is " \
+        f"0..{vocab - 1})" in errors[0], errors
+    assert not any("Traceback" in line for line in server.log_lines)
+    with TritonClient(server.grpc_url) as client:
+        assert client.generate("Hello world", GenerateOptions(max_tokens=8)).output_ids
+
+
+def _counters(server, settle=1.0):
+    import time
+
+    time.sleep(settle)  # the engine model publishes twice a second
+    return read_counters(server.metrics_url)
+
+
+def _start_long_stream(url, prompt="quick brown fox", max_tokens=120, model="ensemble", request_id=""):
+    """A client with one long stream open; returns it once the first response came."""
     first = threading.Event()
-    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result=None, error=None: first.set())
-    client.async_stream_infer("ensemble", build_inputs("quick brown fox", GenerateOptions(max_tokens=150),
-                                                       stream=True))
+    if model == "ensemble":
+        inputs = build_inputs(prompt, GenerateOptions(max_tokens=max_tokens), stream=True)
+    else:
+        inputs = [_tensor("input_ids", np.array([[5, 6, 7]], np.int32)), _tensor("input_lengths", np.array([[3]], np.int32)),
+                  _tensor("request_output_len", np.array([[max_tokens]], np.int32)),
+                  _tensor("streaming", np.array([[True]], bool))]
+    client.async_stream_infer(model, inputs, request_id=request_id)
+    assert first.wait(30)
+    return client
+
+
+def test_a_cancelled_stream_through_the_ensemble_stops_its_engine_request(server, local):
+    """Triton's ensemble never cancels the engine request it is running; postprocessing sees the cancellation and
+    stops it: the engine runs a few more steps, not the other ~110, and a concurrent request completes exactly."""
+    before = _counters(server, 0)
     other = {}
     thread = threading.Thread(target=lambda: other.update(r=generate_concurrently(
         server.grpc_url, ["Medusa heads"], GenerateOptions(max_tokens=60))[0]))
+    client = _start_long_stream(server.grpc_url)
     thread.start()
-    assert first.wait(30)
     client.stop_stream(cancel_requests=True)
     client.close()
     thread.join(60)
     assert other["r"].output_ids == local.generate("Medusa heads", GenerateOptions(max_tokens=60)).output_ids
+    after = _counters(server)
+    assert after["trtspec_requests_cancelled_total"] - before.get("trtspec_requests_cancelled_total", 0) == 1
+    assert after["trtspec_engine_steps_total"] - before["trtspec_engine_steps_total"] < 100
+    assert after["trtspec_engine_sequences_in_flight"] == 0 and after["trtspec_engine_queue_size"] == 0
     with TritonClient(server.grpc_url) as again:
         assert again.generate("tokens", GenerateOptions(max_tokens=5)).output_ids
+
+
+@pytest.mark.parametrize("model", ["tensorrt_llm", "ensemble"])
+def test_a_stop_request_with_the_request_id_ends_it(server, model):
+    """inflight_batcher_llm_client.py --stop-after-ms: a second request to tensorrt_llm with the first one's id and
+    stop = true (its other inputs dummies) ends the first; the stop request gets one empty final response."""
+    before = _counters(server, 0)
+    client = _start_long_stream(server.grpc_url, model=model, request_id=f"stop-me-{model}")
+    stop = [_tensor("input_ids", np.zeros((1, 1), np.int32)), _tensor("input_lengths", np.zeros((1, 1), np.int32)),
+            _tensor("request_output_len", np.array([[0]], np.int32)), _tensor("stop", np.array([[True]], bool))]
+    answer = _stream_once(server.grpc_url, "tensorrt_llm", stop, request_id=f"stop-me-{model}")
+    assert answer == []  # one empty final response, no error
+    client.stop_stream()
+    client.close()
+    after = _counters(server)
+    assert after["trtspec_requests_cancelled_total"] - before.get("trtspec_requests_cancelled_total", 0) == 1
+    assert after["trtspec_engine_steps_total"] - before["trtspec_engine_steps_total"] < 100
+
+
+def test_a_stop_request_without_an_id_is_refused(server):
+    stop = [_tensor("input_ids", np.zeros((1, 1), np.int32)), _tensor("input_lengths", np.zeros((1, 1), np.int32)),
+            _tensor("request_output_len", np.array([[0]], np.int32)), _tensor("stop", np.array([[True]], bool))]
+    answer = _stream_once(server.grpc_url, "tensorrt_llm", stop)
+    assert answer and "request id" in str(answer[0][1])
+
+
+ABANDONING_CLIENT = """
+import os, sys, threading
+import tritonclient.grpc as grpcclient
+from trtspec.runtime.generator import GenerateOptions
+from trtspec.triton.client import build_inputs
+first = threading.Event()
+client = grpcclient.InferenceServerClient(sys.argv[1])
+client.start_stream(callback=lambda result=None, error=None: first.set())
+client.async_stream_infer("ensemble", build_inputs(sys.argv[2], GenerateOptions(max_tokens=1500), stream=True))
+os._exit(0 if first.wait(30) else 1)  # gone with its stream open
+"""
+
+
+def test_abandoned_and_cancelled_streams_leave_nothing_in_flight(long_repo):
+    """Four client processes exit with their streams open and four clients cancel theirs, all through the
+    ensemble, with 1,500-token requests (half a minute each): the engine stops computing for all eight, nothing stays in
+    flight, and SIGTERM stops the server with exit 0 well inside its exit timeout (Triton 2.51 waited the whole
+    timeout for the stuck ensemble requests and exited 1)."""
+    import subprocess
+    import sys
+    import time
+
+    options = ServerOptions(repository=long_repo, grpc_port=free_port(), http_port=free_port(),
+                            metrics_port=free_port(), exit_timeout_s=20)
+    lines = []
+    with TritonServer(options, on_log=lines.append) as running:
+        abandoned = [subprocess.Popen([sys.executable, "-c", ABANDONING_CLIENT, running.grpc_url, f"abandoned {i}"])
+                     for i in range(4)]
+        assert all(process.wait(60) == 0 for process in abandoned)
+        clients = [_start_long_stream(running.grpc_url, prompt, max_tokens=1500) for prompt in _prompts(4, seed=9)]
+        for client in clients:
+            client.stop_stream(cancel_requests=True)
+            client.close()
+        counters = {}
+        for _ in range(40):  # the abandoned streams are noticed when the server next writes to them
+            time.sleep(0.25)
+            counters = read_counters(running.metrics_url)
+            if counters.get("trtspec_requests_cancelled_total") == 8:
+                break
+        assert counters["trtspec_requests_cancelled_total"] == 8, counters
+        assert counters["trtspec_engine_sequences_in_flight"] == 0 and counters["trtspec_kv_rows_used"] == 0
+        # eight 1,500-token requests would take ~1,500 batched steps
+        assert counters["trtspec_engine_steps_total"] < 500, counters
+        start = time.monotonic()
+        code = running.stop()
+        took = time.monotonic() - start
+    assert code == 0, "\n".join(lines[-20:])
+    assert took < 8, f"stopping took {took:.1f} s"
+    assert not any("in-flight inferences" in line and "has " in line for line in lines)
 
 
 def test_generate_url_cli_json_matches_local(server, tiny_engine, tmp_path):

@@ -176,6 +176,11 @@ class OrtEngine:
             self._costs = load_or_measure(self)
         return self._costs
 
+    @property
+    def kv_rows(self) -> tuple[int, int]:
+        """(rows of the KV pool in use, rows in all): one per open sequence, up to max_batch_size."""
+        return len(self._rows), self._pool.kv.shape[2]
+
     def open(self) -> int:
         m = self.manifest.model
         seq = next(self._ids)

@@ -43,7 +43,11 @@ ENGINE_INPUTS = (
     _t("return_context_logits", "TYPE_BOOL"), _t("return_generation_logits", "TYPE_BOOL"),
     _t("beam_width", "TYPE_INT32"), _t("num_return_sequences", "TYPE_INT32"), _t("streaming", "TYPE_BOOL"),
     _t("exclude_input_in_output", "TYPE_BOOL"), _t("use_speculation", "TYPE_BOOL"), _t("draft_method", "TYPE_STRING"),
+    _t("stop", "TYPE_BOOL"),
 )
+# engine inputs a client sends to the engine model directly, never through the ensemble (upstream's ensemble has no
+# `stop`: its clients stop a request by sending stop = true with the request's id to tensorrt_llm)
+ENGINE_ONLY_INPUTS = frozenset({"stop"})
 ENGINE_OUTPUTS = (
     _t("output_ids", "TYPE_INT32", (-1, -1)), _t("sequence_length", "TYPE_INT32", (-1,)),
     _t("context_ids", "TYPE_INT32", (-1,)), _t("is_final", "TYPE_BOOL"),
@@ -51,10 +55,12 @@ ENGINE_OUTPUTS = (
     _t("batch_index", "TYPE_INT32"), _t("sequence_index", "TYPE_INT32"),
     _t("num_draft_tokens", "TYPE_INT32"), _t("num_accepted_tokens", "TYPE_INT32"),
     _t("num_verify_steps", "TYPE_INT32"), _t("finish_reason", "TYPE_STRING"),
+    _t("stop_request_id", "TYPE_STRING"),  # the id a stop request names to end this request
 )
 POST_INPUTS = (_t("TOKENS_BATCH", "TYPE_INT32", (-1, -1), optional=False),
                _t("SEQUENCE_LENGTH", "TYPE_INT32", (-1,), optional=False),
-               _t("CONTEXT_IDS", "TYPE_INT32", (-1,)), _t("IS_FINAL", "TYPE_BOOL"))
+               _t("CONTEXT_IDS", "TYPE_INT32", (-1,)), _t("IS_FINAL", "TYPE_BOOL"),
+               _t("STOP_REQUEST_ID", "TYPE_STRING"))
 POST_OUTPUTS = (_t("OUTPUT", "TYPE_STRING", (-1,)),)
 
 def ensemble_steps() -> tuple[Step, ...]:
@@ -63,12 +69,15 @@ def ensemble_steps() -> tuple[Step, ...]:
                {out: internal for out, (internal, _) in PRE_TO_LLM.items()})
     from_pre = {llm: internal for internal, llm in PRE_TO_LLM.values()}
     client_names = {llm: client for client, llm in CLIENT_TO_LLM.items()}
-    from_client = {t.name: client_names.get(t.name, t.name) for t in ENGINE_INPUTS if t.name not in from_pre}
-    internal = {"sequence_length": "_SEQUENCE_LENGTH", "context_ids": "_CONTEXT_IDS", "is_final": "_IS_FINAL"}
+    from_client = {t.name: client_names.get(t.name, t.name) for t in ENGINE_INPUTS
+                   if t.name not in from_pre and t.name not in ENGINE_ONLY_INPUTS}
+    internal = {"sequence_length": "_SEQUENCE_LENGTH", "context_ids": "_CONTEXT_IDS", "is_final": "_IS_FINAL",
+                "stop_request_id": "_STOP_REQUEST_ID"}
     engine = Step(ENGINE_MODEL, {**from_pre, **from_client},
                   {t.name: internal.get(t.name, t.name) for t in ENGINE_OUTPUTS})
     post = Step("postprocessing", {"TOKENS_BATCH": "output_ids", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH",
-                                   "CONTEXT_IDS": "_CONTEXT_IDS", "IS_FINAL": "_IS_FINAL"},
+                                   "CONTEXT_IDS": "_CONTEXT_IDS", "IS_FINAL": "_IS_FINAL",
+                                   "STOP_REQUEST_ID": "_STOP_REQUEST_ID"},
                 {"OUTPUT": "text_output"})
     return pre, engine, post
 
@@ -94,7 +103,12 @@ def engine_config(batch: int, options: DeployOptions, engine_path: str) -> str:
 
 
 def postprocessing_config(batch: int) -> str:
-    return render(ModelConfig(name="postprocessing", backend="python", max_batch_size=batch, dynamic_batching={},
+    # No dynamic batcher: Triton's (up to 2.5x at least) ensemble never cancels a step already running, so a cancelled
+    # stream's engine request would run on; it only marks the steps it schedules next as cancelled, and a dynamic
+    # batcher drops those (core src/scheduler_utils.cc), which in Triton before core#466 (2026) leaves the ensemble
+    # in flight for ever. Without one, the cancelled postprocessing request reaches the model, which answers it and
+    # forwards a stop request for its engine request (python_models/postprocessing.py).
+    return render(ModelConfig(name="postprocessing", backend="python", max_batch_size=batch,
                               inputs=POST_INPUTS, outputs=POST_OUTPUTS, instance_count=1,
                               parameters={"tokenizer_dir": "1/tokenizer", "skip_special_tokens": "true"}))
 

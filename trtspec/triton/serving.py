@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -59,6 +60,13 @@ def _first(inputs: dict[str, np.ndarray], names: tuple[str, ...], b: int, defaul
     return default
 
 
+def is_stop_request(inputs: dict[str, np.ndarray]) -> bool:
+    """tensorrtllm_backend's `stop` input: a request with stop = true ends the live requests that carry its request
+    id (its other inputs are ignored) and gets one empty final response (`handleStopRequest` in upstream's
+    inflight_batcher_llm/src/model_instance_state.cc)."""
+    return "stop" in inputs and bool(_scalar(inputs, "stop", 0, False))
+
+
 def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_exclude_input: bool = False
                   ) -> list[ItemRequest]:
     """The engine model's input tensors (leading batch dimension B) → one ItemRequest per prompt.
@@ -79,6 +87,11 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
         if not 0 < length <= ids.shape[1]:
             raise ConfigError(f"input_lengths[{b}] = {length} is outside 1..{ids.shape[1]} (the input_ids width)")
         prompt = [int(t) for t in ids[b, :length]]
+        vocab = manifest.model.vocab_size
+        bad = next((i for i, t in enumerate(prompt) if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ConfigError(f"input_ids[{b}][{bad}] = {prompt[bad]} is not a token id of this engine "
+                              f"(its vocabulary is 0..{vocab - 1})")
         max_tokens = int(_scalar(inputs, "request_output_len", b, 0))
         if max_tokens <= 0:
             raise ConfigError(f"max_tokens must be > 0, got {max_tokens}")
@@ -129,20 +142,33 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
     return items
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
-    """One Triton request: its prompts and where their progress goes (all called on the scheduler thread)."""
+    """One Triton request: its prompts and where their progress goes (all called on the scheduler thread).
+
+    A job ends early when it is stopped: by a `stop` request naming one of its `ids` (tensorrtllm_backend's way
+    to end a request), or when `is_cancelled` (Triton's per-request cancellation, an IPC call to the server) turns
+    true. `is_cancelled` is polled by the service's watcher thread, never by the scheduler, which only reads the
+    `stopped` flag between steps."""
 
     items: list[ItemRequest]
     # (batch index, new tokens, result so far, finish reason or None when more will come)
     on_progress: Callable[[int, list[int], GenerationResult, str | None], None]
     on_done: Callable[[int, GenerationResult], None]  # a prompt finished (after its last progress)
     on_error: Callable[[int, str], None]  # a prompt failed; it gets nothing more
-    cancelled: Callable[[], bool] = lambda: False
+    is_cancelled: Callable[[], bool] | None = None
+    ids: tuple[str, ...] = ()  # the request ids a stop request may name (Triton's request id, trtspec's own key)
+    stopped: bool = False
     remaining: int = field(init=False)
 
     def __post_init__(self):
         self.remaining = len(self.items)
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def cancelled(self) -> bool:
+        return self.stopped
 
 
 @dataclass
@@ -152,6 +178,7 @@ class BatchingStats:
     max_sequences: int = 0
     draft_tokens: int = 0  # of finished sequences
     accepted_tokens: int = 0
+    cancelled: int = 0  # prompts ended by a cancellation or a stop request (in flight or still queued)
     profile_steps: dict[int, int] = field(default_factory=dict)  # slot profile → verify steps run over it
 
     def record(self, active: int, slots: int = 0) -> None:
@@ -166,29 +193,87 @@ class BatchingStats:
         return self.sequences / self.steps if self.steps else 0.0
 
 
-class EngineService:
-    """One engine, one scheduler thread, in-flight batching of every prompt of every submitted job."""
+CANCEL_POLL_S = 0.02  # how often the watcher asks Triton whether a live request was cancelled (a step is ~40 ms)
 
-    def __init__(self, engine, make_proposer: Callable[[bool, str | None], Proposer], max_batch_size: int):
+
+class EngineService:
+    """One engine, one scheduler thread, in-flight batching of every prompt of every submitted job.
+
+    A watcher thread polls each live job's `is_cancelled` (as tensorrtllm_backend's C++ model polls its response
+    factories) and stops it; the scheduler drops a stopped job's sequences before the next step, frees their KV
+    rows and reports them finished with reason "cancelled", and a stopped job still queued never starts."""
+
+    def __init__(self, engine, make_proposer: Callable[[bool, str | None], Proposer], max_batch_size: int,
+                 cancel_poll_s: float = CANCEL_POLL_S):
         self.engine, self.make_proposer = engine, make_proposer
         self.batch = InflightBatch(engine, max_batch_size)
         self.stats = BatchingStats()
         self._pending: collections.deque[tuple[Job, int]] = collections.deque()
         self._wake = threading.Condition()
         self._stopping = False
+        self._live: dict[Job, None] = {}  # submitted and not finished, in submission order (guarded by _wake)
+        self._cancel_poll_s = cancel_poll_s
+        self.last_step = (0, 0)  # (sequences, slot profile) of the last verify step
         self._thread = threading.Thread(target=self._run, name="trtspec-scheduler", daemon=True)
         self._thread.start()
+        self._watcher = threading.Thread(target=self._watch_cancellations, name="trtspec-cancel-watcher",
+                                         daemon=True)
+        self._watcher.start()
+
+    @property
+    def queued(self) -> int:
+        """Prompts waiting for a row in the batch."""
+        return len(self._pending)
+
+    @property
+    def in_flight(self) -> int:
+        """Sequences in the batch."""
+        return len(self.batch.active)
 
     def submit(self, job: Job) -> None:
         with self._wake:
+            if not job.items:
+                return
+            self._live[job] = None
             self._pending.extend((job, i) for i in range(len(job.items)))
             self._wake.notify()
+
+    def stop(self, request_id: str) -> int:
+        """A stop request (tensorrtllm_backend's `stop` input): end every live job with this id; how many."""
+        with self._wake:
+            jobs = [job for job in self._live if request_id in job.ids]
+            for job in jobs:
+                job.stop()
+            if jobs:
+                self._wake.notify()
+        return len(jobs)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         with self._wake:
             self._stopping = True
             self._wake.notify()
         self._thread.join(timeout)
+
+    def _watch_cancellations(self) -> None:
+        while True:
+            with self._wake:
+                if self._stopping:
+                    return
+                jobs = [job for job in self._live if job.is_cancelled is not None and not job.stopped]
+            cancelled = []
+            for job in jobs:
+                try:
+                    if job.is_cancelled():
+                        cancelled.append(job)
+                except Exception:  # a request whose state cannot be read any more has no one waiting for it
+                    log.debug("is_cancelled failed", exc_info=True)
+                    cancelled.append(job)
+            if cancelled:
+                with self._wake:
+                    for job in cancelled:
+                        job.stop()
+                    self._wake.notify()
+            time.sleep(self._cancel_poll_s)
 
     def _run(self) -> None:
         while True:
@@ -197,9 +282,14 @@ class EngineService:
                     self._wake.wait()
                 if self._stopping:
                     break
+                dropped = [entry for entry in self._pending if entry[0].stopped]
+                if dropped:  # cancelled while queued: they never start
+                    self._pending = collections.deque(entry for entry in self._pending if not entry[0].stopped)
                 joining = []
                 while self._pending and len(joining) + len(self.batch.active) < self.batch.max_batch_size:
                     joining.append(self._pending.popleft())
+            for job, index in dropped:
+                self._finish(job, index, GenerationResult([], "cancelled"))
             for job, index in joining:
                 self._join(job, index)
             if not self.batch.active:
@@ -214,11 +304,16 @@ class EngineService:
                 self.batch.close()
                 continue
             self.stats.record(active, self.batch.last_slots)
+            self.last_step = (active, self.batch.last_slots)
             for (job, index), result in done:
                 self._finish(job, index, result)
         for (job, index), _ in self.batch.active:
             self._fail(job, index, "the server is shutting down")
         self.batch.close()
+        with self._wake:
+            pending, self._pending = list(self._pending), collections.deque()
+        for job, index in pending:
+            self._fail(job, index, "the server is shutting down")
 
     def _join(self, job: Job, index: int) -> None:
         item = job.items[index]
@@ -242,18 +337,25 @@ class EngineService:
             log.exception("prefill failed")
             self._fail(job, index, f"prefill failed: {e}")
 
+    def _ended(self, job: Job) -> None:
+        job.remaining -= 1
+        if job.remaining == 0:
+            with self._wake:
+                self._live.pop(job, None)
+
     def _finish(self, job: Job, index: int, result: GenerationResult) -> None:
         self.stats.draft_tokens += result.stats.draft_tokens
         self.stats.accepted_tokens += result.stats.accepted_tokens
-        job.remaining -= 1
+        if result.finish_reason == "cancelled":
+            self.stats.cancelled += 1
+        self._ended(job)
         try:
             job.on_done(index, result)
         except Exception:
             log.exception("sending a response failed")
 
-    @staticmethod
-    def _fail(job: Job, index: int, message: str) -> None:
-        job.remaining -= 1
+    def _fail(self, job: Job, index: int, message: str) -> None:
+        self._ended(job)
         try:
             job.on_error(index, message)
         except Exception:

@@ -9,6 +9,7 @@ for _path in os.environ.get("TRTSPEC_SITE_PACKAGES", "").split(os.pathsep):
     if _path and _path not in sys.path:
         site.addsitedir(_path)  # the serving venv (the stub's embedded interpreter ignores PYTHONPATH)
 
+import itertools  # noqa: E402
 import json  # noqa: E402
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -18,7 +19,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from trtspec.errors import TrtspecError  # noqa: E402
 from trtspec.runtime.generator import LocalGenerator  # noqa: E402
-from trtspec.triton.serving import EngineService, Job, parse_request  # noqa: E402
+from trtspec.triton.serving import EngineService, Job, is_stop_request, parse_request  # noqa: E402
 from trtspec.triton.model_args import flag, parameter  # noqa: E402
 from trtspec.triton.text import CONTEXT_TOKENS  # noqa: E402
 
@@ -28,8 +29,10 @@ LOG_EVERY_STEPS = 500
 
 
 def _outputs(b: int, ids: list[int], result, finish: str | None, context: list[int], final: bool,
-             generated: int | None = None):
-    """One response for batch item b: `ids` (the last `generated` of them are generated tokens)."""
+             generated: int | None = None, key: str = ""):
+    """One response for batch item b: `ids` (the last `generated` of them are generated tokens); `key` is the
+    request id a `stop` request may name to end this request (postprocessing forwards a cancelled ensemble
+    request's key so)."""
     stats = result.stats
     generated = len(ids) if generated is None else generated
     log_probs = result.log_probs[len(result.log_probs) - generated:] if result.log_probs else [0.0] * generated
@@ -47,6 +50,7 @@ def _outputs(b: int, ids: list[int], result, finish: str | None, context: list[i
         pb_utils.Tensor("num_accepted_tokens", scalar(stats.accepted_tokens, np.int32)),
         pb_utils.Tensor("num_verify_steps", scalar(stats.steps, np.int32)),
         pb_utils.Tensor("finish_reason", np.array([[(finish or "").encode()]], np.object_)),
+        pb_utils.Tensor("stop_request_id", np.array([[key.encode()]], np.object_)),
     ]
 
 
@@ -67,6 +71,7 @@ class TritonPythonModel:
         self._published = {key: 0 for key in self._metrics}
         self._metrics_lock = threading.Lock()
         self._stop_publishing = threading.Event()
+        self._keys = (f"trtspec-{os.getpid()}-{n}" for n in itertools.count())
         method = parameter(config, "method", "auto")  # auto: the manifest's method
         self.method = None if method == "auto" else method
         self.generator.proposer(method=self.method)  # an unknown method or one the engine cannot run fails here
@@ -88,6 +93,17 @@ class TritonPythonModel:
                                                                  "(÷ steps = sequences batched per step)"),
             "draft": ("trtspec_draft_tokens_total", "Draft tokens verified"),
             "accepted": ("trtspec_accepted_draft_tokens_total", "Draft tokens accepted"),
+            "cancelled": ("trtspec_requests_cancelled_total", "Prompts ended by a client's cancellation or a stop "
+                                                              "request (in flight or still queued)"),
+        }
+        gauges = {
+            "queued": ("trtspec_engine_queue_size", "Prompts waiting for a row of the in-flight batch"),
+            "in_flight": ("trtspec_engine_sequences_in_flight", "Sequences in the in-flight batch"),
+            "kv_used": ("trtspec_kv_rows_used", "Rows of the engine's KV-cache pool in use (one per sequence)"),
+            "kv_free": ("trtspec_kv_rows_free", "Rows of the engine's KV-cache pool free"),
+            "last_step_sequences": ("trtspec_engine_last_step_sequences", "Sequences in the last verify step"),
+            "last_step_slots": ("trtspec_engine_last_step_slots", "Slot profile of the last verify step "
+                                                                  "(1 = plain decoding)"),
         }
         try:
             families = {key: pb_utils.MetricFamily(name=name, description=text, kind=pb_utils.MetricFamily.COUNTER)
@@ -95,13 +111,19 @@ class TritonPythonModel:
             profile = pb_utils.MetricFamily(name="trtspec_engine_profile_steps_total",
                                             description="Verify steps run over each slot profile (slots: 1 = plain)",
                                             kind=pb_utils.MetricFamily.COUNTER)
-            self._metric_families = {**families, "profile": profile}  # a family must outlive its metrics
+            gauge_families = {key: pb_utils.MetricFamily(name=name, description=text,
+                                                         kind=pb_utils.MetricFamily.GAUGE)
+                              for key, (name, text) in gauges.items()}
+            # a family must outlive its metrics
+            self._metric_families = {**families, **gauge_families, "profile": profile}
             metrics = {key: family.Metric(labels={"model": model}) for key, family in families.items()}
+            self._gauges = {key: family.Metric(labels={"model": model}) for key, family in gauge_families.items()}
             for slots in (1, *self.generator.engine.slot_profiles):
                 metrics[f"profile_{slots}"] = profile.Metric(labels={"model": model, "slots": str(slots)})
             return metrics
         except Exception as e:  # metrics disabled on this server
             pb_utils.Logger.log_warn(f"trtspec metrics unavailable: {e}")
+            self._gauges = {}
             return {}
 
     def _publish_metrics(self) -> None:
@@ -119,9 +141,15 @@ class TritonPythonModel:
                 return
 
     def _publish_locked(self) -> None:
-        stats = self.service.stats
+        service = self.service
+        stats = service.stats
+        used, rows = self.generator.engine.kv_rows if hasattr(self.generator.engine, "kv_rows") else (0, 0)
+        levels = {"queued": service.queued, "in_flight": service.in_flight, "kv_used": used, "kv_free": rows - used,
+                  "last_step_sequences": service.last_step[0], "last_step_slots": service.last_step[1]}
+        for key, gauge in self._gauges.items():
+            gauge.set(levels[key])
         totals = {"steps": stats.steps, "sequences": stats.sequences, "draft": stats.draft_tokens,
-                  "accepted": stats.accepted_tokens,
+                  "accepted": stats.accepted_tokens, "cancelled": stats.cancelled,
                   **{f"profile_{slots}": n for slots, n in stats.profile_steps.items()}}
         for key, metric in self._metrics.items():
             delta = totals.get(key, 0) - self._published[key]
@@ -141,19 +169,43 @@ class TritonPythonModel:
     def _inputs(self, request) -> dict:
         return {t.name(): t.as_numpy() for t in request.inputs()}
 
+    def _ids(self, request) -> tuple[str, tuple[str, ...]]:
+        """This request's own key and every id a stop request may name (its Triton request id too, as upstream)."""
+        key = next(self._keys)
+        return key, (key, request.request_id()) if request.request_id() else (key,)
+
+    def _stop(self, request):
+        """A stop request: end the live requests with its id; answered, as upstream, with an empty response."""
+        if not request.request_id():
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                "stop = true needs the request id of the request to stop (none was given)"))
+        self.service.stop(request.request_id())
+        return pb_utils.InferenceResponse([])
+
     def _submit_streaming(self, request):
         sender = request.get_response_sender()
+        inputs = self._inputs(request)
+        if is_stop_request(inputs):
+            sender.send(self._stop(request), flags=FINAL)
+            return
+        key, ids = self._ids(request)
         try:
-            items = parse_request(self._inputs(request), self.manifest, default_exclude_input=self.exclude_input)
+            items = parse_request(inputs, self.manifest, default_exclude_input=self.exclude_input)
         except TrtspecError as e:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
             return
         lock = threading.Lock()
         sent: dict[int, list[int]] = {}  # batch index → tokens already streamed
+        errors: list[str] = []
 
         def finish_if_last(job):
+            # An error travels with the final flag, in one response: Triton's ensemble (before core#466) never
+            # finishes a request whose step sent an error before its final flag.
             if job.remaining == 0:
-                sender.send(flags=FINAL)
+                if errors:
+                    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(errors[0])), flags=FINAL)
+                else:
+                    sender.send(flags=FINAL)
 
         def on_progress(b, tokens, result, finish):
             item = items[b]
@@ -162,7 +214,8 @@ class TritonPythonModel:
             before = sent.setdefault(b, [])
             context = before[-CONTEXT_TOKENS:]
             with lock:
-                sender.send(pb_utils.InferenceResponse(_outputs(b, tokens, result, finish, context, finish is not None)))
+                sender.send(pb_utils.InferenceResponse(_outputs(b, tokens, result, finish, context, finish is not None,
+                                                                key=key)))
             before.extend(tokens)
 
         def on_done(b, result):
@@ -171,23 +224,31 @@ class TritonPythonModel:
                 if not item.streaming:  # one response with the whole output
                     ids = (item.prompt_ids if not item.exclude_input_in_output else []) + result.output_ids
                     sender.send(pb_utils.InferenceResponse(_outputs(b, ids, result, result.finish_reason, [], True,
-                                                                    generated=len(result.output_ids))))
+                                                                    generated=len(result.output_ids), key=key)))
                 finish_if_last(job)
 
-        def on_error(b, message):
+        def on_error(b, message):  # the request fails as a whole: its other prompts stop
             with lock:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)))
+                errors.append(message if len(items) == 1 else f"prompt {b}: {message}")
+                job.stop()
                 finish_if_last(job)
 
-        job = Job(items, on_progress, on_done, on_error, cancelled=sender.is_cancelled)
+        job = Job(items, on_progress, on_done, on_error, is_cancelled=sender.is_cancelled, ids=ids)
         self.service.submit(job)
 
     def _execute_blocking(self, requests):
         """Non-decoupled: every request of this execute call joins the batcher; one response each at the end."""
         waits, responses = [], [None] * len(requests)
+        inputs = [self._inputs(request) for request in requests]
+        for r, request in enumerate(requests):  # stops first: they may name requests of this same call
+            if is_stop_request(inputs[r]):
+                responses[r] = self._stop(request)
         for r, request in enumerate(requests):
+            if responses[r] is not None:
+                continue
+            key, ids = self._ids(request)
             try:
-                items = parse_request(self._inputs(request), self.manifest, default_exclude_input=self.exclude_input)
+                items = parse_request(inputs[r], self.manifest, default_exclude_input=self.exclude_input)
             except TrtspecError as e:
                 responses[r] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
                 continue
@@ -208,9 +269,10 @@ class TritonPythonModel:
                 if len(results) + len(errors) == n:
                     done.set()
 
-            self.service.submit(Job(items, lambda *a: None, on_done, on_error))
-            waits.append((r, items, results, errors, done))
-        for r, items, results, errors, done in waits:
+            self.service.submit(Job(items, lambda *a: None, on_done, on_error, is_cancelled=request.is_cancelled,
+                                    ids=ids))
+            waits.append((r, key, items, results, errors, done))
+        for r, key, items, results, errors, done in waits:
             done.wait()
             if errors:
                 responses[r] = pb_utils.InferenceResponse(error=pb_utils.TritonError(errors[0]))
@@ -244,6 +306,7 @@ class TritonPythonModel:
                 pb_utils.Tensor("num_verify_steps", column([s.steps for s in stats], np.int32)),
                 pb_utils.Tensor("finish_reason", column([results[b].finish_reason.encode() for b in range(len(rows))],
                                                         np.object_)),
+                pb_utils.Tensor("stop_request_id", column([key.encode()] * len(rows), np.object_)),
             ])
         self._log_batching()
         self._publish_metrics()

@@ -1,0 +1,155 @@
+"""The engine model's scheduler without Triton: stop requests and cancellations end a request within a step, free
+its KV row, and a cancelled request still queued never starts; other requests are untouched."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from trtspec.runtime.generator import LocalGenerator
+from trtspec.runtime.loop import GenerationConfig, generate
+from trtspec.triton.serving import EngineService, ItemRequest, Job, is_stop_request
+
+TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def generator(tiny_engine):
+    return LocalGenerator(tiny_engine, threads=1)
+
+
+def _service(generator, max_batch_size=4, **kwargs):
+    return EngineService(generator.engine, lambda spec, method: generator.proposer(no_spec=not spec),
+                         max_batch_size=max_batch_size, **kwargs)
+
+
+class Recorder:
+    """A job's callbacks: progress calls per prompt, results, errors, and an event when every prompt ended."""
+
+    def __init__(self, items, **job_kwargs):
+        self.progress, self.results, self.errors = {}, {}, {}
+        self.ended = threading.Event()
+        self.on_first = None  # called at the first progress report (the prefill's token)
+        self.on_second = None  # called at the second (inside the first verify step)
+        self.job = Job(items, self._progress, self._done, self._error, **job_kwargs)
+
+    def _progress(self, b, tokens, result, finish):
+        self.progress[b] = self.progress.get(b, 0) + 1
+        if self.progress[b] == 1 and self.on_first:
+            self.on_first()
+        if self.progress[b] == 2 and self.on_second:
+            self.on_second()
+
+    def _end(self):
+        if len(self.results) + len(self.errors) == len(self.job.items):
+            self.ended.set()
+
+    def _done(self, b, result):
+        self.results[b] = result
+        self._end()
+
+    def _error(self, b, message):
+        self.errors[b] = message
+        self._end()
+
+
+def _item(prompt=(5, 6, 7), max_tokens=100):
+    return ItemRequest(list(prompt), GenerationConfig(max_tokens=max_tokens), streaming=True)
+
+
+def test_a_stop_request_ends_its_request_within_a_step_and_frees_its_row(generator):
+    service = _service(generator)
+    try:
+        other = Recorder([_item((9, 8), 30)])
+        stopped = Recorder([_item()], ids=("trtspec-1", "client-id"))
+        stopped.on_first = lambda: service.stop("client-id")
+        service.submit(stopped.job)
+        service.submit(other.job)
+        assert stopped.ended.wait(TIMEOUT) and other.ended.wait(TIMEOUT)
+        assert stopped.results[0].finish_reason == "cancelled"
+        assert stopped.progress[0] <= 2  # the step running when the stop came may still report
+        assert len(stopped.results[0].output_ids) < 100
+        alone = generate(generator.engine, [9, 8], generator.proposer(), GenerationConfig(max_tokens=30))
+        assert other.results[0].output_ids == alone.output_ids
+        assert service.stats.cancelled == 1
+        assert generator.engine.kv_rows[0] == 0 and service.in_flight == 0
+        assert service.stop("client-id") == 0  # it is gone: a late stop is a no-op, as upstream's
+    finally:
+        service.shutdown()
+
+
+def test_a_cancellation_seen_by_the_watcher_ends_the_request(generator):
+    cancelled = threading.Event()
+    service = _service(generator, cancel_poll_s=0.005)
+    try:
+        job = Recorder([_item(max_tokens=120), _item((3, 4), 120)], is_cancelled=cancelled.is_set)
+        job.on_first = cancelled.set
+        service.submit(job.job)
+        assert job.ended.wait(TIMEOUT)
+        assert {r.finish_reason for r in job.results.values()} == {"cancelled"}
+        assert all(len(r.output_ids) < 120 for r in job.results.values())
+        assert generator.engine.kv_rows[0] == 0
+    finally:
+        service.shutdown()
+
+
+def test_a_cancelled_request_still_queued_never_starts(generator):
+    service = _service(generator, max_batch_size=1, cancel_poll_s=0.005)
+    try:
+        running = Recorder([_item(max_tokens=60)])
+        queued = Recorder([_item((1, 2, 3), 60)], is_cancelled=lambda: True)
+        service.submit(running.job)
+        service.submit(queued.job)
+        assert queued.ended.wait(TIMEOUT)
+        assert queued.results[0].finish_reason == "cancelled" and queued.results[0].output_ids == []
+        assert 0 not in queued.progress  # no prefill, no token
+        assert not running.ended.is_set() or running.results[0].finish_reason != "cancelled"
+        assert running.ended.wait(TIMEOUT) and running.results[0].finish_reason != "cancelled"
+        assert service.stats.cancelled == 1
+    finally:
+        service.shutdown()
+
+
+def test_a_request_whose_state_cannot_be_read_is_ended(generator):
+    def gone():
+        raise RuntimeError("the request was released")
+
+    service = _service(generator, cancel_poll_s=0.005)
+    try:
+        job = Recorder([_item(max_tokens=120)], is_cancelled=gone)
+        service.submit(job.job)
+        assert job.ended.wait(TIMEOUT) and job.results[0].finish_reason == "cancelled"
+    finally:
+        service.shutdown()
+
+
+def test_queued_and_in_flight_counts(generator):
+    service = _service(generator, max_batch_size=1)
+    try:
+        release = threading.Event()
+        first = Recorder([_item(max_tokens=40)])
+        first.on_second = lambda: release.wait(TIMEOUT)  # hold the scheduler inside the first verify step
+        second = Recorder([_item((2, 3), 10)])
+        service.submit(first.job)
+        service.submit(second.job)
+        deadline = threading.Event()
+        for _ in range(200):
+            if service.in_flight == 1 and service.queued == 1:
+                break
+            deadline.wait(0.01)
+        assert (service.in_flight, service.queued) == (1, 1)
+        release.set()
+        assert first.ended.wait(TIMEOUT) and second.ended.wait(TIMEOUT)
+        assert (service.in_flight, service.queued) == (0, 0)
+        assert service.last_step[0] == 1 and service.last_step[1] >= 1
+    finally:
+        service.shutdown()
+
+
+@pytest.mark.parametrize("inputs, expected", [
+    ({"stop": np.array([[True]])}, True), ({"stop": np.array([[False]])}, False), ({}, False),
+    ({"stop": np.array([True])}, True)])
+def test_stop_requests_are_recognised(inputs, expected):
+    assert is_stop_request(inputs) is expected
