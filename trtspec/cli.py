@@ -405,24 +405,32 @@ def doctor(repository: Path, engine: Path | None, as_json: bool) -> None:
 @click.option("--tritonserver", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The server binary (default: on PATH, else the one bundled in nvidia-pytriton).")
 @click.option("--log-verbose", type=int, default=0, show_default=True, help="Triton's --log-verbose level.")
+@click.option("--drain-seconds", "drain_s", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="On Ctrl-C / SIGTERM: how long requests in flight may finish; then they end with an error.")
 @user_errors
 def serve(repository: Path, **flags) -> None:
-    """Run tritonserver on a model repository until Ctrl-C / SIGTERM."""
+    """Run tritonserver on a model repository until Ctrl-C / SIGTERM; exit with tritonserver's status."""
     import signal
 
-    from trtspec.triton.server import ServerOptions, TritonServer
+    from trtspec.triton.server import ServerOptions, TritonServer, exit_status
 
     server = TritonServer(ServerOptions(repository=repository, **flags),
                           on_log=lambda line: click.echo(line, err=True))
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it like Ctrl-C
     with server:
+        # on stderr, like the server's log: stdout stays free for what a caller pipes
         click.echo(f"serving {repository}: gRPC {server.grpc_url}, HTTP {server.http_url}, "
-                   f"metrics {server.metrics_url} (Ctrl-C stops)")
+                   f"metrics {server.metrics_url} (Ctrl-C stops)", err=True)
         try:
             code = server.wait()
         except KeyboardInterrupt:
             code = server.stop()
-    click.echo(f"tritonserver exited ({code})", err=True)
+    status = exit_status(code)
+    if status:
+        reason = server.exit_reason()
+        click.echo(f"Error: tritonserver exited with status {status}{': ' + reason if reason else ''}", err=True)
+        sys.exit(status)
+    click.echo("tritonserver exited (0)", err=True)
 
 
 @cli.group()

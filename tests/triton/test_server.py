@@ -7,6 +7,7 @@ token; bad requests get an error for that request only; a client that disconnect
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -429,31 +430,119 @@ def test_readme_client_example_runs_against_the_server(server, local, capsys):
     assert printed == local.generate(prompt, GenerateOptions(max_tokens=64)).text
 
 
-def test_serve_command_prints_endpoints_and_stops_on_sigterm(tiny_repo):
-    """`trtspec serve` as a user runs it: ready, endpoints printed, SIGTERM stops it and the server, exit 0."""
-    import os
-    import signal
+def _serve(repo, grpc_port, *extra):
+    """`trtspec serve` as a user runs it; returns the process once its banner (on stderr) is out, and the lines."""
     import subprocess
     import sys
 
-    from trtspec.triton.server import free_port
+    argv = [sys.executable, "-m", "trtspec.cli", "serve", str(repo), "--grpc-port", str(grpc_port),
+            "--http-port", str(free_port()), "--metrics-port", str(free_port()), *extra]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if line.startswith("serving "):
+            break
+    threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True).start()
+    return process, lines
+
+
+def test_serve_command_prints_endpoints_and_stops_on_sigterm(tiny_repo):
+    """`trtspec serve`: ready, endpoints printed on stderr (stdout stays clean), SIGTERM stops it and the server
+    with exit 0, and a new server on the same ports starts at once."""
+    import signal
+    import subprocess
 
     grpc_port = free_port()
-    argv = [sys.executable, "-m", "trtspec.cli", "serve", str(tiny_repo), "--grpc-port", str(grpc_port),
-            "--http-port", str(free_port()), "--metrics-port", str(free_port())]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    for _ in range(2):  # the second on the ports the first just released
+        process, lines = _serve(tiny_repo, grpc_port)
+        try:
+            assert lines[-1].startswith(f"serving {tiny_repo}: gRPC 127.0.0.1:{grpc_port}, HTTP 127.0.0.1:"), lines
+            with TritonClient(f"127.0.0.1:{grpc_port}") as client:
+                assert client.generate("Hello world", GenerateOptions(max_tokens=4)).output_ids
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(60) == 0
+            assert process.stdout.read() == ""
+        finally:
+            if process.poll() is None:
+                process.kill()
+        leftover = subprocess.run(["pgrep", "-f", f"--grpc-port={grpc_port}"], capture_output=True, text=True)
+        assert leftover.stdout.strip() == "", "tritonserver still running"
+
+
+def test_serve_exits_with_tritonservers_status(tiny_repo):
+    """tritonserver killed under it: `serve` exits 137 (128 + SIGKILL) and says so in one line."""
+    import signal
+    import subprocess
+
+    grpc_port = free_port()
+    process, lines = _serve(tiny_repo, grpc_port)
     try:
-        line = process.stdout.readline()
-        assert line.startswith(f"serving {tiny_repo}: gRPC 127.0.0.1:{grpc_port}, HTTP 127.0.0.1:"), line
-        with TritonClient(f"127.0.0.1:{grpc_port}") as client:
-            assert client.generate("Hello world", GenerateOptions(max_tokens=4)).output_ids
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(60) == 0
+        pids = subprocess.run(["pgrep", "-f", f"tritonserver.*--grpc-port={grpc_port}"], capture_output=True,
+                              text=True).stdout.split()
+        assert pids
+        os.kill(int(pids[0]), signal.SIGKILL)
+        assert process.wait(60) == 137
+        assert any(line.startswith("Error: tritonserver exited with status 137") for line in lines), lines[-5:]
     finally:
         if process.poll() is None:
             process.kill()
-    leftover = subprocess.run(["pgrep", "-f", f"--grpc-port={grpc_port}"], capture_output=True, text=True)
-    assert leftover.stdout.strip() == "", "tritonserver still running"
+
+
+def test_a_port_held_by_a_listener_is_named(tiny_repo):
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        options = ServerOptions(repository=tiny_repo, grpc_port=port, http_port=free_port(), metrics_port=free_port(),
+                                port_wait_s=0.5)
+        with pytest.raises(ServerError, match=rf"port {port} on 127.0.0.1 is in use by pid {os.getpid()} \("):
+            TritonServer(options).start()
+
+
+@pytest.mark.parametrize("max_tokens, ends_in_error", [(30, False), (1500, True)])
+def test_stopping_drains_the_engine_first(long_repo, max_tokens, ends_in_error):
+    """Stop with a stream in flight and a drain time of 1 s: new requests are refused; a request that finishes
+    within the drain time completes; one that does not gets a final error saying the server is shutting down.
+    Then the server stops with exit 0."""
+    import time
+
+    options = ServerOptions(repository=long_repo, grpc_port=free_port(), http_port=free_port(),
+                            metrics_port=free_port(), drain_s=1.0, exit_timeout_s=5)
+    errors, first, final = [], threading.Event(), threading.Event()
+
+    def callback(result=None, error=None):
+        if error is not None:
+            errors.append(str(error))
+            final.set()
+        elif result.as_numpy("is_final") is not None and result.as_numpy("is_final").all():
+            final.set()
+        first.set()
+
+    with TritonServer(options, on_log=lambda line: None) as running:
+        client = grpcclient.InferenceServerClient(running.grpc_url)
+        client.start_stream(callback=callback)
+        client.async_stream_infer("tensorrt_llm", [
+            _tensor("input_ids", np.array([[5, 6, 7]], np.int32)), _tensor("input_lengths", np.array([[3]], np.int32)),
+            _tensor("request_output_len", np.array([[max_tokens]], np.int32)),
+            _tensor("streaming", np.array([[True]], bool))])
+        assert first.wait(30)
+        codes = []
+        stopping = threading.Thread(target=lambda: codes.append(running.stop()))
+        start = time.monotonic()
+        stopping.start()
+        assert final.wait(10)
+        client.stop_stream()
+        client.close()
+        stopping.join(60)
+        took = time.monotonic() - start
+    assert codes == [0]
+    assert took < 8, f"stopping took {took:.1f} s"
+    assert bool(errors) == ends_in_error, errors
+    if ends_in_error:
+        assert "the server is shutting down (its drain time is over)" in errors[0]
 
 
 def test_log_probs_match_local_generation(server, local):

@@ -30,7 +30,7 @@ PRE_INPUTS = (_t("QUERY", "TYPE_STRING", optional=False), _t("REQUEST_OUTPUT_LEN
 PRE_OUTPUTS = (_t("INPUT_ID", "TYPE_INT32", (-1,)), _t("REQUEST_INPUT_LEN", "TYPE_INT32"),
                _t("REQUEST_OUTPUT_LEN", "TYPE_INT32"), _t("STOP_WORDS_IDS", "TYPE_INT32", (2, -1)),
                _t("BAD_WORDS_IDS", "TYPE_INT32", (2, -1)), _t("OUT_END_ID", "TYPE_INT32"),
-               _t("OUT_PAD_ID", "TYPE_INT32"))
+               _t("OUT_PAD_ID", "TYPE_INT32"), _t("ERRORS_IN_BAND", "TYPE_BOOL"))
 
 ENGINE_INPUTS = (
     _t("input_ids", "TYPE_INT32", (-1,), optional=False), _t("input_lengths", "TYPE_INT32", optional=False),
@@ -43,11 +43,15 @@ ENGINE_INPUTS = (
     _t("return_context_logits", "TYPE_BOOL"), _t("return_generation_logits", "TYPE_BOOL"),
     _t("beam_width", "TYPE_INT32"), _t("num_return_sequences", "TYPE_INT32"), _t("streaming", "TYPE_BOOL"),
     _t("exclude_input_in_output", "TYPE_BOOL"), _t("use_speculation", "TYPE_BOOL"), _t("draft_method", "TYPE_STRING"),
-    _t("stop", "TYPE_BOOL"),
+    _t("stop", "TYPE_BOOL"), _t("errors_in_band", "TYPE_BOOL"),
 )
 # engine inputs a client sends to the engine model directly, never through the ensemble (upstream's ensemble has no
 # `stop`: its clients stop a request by sending stop = true with the request's id to tensorrt_llm)
 ENGINE_ONLY_INPUTS = frozenset({"stop"})
+# Triton's ensemble before core#466 (2026) never finishes a request once a step reports an error while another
+# step of it is still in flight (it stops counting finished steps): preprocessing sets `errors_in_band`, and the
+# engine model then ends a stream that fails after its first response with the final flag alone (the reason goes
+# to the server log) instead of an error.
 ENGINE_OUTPUTS = (
     _t("output_ids", "TYPE_INT32", (-1, -1)), _t("sequence_length", "TYPE_INT32", (-1,)),
     _t("context_ids", "TYPE_INT32", (-1,)), _t("is_final", "TYPE_BOOL"),
@@ -65,9 +69,10 @@ POST_OUTPUTS = (_t("OUTPUT", "TYPE_STRING", (-1,)),)
 
 def ensemble_steps() -> tuple[Step, ...]:
     """Upstream's wiring (contract.CLIENT_TO_PRE / PRE_TO_LLM / CLIENT_TO_LLM) plus trtspec's streaming tensors."""
+    pre_to_llm = {**PRE_TO_LLM, "ERRORS_IN_BAND": ("_ERRORS_IN_BAND", "errors_in_band")}
     pre = Step("preprocessing", {target: source for source, target in CLIENT_TO_PRE.items()},
-               {out: internal for out, (internal, _) in PRE_TO_LLM.items()})
-    from_pre = {llm: internal for internal, llm in PRE_TO_LLM.values()}
+               {out: internal for out, (internal, _) in pre_to_llm.items()})
+    from_pre = {llm: internal for internal, llm in pre_to_llm.values()}
     client_names = {llm: client for client, llm in CLIENT_TO_LLM.items()}
     from_client = {t.name: client_names.get(t.name, t.name) for t in ENGINE_INPUTS
                    if t.name not in from_pre and t.name not in ENGINE_ONLY_INPUTS}

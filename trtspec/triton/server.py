@@ -112,7 +112,11 @@ class ServerOptions:
     tritonserver: Path | None = None
     log_verbose: int = 0
     exit_timeout_s: int = 30
+    # on stop: how long requests in flight may run on; then the engine model ends them with an error response
+    # (None: Triton's own behaviour, which waits up to exit_timeout_s and then exits 1 with them unanswered)
+    drain_s: float | None = None
     startup_timeout_s: float = 180.0
+    port_wait_s: float = 10.0  # how long to wait for a port still held (a server that is just stopping)
     extra_args: tuple[str, ...] = ()
 
 
@@ -125,6 +129,7 @@ class TritonServer:
         self.process: subprocess.Popen | None = None
         self.log_lines: list[str] = []
         self._reader: threading.Thread | None = None
+        self._drain_dir: Path | None = None
 
     @property
     def grpc_url(self) -> str:
@@ -143,11 +148,17 @@ class TritonServer:
         argv = [str(install.binary), f"--model-repository={Path(o.repository).resolve()}",
                 f"--grpc-port={o.grpc_port}", f"--http-port={o.http_port}", f"--metrics-port={o.metrics_port}",
                 f"--grpc-address={o.address}", f"--http-address={o.address}", f"--metrics-address={o.address}",
-                f"--exit-timeout-secs={o.exit_timeout_s}", "--disable-auto-complete-config",
+                f"--exit-timeout-secs={self.exit_timeout_s}", "--disable-auto-complete-config",
                 f"--log-verbose={o.log_verbose}"]
         if install.backend_dir is not None:
             argv.append(f"--backend-directory={install.backend_dir}")
         return argv + list(o.extra_args)
+
+    @property
+    def exit_timeout_s(self) -> int:
+        """Triton's --exit-timeout-secs: with a drain time, long enough for the engine model to end what is left."""
+        o = self.options
+        return o.exit_timeout_s if o.drain_s is None else max(o.exit_timeout_s, int(o.drain_s) + DRAIN_GRACE_S)
 
     def start(self) -> TritonServer:
         repo = Path(self.options.repository)
@@ -155,9 +166,14 @@ class TritonServer:
             raise ServerError(f"{repo} is not a trtspec model repository (no ensemble/config.pbtxt); "
                               "write one with `trtspec deploy ENGINE_DIR --out REPO`")
         install = find_tritonserver(self.options.tritonserver)
-        for port in (self.options.grpc_port, self.options.http_port, self.options.metrics_port):
-            _check_port_free(self.options.address, port)
+        wait_for_ports(self.options.address, (self.options.grpc_port, self.options.http_port,
+                                              self.options.metrics_port), self.options.port_wait_s)
         env = {**os.environ, **install.env}
+        if self.options.drain_s is not None:
+            import tempfile
+
+            self._drain_dir = Path(tempfile.mkdtemp(prefix="trtspec-drain-"))
+            env["TRTSPEC_DRAIN_FILE"] = str(self._drain_dir / "drain")
         argv = self.command(install)
         log.debug("starting %s", " ".join(argv))
         self.process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -200,20 +216,52 @@ class TritonServer:
             client.close()
         raise ServerError(f"tritonserver did not become ready within {self.options.startup_timeout_s:.0f} s")
 
+    def _drain(self) -> None:
+        """Let the engine model finish what it is running (no new requests) for up to the drain time, then end the
+        rest with an error response; return once it reports nothing left (or after a few seconds more)."""
+        from trtspec.triton.serving import DrainSignal
+
+        signal_ = DrainSignal(self._drain_dir / "drain")
+        signal_.start()
+        deadline = time.monotonic() + self.options.drain_s
+        while not signal_.idle() and time.monotonic() < deadline and self.process.poll() is None:
+            time.sleep(0.05)
+        if not signal_.idle():
+            log.info("drain time over (%.1f s): ending the requests in flight", self.options.drain_s)
+            signal_.end()
+            deadline = time.monotonic() + DRAIN_GRACE_S / 3
+            while not signal_.idle() and time.monotonic() < deadline and self.process.poll() is None:
+                time.sleep(0.05)
+
     def stop(self, timeout: float | None = None) -> int | None:
-        """SIGTERM, wait for in-flight requests (up to the exit timeout), then SIGKILL."""
+        """With a drain time, drain the engine model first; then SIGTERM (Triton waits for what is still in flight,
+        up to its exit timeout) and SIGKILL if it has not exited after that."""
         if self.process is None:
             return None
         if self.process.poll() is None:
+            if self._drain_dir is not None:
+                self._drain()
             self.process.send_signal(signal.SIGTERM)
+            limit = timeout if timeout is not None else self.exit_timeout_s + 10
             try:
-                self.process.wait(timeout if timeout is not None else self.options.exit_timeout_s + 10)
+                self.process.wait(limit)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         if self._reader is not None:
             self._reader.join(5)
+        if self._drain_dir is not None:
+            shutil.rmtree(self._drain_dir, ignore_errors=True)
+            self._drain_dir = None
         return self.process.returncode
+
+    def exit_reason(self) -> str:
+        """Why tritonserver exited with a non-zero status, from its log ("" when it says nothing)."""
+        for line in reversed(self.log_lines):
+            if line.startswith("E") and ("failed to stop server" in line or "failed" in line.lower()) \
+                    and "NVML" not in line and "Cuda" not in line and "CUDA" not in line:
+                return line.split("] ", 1)[-1].strip().strip('"')[:300]
+        return _failure_reason(self.log_lines)
 
     def wait(self) -> int:
         assert self.process is not None
@@ -226,13 +274,66 @@ class TritonServer:
         self.stop()
 
 
-def _check_port_free(address: str, port: int) -> None:
+def exit_status(returncode: int | None) -> int:
+    """A process exit status as a shell reports it: killed by signal N → 128 + N."""
+    if returncode is None:
+        return 0
+    return 128 - returncode if returncode < 0 else returncode
+
+
+DRAIN_GRACE_S = 15  # beyond the drain time: for the engine model to answer what is left and Triton to unload
+
+
+def port_is_free(address: str, port: int) -> bool:
+    """Whether a server could listen on the port now. SO_REUSEADDR, as Triton's listeners use it: connections of a
+    server that just stopped (TIME_WAIT) do not hold the port, a listening socket does."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((address, port))
         except OSError:
-            raise ServerError(f"port {port} on {address} is in use; pick another with --grpc-port / --http-port / "
-                              "--metrics-port") from None
+            return False
+        return True
+
+
+def port_holder(port: int) -> str:
+    """The process listening on a TCP port, as "pid 123 (tritonserver)", from /proc (Linux); "" when unknown."""
+    try:
+        inodes = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            if not os.path.exists(table):
+                continue
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # 0A: LISTEN
+                    inodes.add(fields[9])
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+                if any(os.readlink(f"/proc/{pid}/fd/{fd}") in {f"socket:[{i}]" for i in inodes} for fd in fds):
+                    return f"pid {pid} ({Path(f'/proc/{pid}/comm').read_text().strip()})"
+            except OSError:
+                continue
+    except (OSError, ValueError, IndexError):
+        pass
+    return ""
+
+
+def wait_for_ports(address: str, ports: tuple[int, ...], wait_s: float) -> None:
+    """Return once every port is free; wait up to wait_s for one still held, then ServerError naming the holder."""
+    deadline = time.monotonic() + wait_s
+    for port in ports:
+        if port_is_free(address, port):
+            continue
+        holder = port_holder(port)
+        log.warning("port %d on %s is in use%s; waiting up to %.0f s", port, address,
+                    f" by {holder}" if holder else "", wait_s)
+        while not port_is_free(address, port):
+            if time.monotonic() >= deadline:
+                holder = port_holder(port) or holder
+                raise ServerError(f"port {port} on {address} is in use{' by ' + holder if holder else ''}; stop "
+                                  "that server or pick another port with --grpc-port / --http-port / --metrics-port")
+            time.sleep(0.25)
 
 
 def _failure_reason(lines: list[str]) -> str:

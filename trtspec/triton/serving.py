@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -159,13 +160,15 @@ class Job:
     is_cancelled: Callable[[], bool] | None = None
     ids: tuple[str, ...] = ()  # the request ids a stop request may name (Triton's request id, trtspec's own key)
     stopped: bool = False
+    failure: str | None = None  # why a stopped job ends in an error rather than as "cancelled"
     remaining: int = field(init=False)
 
     def __post_init__(self):
         self.remaining = len(self.items)
 
-    def stop(self) -> None:
+    def stop(self, failure: str | None = None) -> None:
         self.stopped = True
+        self.failure = self.failure or failure
 
     def cancelled(self) -> bool:
         return self.stopped
@@ -193,6 +196,38 @@ class BatchingStats:
         return self.sequences / self.steps if self.steps else 0.0
 
 
+DRAIN_MESSAGE = "the server is shutting down (its drain time is over)"
+REFUSED_MESSAGE = "the server is shutting down; it takes no new requests"
+
+
+class DrainSignal:
+    """How `trtspec serve` drains the engine model before it stops tritonserver, through files (the stub processes
+    share nothing else with it): `PATH` — take no new requests; `PATH.end` — the drain time is over, end what is
+    left with an error; the model answers with `PATH.idle` once nothing is left. Stopping Triton first would not
+    do: on SIGTERM it unloads every model with nothing in flight, postprocessing among them, so the ensemble's
+    streams in flight could never finish (Triton 2.51)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def requested(self) -> bool:
+        return self.path.exists()
+
+    def over(self) -> bool:
+        return self.path.with_name(self.path.name + ".end").exists()
+
+    def report_idle(self) -> None:
+        self.path.with_name(self.path.name + ".idle").touch()
+
+    # the server's side
+    def start(self) -> None:
+        self.path.touch()
+
+    def end(self) -> None:
+        self.path.with_name(self.path.name + ".end").touch()
+
+    def idle(self) -> bool:
+        return self.path.with_name(self.path.name + ".idle").exists()
 CANCEL_POLL_S = 0.02  # how often the watcher asks Triton whether a live request was cancelled (a step is ~40 ms)
 
 
@@ -204,7 +239,7 @@ class EngineService:
     rows and reports them finished with reason "cancelled", and a stopped job still queued never starts."""
 
     def __init__(self, engine, make_proposer: Callable[[bool, str | None], Proposer], max_batch_size: int,
-                 cancel_poll_s: float = CANCEL_POLL_S):
+                 cancel_poll_s: float = CANCEL_POLL_S, drain: DrainSignal | None = None):
         self.engine, self.make_proposer = engine, make_proposer
         self.batch = InflightBatch(engine, max_batch_size)
         self.stats = BatchingStats()
@@ -213,6 +248,7 @@ class EngineService:
         self._stopping = False
         self._live: dict[Job, None] = {}  # submitted and not finished, in submission order (guarded by _wake)
         self._cancel_poll_s = cancel_poll_s
+        self.drain = drain  # polled by the watcher
         self.last_step = (0, 0)  # (sequences, slot profile) of the last verify step
         self._thread = threading.Thread(target=self._run, name="trtspec-scheduler", daemon=True)
         self._thread.start()
@@ -248,6 +284,15 @@ class EngineService:
                 self._wake.notify()
         return len(jobs)
 
+    def end_all(self, message: str) -> int:
+        """End every live job now with an error response (the server's drain time is over); how many."""
+        with self._wake:
+            jobs = list(self._live)
+            for job in jobs:
+                job.stop(failure=message)
+            self._wake.notify()
+        return len(jobs)
+
     def shutdown(self, timeout: float = 10.0) -> None:
         with self._wake:
             self._stopping = True
@@ -256,6 +301,13 @@ class EngineService:
 
     def _watch_cancellations(self) -> None:
         while True:
+            if self.drain is not None and self.drain.requested():
+                if self.drain.over() and self.end_all(DRAIN_MESSAGE):
+                    log.warning("drain time over: ending the requests in flight")
+                with self._wake:
+                    idle = not self._live
+                if idle:
+                    self.drain.report_idle()
             with self._wake:
                 if self._stopping:
                     return
@@ -344,6 +396,9 @@ class EngineService:
                 self._live.pop(job, None)
 
     def _finish(self, job: Job, index: int, result: GenerationResult) -> None:
+        if job.failure is not None:
+            self._fail(job, index, job.failure)
+            return
         self.stats.draft_tokens += result.stats.draft_tokens
         self.stats.accepted_tokens += result.stats.accepted_tokens
         if result.finish_reason == "cancelled":

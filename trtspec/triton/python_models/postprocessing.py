@@ -3,6 +3,8 @@
 # OUTPUT is 1-D, one string per batch item and beam, as tensorrtllm_backend's postprocessing model sends it
 # (`np.array(outputs)` over a flat list, whatever its config's dims say): NVIDIA's clients read
 # `as_numpy("text_output")[0].decode()`.
+# It never answers with an error: Triton's ensemble (2.51) never finishes a request one of whose steps failed while
+# another was in flight, so a failure here is logged and answered with empty text.
 # A cancelled stream: Triton's ensemble marks only the steps it schedules after the cancellation, never the engine
 # request already running, so this model is where a cancellation shows. It answers the cancelled request (an error
 # would leave the ensemble in flight for ever in Triton before core#466) and sends the engine model a stop request
@@ -59,31 +61,37 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            get = lambda name: pb_utils.get_input_tensor_by_name(request, name)  # noqa: E731
-            tokens = get("TOKENS_BATCH").as_numpy()  # [B, beams, L]
-            if request.is_cancelled():  # nobody reads this response; the engine must stop computing for it
-                final = get("IS_FINAL")
-                if final is None or not final.as_numpy().all():
-                    key = get("STOP_REQUEST_ID")
-                    for value in (key.as_numpy().reshape(-1) if key is not None else ()):
-                        self._forward_stop(value.decode() if isinstance(value, bytes) else str(value))
-                empty = np.array([b""] * (tokens.shape[0] * tokens.shape[1]), np.object_)
-                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", empty)]))
-                continue
-            lengths = get("SEQUENCE_LENGTH").as_numpy().reshape(tokens.shape[0], -1)
-            context = get("CONTEXT_IDS")
-            context = context.as_numpy().reshape(tokens.shape[0], -1) if context is not None else None
-            final = get("IS_FINAL")
-            final = final.as_numpy().reshape(-1) if final is not None else np.ones(tokens.shape[0], bool)
-            texts = []
-            for b in range(tokens.shape[0]):
-                beams = tokens[b].reshape(-1, tokens.shape[-1])
-                row = []
-                for k in range(beams.shape[0]):
-                    ids = beams[k, :int(lengths[b, min(k, lengths.shape[1] - 1)])].tolist()
-                    before = context[b].tolist() if context is not None else []
-                    row.append(delta_text(self.tokenizer, before, ids, final=bool(final[b]),
-                                          skip_special_tokens=self.skip_special).encode("utf-8"))
-                texts += row
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", np.array(texts, np.object_))]))
+            try:
+                responses.append(self._one(request))
+            except Exception as e:  # an error here would leave the ensemble request in flight for ever (2.51)
+                pb_utils.Logger.log_error(f"postprocessing: {type(e).__name__}: {e}")
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", np.array([b""], np.object_))]))
         return responses
+
+    def _one(self, request):
+        get = lambda name: pb_utils.get_input_tensor_by_name(request, name)  # noqa: E731
+        tokens = get("TOKENS_BATCH").as_numpy()  # [B, beams, L]
+        empty = np.array([b""] * (tokens.shape[0] * tokens.shape[1]), np.object_)
+        if request.is_cancelled():  # nobody reads this response; the engine must stop computing for it
+            final = get("IS_FINAL")
+            if final is None or not final.as_numpy().all():
+                key = get("STOP_REQUEST_ID")
+                for value in (key.as_numpy().reshape(-1) if key is not None else ()):
+                    self._forward_stop(value.decode() if isinstance(value, bytes) else str(value))
+            return pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", empty)])
+        lengths = get("SEQUENCE_LENGTH").as_numpy().reshape(tokens.shape[0], -1)
+        context = get("CONTEXT_IDS")
+        context = context.as_numpy().reshape(tokens.shape[0], -1) if context is not None else None
+        final = get("IS_FINAL")
+        final = final.as_numpy().reshape(-1) if final is not None else np.ones(tokens.shape[0], bool)
+        texts = []
+        for b in range(tokens.shape[0]):
+            beams = tokens[b] if tokens.ndim == 3 else tokens[b].reshape(1, -1)
+            row = []
+            for k in range(beams.shape[0]):
+                ids = beams[k, :int(lengths[b, min(k, lengths.shape[1] - 1)])].tolist()
+                before = context[b].tolist() if context is not None else []
+                row.append(delta_text(self.tokenizer, before, ids, final=bool(final[b]),
+                                      skip_special_tokens=self.skip_special).encode("utf-8"))
+            texts += row
+        return pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", np.array(texts, np.object_))])

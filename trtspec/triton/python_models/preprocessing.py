@@ -68,4 +68,7 @@ class TritonPythonModel:
             pb_utils.Tensor("OUT_END_ID", end.as_numpy().astype(np.int32).reshape(batch, 1) if end is not None
                             else column([self.end_id] * batch)),
             pb_utils.Tensor("OUT_PAD_ID", column([self.pad_id if pad_id is None else pad_id[0]] * batch)),
+            # through the ensemble the engine reports a failure inside its final response, which postprocessing
+            # turns into the error (see python_models/tensorrt_llm.py)
+            pb_utils.Tensor("ERRORS_IN_BAND", np.ones((batch, 1), np.bool_)),
         ])

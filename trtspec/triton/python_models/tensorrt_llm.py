@@ -19,7 +19,8 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from trtspec.errors import TrtspecError  # noqa: E402
 from trtspec.runtime.generator import LocalGenerator  # noqa: E402
-from trtspec.triton.serving import EngineService, Job, is_stop_request, parse_request  # noqa: E402
+from trtspec.triton.serving import (REFUSED_MESSAGE, DrainSignal, EngineService, Job,  # noqa: E402
+                                    is_stop_request, parse_request)
 from trtspec.triton.model_args import flag, parameter  # noqa: E402
 from trtspec.triton.text import CONTEXT_TOKENS  # noqa: E402
 
@@ -75,10 +76,13 @@ class TritonPythonModel:
         method = parameter(config, "method", "auto")  # auto: the manifest's method
         self.method = None if method == "auto" else method
         self.generator.proposer(method=self.method)  # an unknown method or one the engine cannot run fails here
+        # `trtspec serve --drain-seconds`: before it stops Triton, no new requests, then what is left ends in an error
+        drain_file = os.environ.get("TRTSPEC_DRAIN_FILE")
         self.service = EngineService(self.generator.engine,
                                      lambda spec, method: self.generator.proposer(no_spec=not spec,
                                                                                   method=method or self.method),
-                                     max_batch_size=min(batch, self.manifest.profile.max_batch_size))
+                                     max_batch_size=min(batch, self.manifest.profile.max_batch_size),
+                                     drain=DrainSignal(drain_file) if drain_file else None)
         self._logged_steps = 0
         if self._metrics:
             threading.Thread(target=self._publish_periodically, name="trtspec-metrics", daemon=True).start()
@@ -174,6 +178,9 @@ class TritonPythonModel:
         key = next(self._keys)
         return key, (key, request.request_id()) if request.request_id() else (key,)
 
+    def _draining(self) -> bool:
+        return self.service.drain is not None and self.service.drain.requested()
+
     def _stop(self, request):
         """A stop request: end the live requests with its id; answered, as upstream, with an empty response."""
         if not request.request_id():
@@ -189,20 +196,36 @@ class TritonPythonModel:
             sender.send(self._stop(request), flags=FINAL)
             return
         key, ids = self._ids(request)
+        in_band = "errors_in_band" in inputs and bool(inputs["errors_in_band"].reshape(-1)[0])
+        if self._draining():
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(REFUSED_MESSAGE)), flags=FINAL)
+            return
         try:
             items = parse_request(inputs, self.manifest, default_exclude_input=self.exclude_input)
         except TrtspecError as e:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
             return
-        lock = threading.Lock()
+        lock = threading.Lock()  # every send and every is_cancelled of this request's sender
         sent: dict[int, list[int]] = {}  # batch index → tokens already streamed
         errors: list[str] = []
+        closed = []  # non-empty once the final flag is sent: the sender must not be used after it
+
+        def is_cancelled():  # the watcher thread's poll, never concurrent with a send, never after the final one
+            with lock:
+                return not closed and sender.is_cancelled()
 
         def finish_if_last(job):
             # An error travels with the final flag, in one response: Triton's ensemble (before core#466) never
             # finishes a request whose step sent an error before its final flag.
             if job.remaining == 0:
-                if errors:
+                closed.append(True)
+                if errors and in_band and sent:
+                    # through the ensemble, after responses: Triton 2.51's ensemble never finishes a request whose
+                    # step fails while another is in flight, nor (found here) one whose engine step ends with an empty
+                    # response, so the stream just ends; the server log has the reason
+                    pb_utils.Logger.log_warn(f"request {key}: {errors[0]}")
+                    sender.send(flags=FINAL)
+                elif errors:
                     sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(errors[0])), flags=FINAL)
                 else:
                     sender.send(flags=FINAL)
@@ -233,7 +256,7 @@ class TritonPythonModel:
                 job.stop()
                 finish_if_last(job)
 
-        job = Job(items, on_progress, on_done, on_error, is_cancelled=sender.is_cancelled, ids=ids)
+        job = Job(items, on_progress, on_done, on_error, is_cancelled=is_cancelled, ids=ids)
         self.service.submit(job)
 
     def _execute_blocking(self, requests):
@@ -247,6 +270,9 @@ class TritonPythonModel:
             if responses[r] is not None:
                 continue
             key, ids = self._ids(request)
+            if self._draining():
+                responses[r] = pb_utils.InferenceResponse(error=pb_utils.TritonError(REFUSED_MESSAGE))
+                continue
             try:
                 items = parse_request(inputs[r], self.manifest, default_exclude_input=self.exclude_input)
             except TrtspecError as e:
@@ -258,19 +284,25 @@ class TritonPythonModel:
                 continue
             done = threading.Event()
             results, errors = {}, []
+            guard = threading.Lock()  # the request is released once execute returns: no is_cancelled after that
 
-            def on_done(b, result, results=results, done=done, n=len(items)):
-                results[b] = result
-                if len(results) + len(errors) == n:
-                    done.set()
+            def on_done(b, result, results=results, done=done, n=len(items), guard=guard):
+                with guard:
+                    results[b] = result
+                    if len(results) + len(errors) == n:
+                        done.set()
 
-            def on_error(b, message, results=results, errors=errors, done=done, n=len(items)):
-                errors.append(message)
-                if len(results) + len(errors) == n:
-                    done.set()
+            def on_error(b, message, results=results, errors=errors, done=done, n=len(items), guard=guard):
+                with guard:
+                    errors.append(message)
+                    if len(results) + len(errors) == n:
+                        done.set()
 
-            self.service.submit(Job(items, lambda *a: None, on_done, on_error, is_cancelled=request.is_cancelled,
-                                    ids=ids))
+            def is_cancelled(request=request, done=done, guard=guard):
+                with guard:
+                    return not done.is_set() and request.is_cancelled()
+
+            self.service.submit(Job(items, lambda *a: None, on_done, on_error, is_cancelled=is_cancelled, ids=ids))
             waits.append((r, key, items, results, errors, done))
         for r, key, items, results, errors, done in waits:
             done.wait()
