@@ -502,11 +502,12 @@ def test_a_port_held_by_a_listener_is_named(tiny_repo):
             TritonServer(options).start()
 
 
+@pytest.mark.parametrize("model", ["tensorrt_llm", "ensemble"])
 @pytest.mark.parametrize("max_tokens, ends_in_error", [(30, False), (1500, True)])
-def test_stopping_drains_the_engine_first(long_repo, max_tokens, ends_in_error):
-    """Stop with a stream in flight and a drain time of 1 s: new requests are refused; a request that finishes
-    within the drain time completes; one that does not gets a final error saying the server is shutting down.
-    Then the server stops with exit 0."""
+def test_stopping_drains_the_engine_first(long_repo, max_tokens, ends_in_error, model):
+    """Stop with a stream in flight and a drain time of 1 s: a request that finishes within the drain time
+    completes; one that does not is ended (a direct client gets a final error saying the server is shutting down).
+    Either way the server then stops with exit 0, fast, through the ensemble too."""
     import time
 
     options = ServerOptions(repository=long_repo, grpc_port=free_port(), http_port=free_port(),
@@ -517,17 +518,21 @@ def test_stopping_drains_the_engine_first(long_repo, max_tokens, ends_in_error):
         if error is not None:
             errors.append(str(error))
             final.set()
-        elif result.as_numpy("is_final") is not None and result.as_numpy("is_final").all():
+        elif result.get_response().parameters["triton_final_response"].bool_param:
             final.set()
         first.set()
 
     with TritonServer(options, on_log=lambda line: None) as running:
         client = grpcclient.InferenceServerClient(running.grpc_url)
         client.start_stream(callback=callback)
-        client.async_stream_infer("tensorrt_llm", [
-            _tensor("input_ids", np.array([[5, 6, 7]], np.int32)), _tensor("input_lengths", np.array([[3]], np.int32)),
-            _tensor("request_output_len", np.array([[max_tokens]], np.int32)),
-            _tensor("streaming", np.array([[True]], bool))])
+        if model == "ensemble":
+            client.async_stream_infer("ensemble", build_inputs("quick brown fox", GenerateOptions(max_tokens=max_tokens),
+                                                               stream=True), enable_empty_final_response=True)
+        else:
+            client.async_stream_infer("tensorrt_llm", [
+                _tensor("input_ids", np.array([[5, 6, 7]], np.int32)), _tensor("input_lengths", np.array([[3]], np.int32)),
+                _tensor("request_output_len", np.array([[max_tokens]], np.int32)),
+                _tensor("streaming", np.array([[True]], bool))], enable_empty_final_response=True)
         assert first.wait(30)
         codes = []
         stopping = threading.Thread(target=lambda: codes.append(running.stop()))
@@ -540,8 +545,10 @@ def test_stopping_drains_the_engine_first(long_repo, max_tokens, ends_in_error):
         took = time.monotonic() - start
     assert codes == [0]
     assert took < 8, f"stopping took {took:.1f} s"
-    assert bool(errors) == ends_in_error, errors
-    if ends_in_error:
+    # through the ensemble a stream ending after its first response ends without an error (Triton 2.51's ensemble
+    # never finishes a request whose step failed while another was in flight; docs/serving-faults.md)
+    assert bool(errors) == (ends_in_error and model == "tensorrt_llm"), errors
+    if errors:
         assert "the server is shutting down (its drain time is over)" in errors[0]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from trtspec.runtime.generator import LocalGenerator
 from trtspec.runtime.loop import GenerationConfig, generate
-from trtspec.triton.serving import EngineService, ItemRequest, Job, is_stop_request
+from trtspec.triton.serving import DRAIN_MESSAGE, DrainSignal, EngineService, ItemRequest, Job, is_stop_request
 
 TIMEOUT = 60
 
@@ -144,6 +144,34 @@ def test_queued_and_in_flight_counts(generator):
         assert first.ended.wait(TIMEOUT) and second.ended.wait(TIMEOUT)
         assert (service.in_flight, service.queued) == (0, 0)
         assert service.last_step[0] == 1 and service.last_step[1] >= 1
+    finally:
+        service.shutdown()
+
+
+def test_a_drain_ends_what_is_left_with_an_error_and_reports_idle(generator, tmp_path):
+    drain = DrainSignal(tmp_path / "drain")
+    service = _service(generator, cancel_poll_s=0.005, drain=drain)
+    try:
+        job = Recorder([_item(max_tokens=120)])
+        job.on_first = lambda: (drain.start(), drain.end())
+        service.submit(job.job)
+        assert job.ended.wait(TIMEOUT)
+        assert job.errors == {0: DRAIN_MESSAGE} and not job.results
+        for _ in range(400):
+            if drain.idle():
+                break
+            threading.Event().wait(0.01)
+        assert drain.idle() and generator.engine.kv_rows[0] == 0
+    finally:
+        service.shutdown()
+
+
+def test_no_idle_report_before_a_drain_is_asked_for(generator, tmp_path):
+    drain = DrainSignal(tmp_path / "drain")
+    service = _service(generator, cancel_poll_s=0.005, drain=drain)
+    try:
+        threading.Event().wait(0.1)
+        assert not drain.idle()
     finally:
         service.shutdown()
 

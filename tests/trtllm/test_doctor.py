@@ -1,5 +1,5 @@
 """`trtspec doctor`: each pain-point mismatch, made by hand in a repository or engine trtspec wrote correctly,
-is reported with the model, the field and the fix (triton-trtllm-backend.md §6.3, peers-and-user-pain.md §2)."""
+is reported with the model, the field and the fix (TB §6.3 and the pain points in docs/upstream-sources.md)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 Pure (reads the checkpoint's config.json, nothing else): every constraint of the TensorRT-LLM 0.15–1.2.x engine
 flow is applied here, before anything runs, so a bad combination fails in seconds with a message naming both
-sides instead of at request time on the server. Rules cite `reference/trtllm-engine-flow.md` (EF §n) and
-`reference/triton-trtllm-backend.md` (TB §n).
+sides instead of at request time on the server. Rules cite EF §n / TB §n: the upstream files each label stands for are in
+`docs/upstream-sources.md`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """TensorRT-LLM versions trtspec targets (the 0.15–1.2.x engine flow) and what changes between them.
 
 One table, read by the build plan (`trtllm-build` flags), the repository writer (which `config.pbtxt` keys and
-tensor names exist) and the README (which NGC container each version ships in). Sources are the sections of
-`reference/trtllm-engine-flow.md` and `reference/triton-trtllm-backend.md` cited next to each rule.
+tensor names exist) and the README (which NGC container each version ships in). The upstream files behind the
+EF §n / TB §n labels cited next to each rule are listed in `docs/upstream-sources.md`.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 from trtspec.errors import ConfigError
 
-# engine-flow.md §0: EAGLE (examples/eagle) arrived in 0.15; the TensorRT engine flow for Medusa, EAGLE-1/2 and
+# EF §0: EAGLE (examples/eagle) arrived in 0.15; the TensorRT engine flow for Medusa, EAGLE-1/2 and
 # lookahead is frozen after 1.2.x (the PyTorch backend, default since 1.0, does not run them).
 OLDEST = (0, 15)
 NEWEST = (1, 2)
 SUPPORTED_MINORS = ((0, 15), (0, 16), (0, 17), (0, 18), (0, 19), (0, 20), (0, 21), (1, 0), (1, 1), (1, 2))
 
-# triton-trtllm-backend.md §7: the `<yy.mm>-trtllm-python-py3` Triton container that ships each version. Only
+# TB §7: the `<yy.mm>-trtllm-python-py3` Triton container that ships each version. Only
 # the pairings the reference verified are listed; the others are left to NGC's release notes.
 CONTAINERS: dict[tuple[int, int], str] = {
     (0, 15): "24.11",
@@ -58,7 +58,7 @@ class TrtllmVersion:
         tag = CONTAINERS.get(self.key)
         return f"nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3" if tag else None
 
-    # ---- Triton templates (triton-trtllm-backend.md §6.1 "When keys appeared", §8) --------------------
+    # ---- Triton templates (TB §6.1 "When keys appeared", §8) --------------------
 
     @property
     def has_eagle_choices(self) -> bool:

@@ -94,7 +94,7 @@ def cpu_ensemble_outputs() -> tuple[Tensor, ...]:
     return ENSEMBLE_OUTPUTS + TRTSPEC_OUTPUTS
 
 
-# The ensemble's wiring, as upstream's `inflight_batcher_llm` does it (triton-trtllm-backend.md §3):
+# The ensemble's wiring, as upstream's `inflight_batcher_llm` does it (TB §3):
 # client tensor → preprocessing input,
 CLIENT_TO_PRE = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",
                  "stop_words": "STOP_WORDS_DICT", "end_id": "END_ID", "pad_id": "PAD_ID"}

@@ -1,8 +1,8 @@
 """`trtspec doctor REPO [ENGINE_DIR]`: cross-check a Triton TensorRT-LLM repository (trtspec's or hand-made) against
 its engine, and list every mismatch upstream only reports at request time or not at all.
 
-Each check cites the pain point it catches (`reference/triton-trtllm-backend.md` §6.3 = TB pain n,
-`reference/peers-and-user-pain.md` §2 = pain n) or the rule it enforces (EF / TB §n).
+Each check cites the pain point it catches (TB pain n, pain n) or the rule it enforces (EF / TB §n); the
+upstream files and issues behind each label are listed in `docs/upstream-sources.md`.
 """
 
 from __future__ import annotations

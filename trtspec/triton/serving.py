@@ -65,7 +65,12 @@ def is_stop_request(inputs: dict[str, np.ndarray]) -> bool:
     """tensorrtllm_backend's `stop` input: a request with stop = true ends the live requests that carry its request
     id (its other inputs are ignored) and gets one empty final response (`handleStopRequest` in upstream's
     inflight_batcher_llm/src/model_instance_state.cc)."""
-    return "stop" in inputs and bool(_scalar(inputs, "stop", 0, False))
+    return bool_input(inputs, "stop")
+
+
+def bool_input(inputs: dict[str, np.ndarray], name: str) -> bool:
+    """A request-level BOOL input (its first element); false when absent."""
+    return name in inputs and bool(_scalar(inputs, name, 0, False))
 
 
 def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_exclude_input: bool = False

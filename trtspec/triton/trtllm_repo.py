@@ -3,7 +3,7 @@
 preprocessing → tensorrt_llm → postprocessing wired by `ensemble`, plus `tensorrt_llm_bls` (and
 `tensorrt_llm_draft` for a draft-target pair). Every value comes from the manifest and the options: the configs
 are rendered from data (`trtspec.triton.pbtxt`), so no `${…}` is ever left to fill. Rules cite
-`reference/triton-trtllm-backend.md` (TB §n) and `reference/trtllm-engine-flow.md` (EF §n).
+TB §n / EF §n, the upstream files listed in `docs/upstream-sources.md`.
 """
 
 from __future__ import annotations

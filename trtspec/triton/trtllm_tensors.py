@@ -1,4 +1,4 @@
-"""Tensor lists of the GPU repository's models, per TensorRT-LLM version (`reference/triton-trtllm-backend.md`, TB §n).
+"""Tensor lists of the GPU repository's models, per TensorRT-LLM version (TB §n: `docs/upstream-sources.md`).
 
 The client-facing tensors come from `trtspec.triton.contract`, so the CPU and GPU flavours share one contract;
 the `tensorrt_llm` model's tensors are the C++ backend's names for the engine's version.

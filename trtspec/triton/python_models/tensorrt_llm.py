@@ -20,7 +20,7 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 from trtspec.errors import TrtspecError  # noqa: E402
 from trtspec.runtime.generator import LocalGenerator  # noqa: E402
 from trtspec.triton.serving import (REFUSED_MESSAGE, DrainSignal, EngineService, Job,  # noqa: E402
-                                    is_stop_request, parse_request)
+                                    bool_input, is_stop_request, parse_request)
 from trtspec.triton.model_args import flag, parameter  # noqa: E402
 from trtspec.triton.text import CONTEXT_TOKENS  # noqa: E402
 
@@ -196,7 +196,7 @@ class TritonPythonModel:
             sender.send(self._stop(request), flags=FINAL)
             return
         key, ids = self._ids(request)
-        in_band = "errors_in_band" in inputs and bool(inputs["errors_in_band"].reshape(-1)[0])
+        in_band = bool_input(inputs, "errors_in_band")  # set by preprocessing: the request comes through the ensemble
         if self._draining():
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(REFUSED_MESSAGE)), flags=FINAL)
             return
@@ -215,14 +215,13 @@ class TritonPythonModel:
                 return not closed and sender.is_cancelled()
 
         def finish_if_last(job):
-            # An error travels with the final flag, in one response: Triton's ensemble (before core#466) never
-            # finishes a request whose step sent an error before its final flag.
+            # An error travels with the final flag, in one response.
             if job.remaining == 0:
                 closed.append(True)
                 if errors and in_band and sent:
-                    # through the ensemble, after responses: Triton 2.51's ensemble never finishes a request whose
-                    # step fails while another is in flight, nor (found here) one whose engine step ends with an empty
-                    # response, so the stream just ends; the server log has the reason
+                    # through the ensemble, after responses: Triton 2.51's ensemble never finishes a request one of
+                    # whose steps fails while another is in flight (postprocessing of the responses sent so far),
+                    # so the stream just ends; the server log has the reason
                     pb_utils.Logger.log_warn(f"request {key}: {errors[0]}")
                     sender.send(flags=FINAL)
                 elif errors:
