@@ -233,6 +233,7 @@ class DrainSignal:
 
     def idle(self) -> bool:
         return self.path.with_name(self.path.name + ".idle").exists()
+IDLE_DRAIN_POLL_S = 0.1  # an idle engine model with a drain file to watch looks at it this often
 CANCEL_POLL_S = 0.02  # how often the watcher asks Triton whether a live request was cancelled (a step is ~40 ms)
 
 
@@ -253,6 +254,7 @@ class EngineService:
         self._stopping = False
         self._live: dict[Job, None] = {}  # submitted and not finished, in submission order (guarded by _wake)
         self._cancel_poll_s = cancel_poll_s
+        self._work = threading.Event()  # set while there are live jobs to watch: an idle server polls nothing
         self.drain = drain  # polled by the watcher
         self.last_step = (0, 0)  # (sequences, slot profile) of the last verify step
         self._thread = threading.Thread(target=self._run, name="trtspec-scheduler", daemon=True)
@@ -278,6 +280,7 @@ class EngineService:
             self._live[job] = None
             self._pending.extend((job, i) for i in range(len(job.items)))
             self._wake.notify()
+            self._work.set()
 
     def stop(self, request_id: str) -> int:
         """A stop request (tensorrtllm_backend's `stop` input): end every live job with this id; how many."""
@@ -302,6 +305,7 @@ class EngineService:
         with self._wake:
             self._stopping = True
             self._wake.notify()
+            self._work.set()
         self._thread.join(timeout)
 
     def _watch_cancellations(self) -> None:
@@ -317,6 +321,12 @@ class EngineService:
                 if self._stopping:
                     return
                 jobs = [job for job in self._live if job.is_cancelled is not None and not job.stopped]
+                idle = not self._live
+                if idle:
+                    self._work.clear()  # under the lock: a submit after this sets it again
+            if idle:  # nothing to watch: sleep until a request comes (a drain file is looked at now and then)
+                self._work.wait(None if self.drain is None else IDLE_DRAIN_POLL_S)
+                continue
             cancelled = []
             for job in jobs:
                 try:
