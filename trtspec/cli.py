@@ -253,8 +253,10 @@ def _dynamic_tree(text: str | None, cls):
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.")
 @click.option("--seed", type=int, help="Sampling seed.")
 @click.option("--no-spec", is_flag=True, help="Same engine, speculation off.")
-@click.option("--method", help="Drafter: none, ngram (prompt lookup + Token Recycling, any engine with K >= 1), or "
-                               "the engine's own (default).")
+@click.option("--method", help="Drafter: none, ngram (prompt lookup + Token Recycling, any engine with K >= 1), "
+                               "suffix (ngram plus recent outputs and --datastore), or the engine's own (default).")
+@click.option("--datastore", type=click.Path(dir_okay=False, path_type=Path),
+              help="--method suffix: a corpus built with `trtspec datastore build`.")
 @click.option("--wait", "wait_s", type=float, default=0.0, help="--url: wait up to this many seconds for the server.")
 @click.option("--stream/--no-stream", default=None,
               help="Print text as it is generated (default: on with --url, off locally, where prompts are batched).")
@@ -267,8 +269,14 @@ def _dynamic_tree(text: str | None, cls):
 @user_errors
 def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_file: Path | None,
              prompt_set: str | None, limit: int | None, as_json: bool, stream: bool | None, threads: int | None,
-             spin: bool | None, concurrency: int, model_name: str, wait_s: float, **flags) -> None:
+             spin: bool | None, concurrency: int, model_name: str, wait_s: float, datastore: Path | None,
+             **flags) -> None:
     """Generate with a built engine in process, or with a served one over gRPC (--url)."""
+    if datastore is not None and flags.get("method") != "suffix":
+        raise click.UsageError("--datastore is the corpus of --method suffix; pass --method suffix too")
+    if datastore is not None and url is not None:
+        raise click.UsageError("--datastore applies to a local ENGINE (a server's is set at deploy: "
+                               "`trtspec deploy --method suffix --datastore FILE`)")
     if sum(x is not None for x in (prompt, prompts_file, prompt_set)) != 1:
         raise click.UsageError("pass exactly one of --prompt, --prompts or --prompt-set")
     if (engine is None) == (url is None):
@@ -292,7 +300,7 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
         return
     from trtspec.runtime.generator import LocalGenerator
 
-    generator = LocalGenerator(engine, threads=threads, spin=spin)
+    generator = LocalGenerator(engine, threads=threads, spin=spin, datastore=datastore)
     if not stream:  # all prompts at once, with in-flight batching
         for result in generator.generate_many(prompts, options):
             click.echo(json.dumps(result.to_dict()) if as_json else _text(result))
@@ -431,6 +439,58 @@ def serve(repository: Path, **flags) -> None:
         click.echo(f"Error: tritonserver exited with status {status}{': ' + reason if reason else ''}", err=True)
         sys.exit(status)
     click.echo("tritonserver exited (0)", err=True)
+
+
+@cli.group()
+def datastore() -> None:
+    """Suffix datastores for --method suffix: corpora whose continuations become drafts."""
+
+
+@datastore.command("build")
+@click.option("--from", "source", required=True,
+              help="sharegpt (its assistant turns), FILE.jsonl (output_ids / text / messages per line) or a folder "
+                   "of text files.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Datastore file to write.")
+@click.option("--tokenizer", type=EXISTING_DIR, help="Engine or Hugging Face model folder whose tokenizer reads the "
+                                                      "text (required unless every row has output_ids).")
+@click.option("--max-ngram", type=int, default=4, show_default=True, help="Longest suffix indexed.")
+@click.option("--max-tokens", type=int, default=10_000_000, show_default=True,
+              help="Stop after this many corpus tokens (bounds the build's memory).")
+@click.option("--limit", type=int, help="Read only the first N documents.")
+@click.option("--force", is_flag=True, help="Replace an existing file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the store's description as JSON.")
+@user_errors
+def datastore_build(source: str, out: Path, tokenizer: Path | None, max_ngram: int, max_tokens: int,
+                    limit: int | None, force: bool, as_json: bool) -> None:
+    """Index a corpus for the suffix drafter (atomic: nothing is left behind on an error or a signal)."""
+    import signal
+
+    from trtspec.data.datastore_sources import build_datastore
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # the temporary file goes on SIGTERM too
+    store = build_datastore(source, out, tokenizer=tokenizer, max_ngram=max_ngram, max_tokens=max_tokens,
+                            limit=limit, force=force, progress=not as_json)
+    _print_datastore(store, as_json)
+
+
+@datastore.command("inspect")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+@user_errors
+def datastore_inspect(file: Path, as_json: bool) -> None:
+    """Describe a datastore file (and check its integrity)."""
+    from trtspec.spec.datastore import Datastore
+
+    _print_datastore(Datastore.load(file), as_json)
+
+
+def _print_datastore(store, as_json: bool) -> None:
+    d = store.describe()
+    if as_json:
+        click.echo(json.dumps(d))
+        return
+    click.echo(f"{d['path']}: {d['tokens']:,} tokens in {d['documents']:,} documents, n-grams 1..{d['max_ngram']}, "
+               f"{d['bytes'] / 2**20:.1f} MiB, vocabulary {d['vocab_size']}, from {', '.join(d['sources'])}")
 
 
 @cli.group()

@@ -42,3 +42,26 @@ def atomic_output_dir(out: Path, *, force: bool = False) -> Iterator[Path]:
         shutil.rmtree(trash, ignore_errors=True)
     else:
         tmp.rename(out)
+
+
+@contextlib.contextmanager
+def atomic_output_file(out: Path, *, force: bool = True) -> Iterator[Path]:
+    """Yield a temporary path beside `out` to write; on success it replaces `out`, on any failure (an exception,
+    Ctrl-C, a SIGTERM turned into KeyboardInterrupt) it is removed and `out` is left as it was."""
+    out = Path(out)
+    if out.exists() and (out.is_dir() or not force):
+        raise ConfigError(f"output path {out} exists" + (" and is a directory" if out.is_dir() else
+                                                         "; pass --force to replace it"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o666 & ~umask)
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -14,6 +14,7 @@ from trtspec.engine.manifest import Method
 from trtspec.errors import ConfigError
 from trtspec.runtime.loop import GenerationConfig, GenerationResult, Request, generate, generate_batch
 from trtspec.runtime.ort_engine import OrtEngine
+from trtspec.spec.datastore import Datastore, RecentOutputs
 from trtspec.spec.eagle_proposer import DynamicTree
 from trtspec.spec.methods import make_proposer
 from trtspec.spec.ngram_proposer import AcceptanceModel, NgramConfig
@@ -30,8 +31,8 @@ class GenerateOptions:
     top_p: float = 1.0
     seed: int | None = None
     no_spec: bool = False
-    method: str | None = None  # the drafter (none, ngram, or the engine's own); None: the manifest's method
-    ngram: NgramConfig | None = None  # method ngram: its options (None: the defaults)
+    method: str | None = None  # the drafter (none, ngram, suffix, or the engine's own); None: the manifest's
+    ngram: NgramConfig | None = None  # methods ngram / suffix: their options (None: the defaults)
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ class Generation:
 class LocalGenerator:
     """An engine dir opened for generation: ONNX Runtime sessions, tokenizer, and the manifest's method."""
 
-    def __init__(self, engine_dir: str | Path, *, threads: int | None = None, spin: bool | None = None):
+    def __init__(self, engine_dir: str | Path, *, threads: int | None = None, spin: bool | None = None,
+                 datastore: str | Path | None = None):
         self.engine = OrtEngine(engine_dir, threads=threads, spin=spin)
         self.manifest = self.engine.manifest
         self.tokenizer = None
@@ -67,13 +69,25 @@ class LocalGenerator:
             self.tokenizer = Tokenizer.from_dir(Path(engine_dir) / self.manifest.tokenizer)
         self._tree = build_tree([list(c) for c in self.manifest.tree]) if self.manifest.tree else None
         self.acceptance = AcceptanceModel()  # training-free drafters' acceptance rates, learnt across requests
+        self.recent = RecentOutputs()  # method suffix: this generator's recent outputs
+        self.datastore = None  # method suffix: the corpus it looks up too
+        if datastore is not None:
+            self.datastore = Datastore.load(datastore)
+            self.datastore.check_engine(self.manifest.model.vocab_size, self._tokenizer_fingerprint(engine_dir))
+
+    def _tokenizer_fingerprint(self, engine_dir) -> str:
+        if self.manifest.tokenizer is None:
+            return ""
+        from trtspec.data.datastore_sources import tokenizer_fingerprint
+
+        return tokenizer_fingerprint(Path(engine_dir) / self.manifest.tokenizer)
 
     def proposer(self, no_spec: bool = False, method: str | None = None, ngram: NgramConfig | None = None) -> Proposer:
-        """A drafter for one sequence: `method` (none / ngram / the engine's own), else the manifest's."""
+        """A drafter for one sequence: `method` (none / ngram / suffix / the engine's own), else the manifest's."""
         method = "none" if no_spec else method or self.manifest.method.value
         dynamic = DynamicTree(**self.manifest.dynamic_tree) if self.manifest.method is Method.EAGLE2 else None
         return make_proposer(method, self.engine, tree=self._tree, dynamic=dynamic, ngram=ngram,
-                             acceptance=self.acceptance)
+                             acceptance=self.acceptance, datastore=self.datastore, recent=self.recent)
 
     def encode(self, prompt: str | list[dict] | list[int]) -> list[int]:
         """Token ids of a prompt: ids as is; text and chat messages through the tokenizer's chat template."""

@@ -125,6 +125,9 @@ class _Decoding:
 
     def close(self) -> GenerationResult:
         self.engine.close(self.seq)
+        finish = getattr(self.request.proposer, "finish", None)  # drafters that learn from finished outputs
+        if finish is not None:
+            finish(self.result.output_ids)
         self.result.finish_reason = self.finish or "length"
         self.result.total_s = time.perf_counter() - self.start
         return self.result

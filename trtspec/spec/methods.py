@@ -6,28 +6,37 @@ from trtspec.errors import ConfigError
 from trtspec.runtime.engine import Engine
 from trtspec.spec.eagle_proposer import DynamicTree, EagleProposer
 from trtspec.spec.medusa_proposer import MedusaProposer
-from trtspec.spec.ngram_proposer import AcceptanceModel, NgramConfig, NgramProposer
+from trtspec.spec.datastore import Datastore, RecentOutputs
+from trtspec.spec.ngram_proposer import SUFFIX_CORPUS, SUFFIX_RECENT, AcceptanceModel, NgramConfig, NgramProposer
 from trtspec.spec.proposer import NoDraft, Proposer
 from trtspec.spec.step_costs import StepCosts
 from trtspec.spec.tree import Tree
 
-METHODS = ("none", "medusa", "eagle", "eagle2", "ngram")
-TRAINING_FREE = ("ngram",)  # need no drafter: any engine built with K >= 1 runs them
+METHODS = ("none", "medusa", "eagle", "eagle2", "ngram", "suffix")
+TRAINING_FREE = ("ngram", "suffix")  # need no drafter: any engine built with K >= 1 runs them
 
 
 def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dynamic: DynamicTree | None = None,
-                  ngram: NgramConfig | None = None, acceptance: AcceptanceModel | None = None) -> Proposer:
+                  ngram: NgramConfig | None = None, acceptance: AcceptanceModel | None = None,
+                  datastore: Datastore | None = None, recent: RecentOutputs | None = None) -> Proposer:
     """A fresh proposer for one sequence; `tree` for medusa / eagle (EAGLE-1), `dynamic` for eagle2, `ngram` (and
-    an `acceptance` model shared across sequences) for ngram."""
+    an `acceptance` model shared across sequences) for ngram and suffix; suffix also looks up the shared `recent`
+    outputs and the `datastore` corpus (either may be None)."""
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if method == "none":
         return NoDraft()
-    if method == "ngram":
+    if method in TRAINING_FREE:
         if engine.max_draft_len < 1:
-            raise ConfigError("method ngram needs an engine built with --max-draft-len K >= 1 (this one has K = 0)")
+            raise ConfigError(f"method {method} needs an engine built with --max-draft-len K >= 1 (this one has "
+                              "K = 0)")
+        sources = ()
+        if method == "suffix":
+            sources = tuple((kind, source) for kind, source in ((SUFFIX_RECENT, recent), (SUFFIX_CORPUS, datastore))
+                            if source is not None)
         return NgramProposer(step_costs(engine), ngram or NgramConfig(), model=acceptance,
-                             max_draft_len=engine.max_draft_len)
+                             max_draft_len=engine.max_draft_len, sources=sources,
+                             recent=recent if method == "suffix" else None)
     size = _need(dynamic, method).total_tokens if method == "eagle2" else _need(tree, method).num_nodes
     if size > engine.max_draft_len:
         raise ConfigError(f"{method} drafts {size} tokens per step but the engine's max_draft_len is "

@@ -8,6 +8,11 @@
 * **Token Recycling** (Luo et al., ACL 2025): every verify step leaves the target's top-k next tokens after each
   committed token; they are kept per token (the newest wins) and drafted as a small tree when the root, or a
   drafted token, has an entry. It needs nothing but logits the step computed anyway.
+* **Suffix sources** (method `suffix`): the same suffix looked up in a corpus (`Datastore`, `trtspec datastore
+  build`) and in the server's own recent outputs (`RecentOutputs`, filled as sequences finish); the continuations of
+  a sample of its occurrences are merged into a trie, each node weighted by how often it followed its parent
+  (SuffixDecoding's frequency score), under the same budget. A lookup costs a few binary searches, whatever the
+  corpus size.
 * **The budget**: each candidate node gets an estimated probability of being accepted, the product along its path of
   conditional acceptance rates learnt online per kind of node (its source, the match length, its depth, its rank
   among its siblings; `AcceptanceModel`). On the engine's verify curve (`StepCosts`: a step over T slots costs c(T)
@@ -30,6 +35,7 @@ from trtspec.spec.step_costs import StepCosts
 from trtspec.spec.tree import EMPTY_CHOICES, Tree, tree_from_choices
 
 NGRAM, RECYCLED = "ngram", "recycled"
+SUFFIX_RECENT, SUFFIX_CORPUS = "suffix-recent", "suffix-corpus"  # node kinds of the suffix sources
 PROMPT_ROWS_RECYCLED = 256  # the prefill's last rows whose top-k seed the Token Recycling table
 
 
@@ -43,9 +49,10 @@ class NgramConfig:
     recycle_top_k: int = 2  # Token Recycling: successors kept per token (0: off)
     recycle_depth: int = 3  # Token Recycling: deepest recycled level
     max_draft_len: int | None = None  # at most this many draft tokens (None: the engine's K)
+    suffix_samples: int = 32  # suffix sources: occurrences whose continuations are read per lookup
 
     def __post_init__(self):
-        for name in ("max_ngram", "min_ngram", "max_occurrences"):
+        for name in ("max_ngram", "min_ngram", "max_occurrences", "suffix_samples"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"ngram {name} must be a positive int, got {value!r}")
@@ -67,6 +74,11 @@ PRIOR_WEIGHT = 4.0
 MATCH_BUCKETS = (1, 2, 3, 4, 6, 10)  # a match of m tokens counts as the largest bucket <= m
 NGRAM_PRIOR = {1: 0.20, 2: 0.45, 3: 0.60, 4: 0.75, 6: 0.80, 10: 0.85}
 RECYCLED_PRIOR = (0.30, 0.10, 0.05)  # by rank among the recycled successors
+# suffix sources: by match length, times a factor by how often the node followed its parent among the occurrences
+# read (FREQ_BUCKETS: 0 = its parent was seen once, then >= 0.9, >= 0.6, >= 0.3, below)
+SUFFIX_PRIOR = {1: 0.15, 2: 0.30, 3: 0.45, 4: 0.55, 6: 0.60, 10: 0.65}
+FREQ_BUCKETS = (0.9, 0.6, 0.3)
+FREQ_FACTOR = (0.7, 1.0, 0.75, 0.45, 0.2)
 LONGEST_MATCH = max(MATCH_BUCKETS)
 
 
@@ -96,6 +108,9 @@ def _prior(kind: tuple) -> float:
     if kind[0] == NGRAM:
         _, match, _, rank = kind
         return NGRAM_PRIOR[match] * (0.4 if rank else 1.0)
+    if kind[0] in (SUFFIX_RECENT, SUFFIX_CORPUS):
+        _, match, depth, freq = kind
+        return SUFFIX_PRIOR[match] * FREQ_FACTOR[freq] * (0.95 ** (depth - 1))
     _, rank, depth = kind
     return RECYCLED_PRIOR[min(rank, len(RECYCLED_PRIOR) - 1)] * (0.8 ** (depth - 1))
 
@@ -137,8 +152,12 @@ class NgramProposer:
     """Prompt lookup plus Token Recycling over one sequence, drafting what the verify curve says pays."""
 
     def __init__(self, costs: StepCosts, config: NgramConfig = NgramConfig(), *,
-                 model: AcceptanceModel | None = None, max_draft_len: int | None = None):
+                 model: AcceptanceModel | None = None, max_draft_len: int | None = None,
+                 sources: tuple = (), recent=None):
+        """`sources`: (node kind, source) pairs with a `lookup` (datastore.Datastore / RecentOutputs), asked after
+        the sequence itself; `recent`: a RecentOutputs that gets this sequence's output when it finishes."""
         self.config, self.model = config, model if model is not None else AcceptanceModel()
+        self.sources, self.recent = tuple(sources), recent
         limit = min(x for x in (costs.max_slots - 1, config.max_draft_len, max_draft_len) if x is not None)
         self.costs, self.max_nodes = costs, limit
         self.index = SuffixIndex(config.max_ngram)
@@ -185,15 +204,23 @@ class NgramProposer:
             self._recycle(draft.tokens[rows], verify.logits[rows])
         self.index.extend(accepted.tokens)
 
+    def finish(self, output_ids: list[int]) -> None:
+        """The sequence ended: its output joins the shared recent outputs (method suffix)."""
+        if self.recent is not None:
+            self.recent.add(output_ids)
+
     # ---- candidates ----------------------------------------------------------------------------------------
 
     def _candidates(self) -> list[_Node]:
         nodes: list[_Node] = []
-        self._lookup(nodes)
+        children: dict[tuple[int, int], int] = {}  # (parent, token) → node, shared by every source
+        self._lookup(nodes, children)
+        for kind, source in self.sources:
+            self._source_candidates(nodes, children, kind, source)
         self._recycle_candidates(nodes)
         return nodes
 
-    def _lookup(self, nodes: list[_Node]) -> None:
+    def _lookup(self, nodes: list[_Node], children: dict) -> None:
         """The continuations of the longest matched suffix, most recent occurrence first, merged into a trie."""
         cfg, seq = self.config, self.index.tokens
         for n in range(min(cfg.max_ngram, len(seq) - 1), cfg.min_ngram - 1, -1):
@@ -202,7 +229,6 @@ class NgramProposer:
                 break
         else:
             return
-        children: dict[tuple[int, int], int] = {}  # (parent, token) → node
         fanout: dict[int, int] = {}  # parent → children so far (the next child's rank)
         for start in reversed(starts[-cfg.max_occurrences:]):
             match = _bucket(_match_length(seq, start, n))
@@ -221,6 +247,52 @@ class NgramProposer:
                 else:
                     nodes[node].support += 1
                 parent = node
+
+    def _source_candidates(self, nodes: list[_Node], children: dict, name: str, source) -> None:
+        """The continuations a suffix source read for the sequence's longest suffix it has seen, counted into a
+        trie; each new node's kind carries how often it followed its parent there (nodes the sequence itself
+        already drafted are kept as they are)."""
+        cfg = self.config
+        match = source.lookup(self.index.tokens, min_ngram=cfg.min_ngram, max_positions=cfg.suffix_samples,
+                              depth=self.max_nodes)
+        if match.empty:
+            return
+        rows = match.continuations.tolist()
+        local: dict[tuple[int, int], int] = {}  # (local parent, token) → local node
+        count, token_of, parent_of, depth_of = [], [], [], []
+        for row in rows:
+            parent = -1
+            for depth, token in enumerate(row, start=1):
+                if token < 0:
+                    break
+                node = local.get((parent, token))
+                if node is None:
+                    node = local[(parent, token)] = len(count)
+                    count.append(0)
+                    token_of.append(token)
+                    parent_of.append(parent)
+                    depth_of.append(depth)
+                count[node] += 1
+                parent = node
+        match_bucket, placed = _bucket(match.n), {}
+        for node in range(len(count)):  # creation order: parents first
+            lparent = parent_of[node]
+            if lparent >= 0 and lparent not in placed:
+                continue  # its parent was pruned
+            parent = placed[lparent] if lparent >= 0 else -1
+            token = token_of[node]
+            existing = children.get((parent, token))
+            if existing is not None:
+                nodes[existing].support += count[node]
+                placed[node] = existing
+                continue
+            seen = count[lparent] if lparent >= 0 else len(rows)
+            kind = (name, match_bucket, min(depth_of[node], 4), _freq_bucket(count[node], seen))
+            p = self.model.rate(kind) * (nodes[parent].p if parent >= 0 else 1.0)
+            if p < 0.01:
+                continue
+            placed[node] = children[(parent, token)] = len(nodes)
+            nodes.append(_Node(token, parent, kind, p, depth_of[node], count[node]))
 
     def _recycle_candidates(self, nodes: list[_Node]) -> None:
         """Token Recycling below the root (and below its recycled children), where the root's top child from the
@@ -273,6 +345,14 @@ def _match_length(seq: list[int], start: int, n: int) -> int:
 
 def _bucket(match: int) -> int:
     return max(b for b in MATCH_BUCKETS if b <= match)
+
+
+def _freq_bucket(count: int, seen: int) -> int:
+    """0 when the parent was seen once, else 1..4 by the share of its occurrences this child followed."""
+    if seen < 2:
+        return 0
+    share = count / seen
+    return 1 + sum(share < b for b in FREQ_BUCKETS)
 
 
 def _budget(nodes: list[_Node], costs: StepCosts, max_nodes: int) -> list[int]:
