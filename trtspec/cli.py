@@ -364,8 +364,12 @@ def _text(result) -> str:
 @click.option("--copy-engine", is_flag=True, help="Copy the engine into the repository (self-contained).")
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads per engine instance (default: all cores).")
 @click.option("--spin/--no-spin", default=None, help="CPU flavour: " + SPIN_HELP)
-@click.option("--method", help="CPU flavour: the drafter every request gets: none, ngram (any engine with K >= 1) "
-                               "or the engine's own (default).")
+@click.option("--method", help="CPU flavour: the drafter every request gets: none, ngram (any engine with K >= 1), "
+                               "suffix (ngram plus the server's recent outputs and --datastore) or the engine's own "
+                               "(default).")
+@click.option("--datastore", type=click.Path(dir_okay=False, path_type=Path),
+              help="CPU flavour: the corpus method suffix looks up (`trtspec datastore build`), for --method suffix "
+                   "or requests that ask for it (referenced; copied with --copy-engine).")
 @click.option("--draft-engine", "draft_engine_dir", type=EXISTING_DIR,
               help="trtllm, draft-target engines: the draft model's engine (served as tensorrt_llm_draft).")
 @click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=0.9, show_default=True,
@@ -447,20 +451,20 @@ def datastore() -> None:
 
 
 @datastore.command("build")
-@click.option("--from", "source", required=True,
+@click.option("--from", "sources", required=True, multiple=True,
               help="sharegpt (its assistant turns), FILE.jsonl (output_ids / text / messages per line) or a folder "
-                   "of text files.")
+                   "of text files; repeat it to index several in one store.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Datastore file to write.")
 @click.option("--tokenizer", type=EXISTING_DIR, help="Engine or Hugging Face model folder whose tokenizer reads the "
                                                       "text (required unless every row has output_ids).")
 @click.option("--max-ngram", type=int, default=4, show_default=True, help="Longest suffix indexed.")
 @click.option("--max-tokens", type=int, default=10_000_000, show_default=True,
               help="Stop after this many corpus tokens (bounds the build's memory).")
-@click.option("--limit", type=int, help="Read only the first N documents.")
+@click.option("--limit", type=int, help="Read only the first N documents of each source.")
 @click.option("--force", is_flag=True, help="Replace an existing file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the store's description as JSON.")
 @user_errors
-def datastore_build(source: str, out: Path, tokenizer: Path | None, max_ngram: int, max_tokens: int,
+def datastore_build(sources: tuple[str, ...], out: Path, tokenizer: Path | None, max_ngram: int, max_tokens: int,
                     limit: int | None, force: bool, as_json: bool) -> None:
     """Index a corpus for the suffix drafter (atomic: nothing is left behind on an error or a signal)."""
     import signal
@@ -468,7 +472,7 @@ def datastore_build(source: str, out: Path, tokenizer: Path | None, max_ngram: i
     from trtspec.data.datastore_sources import build_datastore
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # the temporary file goes on SIGTERM too
-    store = build_datastore(source, out, tokenizer=tokenizer, max_ngram=max_ngram, max_tokens=max_tokens,
+    store = build_datastore(sources, out, tokenizer=tokenizer, max_ngram=max_ngram, max_tokens=max_tokens,
                             limit=limit, force=force, progress=not as_json)
     _print_datastore(store, as_json)
 

@@ -34,9 +34,27 @@ def long_repo(tmp_path_factory):
     return deploy(DeployOptions(engine_dir=root / "engine", out=root / "repo", threads=1))
 
 
+CORPUS_PROMPTS = ("Medusa heads tokens", "quick brown fox the target model", "speculative decoding Hello world")
+
+
 @pytest.fixture(scope="session")
-def tiny_repo(tiny_engine, tmp_path_factory):
-    return deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path_factory.mktemp("repos") / "repo", threads=1))
+def tiny_datastore(tiny_engine, tmp_path_factory):
+    """The tiny engine's own greedy replies to CORPUS_PROMPTS as a suffix datastore (what method suffix looks up)."""
+    from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+    from trtspec.spec.datastore import Datastore
+
+    local = LocalGenerator(tiny_engine, threads=1)
+    replies = [g.output_ids for g in local.generate_many(list(CORPUS_PROMPTS),
+                                                         GenerateOptions(max_tokens=48, no_spec=True))]
+    path = tmp_path_factory.mktemp("datastore") / "replies.ds"
+    Datastore.from_documents(replies, vocab_size=local.manifest.model.vocab_size).save(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_repo(tiny_engine, tiny_datastore, tmp_path_factory):
+    return deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path_factory.mktemp("repos") / "repo", threads=1,
+                                datastore=tiny_datastore))
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from trtspec.cli import cli
+from trtspec.errors import ConfigError
 from trtspec.triton.contract import cpu_ensemble_inputs, cpu_ensemble_outputs
 from trtspec.triton.deploy import DeployOptions, deploy
 
@@ -82,6 +83,23 @@ def test_options_reach_the_configs(tiny_engine, tmp_path):
     assert _config(repo, "tensorrt_llm").parameters["method"].string_value == "ngram"
 
 
+def test_a_datastore_is_referenced_or_copied_and_checked(tiny_engine, tmp_path):
+    from trtspec.spec.datastore import Datastore
+
+    store = tmp_path / "stores" / "corpus.ds"
+    Datastore.from_documents([[1, 2, 3, 4]], vocab_size=20).save(store)
+    repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "a", method="suffix", datastore=store))
+    path = _config(repo, "tensorrt_llm").parameters["datastore"].string_value
+    assert path == "../stores/corpus.ds" and (repo / path).is_file()
+    repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "b", datastore=store, copy_engine=True))
+    assert _config(repo, "tensorrt_llm").parameters["datastore"].string_value == "tensorrt_llm/1/datastore.ds"
+    assert (repo / "tensorrt_llm/1/datastore.ds").read_bytes() == store.read_bytes()
+    Datastore.from_documents([[1, 2, 3, 4]], vocab_size=100000).save(store)
+    with pytest.raises(ConfigError, match="--datastore .*corpus.ds: built for a vocabulary of 100000 tokens"):
+        deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "c", datastore=store))
+    assert not (tmp_path / "c").exists()
+
+
 def test_repository_moves_with_the_engine(tiny_engine, tmp_path):
     """The engine is referenced relative to the repository: move both, the path still resolves."""
     shutil.copytree(tiny_engine, tmp_path / "a" / "engines" / "tiny")
@@ -95,10 +113,16 @@ def test_repository_moves_with_the_engine(tiny_engine, tmp_path):
     (["--max-batch-size", "9"], "--max-batch-size 9 exceeds the engine's max_batch_size 8"),
     (["--instances", "0"], "--instances must be >= 1, got 0"),
     (["--flavour", "trtllm"], "--flavour trtllm needs a trtllm engine; the manifest's backend is 'onnx'"),
-    (["--method", "lookup"], "--method 'lookup' is not one of none, medusa, eagle, eagle2, ngram"),
-    (["--method", "eagle"], "--method eagle: the engine was built for medusa (engine); it runs none, ngram or medusa"),
+    (["--method", "lookup"], "--method 'lookup' is not one of none, medusa, eagle, eagle2, ngram, suffix"),
+    (["--method", "eagle"], "--method eagle: the engine was built for medusa (engine); it runs none, ngram, suffix "
+                            "or medusa"),
+    (["--datastore", "MISSING"], "does not exist"),
+    (["--datastore", "CORRUPT"], "its first bytes are"),
 ])
-def test_bad_options_fail_in_one_line_and_write_nothing(tiny_engine, tmp_path, args, message):
+def test_bad_options_fail_in_one_line_and_write_nothing(tiny_engine, tmp_path_factory, tmp_path, args, message):
+    elsewhere = tmp_path_factory.mktemp("stores")
+    (elsewhere / "corrupt.ds").write_bytes(b"\x00" * 64)
+    args = [{"MISSING": str(elsewhere / "missing.ds"), "CORRUPT": str(elsewhere / "corrupt.ds")}.get(a, a) for a in args]
     result = CliRunner().invoke(cli, ["deploy", str(tiny_engine), "--out", str(tmp_path / "repo"), *args])
     assert result.exit_code == 1 and result.output.strip() == f"error: {message}" or message in result.output
     assert result.output.count("\n") == 1 and "Traceback" not in result.output

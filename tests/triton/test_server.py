@@ -93,6 +93,21 @@ def test_each_request_chooses_its_drafter(server, local):
     assert all(results[i].draft_tokens > 0 for i in range(9) if methods[i] == "medusa")
 
 
+def test_suffix_requests_draft_from_the_deployed_datastore(server, local):
+    """draft_method suffix over Triton looks up the repository's datastore (the engine's own replies to
+    CORPUS_PROMPTS): on those prompts it accepts more drafted tokens than ngram, and every output is plain greedy."""
+    from tests.triton.conftest import CORPUS_PROMPTS
+
+    options = lambda method: GenerateOptions(max_tokens=48, method=method)  # noqa: E731
+    with TritonClient(server.grpc_url) as client:
+        ngram = [client.generate(p, options("ngram")) for p in CORPUS_PROMPTS]
+        suffix = [client.generate(p, options("suffix")) for p in CORPUS_PROMPTS]
+    for prompt, a, b in zip(CORPUS_PROMPTS, ngram, suffix):
+        plain = local.generate(prompt, GenerateOptions(max_tokens=48, no_spec=True)).output_ids
+        assert a.output_ids == b.output_ids == plain
+    assert sum(r.accepted_tokens for r in suffix) > sum(r.accepted_tokens for r in ngram)
+
+
 def test_non_streaming_request_and_direct_engine_call(server, local):
     prompt = "Hello world"
     with TritonClient(server.grpc_url) as client:
@@ -186,7 +201,7 @@ def test_text_output_reads_as_nvidias_clients_read_it(server, local, stream):
       ("repetition_penalty", np.array([[1.3]], np.float32))], "repetition_penalty = 1.29"),
     ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[8]], np.int32)),
       ("draft_method", np.array([[b"lookup"]], np.object_))],
-     "draft_method 'lookup' is not one of none, medusa, eagle, eagle2, ngram"),
+     "draft_method 'lookup' is not one of none, medusa, eagle, eagle2, ngram, suffix"),
     ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[8]], np.int32)),
       ("draft_method", np.array([[b"eagle"]], np.object_))],
      "draft_method eagle: the engine was built for medusa"),

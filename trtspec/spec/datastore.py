@@ -15,7 +15,9 @@ Both return a `SuffixMatch`: the match length n, how many times the suffix occur
 sample of those occurrences; the proposer turns them into a frequency-weighted tree (`ngram_proposer`).
 
 File format (one file, written atomically): the 16-byte magic `TRTSPEC-DSTORE1\\n`, an 8-byte little-endian
-header length, a JSON header (info, the arrays' dtype / shape / offset, the data's SHA-256), then the arrays.
+header length, a JSON header (info, the arrays' dtype / shape / offset, the data's SHA-256) padded with spaces so
+the data starts on a 64-byte boundary, then the arrays, each starting on a 64-byte boundary (numpy copies an
+unaligned array before a binary search: 17 ms instead of microseconds on an 8 M-token store).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import numpy as np
 from trtspec.errors import ConfigError
 
 MAGIC = b"TRTSPEC-DSTORE1\n"
+ALIGN = 64
 SEPARATOR = -1  # between documents: no n-gram spans it, no continuation runs past it
 DEFAULT_MAX_NGRAM = 4
 MAX_NGRAM_LIMIT = 8
@@ -166,10 +169,12 @@ class Datastore:
         for name, array in arrays.items():
             array = np.ascontiguousarray(array)
             entries[name] = {"dtype": array.dtype.str, "shape": list(array.shape), "offset": offset}
-            offset += array.nbytes
             digest.update(array.tobytes())
+            digest.update(bytes(_pad(array.nbytes)))
+            offset += array.nbytes + _pad(array.nbytes)
         header = json.dumps({"info": self.info.to_dict(), "arrays": entries, "data_bytes": offset,
                              "sha256": digest.hexdigest()}).encode()
+        header += b" " * _pad(len(MAGIC) + 8 + len(header))
         with atomic_output_file(Path(path)) as tmp:
             with open(tmp, "wb") as f:
                 f.write(MAGIC)
@@ -177,6 +182,7 @@ class Datastore:
                 f.write(header)
                 for array in arrays.values():
                     f.write(np.ascontiguousarray(array).tobytes())
+                    f.write(bytes(_pad(array.nbytes)))
 
     @classmethod
     def load(cls, path: Path | str, *, verify: bool = True) -> Datastore:
@@ -197,6 +203,9 @@ class Datastore:
             except (struct.error, ValueError, TypeError, KeyError) as e:
                 raise ConfigError(f"datastore {path}: its header is corrupt ({type(e).__name__})") from None
         start = len(MAGIC) + 8 + length
+        if start % ALIGN:
+            raise ConfigError(f"datastore {path}: its header is corrupt (the data starts at byte {start}, not on a "
+                              f"{ALIGN}-byte boundary)")
         if size != start + data_bytes:
             raise ConfigError(f"datastore {path} is truncated or padded: {size} bytes, its header says "
                               f"{start + data_bytes}")
@@ -231,6 +240,11 @@ class Datastore:
     def describe(self) -> dict:
         bytes_ = self.tokens.nbytes + sum(k.nbytes + p.nbytes for k, p in zip(self.keys, self.positions))
         return {**self.info.to_dict(), "path": str(self.path) if self.path else None, "bytes": int(bytes_)}
+
+
+def _pad(nbytes: int) -> int:
+    """Bytes that bring `nbytes` to the next ALIGN boundary."""
+    return -nbytes % ALIGN
 
 
 def _check_max_ngram(max_ngram: int) -> None:

@@ -98,10 +98,10 @@ def preprocessing_config(batch: int, options: DeployOptions, end_id: int | None,
                               inputs=PRE_INPUTS, outputs=PRE_OUTPUTS, instance_count=1, parameters=params))
 
 
-def engine_config(batch: int, options: DeployOptions, engine_path: str) -> str:
+def engine_config(batch: int, options: DeployOptions, engine_path: str, datastore_path: str = "") -> str:
     params = {"engine_dir": engine_path, "threads": str(options.threads or 0), "exclude_input_in_output": "false",
               "spin": {None: "auto", True: "true", False: "false"}[options.spin],
-              "method": options.method or "auto"}
+              "method": options.method or "auto", "datastore": datastore_path}
     return render(ModelConfig(name=ENGINE_MODEL, backend="python", max_batch_size=batch, decoupled=options.decoupled,
                               dynamic_batching={}, inputs=ENGINE_INPUTS, outputs=ENGINE_OUTPUTS,
                               instance_count=options.instances, parameters=params))
@@ -125,6 +125,15 @@ def ensemble_config(batch: int) -> str:
 
 def _model_source(name: str) -> str:
     return (MODEL_SOURCES / f"{name}.py").read_text()
+
+
+DATASTORE_FILE = "datastore.ds"
+
+
+def _path_from_repo(path: Path, options: DeployOptions) -> str:
+    """`path` relative to the repository root, so the pair can move together; absolute when they share no root."""
+    relative = os.path.relpath(path, Path(options.out).resolve())
+    return str(path) if relative.startswith(".." + os.sep + ".." + os.sep + ".." + os.sep) else relative
 
 
 def write_cpu_repository(manifest: Manifest, options: DeployOptions, staging: Path) -> None:
@@ -151,12 +160,15 @@ def write_cpu_repository(manifest: Manifest, options: DeployOptions, staging: Pa
         shutil.copytree(engine_dir, version / "engine")
         engine_path = f"{ENGINE_MODEL}/1/engine"
     else:
-        # relative to the repository root, so the pair can move together; absolute when they share no root
-        final_repo = Path(options.out).resolve()
-        engine_path = os.path.relpath(engine_dir, final_repo)
-        if engine_path.startswith(".." + os.sep + ".." + os.sep + ".." + os.sep):
-            engine_path = str(engine_dir)
-    (staging / ENGINE_MODEL / "config.pbtxt").write_text(engine_config(batch, options, engine_path))
+        engine_path = _path_from_repo(engine_dir, options)
+    datastore_path = ""
+    if options.datastore is not None:  # the suffix drafter's corpus: copied with the engine, else referenced
+        if options.copy_engine:
+            shutil.copyfile(options.datastore, version / DATASTORE_FILE)
+            datastore_path = f"{ENGINE_MODEL}/1/{DATASTORE_FILE}"
+        else:
+            datastore_path = _path_from_repo(Path(options.datastore).resolve(), options)
+    (staging / ENGINE_MODEL / "config.pbtxt").write_text(engine_config(batch, options, engine_path, datastore_path))
 
     (staging / "ensemble" / "1").mkdir(parents=True)
     (staging / "ensemble" / "config.pbtxt").write_text(ensemble_config(batch))

@@ -32,7 +32,8 @@ class DeployOptions:
     copy_engine: bool = False  # CPU flavour: copy the engine into the repository (fully self-contained)
     threads: int | None = None  # CPU flavour: ONNX Runtime intra-op threads per engine instance
     spin: bool | None = None  # CPU flavour: intra-op workers spin between ops (None: TRTSPEC_ORT_SPIN on the server)
-    method: str | None = None  # CPU flavour: the drafter requests get (none / ngram / the engine's own; None: its own)
+    method: str | None = None  # CPU flavour: the drafter requests get (none / ngram / suffix / the engine's own)
+    datastore: Path | None = None  # CPU flavour: the corpus of method suffix (`trtspec datastore build`)
     force: bool = False
     # trtllm flavour knobs (the tensorrt_llm model's parameters)
     batching_strategy: str = "inflight_fused_batching"
@@ -67,7 +68,22 @@ def check_options(manifest: Manifest, options: DeployOptions) -> int:
         raise ConfigError(f"--instances must be >= 1, got {options.instances}")
     if options.method is not None:
         check_method(manifest, options.method)
+    if options.datastore is not None:
+        check_datastore(manifest, Path(options.engine_dir), Path(options.datastore))
     return batch
+
+
+def check_datastore(manifest: Manifest, engine_dir: Path, path: Path) -> None:
+    """`--datastore`: a readable, intact store tokenized for this engine (CPU flavour)."""
+    if manifest.backend is not Backend.ONNX:
+        raise ConfigError("--datastore applies to the CPU flavour only (TensorRT-LLM has no suffix drafter)")
+    if manifest.profile.max_draft_len < 1:
+        raise ConfigError("--datastore: method suffix needs an engine built with --max-draft-len K >= 1")
+    from trtspec.data.datastore_sources import tokenizer_fingerprint
+    from trtspec.spec.datastore import Datastore
+
+    fingerprint = tokenizer_fingerprint(engine_dir / manifest.tokenizer) if manifest.tokenizer else ""
+    Datastore.load(path).check_engine(manifest.model.vocab_size, fingerprint, where="--datastore")
 
 
 def check_method(manifest: Manifest, method: str, what: str = "--method") -> None:

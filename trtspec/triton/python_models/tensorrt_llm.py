@@ -65,7 +65,10 @@ class TritonPythonModel:
         threads = int(parameter(config, "threads", "0")) or None
         spin = {"true": True, "false": False}.get(parameter(config, "spin", "auto"))  # auto: TRTSPEC_ORT_SPIN
         self.exclude_input = flag(config, "exclude_input_in_output", False)
-        self.generator = LocalGenerator(engine_dir, threads=threads, spin=spin)
+        datastore = parameter(config, "datastore", "")  # method suffix's corpus (`deploy --datastore`)
+        if datastore and not Path(datastore).is_absolute():
+            datastore = (repo / datastore).resolve()
+        self.generator = LocalGenerator(engine_dir, threads=threads, spin=spin, datastore=datastore or None)
         self.manifest = self.generator.manifest
         batch = int(config.get("max_batch_size") or self.manifest.profile.max_batch_size)
         self._metrics = self._make_metrics(args["model_name"])
