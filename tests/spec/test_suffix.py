@@ -130,6 +130,8 @@ def test_recent_outputs_are_searched_most_recent_first_and_evicted():
     assert recent.lookup([1, 2, 3]).empty
     recent.add([1])  # too short to index
     assert recent.lookup([0, 1]).empty
+    recent.clear()
+    assert recent.tokens_held == 0 and recent.lookup([10 + 6]).empty
 
 
 # ---- drafts ----------------------------------------------------------------------------------------------
@@ -204,6 +206,23 @@ def test_build_from_token_ids_text_and_chat(tmp_path, tiny_tokenizer_dir):
     assert info["documents"] == 3 and info["tokens"] > 4 and len(info["tokenizer"]) == 64
     result = CliRunner().invoke(cli, ["datastore", "inspect", str(out)])
     assert result.exit_code == 0 and "3 documents" in result.output
+
+
+def test_several_sources_go_into_one_store_in_order(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text('{"output_ids": [1, 2, 3]}\n{"output_ids": [4, 5, 6]}\n')
+    b.write_text('{"output_ids": [7, 8, 9]}\n')
+    out = tmp_path / "s.ds"
+    result = CliRunner().invoke(cli, ["datastore", "build", "--from", str(a), "--from", str(b), "--out", str(out),
+                                      "--limit", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    store = Datastore.load(out)
+    assert store.info.documents == 2 and store.info.sources == (str(a), str(b))  # --limit: per source
+    assert store.tokens.tolist() == [1, 2, 3, -1, 7, 8, 9, -1]
+    result = CliRunner().invoke(cli, ["datastore", "build", "--from", str(a), "--from", str(tmp_path / "x.jsonl"),
+                                      "--out", str(tmp_path / "t.ds")])
+    assert result.exit_code == 1 and "x.jsonl: no such file" in result.output  # checked before any work
+    assert not (tmp_path / "t.ds").exists()
 
 
 def test_build_from_a_folder_of_text(tmp_path, tiny_tokenizer_dir):

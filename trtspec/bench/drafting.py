@@ -13,7 +13,8 @@ in its context, the standard protocol. Sets with a measurement split (`sharegpt-
 drafters' priors were set on other prompts. Peers (`--peers transformers`): Hugging Face transformers' prompt lookup
 (`prompt_lookup_num_tokens`) against its own greedy decoding on the same token ids, in a child process, so its
 ratio stands next to ours. Method `suffix` looks up `--datastore` and the outputs of its own earlier runs in
-the benchmark (as a server's recent outputs; never the same prompt's). Several engines of one model (e.g. K = 4 and K = 16, or five slot profiles and one):
+the same set (as a server's recent outputs; never the same prompt's, and forgotten between sets: mt-bench-2turn's
+second answers often restate the first, which mt-bench then asks for). Several engines of one model (e.g. K = 4 and K = 16, or five slot profiles and one):
 each runs every method on every prompt in the same rotation, against plain decoding on the first (pass --no-spin:
 in one process, one engine's spinning workers take the cores another engine's run needs). The load average before
 and after says how quiet the machine was.
@@ -119,6 +120,7 @@ def run_benchmark(args: argparse.Namespace, show=print) -> dict:
             continue
         for g in generators:
             g.generate(prompts[0][1], GenerateOptions(max_tokens=WARMUP_TOKENS, no_spec=True))
+            g.recent.clear()  # method suffix: no outputs of another set (the same questions, for MT-Bench)
         cells = {m: Cell() for m in methods}
         for prompt_id, ids in prompts:
             runs = ["none", *methods]

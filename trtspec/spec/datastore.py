@@ -306,6 +306,11 @@ class RecentOutputs:
     def tokens_held(self) -> int:
         return self._held
 
+    def clear(self) -> None:
+        with self._lock:
+            self._docs, self._held = [], 0
+            self._tokens, self._after = [], [{} for _ in range(self.max_ngram + 1)]
+
     def add(self, output: list[int]) -> None:
         output = [int(t) for t in output]
         if len(output) < self.min_output:
