@@ -254,7 +254,8 @@ def _dynamic_tree(text: str | None, cls):
 @click.option("--seed", type=int, help="Sampling seed.")
 @click.option("--no-spec", is_flag=True, help="Same engine, speculation off.")
 @click.option("--method", help="Drafter: none, ngram (prompt lookup + Token Recycling, any engine with K >= 1), "
-                               "suffix (ngram plus recent outputs and --datastore), or the engine's own (default).")
+                               "suffix (ngram plus recent outputs and --datastore), the engine's own (default), or "
+                               "hybrid (the engine's Medusa / EAGLE tree merged with suffix's candidates).")
 @click.option("--datastore", type=click.Path(dir_okay=False, path_type=Path),
               help="--method suffix: a corpus built with `trtspec datastore build`.")
 @click.option("--wait", "wait_s", type=float, default=0.0, help="--url: wait up to this many seconds for the server.")
@@ -272,8 +273,8 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
              spin: bool | None, concurrency: int, model_name: str, wait_s: float, datastore: Path | None,
              **flags) -> None:
     """Generate with a built engine in process, or with a served one over gRPC (--url)."""
-    if datastore is not None and flags.get("method") != "suffix":
-        raise click.UsageError("--datastore is the corpus of --method suffix; pass --method suffix too")
+    if datastore is not None and flags.get("method") not in ("suffix", "hybrid"):
+        raise click.UsageError("--datastore is the corpus of --method suffix (or hybrid); pass the method too")
     if datastore is not None and url is not None:
         raise click.UsageError("--datastore applies to a local ENGINE (a server's is set at deploy: "
                                "`trtspec deploy --method suffix --datastore FILE`)")
@@ -365,8 +366,8 @@ def _text(result) -> str:
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads per engine instance (default: all cores).")
 @click.option("--spin/--no-spin", default=None, help="CPU flavour: " + SPIN_HELP)
 @click.option("--method", help="CPU flavour: the drafter every request gets: none, ngram (any engine with K >= 1), "
-                               "suffix (ngram plus the server's recent outputs and --datastore) or the engine's own "
-                               "(default).")
+                               "suffix (ngram plus the server's recent outputs and --datastore), the engine's own "
+                               "(default) or hybrid (its Medusa / EAGLE tree merged with suffix's candidates).")
 @click.option("--datastore", type=click.Path(dir_okay=False, path_type=Path),
               help="CPU flavour: the corpus method suffix looks up (`trtspec datastore build`), for --method suffix "
                    "or requests that ask for it (referenced; copied with --copy-engine).")

@@ -240,3 +240,24 @@ def test_bad_words_and_min_tokens_stay_lossless():
             if config.min_tokens:
                 assert end_id not in spec.output_ids[:12]
         assert spec.output_ids != out
+
+
+def test_hybrid_merges_a_drafter_with_prompt_lookup_losslessly(engines):
+    """An oracle drafter (right down part of its rank-0 path) merged with prompt lookup on repetitive prompts: the
+    output is plain greedy, and nodes of both kinds are accepted."""
+    from trtspec.spec.hybrid_proposer import HybridProposer
+    from trtspec.spec.ngram_proposer import DRAFTER, AcceptanceModel, NgramConfig
+    from trtspec.spec.step_costs import StepCosts
+
+    engine, model = engines["medusa"], AcceptanceModel()
+    costs = StepCosts((1, 2, 3, 5, 9, 17), (1.0, 1.06, 1.09, 1.13, 1.34, 1.60))
+    for i, prompt in enumerate(_prompts(seed=3)):
+        prompt = np.concatenate([prompt, prompt[:6]])
+        plain = _run(engine, prompt, make_proposer("none", engine), max_tokens=24)
+        reference = _run(engine, prompt, make_proposer("none", engine), max_tokens=64).output_ids
+        proposer = HybridProposer(OracleProposer(reference, seed=i), costs, NgramConfig(), model=model,
+                                  max_draft_len=16)
+        spec = _run(engine, prompt, proposer, max_tokens=24)
+        assert spec.output_ids == plain.output_ids, i
+    accepted = {k[0] for k, (hits, _) in model.counts.items() if hits}
+    assert DRAFTER in accepted and accepted - {DRAFTER}

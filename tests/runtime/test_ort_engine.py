@@ -187,3 +187,43 @@ def test_medusa_logits_batch_equals_one_run_per_hidden_state(engines):
     assert batched.shape == (3, engine.num_medusa_heads, MODEL.vocab_size)
     for row, h in zip(batched, hidden):
         np.testing.assert_allclose(row, engine.medusa_logits(h), rtol=1e-5, atol=1e-5)
+
+
+def _hybrid(name, engine, model=None, recent=None):
+    from trtspec.spec.ngram_proposer import AcceptanceModel
+
+    dynamic = DynamicTree(depth=3, top_k=3, total_tokens=8) if name == "eagle2" else None
+    return make_proposer("hybrid", engine, tree=None if dynamic else build_tree(eval(TREE)), dynamic=dynamic,
+                         acceptance=model if model is not None else AcceptanceModel(), recent=recent)
+
+
+@pytest.mark.parametrize("name", ["medusa", "eagle", "eagle2"])
+def test_hybrid_equals_plain_alone_and_in_flight(engines, name):
+    """The engine's drafter and the training-free candidates in one tree: every output equals plain decoding, alone
+    and 8 in flight (3 at a time); both kinds of node are drafted and accepted."""
+    from trtspec.runtime.loop import Request, generate_batch
+    from trtspec.spec.datastore import RecentOutputs
+    from trtspec.spec.ngram_proposer import DRAFTER, AcceptanceModel
+
+    engine = engines[name][0]
+    model, recent = AcceptanceModel(), RecentOutputs(min_output=2)
+    prompts = [np.concatenate([p, p[:5]]) for p in _prompts(8, seed=4)]  # each repeats its start: lookup has matches
+    config = GenerationConfig(max_tokens=32)
+    plain = [generate(engine, p, _proposer(name, engine, no_spec=True), config).output_ids for p in prompts]
+    alone = [generate(engine, p, _hybrid(name, engine, model, recent), config) for p in prompts]
+    assert [r.output_ids for r in alone] == plain
+    batched = generate_batch(engine, [Request(p, _hybrid(name, engine, model, recent), config) for p in prompts],
+                             max_batch_size=3)
+    assert [r.output_ids for r in batched] == plain
+    tried = {k[0] for k in model.counts}
+    accepted = {k[0] for k, (hits, _) in model.counts.items() if hits}
+    assert DRAFTER in tried and accepted - {DRAFTER}  # both drafted (a random tiny drafter is seldom right)
+
+
+def test_hybrid_needs_a_trained_drafter(engines, tmp_path):
+    from trtspec.errors import ConfigError
+
+    plain_engine = type("Plain", (), {"num_medusa_heads": 0, "has_eagle_draft": False, "max_draft_len": 8,
+                                      "slot_profiles": (2, 3, 5, 9)})()
+    with pytest.raises(ConfigError, match="method hybrid needs an engine with a trained drafter"):
+        make_proposer("hybrid", plain_engine)

@@ -114,8 +114,8 @@ def test_repository_moves_with_the_engine(tiny_engine, tmp_path):
     (["--instances", "0"], "--instances must be >= 1, got 0"),
     (["--flavour", "trtllm"], "--flavour trtllm needs a trtllm engine; the manifest's backend is 'onnx'"),
     (["--method", "lookup"], "--method 'lookup' is not one of none, medusa, eagle, eagle2, ngram, suffix"),
-    (["--method", "eagle"], "--method eagle: the engine was built for medusa (engine); it runs none, ngram, suffix "
-                            "or medusa"),
+    (["--method", "eagle"], "--method eagle: the engine was built for medusa (engine); it runs none, ngram, suffix, "
+                            "medusa or hybrid"),
     (["--datastore", "MISSING"], "does not exist"),
     (["--datastore", "CORRUPT"], "its first bytes are"),
 ])

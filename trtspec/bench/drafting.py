@@ -13,8 +13,8 @@ in its context, the standard protocol. Sets with a measurement split (`sharegpt-
 drafters' priors were set on other prompts. Peers (`--peers transformers`): Hugging Face transformers' prompt lookup
 (`prompt_lookup_num_tokens`) against its own greedy decoding on the same token ids, in a child process, so its
 ratio stands next to ours. Method `suffix` looks up `--datastore` and the outputs of its own earlier runs in
-the same set (as a server's recent outputs; never the same prompt's, and forgotten between sets: mt-bench-2turn's
-second answers often restate the first, which mt-bench then asks for). Several engines of one model (e.g. K = 4 and K = 16, or five slot profiles and one):
+the same set (as a server's recent outputs; each method its own, never the same prompt's, and forgotten between
+sets: mt-bench-2turn's second answers often restate the first, which mt-bench then asks for). Several engines of one model (e.g. K = 4 and K = 16, or five slot profiles and one):
 each runs every method on every prompt in the same rotation, against plain decoding on the first (pass --no-spin:
 in one process, one engine's spinning workers take the cores another engine's run needs). The load average before
 and after says how quiet the machine was.
@@ -94,6 +94,7 @@ def set_prompts(generator, name: str, limit: int, max_tokens: int) -> list[tuple
 
 def run_benchmark(args: argparse.Namespace, show=print) -> dict:
     from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+    from trtspec.spec.datastore import RecentOutputs
 
     load = {"before": os.getloadavg()}
     generators = [LocalGenerator(e, threads=args.threads, spin=args.spin, datastore=args.datastore)
@@ -120,15 +121,22 @@ def run_benchmark(args: argparse.Namespace, show=print) -> dict:
             continue
         for g in generators:
             g.generate(prompts[0][1], GenerateOptions(max_tokens=WARMUP_TOKENS, no_spec=True))
-            g.recent.clear()  # method suffix: no outputs of another set (the same questions, for MT-Bench)
+        # methods that learn from recent outputs (suffix, hybrid) each keep their own, so that one never drafts from
+        # another's answer to the same prompt, and forget them between sets (the same questions, for MT-Bench)
+        recent = {m: RecentOutputs() for m in methods}
         cells = {m: Cell() for m in methods}
         for prompt_id, ids in prompts:
             runs = ["none", *methods]
             rotation += 1
             runs = runs[rotation % len(runs):] + runs[:rotation % len(runs)]
-            results = {m: generator.generate(ids, plain_options).result if m == "none" else
-                        runs_of[m][0].generate(ids, GenerateOptions(max_tokens=args.max_tokens,
-                                                                    method=runs_of[m][1])).result for m in runs}
+            results = {}
+            for m in runs:
+                if m == "none":
+                    results[m] = generator.generate(ids, plain_options).result
+                    continue
+                g, method = runs_of[m]
+                g.recent = recent[m]
+                results[m] = g.generate(ids, GenerateOptions(max_tokens=args.max_tokens, method=method)).result
             for m in methods:
                 cells[m].add(results[m], results["none"])
             show(f"  {name} {prompt_id}: " + ", ".join(

@@ -81,6 +81,15 @@ class EagleProposer:
     def observe(self, verify: StepOutput, accepted: Accepted) -> None:
         self._extend(*_entries(verify, accepted))
 
+    # deferred observation (hybrid drafting skips the drafter on steps where it does not pay): `defer` keeps what a
+    # step commits to the draft cache, `catch_up` extends the cache by several steps' entries in one run
+    @staticmethod
+    def defer(verify: StepOutput, accepted: Accepted):
+        return _entries(verify, accepted)
+
+    def catch_up(self, entries: list) -> None:
+        self._extend(np.concatenate([t for t, _ in entries]), np.concatenate([f for _, f in entries]))
+
     @staticmethod
     def observe_batch(proposers: list[EagleProposer], steps: list[tuple[StepOutput, Accepted]]) -> None:
         """`observe` for several sequences: one batched draft extension when they share an engine that has one."""

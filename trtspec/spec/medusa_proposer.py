@@ -39,6 +39,14 @@ class MedusaProposer:
     def observe(self, verify: StepOutput, accepted: Accepted) -> None:
         self._head_logits = self._engine.medusa_logits(verify.hidden[accepted.last_slot])
 
+    # deferred observation (hybrid drafting): only the last step's hidden state matters
+    @staticmethod
+    def defer(verify: StepOutput, accepted: Accepted):
+        return np.array(verify.hidden[accepted.last_slot], copy=True)
+
+    def catch_up(self, entries: list) -> None:
+        self._head_logits = self._engine.medusa_logits(entries[-1])
+
     @staticmethod
     def observe_batch(proposers: list[MedusaProposer], steps: list[tuple[StepOutput, Accepted]]) -> None:
         """`observe` for several sequences: one run of the heads over every sequence's last accepted hidden state

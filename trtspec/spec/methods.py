@@ -12,8 +12,9 @@ from trtspec.spec.proposer import NoDraft, Proposer
 from trtspec.spec.step_costs import StepCosts
 from trtspec.spec.tree import Tree
 
-METHODS = ("none", "medusa", "eagle", "eagle2", "ngram", "suffix")
+METHODS = ("none", "medusa", "eagle", "eagle2", "ngram", "suffix", "hybrid")
 TRAINING_FREE = ("ngram", "suffix")  # need no drafter: any engine built with K >= 1 runs them
+HYBRID = "hybrid"  # the engine's own drafter (Medusa / EAGLE) plus suffix's candidates, one tree
 
 
 def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dynamic: DynamicTree | None = None,
@@ -21,7 +22,8 @@ def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dyna
                   datastore: Datastore | None = None, recent: RecentOutputs | None = None) -> Proposer:
     """A fresh proposer for one sequence; `tree` for medusa / eagle (EAGLE-1), `dynamic` for eagle2, `ngram` (and
     an `acceptance` model shared across sequences) for ngram and suffix; suffix also looks up the shared `recent`
-    outputs and the `datastore` corpus (either may be None)."""
+    outputs and the `datastore` corpus (either may be None); hybrid merges the engine's own drafter (`tree` or
+    `dynamic` as for it) with suffix's candidates."""
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if method == "none":
@@ -37,6 +39,19 @@ def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dyna
         return NgramProposer(step_costs(engine), ngram or NgramConfig(), model=acceptance,
                              max_draft_len=engine.max_draft_len, sources=sources,
                              recent=recent if method == "suffix" else None)
+    if method == HYBRID:
+        own = "medusa" if engine.num_medusa_heads else "eagle2" if dynamic is not None else "eagle" \
+            if engine.has_eagle_draft else None
+        if own is None:
+            raise ConfigError("method hybrid needs an engine with a trained drafter (Medusa heads or an EAGLE draft); "
+                              "use ngram or suffix with this one")
+        from trtspec.spec.hybrid_proposer import HybridProposer
+
+        drafter = make_proposer(own, engine, tree=tree, dynamic=dynamic)
+        sources = tuple((kind, source) for kind, source in ((SUFFIX_RECENT, recent), (SUFFIX_CORPUS, datastore))
+                        if source is not None)
+        return HybridProposer(drafter, step_costs(engine), ngram or NgramConfig(), model=acceptance,
+                              max_draft_len=engine.max_draft_len, sources=sources, recent=recent)
     size = _need(dynamic, method).total_tokens if method == "eagle2" else _need(tree, method).num_nodes
     if size > engine.max_draft_len:
         raise ConfigError(f"{method} drafts {size} tokens per step but the engine's max_draft_len is "

@@ -36,6 +36,7 @@ from trtspec.spec.tree import EMPTY_CHOICES, Tree, tree_from_choices
 
 NGRAM, RECYCLED = "ngram", "recycled"
 SUFFIX_RECENT, SUFFIX_CORPUS = "suffix-recent", "suffix-corpus"  # node kinds of the suffix sources
+DRAFTER = "drafter"  # a trained drafter's node in a hybrid draft (hybrid_proposer): (DRAFTER, depth, rank)
 PROMPT_ROWS_RECYCLED = 256  # the prefill's last rows whose top-k seed the Token Recycling table
 
 
@@ -79,6 +80,7 @@ RECYCLED_PRIOR = (0.30, 0.10, 0.05)  # by rank among the recycled successors
 SUFFIX_PRIOR = {1: 0.15, 2: 0.30, 3: 0.45, 4: 0.55, 6: 0.60, 10: 0.65}
 FREQ_BUCKETS = (0.9, 0.6, 0.3)
 FREQ_FACTOR = (0.7, 1.0, 0.75, 0.45, 0.2)
+DRAFTER_PRIOR = (0.45, 0.15, 0.08, 0.05)  # a trained drafter's node by its rank among its siblings (depth 1)
 LONGEST_MATCH = max(MATCH_BUCKETS)
 
 
@@ -108,6 +110,9 @@ def _prior(kind: tuple) -> float:
     if kind[0] == NGRAM:
         _, match, _, rank = kind
         return NGRAM_PRIOR[match] * (0.4 if rank else 1.0)
+    if kind[0] == DRAFTER:
+        _, depth, rank = kind
+        return DRAFTER_PRIOR[rank] * (0.85 ** (depth - 1))
     if kind[0] in (SUFFIX_RECENT, SUFFIX_CORPUS):
         _, match, depth, freq = kind
         return SUFFIX_PRIOR[match] * FREQ_FACTOR[freq] * (0.95 ** (depth - 1))

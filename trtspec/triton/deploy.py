@@ -99,9 +99,12 @@ def check_method(manifest: Manifest, method: str, what: str = "--method") -> Non
     if method in TRAINING_FREE and manifest.profile.max_draft_len < 1:
         raise ConfigError(f"{what} {method}: the engine was built with max_draft_len 0; rebuild it with "
                           "--max-draft-len K (e.g. 16)")
+    if method == "hybrid" and own in ("medusa", "eagle", "eagle2"):
+        return
     if method not in ("none", own, *TRAINING_FREE):
+        runs = f"{own} or hybrid" if own in ("medusa", "eagle", "eagle2") else own
         raise ConfigError(f"{what} {method}: the engine was built for {own} ({manifest.name}); it runs none, "
-                          f"{', '.join(TRAINING_FREE)} or {own}")
+                          f"{', '.join(TRAINING_FREE)}, {runs}")
 
 
 def deploy(options: DeployOptions) -> Path:

@@ -1,0 +1,107 @@
+"""Hybrid drafting: a trained drafter's tree (Medusa heads, EAGLE-1 or EAGLE-2) and the training-free candidates
+(prompt lookup, the suffix sources, Token Recycling) merged into one tree that fits the engine's slot profiles.
+
+Every candidate node gets an estimated acceptance probability — the product along its path of conditional rates
+learnt online per kind of node (`ngram_proposer.AcceptanceModel`): for the drafter's nodes the kind is their depth
+and rank among their siblings in the drafter's tree, for the others as in `NgramProposer` — and the step drafts
+the nodes and runs the profile that maximise expected tokens per unit of verify cost. The candidates are merged
+into one trie: prompt lookup first (a long match is the surest), then the suffix sources, then the drafter's nodes,
+then Token Recycling; a node two sources propose is drafted once. A sequence whose prompt has nothing to copy gets
+the drafter's tree; one that repeats its material gets a long chain; most steps get some of both.
+
+The drafter runs only where it pays for itself: its own time per step (catching up on the steps it skipped, then
+drafting) is measured, and so is how many of its nodes are accepted per step where it drafts; it drafts when
+those tokens are worth more than its time (a token is worth one plain step), and at least every `EXPLORE_EVERY`
+steps to keep the estimate fresh. On the steps it skips it only records what was committed (`defer`); before it
+drafts again it catches up in one run (`catch_up`: EAGLE extends its draft cache by every committed token at once,
+Medusa reruns its heads from the last verified hidden state), so its trees are as good as when it drafts every
+step. Outputs stay lossless: a draft is a set of deterministic token choices (q = 1), as for `NgramProposer`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from trtspec.spec.ngram_proposer import DRAFTER, NgramProposer, _Node
+
+EXPLORE_EVERY = 8  # the drafter drafts at least once in this many steps
+EMA = 0.2  # weight of the newest step in the drafter's measured time and gain
+DEFAULT_STEP_MS = 40.0  # a plain step's time where the verify curve has no measured milliseconds
+
+
+class HybridProposer(NgramProposer):
+    """`NgramProposer`'s candidates plus a trained drafter's tree, under one budget."""
+
+    def __init__(self, drafter, costs, config, **kwargs):
+        super().__init__(costs, config, **kwargs)
+        self.drafter = drafter
+        self._deferrable = hasattr(drafter, "defer") and hasattr(drafter, "catch_up")
+        self._pending: list = []  # deferred entries of the steps the drafter skipped
+        self._drafter_ms: float | None = None  # measured time of a drafting step (catch-up + propose)
+        self._drafter_gain = 0.5  # its accepted nodes per step where it drafted (a prior, then measured)
+        self._since_drafted = 0
+        self._drafted = False  # the drafter drafted this step
+        self.drafter_steps = self.steps = 0
+
+    def start(self, engine, seq, prefill, prompt_ids, root) -> None:
+        super().start(engine, seq, prefill, prompt_ids, root)
+        self.drafter.start(engine, seq, prefill, prompt_ids, root)
+
+    def _candidates(self) -> list[_Node]:
+        nodes: list[_Node] = []
+        children: dict[tuple[int, int], int] = {}
+        self._lookup(nodes, children)
+        for kind, source in self.sources:
+            self._source_candidates(nodes, children, kind, source)
+        self.steps += 1
+        self._drafted = self._drafter_pays()
+        if self._drafted:
+            self._drafter_candidates(nodes, children)
+        self._recycle_candidates(nodes)
+        return nodes
+
+    def _drafter_pays(self) -> bool:
+        self._since_drafted += 1
+        if not self._deferrable or self._drafter_ms is None or self._since_drafted >= EXPLORE_EVERY:
+            return True
+        step_ms = self.costs.step_ms[0] if self.costs.step_ms else DEFAULT_STEP_MS
+        return self._drafter_gain * step_ms > self._drafter_ms
+
+    def _drafter_candidates(self, nodes: list[_Node], children: dict) -> None:
+        began = time.perf_counter()
+        if self._pending:
+            self.drafter.catch_up(self._pending)
+            self._pending = []
+        draft = self.drafter.propose(self.index.tokens[-1])
+        ms = 1000 * (time.perf_counter() - began)
+        self._drafter_ms = ms if self._drafter_ms is None else (1 - EMA) * self._drafter_ms + EMA * ms
+        self._since_drafted, self.drafter_steps = 0, self.drafter_steps + 1
+        tree, placed = draft.tree, {0: -1}  # drafter tree node → candidate index (its root: -1)
+        for node in range(1, tree.num_nodes + 1):  # tree order: parents first
+            parent = placed.get(int(tree.parents[node]))
+            if parent is None:
+                continue  # its parent was pruned
+            token = int(draft.tokens[node])
+            existing = children.get((parent, token))
+            if existing is not None:
+                nodes[existing].support += 1
+                placed[node] = existing
+                continue
+            depth = int(tree.position_offsets[node])
+            kind = (DRAFTER, min(depth, 4), min(int(tree.ranks[node]), 3))
+            p = self.model.rate(kind) * (nodes[parent].p if parent >= 0 else 1.0)
+            if p < 0.01:
+                continue
+            placed[node] = children[(parent, token)] = len(nodes)
+            nodes.append(_Node(token, parent, kind, p, (nodes[parent].depth if parent >= 0 else 0) + 1))
+
+    def observe(self, verify, accepted) -> None:
+        if self._drafted and self._draft is not None:
+            on_path = set(accepted.slots)
+            gain = sum(1 for node in on_path if self._kinds[node - 1][0] == DRAFTER)
+            self._drafter_gain = (1 - EMA) * self._drafter_gain + EMA * gain
+        super().observe(verify, accepted)
+        if self._deferrable:
+            self._pending.append(self.drafter.defer(verify, accepted))
+        else:
+            self.drafter.observe(verify, accepted)
