@@ -35,7 +35,8 @@ def user_errors(fn):
 
 
 SPIN_HELP = ("ONNX Runtime's intra-op workers spin between ops: about 15% faster decoding on cores nothing else "
-             "uses, much slower on a shared machine (default: off, or TRTSPEC_ORT_SPIN=1).")
+             "uses, much slower on a shared machine: pass --no-spin there (default: spin, or TRTSPEC_ORT_SPIN=0 "
+             "for off; engines whose drafter runs in a second session spin only with --spin).")
 
 
 @click.group()

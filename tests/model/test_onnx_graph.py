@@ -354,7 +354,7 @@ def test_check_graph_names_the_broken_file(tmp_path, exported):
 
 @pytest.mark.parametrize("threads, expected", [(1, 1), (3, 3), (None, os.cpu_count())])
 def test_session_options(threads, expected):
-    options = session_options(threads)
+    options = session_options(threads, spin=False)
     assert options.intra_op_num_threads == expected and options.inter_op_num_threads == 1
     assert options.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
     assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -364,9 +364,12 @@ def test_session_options(threads, expected):
 
 
 @pytest.mark.parametrize("env, spin, spinning", [("1", None, "1"), ("0", None, "0"), ("0", True, "1"),
-                                                 ("1", False, "0")])
-def test_spinning_is_opt_in_and_an_explicit_choice_overrides_the_environment(monkeypatch, env, spin, spinning):
-    monkeypatch.setenv("TRTSPEC_ORT_SPIN", env)
+                                                 ("1", False, "0"), (None, None, "1")])
+def test_spinning_is_the_default_and_an_explicit_choice_overrides_the_environment(monkeypatch, env, spin, spinning):
+    if env is None:
+        monkeypatch.delenv("TRTSPEC_ORT_SPIN", raising=False)
+    else:
+        monkeypatch.setenv("TRTSPEC_ORT_SPIN", env)
     options = session_options(2, spin)
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == spinning
     assert options.get_session_config_entry("session.force_spinning_stop") == {"1": "0", "0": "1"}[spinning]

@@ -227,3 +227,13 @@ def test_hybrid_needs_a_trained_drafter(engines, tmp_path):
                                       "slot_profiles": (2, 3, 5, 9)})()
     with pytest.raises(ConfigError, match="method hybrid needs an engine with a trained drafter"):
         make_proposer("hybrid", plain_engine)
+
+
+def test_spinning_is_the_default_except_where_a_drafter_has_its_own_session(engines, monkeypatch):
+    monkeypatch.delenv("TRTSPEC_ORT_SPIN", raising=False)
+    for name in ("medusa", "eagle"):
+        path = engines[name][0].engine_dir
+        assert not OrtEngine(path, threads=1).spin  # two sessions' spinning pools would take each other's cores
+        assert OrtEngine(path, threads=1, spin=True).spin
+    monkeypatch.setenv("TRTSPEC_ORT_SPIN", "0")
+    assert not OrtEngine(engines["medusa"][0].engine_dir, threads=1, spin=None).spin

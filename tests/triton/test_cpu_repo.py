@@ -117,13 +117,22 @@ def test_repository_moves_with_the_engine(tiny_engine, tmp_path):
     (["--method", "eagle"], "--method eagle: the engine was built for medusa (engine); it runs none, ngram, suffix, "
                             "medusa or hybrid"),
     (["--datastore", "MISSING"], "does not exist"),
+    (["--method", "hybrid", "--plain"], "--method hybrid: the engine was built for none"),
     (["--datastore", "CORRUPT"], "its first bytes are"),
 ])
 def test_bad_options_fail_in_one_line_and_write_nothing(tiny_engine, tmp_path_factory, tmp_path, args, message):
     elsewhere = tmp_path_factory.mktemp("stores")
     (elsewhere / "corrupt.ds").write_bytes(b"\x00" * 64)
     args = [{"MISSING": str(elsewhere / "missing.ds"), "CORRUPT": str(elsewhere / "corrupt.ds")}.get(a, a) for a in args]
-    result = CliRunner().invoke(cli, ["deploy", str(tiny_engine), "--out", str(tmp_path / "repo"), *args])
+    engine = tiny_engine
+    if "--plain" in args:  # the same engine without its heads
+        engine = elsewhere / "plain"
+        shutil.copytree(tiny_engine, engine)
+        manifest = json.loads((engine / "manifest.json").read_text())
+        manifest["method"] = "none"
+        (engine / "manifest.json").write_text(json.dumps(manifest))
+        args = [a for a in args if a != "--plain"]
+    result = CliRunner().invoke(cli, ["deploy", str(engine), "--out", str(tmp_path / "repo"), *args])
     assert result.exit_code == 1 and result.output.strip() == f"error: {message}" or message in result.output
     assert result.output.count("\n") == 1 and "Traceback" not in result.output
     assert not (tmp_path / "repo").exists() and list(tmp_path.iterdir()) == []

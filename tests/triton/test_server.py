@@ -79,18 +79,18 @@ def test_sixteen_streams_mixed_lengths_and_speculation(server, local, tiny_repo)
 
 
 def test_each_request_chooses_its_drafter(server, local):
-    """draft_method per request: ngram, none and the engine's own (Medusa) in flight together, every output equal to
-    plain local decoding; only the drafting requests draft."""
-    prompts = _prompts(9, seed=5)
-    methods = ["ngram", "none", "medusa"] * 3
-    results = generate_concurrently(server.grpc_url, prompts, concurrency=9,
+    """draft_method per request: ngram, suffix, hybrid, none and the engine's own (Medusa) in flight together, every
+    output equal to plain local decoding; only the drafting requests draft."""
+    prompts = _prompts(10, seed=5)
+    methods = ["ngram", "none", "medusa", "suffix", "hybrid"] * 2
+    results = generate_concurrently(server.grpc_url, prompts, concurrency=10,
                                     options_for=lambda i: GenerateOptions(max_tokens=32, method=methods[i]))
     for i, result in enumerate(results):
         assert not isinstance(result, BaseException), result
         assert result.output_ids == local.generate(prompts[i], GenerateOptions(max_tokens=32, no_spec=True)).output_ids
         if methods[i] == "none":
             assert result.draft_tokens == 0
-    assert all(results[i].draft_tokens > 0 for i in range(9) if methods[i] == "medusa")
+    assert all(results[i].draft_tokens > 0 for i in range(10) if methods[i] in ("medusa", "hybrid"))
 
 
 def test_suffix_requests_draft_from_the_deployed_datastore(server, local):

@@ -9,17 +9,17 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import onnxruntime
 
-SPIN_ENV = "TRTSPEC_ORT_SPIN"  # "1": intra-op workers spin between ops (dedicated hosts only)
+SPIN_ENV = "TRTSPEC_ORT_SPIN"  # "0": intra-op workers sleep between ops (shared hosts); default "1": they spin
 
 
 def session_options(threads: int | None = None, spin: bool | None = None) -> onnxruntime.SessionOptions:
     """The ONNX Runtime options the engine runs with: all graph optimisations, sequential, `threads` intra-op.
 
-    Workers never spin (they sleep between ops) unless `spin` (None: TRTSPEC_ORT_SPIN=1): on a shared machine a
-    spinning worker takes the core the thread it waits for needs, and one left spinning after its session's run
-    takes a core from the session that runs next. SmolLM2-135M decode on 2 cores at load average 3.6: 263 ms a step
-    without spinning, 573 ms with spinning between ops (ONNX Runtime 1.32); on an idle machine spinning saves
-    10-17%, so a host that runs nothing else may spin (onnxruntime-genai spins by default).
+    Workers spin between ops unless `spin` is False (None: TRTSPEC_ORT_SPIN, default "1"), as onnxruntime-genai's
+    do: on cores nothing else uses spinning saves 10-17% of a decode step. On a shared machine pass --no-spin
+    (TRTSPEC_ORT_SPIN=0): a spinning worker takes the core the thread it waits for needs, and one left spinning
+    after its session's run takes a core from the session that runs next. SmolLM2-135M decode on 2 cores at load
+    average 3.6: 263 ms a step without spinning, 573 ms with spinning between ops (ONNX Runtime 1.32).
 
     Denormal floats are flushed to zero: attention over a real cache produces them (tiny probabilities), and the
     CPU computes with them slowly. SmolLM2-135M decode step after a 400-token prompt: 54.8 ms without, 47.5 ms
@@ -38,8 +38,8 @@ def session_options(threads: int | None = None, spin: bool | None = None) -> onn
 
 
 def effective_spin(spin: bool | None) -> bool:
-    """Whether intra-op workers spin: `spin`, or TRTSPEC_ORT_SPIN=1 when None."""
-    return os.environ.get(SPIN_ENV, "0") == "1" if spin is None else spin
+    """Whether intra-op workers spin: `spin`, or TRTSPEC_ORT_SPIN (default "1") when None."""
+    return os.environ.get(SPIN_ENV, "1") != "0" if spin is None else spin
 
 
 def ort_session(path: Path, threads: int | None = None) -> onnxruntime.InferenceSession:

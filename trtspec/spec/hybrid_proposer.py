@@ -11,8 +11,9 @@ the drafter's tree; one that repeats its material gets a long chain; most steps 
 
 The drafter runs only where it pays for itself: its own time per step (catching up on the steps it skipped, then
 drafting) is measured, and so is how many of its nodes are accepted per step where it drafts; it drafts when
-those tokens are worth more than its time (a token is worth one plain step), and at least every `EXPLORE_EVERY`
-steps to keep the estimate fresh. On the steps it skips it only records what was committed (`defer`); before it
+those tokens are worth more than its time (a token is worth one plain step), and otherwise once in a while to keep
+the estimate fresh (after `EXPLORE_EVERY` steps, an interval that doubles, up to `EXPLORE_MAX`, each time such a
+look finds none of its nodes accepted: on a long copied passage the drafter stays quiet). On the steps it skips it only records what was committed (`defer`); before it
 drafts again it catches up in one run (`catch_up`: EAGLE extends its draft cache by every committed token at once,
 Medusa reruns its heads from the last verified hidden state), so its trees are as good as when it drafts every
 step. Outputs stay lossless: a draft is a set of deterministic token choices (q = 1), as for `NgramProposer`.
@@ -24,7 +25,7 @@ import time
 
 from trtspec.spec.ngram_proposer import DRAFTER, NgramProposer, _Node
 
-EXPLORE_EVERY = 8  # the drafter drafts at least once in this many steps
+EXPLORE_EVERY, EXPLORE_MAX = 8, 64  # the drafter drafts at least once in this many steps (backing off to the max)
 EMA = 0.2  # weight of the newest step in the drafter's measured time and gain
 DEFAULT_STEP_MS = 40.0  # a plain step's time where the verify curve has no measured milliseconds
 
@@ -39,8 +40,8 @@ class HybridProposer(NgramProposer):
         self._pending: list = []  # deferred entries of the steps the drafter skipped
         self._drafter_ms: float | None = None  # measured time of a drafting step (catch-up + propose)
         self._drafter_gain = 0.5  # its accepted nodes per step where it drafted (a prior, then measured)
-        self._since_drafted = 0
-        self._drafted = False  # the drafter drafted this step
+        self._since_drafted, self._explore_every = 0, EXPLORE_EVERY
+        self._drafted = self._exploring = False  # the drafter drafted this step (because it was time to look)
         self.drafter_steps = self.steps = 0
 
     def start(self, engine, seq, prefill, prompt_ids, root) -> None:
@@ -62,10 +63,14 @@ class HybridProposer(NgramProposer):
 
     def _drafter_pays(self) -> bool:
         self._since_drafted += 1
-        if not self._deferrable or self._drafter_ms is None or self._since_drafted >= EXPLORE_EVERY:
+        self._exploring = False
+        if not self._deferrable or self._drafter_ms is None:
             return True
         step_ms = self.costs.step_ms[0] if self.costs.step_ms else DEFAULT_STEP_MS
-        return self._drafter_gain * step_ms > self._drafter_ms
+        if self._drafter_gain * step_ms > self._drafter_ms:
+            return True
+        self._exploring = self._since_drafted >= self._explore_every
+        return self._exploring
 
     def _drafter_candidates(self, nodes: list[_Node], children: dict) -> None:
         began = time.perf_counter()
@@ -100,6 +105,8 @@ class HybridProposer(NgramProposer):
             on_path = set(accepted.slots)
             gain = sum(1 for node in on_path if self._kinds[node - 1][0] == DRAFTER)
             self._drafter_gain = (1 - EMA) * self._drafter_gain + EMA * gain
+            if self._exploring:
+                self._explore_every = EXPLORE_EVERY if gain else min(2 * self._explore_every, EXPLORE_MAX)
         super().observe(verify, accepted)
         if self._deferrable:
             self._pending.append(self.drafter.defer(verify, accepted))
