@@ -255,10 +255,14 @@ def _dynamic_tree(text: str | None, cls):
 @click.option("--seed", type=int, help="Sampling seed.")
 @click.option("--no-spec", is_flag=True, help="Same engine, speculation off.")
 @click.option("--method", help="Drafter: none, ngram (prompt lookup + Token Recycling, any engine with K >= 1), "
-                               "suffix (ngram plus recent outputs and --datastore), the engine's own (default), or "
+                               "suffix (ngram plus recent outputs and --datastore), lookahead (Jacobi + n-gram "
+                               "pool, --lookahead W,N,G), the engine's own (default), or "
                                "hybrid (the engine's Medusa / EAGLE tree merged with suffix's candidates).")
 @click.option("--datastore", type=click.Path(dir_okay=False, path_type=Path),
               help="--method suffix: a corpus built with `trtspec datastore build`.")
+@click.option("--lookahead", "lookahead_text", metavar="W,N,G",
+              help="--method lookahead: window, n-gram and verification-set sizes (TensorRT-LLM's; default: the "
+                   "engine's, or the largest of 4,3,4 / 3,3,3 / 2,3,2 / 2,2,2 / 2,2,1 that fits its K).")
 @click.option("--wait", "wait_s", type=float, default=0.0, help="--url: wait up to this many seconds for the server.")
 @click.option("--stream/--no-stream", default=None,
               help="Print text as it is generated (default: on with --url, off locally, where prompts are batched).")
@@ -272,8 +276,14 @@ def _dynamic_tree(text: str | None, cls):
 def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_file: Path | None,
              prompt_set: str | None, limit: int | None, as_json: bool, stream: bool | None, threads: int | None,
              spin: bool | None, concurrency: int, model_name: str, wait_s: float, datastore: Path | None,
-             **flags) -> None:
+             lookahead_text: str | None, **flags) -> None:
     """Generate with a built engine in process, or with a served one over gRPC (--url)."""
+    if lookahead_text is not None:
+        if flags.get("method") != "lookahead":
+            raise click.UsageError("--lookahead W,N,G configures --method lookahead; pass the method too")
+        from trtspec.spec.lookahead_proposer import LookaheadConfig
+
+        flags["lookahead"] = LookaheadConfig.parse(lookahead_text)
     if datastore is not None and flags.get("method") not in ("suffix", "hybrid"):
         raise click.UsageError("--datastore is the corpus of --method suffix (or hybrid); pass the method too")
     if datastore is not None and url is not None:

@@ -16,6 +16,7 @@ from trtspec.runtime.loop import GenerationConfig, GenerationResult, Request, ge
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.spec.datastore import Datastore, RecentOutputs
 from trtspec.spec.eagle_proposer import DynamicTree
+from trtspec.spec.lookahead_proposer import LookaheadConfig
 from trtspec.spec.methods import make_proposer
 from trtspec.spec.ngram_proposer import AcceptanceModel, NgramConfig
 from trtspec.spec.proposer import Proposer
@@ -33,6 +34,7 @@ class GenerateOptions:
     no_spec: bool = False
     method: str | None = None  # the drafter (none, ngram, suffix, or the engine's own); None: the manifest's
     ngram: NgramConfig | None = None  # methods ngram / suffix: their options (None: the defaults)
+    lookahead: LookaheadConfig | None = None  # method lookahead: (W, N, G) (None: the engine's, or one fitting K)
 
 
 @dataclass(frozen=True)
@@ -82,12 +84,15 @@ class LocalGenerator:
 
         return tokenizer_fingerprint(Path(engine_dir) / self.manifest.tokenizer)
 
-    def proposer(self, no_spec: bool = False, method: str | None = None, ngram: NgramConfig | None = None) -> Proposer:
-        """A drafter for one sequence: `method` (none / ngram / suffix / the engine's own), else the manifest's."""
+    def proposer(self, no_spec: bool = False, method: str | None = None, ngram: NgramConfig | None = None,
+                 lookahead: LookaheadConfig | None = None) -> Proposer:
+        """A drafter for one sequence: `method` (none / ngram / suffix / lookahead / hybrid / the engine's own), else
+        the manifest's."""
         method = "none" if no_spec else method or self.manifest.method.value
         dynamic = DynamicTree(**self.manifest.dynamic_tree) if self.manifest.method is Method.EAGLE2 else None
         return make_proposer(method, self.engine, tree=self._tree, dynamic=dynamic, ngram=ngram,
-                             acceptance=self.acceptance, datastore=self.datastore, recent=self.recent)
+                             acceptance=self.acceptance, datastore=self.datastore, recent=self.recent,
+                             lookahead=lookahead)
 
     def encode(self, prompt: str | list[dict] | list[int]) -> list[int]:
         """Token ids of a prompt: ids as is; text and chat messages through the tokenizer's chat template."""
@@ -119,7 +124,7 @@ class LocalGenerator:
         return Generation(index, result.output_ids, self._decode(result.output_ids), result)
 
     def _proposer(self, options: GenerateOptions) -> Proposer:
-        return self.proposer(options.no_spec, options.method, options.ngram)
+        return self.proposer(options.no_spec, options.method, options.ngram, options.lookahead)
 
     def _decode(self, ids: list[int]) -> str | None:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else None

@@ -87,6 +87,12 @@ class EagleProposer:
     def defer(verify: StepOutput, accepted: Accepted):
         return _entries(verify, accepted)
 
+    def start_deferred(self, engine: Engine, seq: int, prefill: StepOutput, prompt_ids: np.ndarray, root: int):
+        """`start` without the draft run over the prompt: its entries, for a later `catch_up`."""
+        self._engine, self._seq = engine, seq
+        tokens = np.append(np.asarray(prompt_ids[1:], dtype=np.int64), root)
+        return tokens, np.array(prefill.hidden, dtype=np.float32, copy=True)
+
     def catch_up(self, entries: list) -> None:
         self._extend(np.concatenate([t for t, _ in entries]), np.concatenate([f for _, f in entries]))
 

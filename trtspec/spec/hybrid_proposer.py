@@ -9,7 +9,8 @@ into one trie: prompt lookup first (a long match is the surest), then the suffix
 then Token Recycling; a node two sources propose is drafted once. A sequence whose prompt has nothing to copy gets
 the drafter's tree; one that repeats its material gets a long chain; most steps get some of both.
 
-The drafter runs only where it pays for itself: its own time per step (catching up on the steps it skipped, then
+The drafter runs only where it pays for itself — and first on a step where the other candidates offer little (a
+grounded prompt's opening steps copy its material without it): its own time per step (catching up on the steps it skipped, then
 drafting) is measured, and so is how many of its nodes are accepted per step where it drafts; it drafts when
 those tokens are worth more than its time (a token is worth one plain step), and otherwise once in a while to keep
 the estimate fresh (after `EXPLORE_EVERY` steps, an interval that doubles, up to `EXPLORE_MAX`, each time such a
@@ -28,6 +29,7 @@ from trtspec.spec.ngram_proposer import DRAFTER, NgramProposer, _Node
 EXPLORE_EVERY, EXPLORE_MAX = 8, 64  # the drafter drafts at least once in this many steps (backing off to the max)
 EMA = 0.2  # weight of the newest step in the drafter's measured time and gain
 DEFAULT_STEP_MS = 40.0  # a plain step's time where the verify curve has no measured milliseconds
+FIRST_LOOK_BELOW = 1.0  # the drafter first drafts on a step whose other candidates expect fewer tokens than this
 
 
 class HybridProposer(NgramProposer):
@@ -36,7 +38,7 @@ class HybridProposer(NgramProposer):
     def __init__(self, drafter, costs, config, **kwargs):
         super().__init__(costs, config, **kwargs)
         self.drafter = drafter
-        self._deferrable = hasattr(drafter, "defer") and hasattr(drafter, "catch_up")
+        self._deferrable = all(hasattr(drafter, m) for m in ("defer", "catch_up", "start_deferred"))
         self._pending: list = []  # deferred entries of the steps the drafter skipped
         self._drafter_ms: float | None = None  # measured time of a drafting step (catch-up + propose)
         self._drafter_gain = 0.5  # its accepted nodes per step where it drafted (a prior, then measured)
@@ -46,7 +48,10 @@ class HybridProposer(NgramProposer):
 
     def start(self, engine, seq, prefill, prompt_ids, root) -> None:
         super().start(engine, seq, prefill, prompt_ids, root)
-        self.drafter.start(engine, seq, prefill, prompt_ids, root)
+        if self._deferrable:  # the drafter's pass over the prompt waits until it first drafts
+            self._pending.append(self.drafter.start_deferred(engine, seq, prefill, prompt_ids, root))
+        else:
+            self.drafter.start(engine, seq, prefill, prompt_ids, root)
 
     def _candidates(self) -> list[_Node]:
         nodes: list[_Node] = []
@@ -55,17 +60,19 @@ class HybridProposer(NgramProposer):
         for kind, source in self.sources:
             self._source_candidates(nodes, children, kind, source)
         self.steps += 1
-        self._drafted = self._drafter_pays()
+        self._drafted = self._drafter_pays(nodes)
         if self._drafted:
             self._drafter_candidates(nodes, children)
         self._recycle_candidates(nodes)
         return nodes
 
-    def _drafter_pays(self) -> bool:
+    def _drafter_pays(self, nodes: list[_Node]) -> bool:
         self._since_drafted += 1
         self._exploring = False
-        if not self._deferrable or self._drafter_ms is None:
+        if not self._deferrable:
             return True
+        if self._drafter_ms is None:  # never drafted: first where the sequence itself offers little
+            return sum(node.p for node in nodes) < FIRST_LOOK_BELOW
         step_ms = self.costs.step_ms[0] if self.costs.step_ms else DEFAULT_STEP_MS
         if self._drafter_gain * step_ms > self._drafter_ms:
             return True

@@ -44,6 +44,10 @@ class MedusaProposer:
     def defer(verify: StepOutput, accepted: Accepted):
         return np.array(verify.hidden[accepted.last_slot], copy=True)
 
+    def start_deferred(self, engine: Engine, seq, prefill: StepOutput, prompt_ids, root):
+        self._engine = engine
+        return np.array(prefill.hidden[-1], copy=True)
+
     def catch_up(self, entries: list) -> None:
         self._head_logits = self._engine.medusa_logits(entries[-1])
 

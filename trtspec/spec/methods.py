@@ -5,6 +5,7 @@ from __future__ import annotations
 from trtspec.errors import ConfigError
 from trtspec.runtime.engine import Engine
 from trtspec.spec.eagle_proposer import DynamicTree, EagleProposer
+from trtspec.spec.lookahead_proposer import LookaheadConfig, LookaheadProposer
 from trtspec.spec.medusa_proposer import MedusaProposer
 from trtspec.spec.datastore import Datastore, RecentOutputs
 from trtspec.spec.ngram_proposer import SUFFIX_CORPUS, SUFFIX_RECENT, AcceptanceModel, NgramConfig, NgramProposer
@@ -12,17 +13,21 @@ from trtspec.spec.proposer import NoDraft, Proposer
 from trtspec.spec.step_costs import StepCosts
 from trtspec.spec.tree import Tree
 
-METHODS = ("none", "medusa", "eagle", "eagle2", "ngram", "suffix", "hybrid")
-TRAINING_FREE = ("ngram", "suffix")  # need no drafter: any engine built with K >= 1 runs them
+METHODS = ("none", "medusa", "eagle", "eagle2", "ngram", "suffix", "lookahead", "hybrid")
+TRAINING_FREE = ("ngram", "suffix", "lookahead")  # need no drafter: any engine built with K >= 1 runs them
+# lookahead's (W, N, G) when neither the request nor the engine names one: the largest of these that fits K
+LOOKAHEAD_DEFAULTS = ((4, 3, 4), (3, 3, 3), (2, 3, 2), (2, 2, 2), (2, 2, 1))
 HYBRID = "hybrid"  # the engine's own drafter (Medusa / EAGLE) plus suffix's candidates, one tree
 
 
 def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dynamic: DynamicTree | None = None,
                   ngram: NgramConfig | None = None, acceptance: AcceptanceModel | None = None,
-                  datastore: Datastore | None = None, recent: RecentOutputs | None = None) -> Proposer:
+                  datastore: Datastore | None = None, recent: RecentOutputs | None = None,
+                  lookahead: LookaheadConfig | None = None) -> Proposer:
     """A fresh proposer for one sequence; `tree` for medusa / eagle (EAGLE-1), `dynamic` for eagle2, `ngram` (and
     an `acceptance` model shared across sequences) for ngram and suffix; suffix also looks up the shared `recent`
-    outputs and the `datastore` corpus (either may be None); hybrid merges the engine's own drafter (`tree` or
+    outputs and the `datastore` corpus (either may be None); lookahead runs `lookahead`'s (W, N, G) (default: the
+    engine's, else the largest of LOOKAHEAD_DEFAULTS that fits its K); hybrid merges the engine's own drafter (`tree` or
     `dynamic` as for it) with suffix's candidates."""
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -32,6 +37,8 @@ def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dyna
         if engine.max_draft_len < 1:
             raise ConfigError(f"method {method} needs an engine built with --max-draft-len K >= 1 (this one has "
                               "K = 0)")
+        if method == "lookahead":
+            return LookaheadProposer(lookahead_config(engine, lookahead))
         sources = ()
         if method == "suffix":
             sources = tuple((kind, source) for kind, source in ((SUFFIX_RECENT, recent), (SUFFIX_CORPUS, datastore))
@@ -63,6 +70,20 @@ def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dyna
     if not engine.has_eagle_draft:
         raise ConfigError(f"method {method} needs an engine built from an EAGLE checkpoint (it has no draft)")
     return EagleProposer(tree) if method == "eagle" else EagleProposer(dynamic=dynamic)
+
+
+def lookahead_config(engine: Engine, requested: LookaheadConfig | None) -> LookaheadConfig:
+    """The (W, N, G) a lookahead request runs, checked against the engine's K and its own (W, N, G) if it has one."""
+    manifest = getattr(engine, "manifest", None)
+    own = LookaheadConfig(**manifest.lookahead) if manifest is not None and manifest.lookahead else None
+    config = requested or own or next(
+        (c for c in (LookaheadConfig(*d) for d in LOOKAHEAD_DEFAULTS) if c.max_draft_len <= engine.max_draft_len),
+        None)
+    if config is None:
+        raise ConfigError(f"method lookahead: the engine's max_draft_len {engine.max_draft_len} holds no lookahead "
+                          "step (the smallest, (W, N, G) = 2,2,1, needs 2)")
+    config.check_fits(engine.max_draft_len, own)
+    return config
 
 
 def _need(value, method: str):
