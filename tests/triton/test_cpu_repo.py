@@ -113,9 +113,10 @@ def test_repository_moves_with_the_engine(tiny_engine, tmp_path):
     (["--max-batch-size", "9"], "--max-batch-size 9 exceeds the engine's max_batch_size 8"),
     (["--instances", "0"], "--instances must be >= 1, got 0"),
     (["--flavour", "trtllm"], "--flavour trtllm needs a trtllm engine; the manifest's backend is 'onnx'"),
-    (["--method", "lookup"], "--method 'lookup' is not one of none, medusa, eagle, eagle2, ngram, suffix"),
+    (["--method", "lookup"], "--method 'lookup' is not one of none, medusa, eagle, eagle2, ngram, suffix, lookahead, "
+                             "hybrid"),
     (["--method", "eagle"], "--method eagle: the engine was built for medusa (engine); it runs none, ngram, suffix, "
-                            "medusa or hybrid"),
+                            "lookahead, medusa or hybrid"),
     (["--datastore", "MISSING"], "does not exist"),
     (["--method", "hybrid", "--plain"], "--method hybrid: the engine was built for none"),
     (["--datastore", "CORRUPT"], "its first bytes are"),

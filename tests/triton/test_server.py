@@ -108,6 +108,21 @@ def test_suffix_requests_draft_from_the_deployed_datastore(server, local):
     assert sum(r.accepted_tokens for r in suffix) > sum(r.accepted_tokens for r in ngram)
 
 
+def test_lookahead_requests_choose_their_window(server, local):
+    """draft_method lookahead with tensorrtllm_backend's lookahead_* sizes per request, through the ensemble: every
+    output is plain greedy, whatever (W, N, G) each request runs."""
+    from trtspec.spec.lookahead_proposer import LookaheadConfig
+
+    prompts = _prompts(6, seed=9)
+    windows = [LookaheadConfig(2, 3, 2), None, LookaheadConfig(3, 2, 3), LookaheadConfig(2, 2, 1)] * 2
+    results = generate_concurrently(server.grpc_url, prompts, concurrency=6, options_for=lambda i: GenerateOptions(
+        max_tokens=32, method="lookahead", lookahead=windows[i]))
+    for i, result in enumerate(results):
+        assert not isinstance(result, BaseException), result
+        assert result.output_ids == local.generate(prompts[i], GenerateOptions(max_tokens=32, no_spec=True)).output_ids
+        assert result.draft_tokens > 0
+
+
 def test_non_streaming_request_and_direct_engine_call(server, local):
     prompt = "Hello world"
     with TritonClient(server.grpc_url) as client:
@@ -201,10 +216,19 @@ def test_text_output_reads_as_nvidias_clients_read_it(server, local, stream):
       ("repetition_penalty", np.array([[1.3]], np.float32))], "repetition_penalty = 1.29"),
     ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[8]], np.int32)),
       ("draft_method", np.array([[b"lookup"]], np.object_))],
-     "draft_method 'lookup' is not one of none, medusa, eagle, eagle2, ngram, suffix"),
+     "draft_method 'lookup' is not one of none, medusa, eagle, eagle2, ngram, suffix, lookahead, hybrid"),
     ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[8]], np.int32)),
       ("draft_method", np.array([[b"eagle"]], np.object_))],
      "draft_method eagle: the engine was built for medusa"),
+    ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[8]], np.int32)),
+      ("draft_method", np.array([[b"lookahead"]], np.object_)), ("lookahead_window_size", np.array([[5]], np.int32))],
+     "lookahead_* (W, N, G) = 5,3,2 drafts up to 13 tokens a step ((W + G)(N - 1) - 1) but the engine's "
+     "max_draft_len is 8"),
+    ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[8]], np.int32)),
+      ("draft_method", np.array([[b"lookahead"]], np.object_)), ("lookahead_ngram_size", np.array([[1]], np.int32))],
+     "lookahead ngram_size must be an int >= 2, got 1"),
+    ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[8]], np.int32)),
+      ("lookahead_window_size", np.array([[2]], np.int32))], "send draft_method \"lookahead\" too"),
 ])
 def test_bad_requests_get_an_error_and_the_server_keeps_serving(server, local, inputs, message):
     got = _stream_once(server.grpc_url, "ensemble", [_tensor(n, a) for n, a in inputs])

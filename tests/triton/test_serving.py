@@ -21,7 +21,7 @@ def generator(tiny_engine):
 
 
 def _service(generator, max_batch_size=4, **kwargs):
-    return EngineService(generator.engine, lambda spec, method: generator.proposer(no_spec=not spec),
+    return EngineService(generator.engine, lambda spec, method, lookahead: generator.proposer(no_spec=not spec),
                          max_batch_size=max_batch_size, **kwargs)
 
 

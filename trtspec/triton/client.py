@@ -85,6 +85,14 @@ def build_inputs(prompt: str, options: GenerateOptions, *, stream: bool, stop_wo
             raise ServerError("this deployment has no draft_method input (a TensorRT-LLM engine runs the method it "
                               "was built for); --method works against trtspec's CPU flavour")
         inputs.append(tensor("draft_method", np.array([[options.method.encode()]], np.object_)))
+    if options.lookahead is not None:
+        la = options.lookahead
+        for name, value in (("lookahead_window_size", la.window_size), ("lookahead_ngram_size", la.ngram_size),
+                            ("lookahead_verification_set_size", la.verification_set_size)):
+            if not has(name):
+                raise ServerError(f"this deployment has no {name} input; --lookahead works against a deployment "
+                                  "that takes it (trtspec's CPU flavour)")
+            inputs.append(tensor(name, np.array([[value]], np.int32)))
     if accepted is not None and "return_perf_metrics" in accepted and "num_draft_tokens" not in accepted:
         inputs.append(tensor("return_perf_metrics", np.array([[True]], np.bool_)))
     if stop_words:

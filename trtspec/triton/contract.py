@@ -60,11 +60,15 @@ ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = (
     _t("sequence_index", "TYPE_INT32"),
 )
 
-# trtspec's additions: a per-request switch and drafter (none, ngram, the engine's own), the acceptance counters
-# upstream lacks, and the token ids (what tests and benchmarks compare exactly).
+# trtspec's additions: a per-request switch and drafter (none, ngram, suffix, lookahead, hybrid, the engine's own),
+# lookahead's per-request (W, N, G) under tensorrtllm_backend's own tensorrt_llm input names (upstream's ensemble
+# does not pass them on), the acceptance counters upstream lacks, and the token ids (what tests and benchmarks
+# compare exactly).
+LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
 TRTSPEC_INPUTS: tuple[Tensor, ...] = (
     _t("use_speculation", "TYPE_BOOL"),
     _t("draft_method", "TYPE_STRING"),
+    *(_t(name, "TYPE_INT32") for name in LOOKAHEAD_INPUTS),
 )
 TRTSPEC_OUTPUTS: tuple[Tensor, ...] = (
     _t("output_ids", "TYPE_INT32", (-1, -1)),  # [beams, tokens]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from trtspec.engine.manifest import Manifest
 from trtspec.errors import RepositoryError
-from trtspec.triton.contract import (CLIENT_TO_LLM, CLIENT_TO_PRE, PRE_TO_LLM, cpu_ensemble_inputs,
+from trtspec.triton.contract import (CLIENT_TO_LLM, CLIENT_TO_PRE, LOOKAHEAD_INPUTS, PRE_TO_LLM, cpu_ensemble_inputs,
                                      cpu_ensemble_outputs, tensor as _t)
 from trtspec.triton.deploy import DeployOptions, check_options
 from trtspec.triton.pbtxt import ModelConfig, Step, render
@@ -43,6 +43,7 @@ ENGINE_INPUTS = (
     _t("return_context_logits", "TYPE_BOOL"), _t("return_generation_logits", "TYPE_BOOL"),
     _t("beam_width", "TYPE_INT32"), _t("num_return_sequences", "TYPE_INT32"), _t("streaming", "TYPE_BOOL"),
     _t("exclude_input_in_output", "TYPE_BOOL"), _t("use_speculation", "TYPE_BOOL"), _t("draft_method", "TYPE_STRING"),
+    *(_t(name, "TYPE_INT32") for name in LOOKAHEAD_INPUTS),
     _t("stop", "TYPE_BOOL"), _t("errors_in_band", "TYPE_BOOL"),
 )
 # engine inputs a client sends to the engine model directly, never through the ensemble (upstream's ensemble has no

@@ -23,7 +23,9 @@ import numpy as np
 from trtspec.engine.manifest import Manifest
 from trtspec.errors import ConfigError, TrtspecError
 from trtspec.runtime.loop import GenerationConfig, GenerationResult, InflightBatch, Request
+from trtspec.spec.lookahead_proposer import LookaheadConfig
 from trtspec.spec.proposer import Proposer
+from trtspec.triton.contract import LOOKAHEAD_INPUTS
 from trtspec.spec.sampling import SamplingParams
 from trtspec.triton.text import decode_word_list
 
@@ -38,6 +40,7 @@ class ItemRequest:
     config: GenerationConfig
     use_speculation: bool = True
     method: str | None = None  # draft_method: the drafter for this request (None: the deployment's)
+    lookahead: LookaheadConfig | None = None  # lookahead_*: method lookahead's (W, N, G) for this request
     streaming: bool = False
     exclude_input_in_output: bool = False
 
@@ -141,11 +144,34 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
             from trtspec.triton.deploy import check_method
 
             check_method(manifest, method, what="draft_method")
+        lookahead = _lookahead(inputs, b, manifest, method)
         items.append(ItemRequest(
             prompt, config, use_speculation=bool(_scalar(inputs, "use_speculation", b, True)), method=method or None,
+            lookahead=lookahead,
             streaming=bool(_first(inputs, ("streaming", "stream"), b, False)),
             exclude_input_in_output=bool(_scalar(inputs, "exclude_input_in_output", b, default_exclude_input))))
     return items
+
+
+def _lookahead(inputs: dict[str, np.ndarray], b: int, manifest, method: str | None) -> LookaheadConfig | None:
+    """A request's lookahead_window_size / _ngram_size / _verification_set_size, the rest from the engine's (W, N, G)
+    or the default that fits its K; checked against both. None when it sends none of them."""
+    given = {name: _scalar(inputs, name, b, None) for name in LOOKAHEAD_INPUTS}
+    if all(v is None for v in given.values()):
+        return None
+    if (method or manifest.method.value) != "lookahead":
+        raise ConfigError("lookahead_window_size / _ngram_size / _verification_set_size configure draft_method "
+                          "lookahead; send draft_method \"lookahead\" too")
+    from trtspec.spec.methods import LOOKAHEAD_DEFAULTS
+
+    own = LookaheadConfig(**manifest.lookahead) if manifest.lookahead else None
+    base = own or next((LookaheadConfig(*d) for d in LOOKAHEAD_DEFAULTS
+                        if LookaheadConfig(*d).max_draft_len <= manifest.profile.max_draft_len), LookaheadConfig(2, 2, 1))
+    values = {name.removeprefix("lookahead_"): int(v) if v is not None else getattr(base, name.removeprefix("lookahead_"))
+              for name, v in given.items()}
+    config = LookaheadConfig(**values)
+    config.check_fits(manifest.profile.max_draft_len, own, where="lookahead_*")
+    return config
 
 
 @dataclass(eq=False)
@@ -244,7 +270,8 @@ class EngineService:
     factories) and stops it; the scheduler drops a stopped job's sequences before the next step, frees their KV
     rows and reports them finished with reason "cancelled", and a stopped job still queued never starts."""
 
-    def __init__(self, engine, make_proposer: Callable[[bool, str | None], Proposer], max_batch_size: int,
+    def __init__(self, engine, make_proposer: Callable[[bool, str | None, LookaheadConfig | None], Proposer],
+                 max_batch_size: int,
                  cancel_poll_s: float = CANCEL_POLL_S, drain: DrainSignal | None = None):
         self.engine, self.make_proposer = engine, make_proposer
         self.batch = InflightBatch(engine, max_batch_size)
@@ -394,7 +421,8 @@ class EngineService:
             except Exception:  # a response that cannot be sent must not stop the other sequences
                 log.exception("sending a response failed")
 
-        request = Request(item.prompt_ids, self.make_proposer(item.use_speculation, item.method), item.config,
+        request = Request(item.prompt_ids, self.make_proposer(item.use_speculation, item.method, item.lookahead),
+                          item.config,
                           cancelled=job.cancelled, on_progress=progress)
         try:
             self.batch.add((job, index), request)

@@ -82,8 +82,8 @@ class TritonPythonModel:
         # `trtspec serve --drain-seconds`: before it stops Triton, no new requests, then what is left ends in an error
         drain_file = os.environ.get("TRTSPEC_DRAIN_FILE")
         self.service = EngineService(self.generator.engine,
-                                     lambda spec, method: self.generator.proposer(no_spec=not spec,
-                                                                                  method=method or self.method),
+                                     lambda spec, method, lookahead: self.generator.proposer(
+                                         no_spec=not spec, method=method or self.method, lookahead=lookahead),
                                      max_batch_size=min(batch, self.manifest.profile.max_batch_size),
                                      drain=DrainSignal(drain_file) if drain_file else None)
         self._logged_steps = 0
