@@ -48,7 +48,8 @@ def test_streaming_matches_local_generate(server, local):
             assert remote.text == "".join(pieces) == expected.text
             assert remote.responses > 1  # streamed, several tokens per response where drafts were accepted
             stats, want = remote.to_dict()["stats"], expected.to_dict()["stats"]
-            for key in ("steps", "draft_tokens", "accepted_tokens", "acceptance_rate", "acceptance_length"):
+            for key in ("steps", "draft_tokens", "accepted_tokens", "acceptance_rate", "acceptance_length",
+                        "steps_per_profile"):
                 assert stats[key] == want[key], key
             assert remote.finish_reason == expected.result.finish_reason
 

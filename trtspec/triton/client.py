@@ -7,6 +7,7 @@ acceptance statistics from trtspec's extra outputs.
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
@@ -36,6 +37,7 @@ class RemoteGeneration:
     ttft_s: float = 0.0
     total_s: float = 0.0
     responses: int = 0
+    steps_per_profile: dict[str, int] = field(default_factory=dict)  # trtspec's CPU flavour reports it
 
     def to_dict(self) -> dict:
         rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
@@ -43,6 +45,7 @@ class RemoteGeneration:
         tps = len(self.output_ids) / self.total_s if self.total_s else 0.0
         stats = {"steps": self.steps, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
                  "acceptance_rate": round(rate, 4), "acceptance_length": round(length, 4),
+                 "steps_per_profile": dict(self.steps_per_profile),
                  "ttft_ms": round(self.ttft_s * 1000, 2), "tokens_per_second": round(tps, 2)}
         return {"prompt_index": self.prompt_index, "output_ids": self.output_ids, "text": self.text,
                 "finish_reason": self.finish_reason, "stats": stats}
@@ -217,6 +220,9 @@ class TritonClient:
             value = result.as_numpy(name)
             if value is not None and value.size:
                 setattr(out, attr, int(value.reshape(-1)[0]))
+        profiles = result.as_numpy("steps_per_profile")
+        if profiles is not None and profiles.size and profiles.reshape(-1)[0]:
+            out.steps_per_profile = json.loads(profiles.reshape(-1)[0])
         reason = result.as_numpy("finish_reason")
         if reason is not None and reason.size and reason.reshape(-1)[0]:
             out.finish_reason = reason.reshape(-1)[0].decode()

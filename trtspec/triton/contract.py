@@ -75,6 +75,7 @@ TRTSPEC_OUTPUTS: tuple[Tensor, ...] = (
     _t("num_draft_tokens", "TYPE_INT32"),
     _t("num_accepted_tokens", "TYPE_INT32"),
     _t("num_verify_steps", "TYPE_INT32"),
+    _t("steps_per_profile", "TYPE_STRING"),  # JSON: slot profile → verify steps run over it, so far
     _t("finish_reason", "TYPE_STRING"),
 )
 

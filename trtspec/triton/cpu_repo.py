@@ -59,7 +59,7 @@ ENGINE_OUTPUTS = (
     _t("cum_log_probs", "TYPE_FP32", (-1,)), _t("output_log_probs", "TYPE_FP32", (-1, -1)),
     _t("batch_index", "TYPE_INT32"), _t("sequence_index", "TYPE_INT32"),
     _t("num_draft_tokens", "TYPE_INT32"), _t("num_accepted_tokens", "TYPE_INT32"),
-    _t("num_verify_steps", "TYPE_INT32"), _t("finish_reason", "TYPE_STRING"),
+    _t("num_verify_steps", "TYPE_INT32"), _t("steps_per_profile", "TYPE_STRING"), _t("finish_reason", "TYPE_STRING"),
     _t("stop_request_id", "TYPE_STRING"),  # the id a stop request names to end this request
 )
 POST_INPUTS = (_t("TOKENS_BATCH", "TYPE_INT32", (-1, -1), optional=False),

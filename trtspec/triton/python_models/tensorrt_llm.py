@@ -50,9 +50,15 @@ def _outputs(b: int, ids: list[int], result, finish: str | None, context: list[i
         pb_utils.Tensor("num_draft_tokens", scalar(stats.draft_tokens, np.int32)),
         pb_utils.Tensor("num_accepted_tokens", scalar(stats.accepted_tokens, np.int32)),
         pb_utils.Tensor("num_verify_steps", scalar(stats.steps, np.int32)),
+        pb_utils.Tensor("steps_per_profile", np.array([[profile_steps(stats)]], np.object_)),
         pb_utils.Tensor("finish_reason", np.array([[(finish or "").encode()]], np.object_)),
         pb_utils.Tensor("stop_request_id", np.array([[key.encode()]], np.object_)),
     ]
+
+
+def profile_steps(stats) -> bytes:
+    """The `steps_per_profile` output: {"slots": steps, ...} as JSON, smallest profile first."""
+    return json.dumps({str(k): v for k, v in sorted(stats.profile_steps.items())}).encode()
 
 
 class TritonPythonModel:
@@ -338,6 +344,7 @@ class TritonPythonModel:
                 pb_utils.Tensor("num_draft_tokens", column([s.draft_tokens for s in stats], np.int32)),
                 pb_utils.Tensor("num_accepted_tokens", column([s.accepted_tokens for s in stats], np.int32)),
                 pb_utils.Tensor("num_verify_steps", column([s.steps for s in stats], np.int32)),
+                pb_utils.Tensor("steps_per_profile", column([profile_steps(s) for s in stats], np.object_)),
                 pb_utils.Tensor("finish_reason", column([results[b].finish_reason.encode() for b in range(len(rows))],
                                                         np.object_)),
                 pb_utils.Tensor("stop_request_id", column([key.encode()] * len(rows), np.object_)),
