@@ -3,12 +3,9 @@ step, losslessness at T = 0 (batch 1 and 8) and T > 0, and the errors."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from scipy.stats import chisquare
 
 from trtspec.engine.trtllm_plan import Lookahead
 from trtspec.errors import ConfigError
@@ -18,8 +15,7 @@ from trtspec.spec.acceptance import Accepted
 from trtspec.spec.lookahead_proposer import LookaheadConfig, LookaheadProposer
 from trtspec.spec.methods import lookahead_config, make_proposer
 from trtspec.spec.proposer import NoDraft
-from trtspec.spec.sampling import SamplingParams
-from tests.spec.test_ngram import MarkovEngine, _deterministic_table, _prompts
+from tests.spec.test_ngram import MarkovEngine, _deterministic_table, _prompts, assert_keeps_the_target_distribution
 
 
 @pytest.mark.parametrize("w,n,g", [(4, 3, 4), (7, 7, 7), (2, 2, 1), (5, 4, 1), (2, 5, 3)])
@@ -89,21 +85,7 @@ def test_greedy_output_is_plain_greedy_output_batch_1_and_8():
 
 
 def test_sampled_output_keeps_the_target_distribution():
-    vocab = 4
-    table = np.random.default_rng(11).dirichlet(np.full(vocab, 0.7), size=vocab)
-    engine = MarkovEngine(table)
-    prompt = np.array([0, 1, 2, 3] * 4 + [0, 1])
-    outcomes, accepted = [], 0
-    for seed in range(6000):
-        config = GenerationConfig(max_tokens=3, sampling=SamplingParams(temperature=1.0, seed=seed))
-        result = generate(engine, prompt, LookaheadProposer(LookaheadConfig(2, 3, 2)), config)
-        outcomes.append(int(np.ravel_multi_index(result.output_ids, (vocab,) * 3)))
-        accepted += result.stats.accepted_tokens
-    expected = np.array([table[1, a] * table[a, b] * table[b, c]
-                         for a, b, c in itertools.product(range(vocab), repeat=3)])
-    counts = np.bincount(outcomes, minlength=vocab ** 3)
-    assert chisquare(counts, expected * counts.sum()).pvalue > 1e-4
-    assert accepted > 1000
+    assert_keeps_the_target_distribution(lambda: LookaheadProposer(LookaheadConfig(2, 3, 2)))
 
 
 def test_the_default_fits_the_engine_and_a_request_is_checked_against_it():

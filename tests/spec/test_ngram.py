@@ -193,24 +193,29 @@ def test_greedy_output_is_plain_greedy_output_batch_1_and_8():
     assert len(profiles) >= 3  # drafts of different lengths ran in different profiles
 
 
-def test_sampled_output_keeps_the_target_distribution():
-    """Three tokens sampled at T = 1 after a repetitive prompt: their joint frequencies over 6000 seeded runs
+def assert_keeps_the_target_distribution(new_proposer, runs: int = 6000) -> None:
+    """Three tokens sampled at T = 1 after a repetitive prompt: their joint frequencies over `runs` seeded runs
     follow the chain's own probabilities (chi-square p > 1e-4), while drafts are accepted often."""
     vocab = 4
     table = np.random.default_rng(11).dirichlet(np.full(vocab, 0.7), size=vocab)
-    engine, model = MarkovEngine(table), AcceptanceModel()
+    engine = MarkovEngine(table)
     prompt = np.array([0, 1, 2, 3] * 4 + [0, 1])
     outcomes, accepted = [], 0
-    for seed in range(6000):
+    for seed in range(runs):
         config = GenerationConfig(max_tokens=3, sampling=SamplingParams(temperature=1.0, seed=seed))
-        result = generate(engine, prompt, NgramProposer(COSTS, model=model), config)
+        result = generate(engine, prompt, new_proposer(), config)
         outcomes.append(int(np.ravel_multi_index(result.output_ids, (vocab,) * 3)))
         accepted += result.stats.accepted_tokens
     expected = np.array([table[1, a] * table[a, b] * table[b, c]
                          for a, b, c in itertools.product(range(vocab), repeat=3)])
     counts = np.bincount(outcomes, minlength=vocab ** 3)
     assert chisquare(counts, expected * counts.sum()).pvalue > 1e-4
-    assert accepted > 1000
+    assert accepted > runs / 6
+
+
+def test_sampled_output_keeps_the_target_distribution():
+    model = AcceptanceModel()
+    assert_keeps_the_target_distribution(lambda: NgramProposer(COSTS, model=model))
 
 
 def test_a_batch_shrinks_drafts_to_what_pays_for_every_row():

@@ -274,3 +274,13 @@ def test_a_missing_source_is_named(tmp_path):
     result = CliRunner().invoke(cli, ["datastore", "build", "--from", str(tmp_path / "none.jsonl"), "--out",
                                       str(tmp_path / "o.ds")])
     assert result.exit_code == 1 and "none.jsonl: no such file or folder" in result.output
+
+
+def test_suffix_sampled_output_keeps_the_target_distribution():
+    from tests.spec.test_ngram import assert_keeps_the_target_distribution
+
+    recent, model = RecentOutputs(min_output=2), AcceptanceModel()
+    corpus = _store([[0, 1, 2, 3, 0, 1, 2, 3], [1, 3, 2, 0]], vocab=4)
+    engine = MarkovEngine(_deterministic_table(4))
+    assert_keeps_the_target_distribution(
+        lambda: make_proposer("suffix", engine, acceptance=model, recent=recent, datastore=corpus), runs=4000)
