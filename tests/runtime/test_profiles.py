@@ -92,6 +92,7 @@ def test_inspect_shows_the_profiles(built):
     assert result.exit_code == 0 and "slot_profiles              2, 4, 9" in result.output
     as_json = json.loads(CliRunner().invoke(cli, ["inspect", str(root / "some"), "--json"]).output)
     assert as_json["slot_profiles"] == [2, 4, 9] and as_json["method"] == "none"
+    assert as_json["methods"] == ["none", "ngram", "suffix", "lookahead"]  # K = 8, no drafter of its own
 
 
 # ---- the step's profile and padding -------------------------------------------------------------------------

@@ -129,3 +129,14 @@ def test_generate_cli_refuses_a_bad_lookahead_in_one_line(tmp_path):
                                       "--lookahead", "a,b,c"])
     assert result.exit_code == 1 and result.output.strip() == "error: --lookahead 'a,b,c': expected W,N,G (three " \
                                                               "integers, e.g. 4,3,4)"
+
+
+@pytest.mark.parametrize("own,k,expected", [
+    ("none", 0, ("none",)), ("none", 1, ("none", "ngram", "suffix")),
+    ("none", 16, ("none", "ngram", "suffix", "lookahead")),
+    ("eagle2", 8, ("none", "eagle2", "ngram", "suffix", "lookahead", "hybrid")),
+])
+def test_runnable_methods_follow_the_engine(own, k, expected):
+    from trtspec.spec.methods import runnable_methods
+
+    assert runnable_methods(own, k) == expected

@@ -115,8 +115,8 @@ def test_repository_moves_with_the_engine(tiny_engine, tmp_path):
     (["--flavour", "trtllm"], "--flavour trtllm needs a trtllm engine; the manifest's backend is 'onnx'"),
     (["--method", "lookup"], "--method 'lookup' is not one of none, medusa, eagle, eagle2, ngram, suffix, lookahead, "
                              "hybrid"),
-    (["--method", "eagle"], "--method eagle: the engine was built for medusa (engine); it runs none, ngram, suffix, "
-                            "lookahead, medusa or hybrid"),
+    (["--method", "eagle"], "--method eagle: the engine was built for medusa (engine); it runs none, medusa, ngram, "
+                            "suffix, lookahead or hybrid"),
     (["--datastore", "MISSING"], "does not exist"),
     (["--method", "hybrid", "--plain"], "--method hybrid: the engine was built for none"),
     (["--datastore", "CORRUPT"], "its first bytes are"),

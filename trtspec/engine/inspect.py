@@ -25,6 +25,10 @@ def engine_summary(directory: Path) -> dict:
            "max_seq_len": p.max_seq_len}
     if m.tree:
         out["tree"] = [list(c) for c in m.tree]
+    if m.backend.value == "onnx":  # the drafters `generate --method` / `draft_method` may ask for
+        from trtspec.spec.methods import runnable_methods
+
+        out["methods"] = list(runnable_methods(m.method.value, p.max_draft_len))
     out["files"] = {rel: (directory / rel).stat().st_size for rel in sorted(set(m.files.values()))}
     curve = directory / CURVE_FILE
     if curve.is_file():

@@ -18,6 +18,19 @@ TRAINING_FREE = ("ngram", "suffix", "lookahead")  # need no drafter: any engine 
 # lookahead's (W, N, G) when neither the request nor the engine names one: the largest of these that fits K
 LOOKAHEAD_DEFAULTS = ((4, 3, 4), (3, 3, 3), (2, 3, 2), (2, 2, 2), (2, 2, 1))
 HYBRID = "hybrid"  # the engine's own drafter (Medusa / EAGLE) plus suffix's candidates, one tree
+TRAINED = ("medusa", "eagle", "eagle2")  # methods with a drafter built into the engine
+
+
+def runnable_methods(own: str, max_draft_len: int) -> tuple[str, ...]:
+    """The methods a CPU engine built for `own` with K = `max_draft_len` runs, in METHODS order."""
+    ok = {"none", own}
+    if max_draft_len >= 1:
+        ok |= {"ngram", "suffix"}
+    if max_draft_len >= 2:
+        ok.add("lookahead")
+    if own in TRAINED:
+        ok.add(HYBRID)
+    return tuple(m for m in METHODS if m in ok)
 
 
 def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dynamic: DynamicTree | None = None,

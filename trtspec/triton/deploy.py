@@ -88,7 +88,7 @@ def check_datastore(manifest: Manifest, engine_dir: Path, path: Path) -> None:
 
 def check_method(manifest: Manifest, method: str, what: str = "--method") -> None:
     """`--method` (or a request's `draft_method`): a drafter the engine can run, checked before anything runs."""
-    from trtspec.spec.methods import METHODS, TRAINING_FREE
+    from trtspec.spec.methods import METHODS, TRAINING_FREE, runnable_methods
 
     if manifest.backend is not Backend.ONNX:
         raise ConfigError(f"{what} applies to the CPU flavour only (a TensorRT-LLM engine runs the method it was "
@@ -99,12 +99,13 @@ def check_method(manifest: Manifest, method: str, what: str = "--method") -> Non
     if method in TRAINING_FREE and manifest.profile.max_draft_len < 1:
         raise ConfigError(f"{what} {method}: the engine was built with max_draft_len 0; rebuild it with "
                           "--max-draft-len K (e.g. 16)")
-    if method == "hybrid" and own in ("medusa", "eagle", "eagle2"):
-        return
-    if method not in ("none", own, *TRAINING_FREE):
-        runs = f"{own} or hybrid" if own in ("medusa", "eagle", "eagle2") else own
-        raise ConfigError(f"{what} {method}: the engine was built for {own} ({manifest.name}); it runs none, "
-                          f"{', '.join(TRAINING_FREE)}, {runs}")
+    if method == "lookahead" and manifest.profile.max_draft_len < 2:
+        raise ConfigError(f"{what} lookahead: the engine was built with max_draft_len "
+                          f"{manifest.profile.max_draft_len}; its smallest step, (W, N, G) = 2,2,1, drafts 2")
+    runs = runnable_methods(own, manifest.profile.max_draft_len)
+    if method not in runs:
+        raise ConfigError(f"{what} {method}: the engine was built for {own} ({manifest.name}); it runs "
+                          f"{', '.join(runs[:-1])} or {runs[-1]}")
 
 
 def deploy(options: DeployOptions) -> Path:
