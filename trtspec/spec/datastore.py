@@ -6,8 +6,8 @@ Two sources answer the same question — "after the last n tokens of this sequen
   answers, a folder of text or code), as REST (He et al., 2024) retrieves from. Every n-gram (n = 1..max_ngram)
   is a 64-bit key in a sorted array, next to the position that follows it; a lookup is one binary search per n
   (O(log N), a few dozen memory reads whatever the corpus size), and at most `max_positions` occurrences, spread
-  evenly over all of them, are read back. The file is memory-mapped, so a server opens a large store in
-  milliseconds and keeps only the pages lookups touch.
+  evenly over all of them, are read back. The file is memory-mapped: opening it reads it once to check its
+  SHA-256 (0.8 s for an 8 M-token, 394 MiB store), then lookups touch a few pages each (0.15 ms).
 * `RecentOutputs`: the server's own recent outputs, as SuffixDecoding (Oliaro et al., 2025) grows its global
   tree: bounded (`capacity` tokens; the oldest outputs are evicted), updated when a sequence finishes.
 
