@@ -181,3 +181,22 @@ def test_no_idle_report_before_a_drain_is_asked_for(generator, tmp_path):
     ({"stop": np.array([True])}, True)])
 def test_stop_requests_are_recognised(inputs, expected):
     assert is_stop_request(inputs) is expected
+
+
+def test_lookahead_sizes_follow_the_request_or_the_deployments_method(tiny_engine):
+    """lookahead_* sizes need draft_method lookahead, sent or the deployment's; missing sizes come from the default
+    that fits K (the tiny engine: K = 8 → 2,3,2)."""
+    from trtspec.engine.manifest import read_manifest
+    from trtspec.errors import ConfigError
+    from trtspec.spec.lookahead_proposer import LookaheadConfig
+    from trtspec.triton.serving import parse_request
+
+    manifest = read_manifest(tiny_engine)
+    inputs = {"input_ids": np.array([[5, 6, 7]], np.int32), "input_lengths": np.array([[3]], np.int32),
+              "request_output_len": np.array([[4]], np.int32), "lookahead_verification_set_size": np.array([[1]], np.int32)}
+    with pytest.raises(ConfigError, match='send draft_method "lookahead" too'):
+        parse_request(inputs, manifest)
+    (item,) = parse_request(inputs, manifest, default_method="lookahead")
+    assert item.lookahead == LookaheadConfig(2, 3, 1) and item.method is None
+    (item,) = parse_request({**inputs, "draft_method": np.array([[b"lookahead"]], np.object_)}, manifest)
+    assert item.method == "lookahead" and item.lookahead == LookaheadConfig(2, 3, 1)

@@ -89,14 +89,18 @@ def lookahead_config(engine: Engine, requested: LookaheadConfig | None) -> Looka
     """The (W, N, G) a lookahead request runs, checked against the engine's K and its own (W, N, G) if it has one."""
     manifest = getattr(engine, "manifest", None)
     own = LookaheadConfig(**manifest.lookahead) if manifest is not None and manifest.lookahead else None
-    config = requested or own or next(
-        (c for c in (LookaheadConfig(*d) for d in LOOKAHEAD_DEFAULTS) if c.max_draft_len <= engine.max_draft_len),
-        None)
+    config = requested or default_lookahead(engine.max_draft_len, own)
     if config is None:
         raise ConfigError(f"method lookahead: the engine's max_draft_len {engine.max_draft_len} holds no lookahead "
                           "step (the smallest, (W, N, G) = 2,2,1, needs 2)")
     config.check_fits(engine.max_draft_len, own)
     return config
+
+
+def default_lookahead(max_draft_len: int, own: LookaheadConfig | None = None) -> LookaheadConfig | None:
+    """The engine's own (W, N, G), else the largest of LOOKAHEAD_DEFAULTS that fits K (None: none fits)."""
+    return own or next((c for c in (LookaheadConfig(*d) for d in LOOKAHEAD_DEFAULTS)
+                        if c.max_draft_len <= max_draft_len), None)
 
 
 def _need(value, method: str):

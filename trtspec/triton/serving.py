@@ -76,8 +76,8 @@ def bool_input(inputs: dict[str, np.ndarray], name: str) -> bool:
     return name in inputs and bool(_scalar(inputs, name, 0, False))
 
 
-def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_exclude_input: bool = False
-                  ) -> list[ItemRequest]:
+def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_exclude_input: bool = False,
+                  default_method: str | None = None) -> list[ItemRequest]:
     """The engine model's input tensors (leading batch dimension B) → one ItemRequest per prompt.
 
     Raises ConfigError naming the tensor and the value for anything the engine cannot serve.
@@ -144,7 +144,7 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
             from trtspec.triton.deploy import check_method
 
             check_method(manifest, method, what="draft_method")
-        lookahead = _lookahead(inputs, b, manifest, method)
+        lookahead = _lookahead(inputs, b, manifest, method or default_method)
         items.append(ItemRequest(
             prompt, config, use_speculation=bool(_scalar(inputs, "use_speculation", b, True)), method=method or None,
             lookahead=lookahead,
@@ -162,12 +162,11 @@ def _lookahead(inputs: dict[str, np.ndarray], b: int, manifest, method: str | No
     if (method or manifest.method.value) != "lookahead":
         raise ConfigError("lookahead_window_size / _ngram_size / _verification_set_size configure draft_method "
                           "lookahead; send draft_method \"lookahead\" too")
-    from trtspec.spec.methods import LOOKAHEAD_DEFAULTS
+    from trtspec.spec.methods import default_lookahead
 
     own = LookaheadConfig(**manifest.lookahead) if manifest.lookahead else None
-    base = own or next((LookaheadConfig(*d) for d in LOOKAHEAD_DEFAULTS
-                        if LookaheadConfig(*d).max_draft_len <= manifest.profile.max_draft_len), LookaheadConfig(2, 2, 1))
-    values = {name.removeprefix("lookahead_"): int(v) if v is not None else getattr(base, name.removeprefix("lookahead_"))
+    base = default_lookahead(manifest.profile.max_draft_len, own) or LookaheadConfig(2, 2, 1)
+    values = {name.removeprefix("lookahead_"): getattr(base, name.removeprefix("lookahead_")) if v is None else int(v)
               for name, v in given.items()}
     config = LookaheadConfig(**values)
     config.check_fits(manifest.profile.max_draft_len, own, where="lookahead_*")

@@ -210,7 +210,8 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(REFUSED_MESSAGE)), flags=FINAL)
             return
         try:
-            items = parse_request(inputs, self.manifest, default_exclude_input=self.exclude_input)
+            items = parse_request(inputs, self.manifest, default_exclude_input=self.exclude_input,
+                                  default_method=self.method)
         except TrtspecError as e:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
             return
@@ -282,7 +283,8 @@ class TritonPythonModel:
                 responses[r] = pb_utils.InferenceResponse(error=pb_utils.TritonError(REFUSED_MESSAGE))
                 continue
             try:
-                items = parse_request(inputs[r], self.manifest, default_exclude_input=self.exclude_input)
+                items = parse_request(inputs[r], self.manifest, default_exclude_input=self.exclude_input,
+                                      default_method=self.method)
             except TrtspecError as e:
                 responses[r] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
                 continue
