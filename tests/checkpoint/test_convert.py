@@ -12,7 +12,7 @@ from trtspec import ConvertOptions, convert, read_trtllm_checkpoint
 from trtspec.checkpoint.tensorfile import open_hf_weights
 from trtspec.testing import TinyModel, write_eagle_draft, write_hf_base, write_medusa_heads
 
-# TRT-LLM layer suffix → HF layer suffix, written out from tensorrt_llm/models/llama/convert.py (EF §1.3, docs/upstream-sources.md),
+# TRT-LLM layer suffix → HF layer suffix, written out from tensorrt_llm/models/llama/convert.py (TensorRT-LLM tensorrt_llm/models/llama/convert.py, docs/upstream-sources.md),
 # independently of the converter's own rename table.
 LAYER_REFERENCE = {
     "input_layernorm.weight": "input_layernorm.weight",

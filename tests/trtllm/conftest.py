@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-# EF §1.4: the config.json examples/medusa/convert_checkpoint.py writes for Vicuna-7B.
+# TensorRT-LLM examples/medusa/convert_checkpoint.py: the config.json examples/medusa/convert_checkpoint.py writes for Vicuna-7B.
 VICUNA_7B = {
     "architecture": "LlamaForCausalLM", "dtype": "float16", "logits_dtype": "float32",
     "num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096, "intermediate_size": 11008,
@@ -19,7 +19,7 @@ VICUNA_7B = {
 }
 VICUNA_7B_MEDUSA = {**VICUNA_7B, "architecture": "MedusaForCausalLM", "max_draft_len": 63, "num_medusa_heads": 4,
                     "num_medusa_layers": 1}
-# EF §1.5: examples/eagle/convert_checkpoint.py for EAGLE-Vicuna-7B-v1.3.
+# TensorRT-LLM examples/eagle/convert_checkpoint.py: examples/eagle/convert_checkpoint.py for EAGLE-Vicuna-7B-v1.3.
 VICUNA_7B_EAGLE = {**VICUNA_7B, "architecture": "EagleForCausalLM", "max_draft_len": 63, "num_eagle_layers": 4,
                    "max_non_leaves_per_layer": 10, "head_dim": 128, "head_size": 128,
                    "eagle_net_config": {**VICUNA_7B, "num_hidden_layers": 1, "head_dim": 128, "head_size": 128}}
@@ -65,18 +65,18 @@ SPEC_MODE_BITS = {None: 1, "draft_tokens_external": 2, "medusa": 4, "lookahead_d
 
 def fake_trtllm_build(argv, cwd, *, version="1.2.1", tamper=None):
     """Write what trtllm-build writes (config.json + rank{r}.engine) by applying builder.build()'s documented
-    adjustments (EF §3.2 items 2, 4-6, 9) to the flags it was given; `tamper` edits the result."""
+    adjustments (TensorRT-LLM tensorrt_llm/builder.py) to the flags it was given; `tamper` edits the result."""
     assert argv[0] == "trtllm-build"
     flags = dict(zip(argv[1::2], argv[2::2]))
     ckpt = json.loads((Path(flags["--checkpoint_dir"]) / "config.json").read_text())
     mode = flags.get("--speculative_decoding_mode")
-    k = int(flags.get("--max_draft_len", 0)) or ckpt.get("max_draft_len", 0) if mode else 0  # item 2
+    k = int(flags.get("--max_draft_len", 0)) or ckpt.get("max_draft_len", 0) if mode else 0  # the checkpoint's K unless given
     batch, seq_len = int(flags["--max_batch_size"]), int(flags["--max_seq_len"])
     if mode:
-        seq_len += k  # item 4
+        seq_len += k  # the draft slots
     if mode == "eagle":
-        seq_len += ckpt["num_eagle_layers"]  # item 5
-        assert batch <= 512 and k <= 256  # item 9
+        seq_len += ckpt["num_eagle_layers"]  # and EAGLE's layers
+        assert batch <= 512 and k <= 256  # builder.build()'s EAGLE limits
     num_tokens = max(int(flags["--max_num_tokens"]), batch * (k + 1)) if mode else int(flags["--max_num_tokens"])
     build_config = {"max_input_len": int(flags["--max_input_len"]), "max_seq_len": seq_len, "max_batch_size": batch,
                     "max_beam_width": 1, "max_num_tokens": num_tokens, "max_draft_len": k,

@@ -54,7 +54,7 @@ def test_argv_gets_the_staging_dir_and_tp_ranks_are_checked(write_ckpt, tokenize
     ("llama-3.1-8b", {"draft_target": True, "max_draft_len": 10},
      lambda c: c["build_config"].update(speculative_decoding_mode=1, max_draft_len=0),
      "build_config.max_draft_len=0 but the plan asked for 10"),
-    # EF §4: the Medusa runtime reads pretrained_config.max_draft_len
+    # TensorRT-LLM tensorrt_llm/builder.py Engine.save: the Medusa runtime reads pretrained_config.max_draft_len
     ("vicuna-7b-medusa", {}, lambda c: c["pretrained_config"].update(max_draft_len=8),
      "pretrained_config.max_draft_len=8 but the plan asked for 63"),
     ("vicuna-7b-eagle", {}, lambda c: c["build_config"]["plugin_config"].update(use_paged_context_fmha=False),

@@ -1,5 +1,5 @@
 """`trtspec doctor`: each pain-point mismatch, made by hand in a repository or engine trtspec wrote correctly,
-is reported with the model, the field and the fix (TB §6.3 and the pain points in docs/upstream-sources.md)."""
+is reported with the model, the field and the fix (tensorrtllm_backend tensorrt_llm_bls/1/lib/decode.py and the pain points in docs/upstream-sources.md)."""
 
 from __future__ import annotations
 
@@ -65,58 +65,58 @@ def engine_json(repos, name, tmp_path, change):
 
 # (repository, breakage, severity, model, field, words of the message)
 CASES = [
-    # TB pain 8 (#526): unfilled template keys
+    # tensorrtllm_backend#526: unfilled template keys
     ("medusa", lambda r: edit(r, "tensorrt_llm", 'backend: "tensorrtllm"', 'backend: "${triton_backend}"'),
      "error", "tensorrt_llm", "triton_backend", "unfilled placeholder"),
     ("medusa", lambda r: edit(r, "ensemble", "max_batch_size: 4", "max_batch_size: ${triton_max_batch_size}"),
      "error", "ensemble", "triton_max_batch_size", "unfilled placeholder"),
-    # TB §4.2: Python list syntax is silently replaced by mc_sim_7b_63
+    # tensorrtllm_backend tensorrt_llm/config.pbtxt: Python list syntax is silently replaced by mc_sim_7b_63
     ("medusa", lambda r: set_param(r, "tensorrt_llm", "medusa_choices", "[[0], [0, 0], [1]]"),
      "error", "tensorrt_llm", "medusa_choices", "Python list syntax"),
-    # pain 2: a tree deeper than the heads
+    # FasterDecoding/Medusa#76: a tree deeper than the heads
     ("medusa", lambda r: set_param(r, "tensorrt_llm", "medusa_choices", "{0}, {0, 0}, {0, 0, 0}, {0, 0, 0, 0}, "
                                                                          "{0, 0, 0, 0, 0}"),
      "error", "tensorrt_llm", "medusa_choices", "exceeds the 4 Medusa heads"),
-    # pain 1 (#473 family): the default tree (63 nodes) on an engine built for K = 8
+    # tensorrtllm_backend#473 and its family: the default tree (63 nodes) on an engine built for K = 8
     ("medusa8", lambda r: set_param(r, "tensorrt_llm", "medusa_choices", None),
      "error", "tensorrt_llm", "medusa_choices", "63 tree nodes need --max-draft-len >= 63 (got 8)"),
-    # pain 12 (TensorRT-LLM#1449): top_k / top_p on a Medusa engine returns zeros
+    # NVIDIA/TensorRT-LLM#1449 (TensorRT-LLM#1449): top_k / top_p on a Medusa engine returns zeros
     ("medusa", lambda r: set_param(r, "tensorrt_llm", "decoding_mode", "top_k_top_p"),
      "error", "tensorrt_llm", "decoding_mode", "TensorRT-LLM#1449"),
     ("medusa", lambda r: set_param(r, "tensorrt_llm", "decoding_mode", None),
      "warning", "tensorrt_llm", "decoding_mode", "unset on a medusa engine"),
-    # EF §5.2: EAGLE-1 tree depth == num_eagle_layers
+    # TensorRT-LLM tensorrt_llm/llmapi/llm_args.py: EAGLE-1 tree depth == num_eagle_layers
     ("eagle", lambda r: set_param(r, "tensorrt_llm", "eagle_choices", "{0}, {0, 0}, {0, 0, 0}"),
      "error", "tensorrt_llm", "eagle_choices", "EAGLE-1 needs tree depth == num_eagle_layers = 4"),
-    # TB pain 6 (#710): (W, N, G) vs the engine's max_draft_len
+    # tensorrtllm_backend#710: (W, N, G) vs the engine's max_draft_len
     ("lookahead", lambda r: set_param(r, "tensorrt_llm", "lookahead_window_size", "4"),
      "error", "tensorrt_llm", "lookahead_*", "needs max_draft_len 65, the engine has 83"),
     ("lookahead", lambda r: set_param(r, "tensorrt_llm", "lookahead_ngram_size", None),
      "error", "tensorrt_llm", "lookahead_*", "needs all three"),
-    # TB pain 7: decoupled on tensorrt_llm and the BLS must agree
+    # tensorrtllm_backend#62: decoupled on tensorrt_llm and the BLS must agree
     ("medusa", lambda r: edit(r, "tensorrt_llm_bls", "decoupled: true", "decoupled: false"),
      "error", "tensorrt_llm_bls", "decoupled", "keep decoupled_mode identical"),
     # server#7275: postprocessing fed from preprocessing while the LLM step is decoupled
     ("medusa", lambda r: edit(r, "ensemble", 'input_map { key: "SEQUENCE_LENGTH" value: "_SEQUENCE_LENGTH" }',
                               'input_map { key: "SEQUENCE_LENGTH" value: "_REQUEST_INPUT_LEN" }'),
      "error", "ensemble", "postprocessing", "server#7275"),
-    # TB §8: a renamed tensor (v0.19 spelling in the ensemble, newest on tensorrt_llm)
+    # TensorRT-LLM triton_backend/all_models/: a renamed tensor (v0.19 spelling in the ensemble, newest on tensorrt_llm)
     ("medusa", lambda r: edit(r, "ensemble", 'input_map { key: "min_tokens" value: "min_tokens" }',
                               'input_map { key: "min_length" value: "min_tokens" }'),
      "error", "ensemble", "tensorrt_llm.min_length", "has no input 'min_length'"),
-    # TB pain 1 (#473): BLS sends draft tokens to a target not built for them
+    # tensorrtllm_backend#473: BLS sends draft tokens to a target not built for them
     ("target", lambda r, root: set_param(r, "tensorrt_llm", "gpt_model_path", str(root / "engines" / "draft")),
      "error", "tensorrt_llm", "speculative_decoding_mode", "Number of draft tokens (N) is larger than maximum"),
     ("target", lambda r: set_param(r, "tensorrt_llm_draft", "enable_kv_cache_reuse", "false"),
      "warning", "tensorrt_llm_draft", "enable_kv_cache_reuse", "resends the whole sequence"),
     ("target", lambda r: set_param(r, "tensorrt_llm_bls", "tensorrt_llm_draft_model_name", "draft_llm"),
      "error", "tensorrt_llm_bls", "tensorrt_llm_draft_model_name", "not in the repository"),
-    # TB pain 8 (#364): a removed key
+    # tensorrtllm_backend#364: a removed key
     ("medusa", lambda r: set_param(r, "preprocessing", "tokenizer_type", "llama"),
      "warning", "preprocessing", "tokenizer_type", "removed in v0.9"),
     ("medusa", lambda r: set_param(r, "tensorrt_llm", "gpt_model_type", "dynamic"),
      "error", "tensorrt_llm", "gpt_model_type", "is not one of"),
-    # TB pain 10 (#115, #130): beam width and batch size
+    # tensorrtllm_backend#115, #130: beam width and batch size
     ("medusa", lambda r: set_param(r, "tensorrt_llm", "max_beam_width", "2"),
      "error", "tensorrt_llm", "max_beam_width", "beam search cannot be combined with draft tokens"),
     ("medusa", lambda r: edit(r, "tensorrt_llm", "max_batch_size: 4", "max_batch_size: 16"),
@@ -140,12 +140,12 @@ def test_each_mismatch_is_reported(repos, tmp_path, name, breakage, severity, mo
 
 
 @pytest.mark.parametrize("name,change,field,message", [
-    # EF §4: Medusa's runtime reads pretrained_config.max_draft_len
+    # TensorRT-LLM tensorrt_llm/builder.py Engine.save: Medusa's runtime reads pretrained_config.max_draft_len
     ("medusa", lambda c: c["pretrained_config"].update(max_draft_len=31), "engine max_draft_len",
      "the Medusa runtime reads the former"),
     ("eagle", lambda c: c["build_config"]["plugin_config"].update(use_paged_context_fmha=False),
      "enable_chunked_context", "needs an engine built with --use_paged_context_fmha enable"),
-    # TB pain 9 (#396, #662): engine and manifest versions disagree
+    # tensorrtllm_backend#396, #662: engine and manifest versions disagree
     ("medusa", lambda c: c.update(version="0.17.0"), "engine version", "manifest.json says TensorRT-LLM 1.2"),
 ])
 def test_engine_side_mismatches(repos, tmp_path, name, change, field, message):

@@ -33,7 +33,7 @@ def test_vicuna_7b_medusa_63_node_tree(checkpoints, tmp_path):
                       "--speculative_decoding_mode", "medusa", "--max_draft_len", "63", "--max_batch_size", "4",
                       "--max_input_len", "1024", "--max_seq_len", "2048", "--max_num_tokens", "8192",
                       "--use_paged_context_fmha", "enable")
-    # EF §5.3 worked outputs for mc_sim_7b_63; §3.2 items 4 and 6; §4 Medusa reads pretrained_config
+    # TensorRT-LLM tensorrt_llm/runtime/medusa_utils.py worked outputs for mc_sim_7b_63; TensorRT-LLM tensorrt_llm/builder.py: max_seq_len and max_num_tokens grow with the draft, Medusa reads pretrained_config
     assert {k: p.runtime[k] for k in ("tree_nodes", "tree_depth", "topks", "paths", "packed_mask_words",
                                       "tokens_per_step", "decoding_mode")} == {
         "tree_nodes": 63, "tree_depth": 4, "topks": [10, 10, 10, 2], "paths": 42, "packed_mask_words": 2,
@@ -43,7 +43,7 @@ def test_vicuna_7b_medusa_63_node_tree(checkpoints, tmp_path):
                               "max_num_tokens": 8192, "max_draft_len": 63, "speculative_decoding_mode": 4,
                               "max_beam_width": 1, "plugin_config": {"use_paged_context_fmha": True}}
     assert p.pretrained_config["max_draft_len"] == 63 and p.pretrained_config["num_medusa_heads"] == 4
-    # C++ brace syntax (TB §4.2), every node of the published tree
+    # C++ brace syntax (tensorrtllm_backend tensorrt_llm/config.pbtxt), every node of the published tree
     choices = p.runtime["medusa_choices"]
     assert choices.startswith("{0}, {1}, {2}") and "[" not in choices
     assert sorted(map(tuple, parse_choices(choices))) == sorted(map(tuple, preset("mc_sim_7b_63")))
@@ -61,8 +61,8 @@ def test_vicuna_7b_eagle(checkpoints, tmp_path):
     p = plan(checkpoints["vicuna-7b-eagle"], tmp_path)
     f = flags(p)
     assert (f["--speculative_decoding_mode"], f["--max_draft_len"], f["--use_paged_context_fmha"]) == \
-        ("eagle", "63", "enable")  # EAGLE requires paged context FMHA (§3.2 item 9)
-    assert p.build_config["max_seq_len"] == 2048 + 63 + 4  # + max_draft_len + num_eagle_layers (§3.2 items 4-5)
+        ("eagle", "63", "enable")  # EAGLE requires paged context FMHA (TensorRT-LLM tensorrt_llm/builder.py)
+    assert p.build_config["max_seq_len"] == 2048 + 63 + 4  # + max_draft_len + num_eagle_layers (TensorRT-LLM tensorrt_llm/builder.py)
     assert p.build_config["speculative_decoding_mode"] == 32
     assert (p.runtime["tree_depth"], p.runtime["decoding_mode"]) == (4, "eagle")  # depth == num_eagle_layers
     assert p.pretrained_config == {"architecture": "EagleForCausalLM", "dtype": "float16", "vocab_size": 32000,
@@ -90,7 +90,7 @@ def test_a_draft_vocabulary_beside_the_rank_files_is_noted_not_silently_dropped(
 def test_llama_31_8b_lookahead_777(checkpoints, tmp_path):
     p = plan(checkpoints["llama-3.1-8b"], tmp_path, lookahead=Lookahead(7, 7, 7))
     f = flags(p)
-    # (N-2) + (W-1+G)(N-1) = 5 + 13*6 = 83: the lookahead README's --max_draft_len 83 (EF §5.2)
+    # (N-2) + (W-1+G)(N-1) = 5 + 13*6 = 83: the --max_draft_len 83 of TensorRT-LLM's examples/lookahead/README.md
     assert (f["--speculative_decoding_mode"], f["--max_draft_len"], f["--gemm_plugin"]) == \
         ("lookahead_decoding", "83", "bfloat16")
     assert p.runtime["lookahead"] == {"window_size": 7, "ngram_size": 7, "verification_set_size": 7,
@@ -98,7 +98,7 @@ def test_llama_31_8b_lookahead_777(checkpoints, tmp_path):
                                       "max_draft_path_len": 6}
     assert (p.runtime["packed_mask_words"], p.build_config["speculative_decoding_mode"]) == (3, 8)
     assert p.manifest.lookahead == {"window_size": 7, "ngram_size": 7, "verification_set_size": 7}
-    assert Lookahead(4, 3, 4).max_draft_len == 15  # the executor defaults (§5.2)
+    assert Lookahead(4, 3, 4).max_draft_len == 15  # the executor defaults (TensorRT-LLM tensorrt_llm/llmapi/llm_args.py)
 
 
 def test_draft_target_pair(checkpoints, tmp_path):
@@ -110,14 +110,14 @@ def test_draft_target_pair(checkpoints, tmp_path):
     assert target.build_config["max_num_tokens"] >= 4 * 11 and target.build_config["speculative_decoding_mode"] == 2
     assert target.runtime == {"decoding_mode": "top_k_top_p", "tokens_per_step": 11, "world_size": 1,
                               "num_draft_tokens": 10}
-    # the draft is a plain engine; paged context FMHA for KV reuse (TB §4.1)
+    # the draft is a plain engine; paged context FMHA for KV reuse (tensorrtllm_backend docs/medusa.md, docs/eagle.md, docs/lookahead.md)
     assert "--speculative_decoding_mode" not in draft.argv and flags(draft)["--use_paged_context_fmha"] == "enable"
     assert draft.manifest.model.vocab_size == target.manifest.model.vocab_size == 128256
 
 
 def test_max_num_tokens_covers_every_slot(checkpoints, tmp_path):
     p = plan(checkpoints["vicuna-7b-medusa"], tmp_path, max_batch_size=256, max_input_len=256, max_seq_len=512)
-    assert p.build_config["max_num_tokens"] == 256 * 64  # raised to batch * (K+1), §3.2 item 6
+    assert p.build_config["max_num_tokens"] == 256 * 64  # raised to batch * (K+1), as TensorRT-LLM tensorrt_llm/builder.py raises it
 
 
 def test_llama3_rope_scaling_keeps_the_position_limit(checkpoints, tmp_path):

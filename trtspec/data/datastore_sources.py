@@ -15,7 +15,6 @@ special tokens.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,15 +94,10 @@ def _directory(path: Path) -> Iterator[Document]:
 
 
 def _jsonl(path: Path) -> Iterator[Document]:
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}:{number}: not JSON ({e.msg})") from None
-            yield from _row_documents(row, f"{path}:{number}")
+    from trtspec.data.jsonl import jsonl_objects
+
+    for where, row in jsonl_objects(path):
+        yield from _row_documents(row, where)
 
 
 def _row_documents(row, where: str) -> Iterator[Document]:

@@ -67,7 +67,7 @@ def check_engine_config(engine_dir: Path, plan: TrtllmPlan) -> dict:
         if key == "plugin_config":
             for pkey, pwant in want.items():
                 _expect(path, f"build_config.plugin_config.{pkey}", built.get("plugin_config", {}).get(pkey), pwant)
-        elif key == "max_num_tokens":  # trtllm-build may clip it to max_batch_size * max_seq_len (EF §3.2 item 1)
+        elif key == "max_num_tokens":  # trtllm-build may clip it to max_batch_size * max_seq_len (TensorRT-LLM tensorrt_llm/builder.py)
             floor = plan.build_config["max_batch_size"] * (plan.build_config["max_draft_len"] + 1)
             got = built.get(key)
             if not isinstance(got, int) or not floor <= got <= want:

@@ -2,8 +2,8 @@
 
 Pure (reads the checkpoint's config.json, nothing else): every constraint of the TensorRT-LLM 0.15–1.2.x engine
 flow is applied here, before anything runs, so a bad combination fails in seconds with a message naming both
-sides instead of at request time on the server. Rules cite EF §n / TB §n: the upstream files each label stands for are in
-`docs/upstream-sources.md`.
+sides instead of at request time on the server. Each rule cites the public upstream file it
+follows (TensorRT-LLM, tensorrtllm_backend); `docs/upstream-sources.md` lists them.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from trtspec.model.config import ModelConfig
 from trtspec.spec.tree import Tree, build_tree, parse_choices
 from trtspec.spec.tree_presets import preset
 
-# TensorRT-LLM's own default tree for both Medusa and EAGLE-1 (EF §5.2 `mDefaultEagleChoices`, TB §4.2).
+# TensorRT-LLM's own default tree for both Medusa and EAGLE-1 (TensorRT-LLM tensorrt_llm/llmapi/llm_args.py `mDefaultEagleChoices`, tensorrtllm_backend tensorrt_llm/config.pbtxt).
 DEFAULT_TREE = "mc_sim_7b_63"
-DEFAULT_MAX_NUM_TOKENS = 8192  # trtllm-build's default (EF §3.1)
-EAGLE_MAX_BATCH_SIZE = 512  # EF §3.2 item 9: asserted by builder.build() for EAGLE
-EAGLE_MAX_DRAFT_LEN = 256  # EF §3.2 item 9 and the EAGLE converter's assert (EF §1.5)
+DEFAULT_MAX_NUM_TOKENS = 8192  # trtllm-build's default (TensorRT-LLM tensorrt_llm/commands/build.py)
+EAGLE_MAX_BATCH_SIZE = 512  # TensorRT-LLM tensorrt_llm/builder.py: asserted by builder.build() for EAGLE
+EAGLE_MAX_DRAFT_LEN = 256  # TensorRT-LLM tensorrt_llm/builder.py and the EAGLE converter's assert (TensorRT-LLM examples/eagle/convert_checkpoint.py)
 
 
 class SpecMode(enum.Enum):
-    """`--speculative_decoding_mode` values, with the integer bit the engine config.json stores (EF §4)."""
+    """`--speculative_decoding_mode` values, with the integer bit the engine config.json stores (TensorRT-LLM tensorrt_llm/builder.py Engine.save)."""
 
     NONE = (None, 1)
     DRAFT_TOKENS_EXTERNAL = ("draft_tokens_external", 2)
@@ -50,7 +50,7 @@ class SpecMode(enum.Enum):
 
 MODE_OF_METHOD = {Method.NONE: SpecMode.NONE, Method.MEDUSA: SpecMode.MEDUSA, Method.EAGLE: SpecMode.EAGLE,
                   Method.LOOKAHEAD: SpecMode.LOOKAHEAD, Method.DRAFT_TARGET: SpecMode.DRAFT_TOKENS_EXTERNAL}
-# The Triton tensorrt_llm model's `decoding_mode` per method (TB §2.2, §4.1); plain and draft-target engines
+# The Triton tensorrt_llm model's `decoding_mode` per method (tensorrtllm_backend tensorrt_llm/config.pbtxt); plain and draft-target engines
 # sample normally. A Medusa engine with top_k / top_p returns all-zero ids (TensorRT-LLM#1449).
 DECODING_MODE = {Method.NONE: "top_k_top_p", Method.DRAFT_TARGET: "top_k_top_p", Method.MEDUSA: "medusa",
                  Method.EAGLE: "eagle", Method.LOOKAHEAD: "lookahead"}
@@ -58,7 +58,7 @@ DECODING_MODE = {Method.NONE: "top_k_top_p", Method.DRAFT_TARGET: "top_k_top_p",
 
 @dataclass(frozen=True)
 class Lookahead:
-    """Lookahead decoding's executor-level (W, N, G): window, n-gram size, verification set (EF §5.6)."""
+    """Lookahead decoding's executor-level (W, N, G): window, n-gram size, verification set (TensorRT-LLM examples/lookahead/README.md)."""
 
     window_size: int
     ngram_size: int
@@ -68,13 +68,13 @@ class Lookahead:
         w, n, g = self.window_size, self.ngram_size, self.verification_set_size
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in (w, n, g)):
             raise ConfigError(f"--lookahead W,N,G takes three integers, got {w!r},{n!r},{g!r}")
-        # EF §5.2: (1,1,0) is plain decoding, (2,2,1) the smallest configuration that drafts anything.
+        # TensorRT-LLM tensorrt_llm/llmapi/llm_args.py: (1,1,0) is plain decoding, (2,2,1) the smallest configuration that drafts anything.
         if w < 2 or n < 2 or g < 1:
             raise ConfigError(f"--lookahead {w},{n},{g} drafts nothing; the smallest meaningful (W,N,G) is 2,2,1")
 
     @property
     def max_draft_len(self) -> int:
-        """maxDraftTokens = (N==1 ? 0 : N-2) + (W-1+G)(N-1) (EF §5.2, `calculate_speculative_resource_tuple`)."""
+        """maxDraftTokens = (N==1 ? 0 : N-2) + (W-1+G)(N-1) (TensorRT-LLM tensorrt_llm/llmapi/llm_args.py, `calculate_speculative_resource_tuple`)."""
         w, n, g = self.window_size, self.ngram_size, self.verification_set_size
         return (0 if n == 1 else n - 2) + (w - 1 + g) * (n - 1)
 
@@ -93,7 +93,7 @@ class Lookahead:
 
 @dataclass(frozen=True, kw_only=True)
 class TrtllmBuildOptions(EngineBuildOptions):
-    """max_seq_len is prompt + output: trtllm-build adds the draft slots itself (EF §3.2)."""
+    """max_seq_len is prompt + output: trtllm-build adds the draft slots itself (TensorRT-LLM tensorrt_llm/builder.py)."""
 
     trtllm_version: str | None = None  # default: the installed tensorrt_llm, else the newest supported
     lookahead: Lookahead | None = None  # plain checkpoint → lookahead decoding
@@ -214,9 +214,9 @@ def _tree(cfg: ModelConfig, method: Method, opts: TrtllmBuildOptions) -> Tree | 
     choices = parse_choices(opts.choices) if opts.choices is not None else preset(opts.preset or DEFAULT_TREE)
     where = "" if opts.choices is not None or opts.preset is not None else f" (the default tree {DEFAULT_TREE})"
     try:
-        if method is Method.MEDUSA:  # depth <= heads (TB §4.2)
+        if method is Method.MEDUSA:  # depth <= heads (tensorrtllm_backend tensorrt_llm/config.pbtxt)
             return build_tree(choices, num_heads=cfg.num_medusa_heads)
-        # EAGLE-1: depth == num_eagle_layers, non-leaves per level <= max_non_leaves_per_layer (EF §5.2)
+        # EAGLE-1: depth == num_eagle_layers, non-leaves per level <= max_non_leaves_per_layer (TensorRT-LLM tensorrt_llm/llmapi/llm_args.py)
         return build_tree(choices, exact_depth=cfg.num_eagle_layers,
                           max_non_leaves_per_layer=cfg.max_non_leaves_per_layer)
     except ConfigError as e:
@@ -232,7 +232,7 @@ def _max_draft_len(cfg: ModelConfig, method: Method, tree: Tree | None, opts: Tr
         return 0
     if method is Method.LOOKAHEAD:
         k = opts.lookahead.max_draft_len
-        if opts.max_draft_len is not None and opts.max_draft_len != k:  # TB §4.3, tensorrtllm_backend#710
+        if opts.max_draft_len is not None and opts.max_draft_len != k:  # tensorrtllm_backend docs/medusa.md, docs/eagle.md, docs/lookahead.md, tensorrtllm_backend#710
             raise BuildError(f"--lookahead {_wng(opts.lookahead)} needs max_draft_len == (N-2)+(W-1+G)(N-1) = {k}, "
                              f"got --max-draft-len {opts.max_draft_len}; drop --max-draft-len")
         return k
@@ -242,12 +242,12 @@ def _max_draft_len(cfg: ModelConfig, method: Method, tree: Tree | None, opts: Tr
                              "the BLS's num_draft_tokens must not exceed it)")
         return opts.max_draft_len
     k = opts.max_draft_len if opts.max_draft_len is not None else cfg.max_draft_len
-    # Medusa: the C++ runtime reads max_draft_len from pretrained_config, not build_config (EF §4).
+    # Medusa: the C++ runtime reads max_draft_len from pretrained_config, not build_config (TensorRT-LLM tensorrt_llm/builder.py Engine.save).
     if method is Method.MEDUSA and k != cfg.max_draft_len:
         raise BuildError(f"--max-draft-len {k} disagrees with {config_path} max_draft_len={cfg.max_draft_len}; "
                          f"the Medusa runtime reads the checkpoint's value, so reconvert with --max-draft-len {k} "
                          f"or drop the flag")
-    if tree.num_nodes > k:  # number of choices <= max_draft_len (EF §5.2, TB §4.2)
+    if tree.num_nodes > k:  # number of choices <= max_draft_len (TensorRT-LLM tensorrt_llm/llmapi/llm_args.py, tensorrtllm_backend tensorrt_llm/config.pbtxt)
         raise BuildError(f"the tree has {tree.num_nodes} nodes but max_draft_len is {k}; pass --max-draft-len "
                          f">= {tree.num_nodes} (Medusa: reconvert with it) or a smaller tree")
     return k
@@ -255,14 +255,14 @@ def _max_draft_len(cfg: ModelConfig, method: Method, tree: Tree | None, opts: Tr
 
 def _check_limits(method: Method, k: int, tree: Tree | None, opts: TrtllmBuildOptions, pp: int) -> None:
     if method is Method.EAGLE:
-        if opts.max_batch_size > EAGLE_MAX_BATCH_SIZE or k > EAGLE_MAX_DRAFT_LEN:  # EF §3.2 item 9
+        if opts.max_batch_size > EAGLE_MAX_BATCH_SIZE or k > EAGLE_MAX_DRAFT_LEN:  # TensorRT-LLM tensorrt_llm/builder.py
             raise BuildError(f"EAGLE engines take --max-batch-size <= {EAGLE_MAX_BATCH_SIZE} and max_draft_len <= "
                              f"{EAGLE_MAX_DRAFT_LEN}; got {opts.max_batch_size} and {k}")
-        if pp > 1:  # EF §1.5, §5.5: no pipeline parallelism for EAGLE
+        if pp > 1:  # TensorRT-LLM examples/eagle/convert_checkpoint.py: no pipeline parallelism for EAGLE
             raise BuildError(f"EAGLE does not support pipeline parallelism; the checkpoint has pp_size={pp}, "
                              "reconvert with --pp-size 1")
-    # EF §4 / §8 item 7: the engine packs ceil((K+1)/32) mask words per row, the C++ module divUp(K, 32);
-    # they disagree exactly when K is a multiple of 32. Draft-target engines take no packed mask (EF §3.3).
+    # TensorRT-LLM tensorrt_llm/builder.py Engine.save: the engine packs ceil((K+1)/32) mask words per row, the C++ module divUp(K, 32);
+    # they disagree exactly when K is a multiple of 32. Draft-target engines take no packed mask (TensorRT-LLM tensorrt_llm/models/generation_mixin.py).
     if method in (Method.MEDUSA, Method.EAGLE, Method.LOOKAHEAD) and k % 32 == 0:
         raise BuildError(f"max_draft_len {k} is a multiple of 32: TensorRT-LLM's engine and C++ runtime disagree "
                          f"on the packed-mask width there ({math.ceil((k + 1) / 32)} vs {k // 32} words); "
@@ -286,7 +286,7 @@ def _max_seq_len(cfg: ModelConfig, opts: TrtllmBuildOptions, config_path: Path) 
 
 def _position_limit(cfg: ModelConfig) -> int:
     """max_position_embeddings × the rope factor, which trtllm-build applies except for llama3 / su / longrope
-    scaling (EF §3.2 item 1)."""
+    scaling (TensorRT-LLM tensorrt_llm/builder.py)."""
     scaling = cfg.rope_scaling or {}
     kind = scaling.get("type") or scaling.get("rope_type")
     factor = scaling.get("factor", 1.0) if kind not in (None, "llama3", "su", "longrope") else 1.0
@@ -299,7 +299,7 @@ def _rope_note(cfg: ModelConfig) -> str:
 
 
 def _max_num_tokens(opts: TrtllmBuildOptions, k: int, max_seq_len: int, method: Method) -> int:
-    floor = opts.max_batch_size * (k + 1)  # EF §3.2 item 6: every sequence feeds K + 1 slots per step
+    floor = opts.max_batch_size * (k + 1)  # TensorRT-LLM tensorrt_llm/builder.py: every sequence feeds K + 1 slots per step
     if opts.max_num_tokens is None:
         return max(min(DEFAULT_MAX_NUM_TOKENS, opts.max_batch_size * max_seq_len), floor)
     if method is not Method.NONE and opts.max_num_tokens < floor:
@@ -316,15 +316,15 @@ def _max_num_tokens(opts: TrtllmBuildOptions, k: int, max_seq_len: int, method: 
 def _argv(opts: TrtllmBuildOptions, cfg: ModelConfig, method: Method, k: int, max_seq_len: int,
           max_num_tokens: int) -> tuple[str, ...]:
     mode = MODE_OF_METHOD[method]
-    # tp / pp are not flags: trtllm-build takes them from the checkpoint's mapping (EF §1.1), one rank{r}.engine each
+    # tp / pp are not flags: trtllm-build takes them from the checkpoint's mapping (TensorRT-LLM tensorrt_llm/models/modeling_utils.py), one rank{r}.engine each
     argv = ["trtllm-build", "--checkpoint_dir", str(opts.source), "--output_dir", str(opts.out),
-            "--gemm_plugin", cfg.dtype]  # every example passes the model dtype (EF §3.2 "Requirements")
+            "--gemm_plugin", cfg.dtype]  # every example passes the model dtype (TensorRT-LLM tensorrt_llm/builder.py "Requirements")
     if mode is not SpecMode.NONE:
         argv += ["--speculative_decoding_mode", mode.flag, "--max_draft_len", str(k)]
     argv += ["--max_batch_size", str(opts.max_batch_size), "--max_input_len", str(opts.max_input_len),
              "--max_seq_len", str(max_seq_len), "--max_num_tokens", str(max_num_tokens),
              # required for EAGLE and draft-target (both sides, KV reuse), the default on main for the rest;
-             # passed always so every version builds the same engine (EF §3.1, §3.2 item 9, TB §4.3)
+             # passed always so every version builds the same engine (TensorRT-LLM tensorrt_llm/commands/build.py, tensorrtllm_backend docs/medusa.md, docs/eagle.md, docs/lookahead.md)
              "--use_paged_context_fmha", "enable"]
     return tuple(argv)
 
@@ -339,7 +339,7 @@ def _expected_build_config(opts: TrtllmBuildOptions, cfg: ModelConfig, method: M
 
 
 def _engine_seq_len(cfg: ModelConfig, method: Method, k: int, max_seq_len: int) -> int:
-    """EF §3.2 items 4-5: trtllm-build adds the draft slots (and EAGLE's layers) to max_seq_len itself."""
+    """TensorRT-LLM tensorrt_llm/builder.py: trtllm-build adds the draft slots (and EAGLE's layers) to max_seq_len itself."""
     if method is Method.NONE:
         return max_seq_len
     return max_seq_len + k + (cfg.num_eagle_layers if method is Method.EAGLE else 0)
@@ -347,7 +347,7 @@ def _engine_seq_len(cfg: ModelConfig, method: Method, k: int, max_seq_len: int) 
 
 def _expected_pretrained(cfg: ModelConfig, method: Method, k: int) -> dict:
     out = {"architecture": cfg.architecture, "dtype": cfg.dtype, "vocab_size": cfg.vocab_size}
-    if method is Method.MEDUSA:  # EF §4: the C++ Medusa module reads these two from pretrained_config
+    if method is Method.MEDUSA:  # TensorRT-LLM tensorrt_llm/builder.py Engine.save: the C++ Medusa module reads these two from pretrained_config
         out.update(max_draft_len=k, num_medusa_heads=cfg.num_medusa_heads)
     if method is Method.EAGLE:
         out.update(num_eagle_layers=cfg.num_eagle_layers, max_non_leaves_per_layer=cfg.max_non_leaves_per_layer)
@@ -362,13 +362,13 @@ def _runtime(method: Method, tree: Tree | None, k: int, opts: TrtllmBuildOptions
                     "topks": list(tree.topks), "paths": tree.num_leaves,
                     "non_leaves_per_level": list(tree.non_leaves_per_level())})
     if method in (Method.MEDUSA, Method.EAGLE, Method.LOOKAHEAD):
-        out["packed_mask_words"] = math.ceil((k + 1) / 32)  # EF §3.3: P = ceil(T/32), T = K + 1
+        out["packed_mask_words"] = math.ceil((k + 1) / 32)  # TensorRT-LLM tensorrt_llm/models/generation_mixin.py: P = ceil(T/32), T = K + 1
     if method is Method.LOOKAHEAD:
-        n = opts.lookahead.ngram_size  # EF §5.2: (maxDecodingTokens, maxPathLen, maxDraftTokens, maxDraftPathLen)
+        n = opts.lookahead.ngram_size  # TensorRT-LLM tensorrt_llm/llmapi/llm_args.py: (maxDecodingTokens, maxPathLen, maxDraftTokens, maxDraftPathLen)
         out["lookahead"] = {**opts.lookahead.to_dict(), "max_decoding_tokens": k + 1, "max_path_len": n,
                             "max_draft_tokens": k, "max_draft_path_len": n - 1}
     if method is Method.DRAFT_TARGET:
-        out["num_draft_tokens"] = k  # the BLS default; requests may ask for fewer, never more (TB §6.3 item 1)
+        out["num_draft_tokens"] = k  # the BLS default; requests may ask for fewer, never more (tensorrtllm_backend tensorrt_llm_bls/1/lib/decode.py)
     return out
 
 
@@ -396,7 +396,7 @@ def _manifest(opts: TrtllmBuildOptions, cfg: ModelConfig, raw: dict, method: Met
 def cpp_choices(choices) -> str:
     """Choices in the C++ backend's brace syntax, `{0}, {0, 0}, {1}`: the only form both Triton backends parse.
 
-    TB §4.2: the C++ backend reads brace groups; Python `[[0], [0, 0]]` parses to nothing and it silently falls
+    tensorrtllm_backend tensorrt_llm/config.pbtxt: the C++ backend reads brace groups; Python `[[0], [0, 0]]` parses to nothing and it silently falls
     back to mc_sim_7b_63 with only a warning.
     """
     return ", ".join("{" + ", ".join(str(int(x)) for x in c) + "}" for c in choices)

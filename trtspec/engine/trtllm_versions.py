@@ -1,8 +1,8 @@
 """TensorRT-LLM versions trtspec targets (the 0.15–1.2.x engine flow) and what changes between them.
 
 One table, read by the build plan (`trtllm-build` flags), the repository writer (which `config.pbtxt` keys and
-tensor names exist) and the README (which NGC container each version ships in). The upstream files behind the
-EF §n / TB §n labels cited next to each rule are listed in `docs/upstream-sources.md`.
+tensor names exist) and the README (which NGC container each version ships in). Each rule cites the public
+upstream file it follows; `docs/upstream-sources.md` lists them.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from dataclasses import dataclass
 
 from trtspec.errors import ConfigError
 
-# EF §0: EAGLE (examples/eagle) arrived in 0.15; the TensorRT engine flow for Medusa, EAGLE-1/2 and
+# TensorRT-LLM docs/source/release-notes.md: EAGLE (examples/eagle) arrived in 0.15; the TensorRT engine flow for Medusa, EAGLE-1/2 and
 # lookahead is frozen after 1.2.x (the PyTorch backend, default since 1.0, does not run them).
 OLDEST = (0, 15)
 NEWEST = (1, 2)
 SUPPORTED_MINORS = ((0, 15), (0, 16), (0, 17), (0, 18), (0, 19), (0, 20), (0, 21), (1, 0), (1, 1), (1, 2))
 
-# TB §7: the `<yy.mm>-trtllm-python-py3` Triton container that ships each version. Only
+# the NGC Triton release notes: the `<yy.mm>-trtllm-python-py3` Triton container that ships each version. Only
 # the pairings the reference verified are listed; the others are left to NGC's release notes.
 CONTAINERS: dict[tuple[int, int], str] = {
     (0, 15): "24.11",
@@ -58,7 +58,7 @@ class TrtllmVersion:
         tag = CONTAINERS.get(self.key)
         return f"nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3" if tag else None
 
-    # ---- Triton templates (TB §6.1 "When keys appeared", §8) --------------------
+    # ---- Triton templates (tensorrtllm_backend tools/fill_template.py "When keys appeared") --------------------
 
     @property
     def has_eagle_choices(self) -> bool:
@@ -78,11 +78,11 @@ class TrtllmVersion:
 
     @property
     def newest_input_names(self) -> bool:
-        """`min_tokens` / `seed` instead of `min_length` / `random_seed` (§8).
+        """`min_tokens` / `seed` instead of `min_length` / `random_seed` (TensorRT-LLM triton_backend/all_models/).
 
         v0.19 (the last tensorrtllm_backend tag with templates) has the old names, the newest TensorRT-LLM
         `triton_backend/` copy the new ones. The templates moved into TensorRT-LLM at 0.20; trtspec assumes
-        the rename shipped with 1.0, the first release of the moved copy it pairs with a container (§7).
+        the rename shipped with 1.0, the first release of the moved copy it pairs with a container (the NGC Triton release notes).
         `trtspec doctor` reports a repository whose names disagree with its own tensorrt_llm model.
         """
         return self.at_least(1, 0)

@@ -148,20 +148,14 @@ class LocalGenerator:
 
 def read_prompt_file(path: Path) -> list:
     """Prompts from a JSONL file: text (`prompt`), chat (`messages`) or token ids (`input_ids`) per line."""
-    import json
+    from trtspec.data.jsonl import jsonl_objects
 
     prompts = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}:{number}: not JSON ({e.msg})") from None
+    for where, obj in jsonl_objects(path):
         for key in ("prompt", "messages", "input_ids"):
             if isinstance(obj, dict) and key in obj:
                 prompts.append(obj[key])
                 break
         else:
-            raise ConfigError(f"{path}:{number}: expected an object with 'prompt', 'messages' or 'input_ids'")
+            raise ConfigError(f"{where}: expected an object with 'prompt', 'messages' or 'input_ids'")
     return prompts

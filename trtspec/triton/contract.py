@@ -99,7 +99,7 @@ def cpu_ensemble_outputs() -> tuple[Tensor, ...]:
     return ENSEMBLE_OUTPUTS + TRTSPEC_OUTPUTS
 
 
-# The ensemble's wiring, as upstream's `inflight_batcher_llm` does it (TB §3):
+# The ensemble's wiring, as upstream's `inflight_batcher_llm` does it (tensorrtllm_backend ensemble/config.pbtxt):
 # client tensor → preprocessing input,
 CLIENT_TO_PRE = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",
                  "stop_words": "STOP_WORDS_DICT", "end_id": "END_ID", "pad_id": "PAD_ID"}

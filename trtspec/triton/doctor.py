@@ -1,8 +1,8 @@
 """`trtspec doctor REPO [ENGINE_DIR]`: cross-check a Triton TensorRT-LLM repository (trtspec's or hand-made) against
 its engine, and list every mismatch upstream only reports at request time or not at all.
 
-Each check cites the pain point it catches (TB pain n, pain n) or the rule it enforces (EF / TB §n); the
-upstream files and issues behind each label are listed in `docs/upstream-sources.md`.
+Each check cites the public issue it catches (tensorrtllm_backend#n, TensorRT-LLM#n, Medusa#n) or the upstream file
+whose rule it enforces; `docs/upstream-sources.md` lists them.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class Engine:
 
     @property
     def max_draft_len(self) -> int:
-        """What the C++ runtime uses: pretrained_config for Medusa, build_config otherwise (EF §4)."""
+        """What the C++ runtime uses: pretrained_config for Medusa, build_config otherwise (TensorRT-LLM tensorrt_llm/builder.py Engine.save)."""
         source = self.pretrained if self.mode is SpecMode.MEDUSA else self.build
         return int(source.get("max_draft_len") or 0)
 
@@ -93,7 +93,7 @@ def _load_models(repo: Path, findings: list[Finding]) -> dict[str, dict]:
     models = {}
     for path in sorted(repo.glob("*/config.pbtxt")):
         name, text = path.parent.name, path.read_text(errors="replace")
-        for key in sorted(set(PLACEHOLDER.findall(text))):  # TB pain 8: `${triton_backend}` etc.
+        for key in sorted(set(PLACEHOLDER.findall(text))):  # tensorrtllm_backend#526: `${triton_backend}` etc.
             findings.append(Finding("error", name, key, f"unfilled placeholder ${{{key}}}; fill it (e.g. with "
                                                          "`trtspec deploy`, or fill_template.py)"))
         parseable = re.sub(r'(?<!")\$\{[^}]*\}(?!")', "0", text)  # unquoted placeholders parse as 0
@@ -142,10 +142,10 @@ def check_llm(name: str, model: dict, engine: Engine | None) -> list[Finding]:
     params, out = _params(model), []
     add = lambda sev, field, msg: out.append(Finding(sev, name, field, msg))  # noqa: E731
     strategy = params.get("gpt_model_type")
-    if strategy not in BATCHING_STRATEGIES:  # TB §2.2: any other value throws at load
+    if strategy not in BATCHING_STRATEGIES:  # tensorrtllm_backend tensorrt_llm/config.pbtxt: any other value throws at load
         add("error", "gpt_model_type", f"{strategy!r} is not one of inflight_fused_batching, inflight_batching, V1")
     if params.get("tokenizer_type") is not None:
-        add("warning", "tokenizer_type", "removed in v0.9 (TB pain 8); delete it")
+        add("warning", "tokenizer_type", "removed in v0.9 (tensorrtllm_backend#526); delete it")
     if engine is None:
         return out
     mode, decoding = engine.mode, params.get("decoding_mode", "")
@@ -175,7 +175,7 @@ def _check_tree(name: str, params: dict, engine: Engine) -> list[Finding]:
         return []
     key = "medusa_choices" if engine.mode is SpecMode.MEDUSA else "eagle_choices"
     text = params.get(key, "")
-    if _set(text) and "[" in text:  # TB §4.2: the C++ backend parses nothing and falls back silently
+    if _set(text) and "[" in text:  # tensorrtllm_backend tensorrt_llm/config.pbtxt: the C++ backend parses nothing and falls back silently
         return [Finding("error", name, key, f"written in Python list syntax, which the C++ backend ignores "
                                             f"(it serves mc_sim_7b_63 instead); write {cpp_choices([[0], [0, 0]])}"
                                             f"-style brace groups: {cpp_choices(parse_choices(text))[:60]}...")]
@@ -185,10 +185,10 @@ def _check_tree(name: str, params: dict, engine: Engine) -> list[Finding]:
         pre = engine.pretrained
         if engine.mode is SpecMode.MEDUSA:
             build_tree(choices, num_heads=pre.get("num_medusa_heads"), max_draft_len=engine.max_draft_len)
-        else:  # EF §5.2: depth == num_eagle_layers, non-leaves per level, nodes <= max_draft_len
+        else:  # TensorRT-LLM tensorrt_llm/llmapi/llm_args.py: depth == num_eagle_layers, non-leaves per level, nodes <= max_draft_len
             build_tree(choices, exact_depth=pre.get("num_eagle_layers"), max_draft_len=engine.max_draft_len,
                        max_non_leaves_per_layer=pre.get("max_non_leaves_per_layer"))
-    except TrtspecError as e:  # pain 1-2: fails inside the engine at request time
+    except TrtspecError as e:  # tensorrtllm_backend#473, FasterDecoding/Medusa#76: fails inside the engine at request time
         return [Finding("error", name, key, f"{source} does not fit the engine {engine.path}: {e}")]
     return []
 
@@ -198,14 +198,14 @@ def _check_lookahead(name: str, params: dict, engine: Engine) -> list[Finding]:
     values = [params.get(k, "") for k in keys]
     if engine.mode is not SpecMode.LOOKAHEAD:
         return []
-    if not all(_set(v) for v in values):  # TB §2.2: required with decoding_mode lookahead (the C++ backend throws)
+    if not all(_set(v) for v in values):  # tensorrtllm_backend tensorrt_llm/config.pbtxt: required with decoding_mode lookahead (the C++ backend throws)
         return [Finding("error", name, "lookahead_*", "a lookahead engine needs all three of "
                                                       f"{', '.join(keys)}")]
     try:
         la = Lookahead(*(int(v) for v in values))
     except (ValueError, TrtspecError) as e:
         return [Finding("error", name, "lookahead_*", f"invalid (W, N, G) {values}: {e}")]
-    if la.max_draft_len != engine.max_draft_len:  # TB pain 6, tensorrtllm_backend#710 ("16 != 40")
+    if la.max_draft_len != engine.max_draft_len:  # tensorrtllm_backend#710 ("16 != 40")
         return [Finding("error", name, "lookahead_*", f"(W, N, G) = ({', '.join(values)}) needs max_draft_len "
                                                       f"{la.max_draft_len}, the engine has {engine.max_draft_len}; the "
                                                       "server asserts at start. Rebuild or change (W, N, G)")]
@@ -219,17 +219,17 @@ def _check_engine_limits(name: str, model: dict, params: dict, engine: Engine) -
     if engine.mode is SpecMode.MEDUSA and pre.get("max_draft_len") != build.get("max_draft_len"):
         add("error", "engine max_draft_len", f"pretrained_config says {pre.get('max_draft_len')}, build_config "
                                              f"{build.get('max_draft_len')}; the Medusa runtime reads the former "
-                                             "(EF §4)")
+                                             "(TensorRT-LLM tensorrt_llm/builder.py Engine.save)")
     batch = int(model.get("max_batch_size", 0))
-    if build.get("max_batch_size") and batch > build["max_batch_size"]:  # TB pain 10 (#130)
+    if build.get("max_batch_size") and batch > build["max_batch_size"]:  # tensorrtllm_backend#130
         add("warning", "max_batch_size", f"{batch} exceeds the engine's max_batch_size {build['max_batch_size']}, "
                                          "which is what governs; lower it to match")
     beams = params.get("max_beam_width", "1")
-    if engine.mode is not SpecMode.NONE and _set(beams) and beams != "1":  # EF §3.2, TB pain 10 (#115)
+    if engine.mode is not SpecMode.NONE and _set(beams) and beams != "1":  # TensorRT-LLM tensorrt_llm/builder.py, tensorrtllm_backend#115
         add("error", "max_beam_width", f"{beams}: beam search cannot be combined with draft tokens; set 1")
     logits = next((o for o in model.get("output", []) if o.get("name") == "generation_logits"), None)
     want = TYPE_OF_DTYPE.get(pre.get("logits_dtype", "float32"))
-    if logits is not None and logits.get("data_type") not in (want, "TYPE_INVALID", None):  # TB §2.2 logits_datatype
+    if logits is not None and logits.get("data_type") not in (want, "TYPE_INVALID", None):  # tensorrtllm_backend tensorrt_llm/config.pbtxt logits_datatype
         add("error", "logits_datatype", f"{logits.get('data_type')} but the engine's logits_dtype is "
                                         f"{pre.get('logits_dtype', 'float32')} ({want}); the backend checks equality")
     chunked = params.get("enable_chunked_context", "")
@@ -237,7 +237,7 @@ def _check_engine_limits(name: str, model: dict, params: dict, engine: Engine) -
         add("error", "enable_chunked_context", "needs an engine built with --use_paged_context_fmha enable")
     if params.get("speculative_decoding_fast_logits", "") in TRUE and not _set(params.get("participant_ids")):
         add("warning", "speculative_decoding_fast_logits", "silently disabled without orchestrator mode and "
-                                                           "participant_ids (TB §4.2)")
+                                                           "participant_ids (tensorrtllm_backend tensorrt_llm/config.pbtxt)")
     out += _check_version(name, engine)
     return out
 
@@ -246,7 +246,7 @@ def _check_version(name: str, engine: Engine) -> list[Finding]:
     version, installed = engine.config.get("version"), installed_version()
     manifest = engine.path / "manifest.json"
     out = []
-    if installed and isinstance(version, str) and _minor(installed) != _minor(version):  # TB pain 9
+    if installed and isinstance(version, str) and _minor(installed) != _minor(version):  # tensorrtllm_backend#662
         out.append(Finding("error", name, "engine version", f"built by TensorRT-LLM {version}, this container has "
                                                              f"{installed}; rebuild the engine here"))
     if manifest.is_file() and isinstance(version, str):
@@ -270,7 +270,7 @@ def check_preprocessing(models: dict[str, dict]) -> list[Finding]:
     out = []
     for name in ("preprocessing", "postprocessing"):
         params = _params(models.get(name, {}))
-        if "tokenizer_type" in params:  # TB pain 8 (#364)
+        if "tokenizer_type" in params:  # tensorrtllm_backend#364
             out.append(Finding("warning", name, "tokenizer_type", "removed in v0.9; fill_template.py v0.19+ asserts "
                                                                   "on it. Delete the parameter"))
         tokenizer = params.get("tokenizer_dir", "")
@@ -280,8 +280,8 @@ def check_preprocessing(models: dict[str, dict]) -> list[Finding]:
 
 
 def check_ensemble(models: dict[str, dict]) -> list[Finding]:
-    """Every step's tensors exist on its model, every consumed tensor is produced earlier (renames, TB §8), and
-    no step mixes a decoupled model's outputs with another model's (server#7275, TB §3)."""
+    """Every step's tensors exist on its model, every consumed tensor is produced earlier (renames, TensorRT-LLM triton_backend/all_models/), and
+    no step mixes a decoupled model's outputs with another model's (server#7275, tensorrtllm_backend ensemble/config.pbtxt)."""
     ensemble = next((m for m in models.values() if m.get("platform") == "ensemble"), None)
     if ensemble is None:
         return []
@@ -344,15 +344,15 @@ def check_bls(models: dict[str, dict], llms: dict[str, dict], repo: Path, engine
             out.append(Finding("error", name, "tensorrt_llm_model_name" if llm_name == target_name
                                else "tensorrt_llm_draft_model_name", f"names {llm_name!r}, not in the repository"))
             continue
-        if llm.get("model_transaction_policy", {}).get("decoupled", False) != bls_decoupled:  # TB §5
+        if llm.get("model_transaction_policy", {}).get("decoupled", False) != bls_decoupled:  # tensorrtllm_backend tensorrt_llm_bls/1/lib/decode.py
             out.append(Finding("error", name, "decoupled",
                                f"{'true' if bls_decoupled else 'false'} but {llm_name} differs; keep decoupled_mode "
-                               "identical on both (TB pain 7)"))
+                               "identical on both (tensorrtllm_backend#62)"))
     if not _set(draft_name):
         return out
     target = _engine(target_name, models[target_name], engine_dir, []) if target_name in models else None
     draft = _engine(draft_name, models[draft_name], None, []) if draft_name in models else None
-    if target is not None and target.mode is not SpecMode.DRAFT_TOKENS_EXTERNAL:  # TB pain 1 (#473)
+    if target is not None and target.mode is not SpecMode.DRAFT_TOKENS_EXTERNAL:  # tensorrtllm_backend#473
         out.append(Finding("error", target_name, "speculative_decoding_mode", "the BLS sends draft tokens but the "
                            "target engine was not built with --speculative_decoding_mode draft_tokens_external: "
                            "\"Number of draft tokens (N) is larger than maximum number of draft tokens (0)\""))
@@ -363,12 +363,12 @@ def check_bls(models: dict[str, dict], llms: dict[str, dict], repo: Path, engine
                            f"{target.pretrained.get('vocab_size')}: draft and target must share a tokenizer"))
     for llm_name in (target_name, draft_name):
         llm_params = _params(models.get(llm_name, {}))
-        if llm_name in models and llm_params.get("enable_kv_cache_reuse", "true") not in TRUE:  # TB §4.3
+        if llm_name in models and llm_params.get("enable_kv_cache_reuse", "true") not in TRUE:  # tensorrtllm_backend docs/medusa.md, docs/eagle.md, docs/lookahead.md
             out.append(Finding("warning", llm_name, "enable_kv_cache_reuse", "off: every draft-target step resends "
                                                                              "the whole sequence; set true"))
         if llm_name in models and llm_params.get("exclude_input_in_output") in TRUE and not _trtspec_bls(repo, name):
             out.append(Finding("warning", llm_name, "exclude_input_in_output",
-                               "true: upstream's v0.19 BLS then reads wrong or empty draft tokens (TB §6.3)"))
+                               "true: upstream's v0.19 BLS then reads wrong or empty draft tokens (tensorrtllm_backend tensorrt_llm_bls/1/lib/decode.py)"))
     return out
 
 

@@ -2,8 +2,8 @@
 
 preprocessing → tensorrt_llm → postprocessing wired by `ensemble`, plus `tensorrt_llm_bls` (and
 `tensorrt_llm_draft` for a draft-target pair). Every value comes from the manifest and the options: the configs
-are rendered from data (`trtspec.triton.pbtxt`), so no `${…}` is ever left to fill. Rules cite
-TB §n / EF §n, the upstream files listed in `docs/upstream-sources.md`.
+are rendered from data (`trtspec.triton.pbtxt`), so no `${…}` is ever left to fill. Each rule cites
+the public upstream file it follows; `docs/upstream-sources.md` lists them.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 MODELS_DIR = Path(__file__).parent / "trtllm_models"
 LAUNCH_SCRIPT = "launch_triton.sh"
-BATCHING_STRATEGIES = ("inflight_fused_batching", "inflight_batching", "V1")  # gpt_model_type (TB §2.2)
+BATCHING_STRATEGIES = ("inflight_fused_batching", "inflight_batching", "V1")  # gpt_model_type (tensorrtllm_backend tensorrt_llm/config.pbtxt)
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def _context(manifest: Manifest, options) -> Context:
     if manifest.tokenizer is None:
         raise RepositoryError(f"{where}: the engine has no tokenizer; preprocessing needs one, rebuild with "
                               "--tokenizer DIR")
-    if options.batching_strategy not in BATCHING_STRATEGIES:  # any other value throws at load (TB §2.2)
+    if options.batching_strategy not in BATCHING_STRATEGIES:  # any other value throws at load (tensorrtllm_backend tensorrt_llm/config.pbtxt)
         raise RepositoryError(f"--batching-strategy {options.batching_strategy!r} is not one of "
                               f"{', '.join(BATCHING_STRATEGIES)}")
     if not 0 < options.kv_cache_free_gpu_mem_fraction <= 1:
@@ -87,7 +87,7 @@ def _context(manifest: Manifest, options) -> Context:
     draft = _draft(manifest, options, version)
     decoupled = options.decoupled
     if manifest.method is Method.DRAFT_TARGET and decoupled:
-        # TB §4.3, §5: the BLS draft-target loop never streams and the DTM README deploys every model with
+        # tensorrtllm_backend docs/medusa.md, docs/eagle.md, docs/lookahead.md and tensorrt_llm_bls/1/lib/decode.py: the BLS draft-target loop never streams and the DTM README deploys every model with
         # decoupled_mode False; the three stay consistent.
         log.warning("draft-target decoding does not stream: writing decoupled false on tensorrt_llm, "
                     "tensorrt_llm_draft and tensorrt_llm_bls")
@@ -171,13 +171,13 @@ def tensorrt_llm(ctx: Context, *, draft: bool = False) -> ModelConfig:
     """The engine model (C++ backend); with draft=True the draft-target pair's draft engine."""
     manifest, engine_dir = ctx.draft if draft else (ctx.manifest, ctx.engine_dir)
     batch = min(ctx.batch, manifest.profile.max_batch_size)
-    kv_fraction = ctx.kv_fraction / 2 if ctx.draft is not None else ctx.kv_fraction  # two engines, one GPU (TB §4.3)
-    params = {"max_beam_width": "1",  # beam search is incompatible with every draft method (EF §3.2)
+    kv_fraction = ctx.kv_fraction / 2 if ctx.draft is not None else ctx.kv_fraction  # two engines, one GPU (tensorrtllm_backend docs/medusa.md, docs/eagle.md, docs/lookahead.md)
+    params = {"max_beam_width": "1",  # beam search is incompatible with every draft method (TensorRT-LLM tensorrt_llm/builder.py)
               "FORCE_CPU_ONLY_INPUT_TENSORS": "no", "gpt_model_type": ctx.batching_strategy,
               "gpt_model_path": str(engine_dir), "batch_scheduler_policy": "guaranteed_no_evict",
               "kv_cache_free_gpu_mem_fraction": f"{kv_fraction:g}", "decoding_mode": DECODING_MODE[manifest.method]}
     params.update(_speculative_parameters(manifest, ctx.version))
-    if ctx.draft is not None:  # both models of the pair resend the whole sequence each step (TB §4.3)
+    if ctx.draft is not None:  # both models of the pair resend the whole sequence each step (tensorrtllm_backend docs/medusa.md, docs/eagle.md, docs/lookahead.md)
         params["enable_kv_cache_reuse"] = "true"
     return ModelConfig(name="tensorrt_llm_draft" if draft else "tensorrt_llm", backend="tensorrtllm",
                        max_batch_size=batch, decoupled=ctx.decoupled,
@@ -185,21 +185,21 @@ def tensorrt_llm(ctx: Context, *, draft: bool = False) -> ModelConfig:
                                          "max_queue_delay_microseconds": ctx.queue_delay},
                        inputs=tt.llm_inputs(ctx.version, ctx.logits_type),
                        outputs=tt.llm_outputs(ctx.version, ctx.logits_type),
-                       instance_count=1,  # one executor per model; more need gpu_device_ids groups (TB §2.2)
+                       instance_count=1,  # one executor per model; more need gpu_device_ids groups (tensorrtllm_backend tensorrt_llm/config.pbtxt)
                        parameters=params)
 
 
 def _speculative_parameters(manifest: Manifest, version: TrtllmVersion) -> dict[str, str]:
     if manifest.method is Method.MEDUSA:
-        # C++ brace syntax: Python [[...]] is silently replaced by mc_sim_7b_63 (TB §4.2); XQA multi-block
-        # mode is off for Medusa / EAGLE, as ModelRunnerCpp sets it (EF §3.2)
+        # C++ brace syntax: Python [[...]] is silently replaced by mc_sim_7b_63 (tensorrtllm_backend tensorrt_llm/config.pbtxt); XQA multi-block
+        # mode is off for Medusa / EAGLE, as ModelRunnerCpp sets it (TensorRT-LLM tensorrt_llm/builder.py)
         return {"medusa_choices": cpp_choices(manifest.tree), "multi_block_mode": "false"}
     if manifest.method is Method.EAGLE:
         out = {"multi_block_mode": "false"}
         if version.has_eagle_choices:
             out["eagle_choices"] = cpp_choices(manifest.tree)
         return out
-    if manifest.method is Method.LOOKAHEAD:  # required with decoding_mode lookahead; must give K exactly (TB §4.1)
+    if manifest.method is Method.LOOKAHEAD:  # required with decoding_mode lookahead; must give K exactly (tensorrtllm_backend docs/medusa.md, docs/eagle.md, docs/lookahead.md)
         return {f"lookahead_{k}": str(v) for k, v in manifest.lookahead.items()}
     return {}
 
@@ -215,7 +215,7 @@ def ensemble(ctx: Context) -> ModelConfig:
     if tt.has_perf_metrics(ctx.version):
         llm_out.update(tt.ACCEPTANCE_OUTPUTS)
     # postprocessing reads only tensorrt_llm's outputs: mixing in preprocessing's fails when the LLM step is
-    # decoupled (TB §3, server#7275)
+    # decoupled (tensorrtllm_backend ensemble/config.pbtxt, server#7275)
     post = Step("postprocessing", {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"},
                 {"OUTPUT": "text_output", "OUTPUT_IDS": "output_ids"})
     return ModelConfig(name="ensemble", platform="ensemble", max_batch_size=ctx.batch, inputs=inputs,
@@ -227,14 +227,14 @@ def bls(ctx: Context) -> ModelConfig:
               "max_draft_len": str(ctx.manifest.profile.max_draft_len)}
     if ctx.draft is not None:
         params["tensorrt_llm_draft_model_name"] = "tensorrt_llm_draft"
-    # one request at a time per instance: as many instances as the batch (TB §2.5)
+    # one request at a time per instance: as many instances as the batch (tensorrtllm_backend tensorrt_llm_bls/config.pbtxt)
     return ModelConfig(name="tensorrt_llm_bls", backend="python", max_batch_size=ctx.batch, decoupled=ctx.decoupled,
                        inputs=tt.bls_inputs(ctx.version), outputs=tt.bls_outputs(), instance_count=ctx.batch,
                        parameters=params)
 
 
 def launch_script(ctx: Context, repo: Path) -> str:
-    """tritonserver for one rank, or MPI leader mode with one rank per GPU (TB §6.2 launch_triton_server.py)."""
+    """tritonserver for one rank, or MPI leader mode with one rank per GPU (tensorrtllm_backend inflight_batcher_llm/client/ launch_triton_server.py)."""
     world = ctx.manifest.world_size
     llm_models = ["tensorrt_llm"] + (["tensorrt_llm_draft"] if ctx.draft is not None else [])
     ports = ['--grpc-port="$GRPC_PORT"', '--http-port="$HTTP_PORT"', '--metrics-port="$METRICS_PORT"']

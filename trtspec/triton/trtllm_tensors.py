@@ -1,4 +1,4 @@
-"""Tensor lists of the GPU repository's models, per TensorRT-LLM version (TB §n: `docs/upstream-sources.md`).
+"""Tensor lists of the GPU repository's models, per TensorRT-LLM version (`docs/upstream-sources.md`).
 
 The client-facing tensors come from `trtspec.triton.contract`, so the CPU and GPU flavours share one contract;
 the `tensorrt_llm` model's tensors are the C++ backend's names for the engine's version.
@@ -10,15 +10,15 @@ from trtspec.engine.trtllm_versions import TrtllmVersion
 from trtspec.triton.contract import CLIENT_TO_LLM, CLIENT_TO_PRE, ENSEMBLE_OUTPUTS, PRE_TO_LLM, client_inputs  # noqa: F401
 from trtspec.triton.pbtxt import Tensor
 
-SCALAR = ()  # reshape: { shape: [ ] } — the backend sees [B] for a [1] input (TB §1)
+SCALAR = ()  # reshape: { shape: [ ] } — the backend sees [B] for a [1] input (tensorrtllm_backend all_models/inflight_batcher_llm/)
 LOGITS_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
 
-# tensorrt_llm's perf-metric outputs (filled with return_perf_metrics=true, TB §2.2) → trtspec's contract names
+# tensorrt_llm's perf-metric outputs (filled with return_perf_metrics=true, tensorrtllm_backend tensorrt_llm/config.pbtxt) → trtspec's contract names
 ACCEPTANCE_OUTPUTS = {"total_draft_tokens": "num_draft_tokens", "total_accepted_draft_tokens": "num_accepted_tokens"}
 
 
 def has_perf_metrics(version: TrtllmVersion) -> bool:
-    """`return_perf_metrics` and the acceptance counters as read in the v0.19 templates (TB §2.2)."""
+    """`return_perf_metrics` and the acceptance counters as read in the v0.19 templates (tensorrtllm_backend tensorrt_llm/config.pbtxt)."""
     return version.at_least(0, 19)
 
 
@@ -62,7 +62,7 @@ def postprocessing_outputs() -> tuple[Tensor, ...]:
 
 
 def llm_inputs(version: TrtllmVersion, logits_type: str) -> tuple[Tensor, ...]:
-    """The C++ backend's request tensors this repository uses (TB §2.2); multimodal, LoRA, prompt tuning,
+    """The C++ backend's request tensors this repository uses (tensorrtllm_backend tensorrt_llm/config.pbtxt); multimodal, LoRA, prompt tuning,
     encoder-decoder and KV-retention inputs are left out."""
     ragged = dict(optional=True, allow_ragged_batch=True)
     scalar = dict(optional=True, reshape=SCALAR)
@@ -89,7 +89,7 @@ def llm_inputs(version: TrtllmVersion, logits_type: str) -> tuple[Tensor, ...]:
            Tensor("streaming", "TYPE_BOOL", **scalar), Tensor("num_return_sequences", "TYPE_INT32", **scalar)]
     if has_perf_metrics(version):
         out.append(Tensor("return_perf_metrics", "TYPE_BOOL", **scalar))
-    if version.has_lookahead_parameters:  # per-request (w, n, g) within the engine's (W, N, G) (TB §2.2)
+    if version.has_lookahead_parameters:  # per-request (w, n, g) within the engine's (W, N, G) (tensorrtllm_backend tensorrt_llm/config.pbtxt)
         out += [Tensor(f"lookahead_{k}", "TYPE_INT32", **ragged)
                 for k in ("window_size", "ngram_size", "verification_set_size")]
     return tuple(out)
@@ -106,7 +106,7 @@ def llm_outputs(version: TrtllmVersion, logits_type: str) -> tuple[Tensor, ...]:
 
 
 def bls_inputs(version: TrtllmVersion) -> tuple[Tensor, ...]:
-    """The ensemble's request tensors plus draft-target's `num_draft_tokens` / `use_draft_logits` (TB §2.5)."""
+    """The ensemble's request tensors plus draft-target's `num_draft_tokens` / `use_draft_logits` (tensorrtllm_backend tensorrt_llm_bls/config.pbtxt)."""
     return ensemble_inputs(version) + (Tensor("num_draft_tokens", "TYPE_INT32", optional=True),
                                        Tensor("use_draft_logits", "TYPE_BOOL", optional=True))
 
