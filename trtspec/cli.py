@@ -371,8 +371,10 @@ def _text(result) -> str:
 @click.option("--max-batch-size", type=int, help="Triton max_batch_size (default: the engine profile's).")
 @click.option("--decoupled/--no-decoupled", default=True, show_default=True,
               help="Streaming responses (needed for stream=true and in-flight joining of new requests).")
-@click.option("--chat-template/--no-chat-template", default=True, show_default=True,
-              help="Preprocessing renders text_input through the tokenizer's chat template.")
+@click.option("--chat-template/--no-chat-template", default=False, show_default=True,
+              help="Render text_input through the tokenizer's chat template for requests that do not say "
+                   "(apply_chat_template). Off, as tensorrtllm_backend: the prompt is the text the client sent; "
+                   "trtspec's own client asks for the template per request.")
 @click.option("--copy-engine", is_flag=True, help="Copy the engine into the repository (self-contained).")
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads per engine instance (default: all cores).")
 @click.option("--spin/--no-spin", default=None, help="CPU flavour: " + SPIN_HELP)

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from trtspec.cli import cli
 from trtspec.bench.serving import read_counters
 from trtspec.errors import ServerError
+from trtspec.testing.grpc_requests import grpc_tensor, stream_once
 from trtspec.runtime.generator import GenerateOptions, LocalGenerator
 from trtspec.triton.client import TritonClient, build_inputs, generate_concurrently
 from trtspec.triton.server import ServerOptions, TritonServer, find_tritonserver, free_port
@@ -156,30 +157,8 @@ def test_stop_words_and_seeded_sampling(server, local):
     assert sampled[0].output_ids != sampled[2].output_ids
 
 
-def _stream_once(url, model, inputs, timeout=60, request_id=""):
-    client = grpcclient.InferenceServerClient(url)
-    responses, done = [], threading.Event()
-
-    def callback(result=None, error=None):
-        responses.append((result, error))
-        final = result is not None and result.get_response().parameters.get("triton_final_response")
-        if error is not None or (final and final.bool_param):
-            done.set()
-
-    client.start_stream(callback=callback)
-    client.async_stream_infer(model, inputs, enable_empty_final_response=True, request_id=request_id)
-    assert done.wait(timeout)
-    client.stop_stream()
-    client.close()
-    return [r for r in responses if r[1] is not None or r[0].get_response().outputs]
-
-
-def _tensor(name, array):
-    from tritonclient.utils import np_to_triton_dtype
-
-    t = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-    t.set_data_from_numpy(array)
-    return t
+_stream_once = stream_once
+_tensor = grpc_tensor
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -198,7 +177,9 @@ def test_text_output_reads_as_nvidias_clients_read_it(server, local, stream):
         assert output.ndim == 1 and isinstance(output[0], bytes)
         pieces.append(output[0].decode("utf-8"))
     assert (len(pieces) > 1) == stream
-    assert "".join(pieces) == local.generate("Hello world", GenerateOptions(max_tokens=16)).text
+    # NVIDIA's client sends no apply_chat_template: the prompt is its text, as upstream's preprocessing makes it
+    raw = local.tokenizer.encode("Hello world", add_special_tokens=True)
+    assert "".join(pieces) == local.generate(raw, GenerateOptions(max_tokens=16)).text
 
 
 @pytest.mark.parametrize("inputs,message", [
@@ -596,7 +577,7 @@ def test_log_probs_match_local_generation(server, local):
     """return_log_probs: output_log_probs per generated token and their sum, as the in-process loop computes."""
     from trtspec.runtime.loop import GenerationConfig, generate
 
-    ids = local.encode("Medusa heads")
+    ids = local.tokenizer.encode(add_special_tokens=True, text="Medusa heads")
     expected = generate(local.engine, ids, local.proposer(), GenerationConfig(max_tokens=12, return_log_probs=True))
     inputs = [_tensor("text_input", np.array([[b"Medusa heads"]], np.object_)),
               _tensor("max_tokens", np.array([[12]], np.int32)), _tensor("stream", np.array([[True]], np.bool_)),
@@ -615,7 +596,7 @@ def test_bad_words_and_min_tokens_are_honoured(server, local):
     """bad_words: the words never appear (the same rule as in-process); min_tokens: no end before it."""
     from trtspec.runtime.loop import GenerationConfig, generate
 
-    ids = local.encode("quick brown fox")
+    ids = local.tokenizer.encode(add_special_tokens=True, text="quick brown fox")
     plain = generate(local.engine, ids, local.proposer(), GenerationConfig(max_tokens=24))
     banned = plain.output_ids[3:5]  # a two-token sequence greedy decoding produces
     word = local.tokenizer.decode(banned)

@@ -116,7 +116,8 @@ def test_gpu_and_cpu_flavours_expose_the_same_request_tensors(engines, tmp_path,
     assert set(gpu) - set(client) <= {"return_perf_metrics"}  # upstream's switch for the acceptance counters
     cpu = {t.name for t in contract.cpu_ensemble_inputs()}
     assert set(client) <= cpu and cpu - set(gpu) <= set(contract.RENAMED_INPUTS) | set(
-        contract.RENAMED_INPUTS.values()) | {"use_speculation", "draft_method", *contract.LOOKAHEAD_INPUTS}
+        contract.RENAMED_INPUTS.values()) | {t.name for t in contract.TRTSPEC_INPUTS} | {
+        t.name for t in contract.UPSTREAM_EXTRA_INPUTS}
     required = {t["name"] for t in ensemble["input"] if not t.get("optional")}
     assert required == {t.name for t in contract.ENSEMBLE_INPUTS if not t.optional} == {"text_input", "max_tokens"}
     outputs = {t["name"] for t in ensemble["output"]}

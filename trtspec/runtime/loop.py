@@ -33,6 +33,7 @@ class GenerationConfig:
     return_log_probs: bool = False  # log p(token) of every emitted token under the target's sampling distribution
     min_tokens: int = 0  # end_id is banned until this many tokens have been generated
     bad_words: tuple[tuple[int, ...], ...] = ()  # token sequences never generated (the last token is banned after the rest)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) added to every step's logits (TensorRT-LLM's embedding_bias)
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
 
@@ -282,12 +283,18 @@ def _verify_all(engine: Engine, seqs: list[int], drafts: list[Draft]) -> list[St
 
 
 def _constrain(logits: np.ndarray, output: list[int], draft_tokens, tree, config: GenerationConfig) -> np.ndarray:
-    """Apply min_tokens and bad_words to the rows of one step, each in its own context: row i predicts the token
+    """Apply the logit bias, min_tokens and bad_words to the rows of one step, each in its own context: row i predicts the token
     after tree node i, i.e. after `output` plus the draft tokens on the path to node i. The same rule applies to
     the accepted path as plain decoding applies to each token, so speculation stays lossless."""
-    if not config.bad_words and len(output) + (tree.depth if tree is not None else 0) >= config.min_tokens:
+    if (not config.bad_words and not config.logit_bias
+            and len(output) + (tree.depth if tree is not None else 0) >= config.min_tokens):
         return logits
     logits = np.array(logits, dtype=np.float32, copy=True)
+    if config.logit_bias:  # the same for every row: verifying a draft sees what plain decoding would
+        tokens, values = zip(*config.logit_bias)
+        logits[:, list(tokens)] += np.asarray(values, np.float32)
+    if not config.bad_words and len(output) + (tree.depth if tree is not None else 0) >= config.min_tokens:
+        return logits
     rows = 1 if tree is None else tree.num_nodes + 1
     for i in range(rows):
         path = []

@@ -75,6 +75,8 @@ def build_inputs(prompt: str, options: GenerateOptions, *, stream: bool, stop_wo
               tensor("temperature", np.array([[options.temperature]], np.float32)),
               tensor("top_k", np.array([[options.top_k]], np.int32)),
               tensor("top_p", np.array([[options.top_p]], np.float32))]
+    if has("apply_chat_template"):  # as in-process generate renders a text prompt (trtspec's CPU flavour)
+        inputs.append(tensor("apply_chat_template", np.array([[True]], np.bool_)))
     if options.seed is not None:
         name = "random_seed" if has("random_seed") else "seed"
         inputs.append(tensor(name, np.array([[options.seed]], np.uint64)))
@@ -96,7 +98,9 @@ def build_inputs(prompt: str, options: GenerateOptions, *, stream: bool, stop_wo
                 raise ServerError(f"this deployment has no {name} input; --lookahead works against a deployment "
                                   "that takes it (trtspec's CPU flavour)")
             inputs.append(tensor(name, np.array([[value]], np.int32)))
-    if accepted is not None and "return_perf_metrics" in accepted and "num_draft_tokens" not in accepted:
+    if accepted is not None and "return_perf_metrics" in accepted and "use_speculation" not in accepted:
+        # a TensorRT-LLM deployment: its acceptance counters come with the perf metrics (trtspec's CPU flavour
+        # sends its own counters with every response)
         inputs.append(tensor("return_perf_metrics", np.array([[True]], np.bool_)))
     if stop_words:
         inputs.append(tensor("stop_words", np.array([[w.encode() for w in stop_words]], np.object_)))

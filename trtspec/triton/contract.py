@@ -22,8 +22,9 @@ def tensor(name: str, data_type: str, dims=(1,), optional: bool = True) -> Tenso
 _t = tensor
 
 
-# Request tensors of upstream's ensemble that a text client uses (multimodal, LoRA, prompt tuning and guided
-# decoding inputs are not part of the speculative-decoding contract).
+# Request tensors of upstream's ensemble (tensorrtllm_backend v0.19.0 all_models/inflight_batcher_llm/ensemble/
+# config.pbtxt) that both flavours declare. The GPU flavour passes them to TensorRT-LLM; what the CPU engine does with
+# each is in `CPU_POLICY` below and docs/triton-contract.md.
 ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
     _t("text_input", "TYPE_STRING", optional=False),
     _t("max_tokens", "TYPE_INT32", optional=False),
@@ -49,6 +50,24 @@ ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
     _t("stream", "TYPE_BOOL"),
 )
 
+# The rest of upstream's ensemble inputs: the CPU flavour declares them too, so a client that sends one gets the
+# engine's own answer (honoured, or refused in one line naming it) instead of Triton's generic "unexpected
+# inference input" (upstream's own ensemble accepts lora_* and guided_decoding_* and drops them unread).
+UPSTREAM_EXTRA_INPUTS: tuple[Tensor, ...] = (
+    _t("decoder_text_input", "TYPE_STRING"),
+    _t("return_perf_metrics", "TYPE_BOOL"),
+    _t("prompt_embedding_table", "TYPE_FP16", (-1, -1)),
+    _t("prompt_table_extra_id", "TYPE_UINT64"),
+    _t("prompt_vocab_size", "TYPE_INT32"),
+    _t("embedding_bias_words", "TYPE_STRING", (-1,)),
+    _t("embedding_bias_weights", "TYPE_FP32", (-1,)),
+    _t("lora_task_id", "TYPE_UINT64"),
+    _t("lora_weights", "TYPE_FP16", (-1, -1)),
+    _t("lora_config", "TYPE_INT32", (-1, 3)),
+    _t("guided_decoding_guide_type", "TYPE_STRING"),
+    _t("guided_decoding_guide", "TYPE_STRING"),
+)
+
 # Newest upstream spelling → the v0.19 spelling it replaces.
 RENAMED_INPUTS = {"min_tokens": "min_length", "seed": "random_seed"}
 
@@ -60,15 +79,38 @@ ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = (
     _t("sequence_index", "TYPE_INT32"),
 )
 
+# tensorrt_llm's per-request perf metrics, sent only with return_perf_metrics = true, each [1, 1] (tensorrtllm_backend
+# inflight_batcher_llm/src/model_instance_state.cc, `processStats`: SizeType32 → INT32, float → FP32, a
+# steady_clock time point → INT64 nanoseconds). What each means on the CPU engine: docs/triton-contract.md.
+PERF_METRIC_OUTPUTS: tuple[Tensor, ...] = (
+    _t("kv_cache_alloc_new_blocks", "TYPE_INT32"),
+    _t("kv_cache_reused_blocks", "TYPE_INT32"),
+    _t("kv_cache_alloc_total_blocks", "TYPE_INT32"),
+    _t("arrival_time_ns", "TYPE_INT64"),
+    _t("first_scheduled_time_ns", "TYPE_INT64"),
+    _t("first_token_time_ns", "TYPE_INT64"),
+    _t("last_token_time_ns", "TYPE_INT64"),
+    _t("acceptance_rate", "TYPE_FP32"),
+    _t("total_accepted_draft_tokens", "TYPE_INT32"),
+    _t("total_draft_tokens", "TYPE_INT32"),
+)
+# Outputs upstream declares that the CPU engine never fills (their return_* switches are refused).
+NEVER_FILLED_OUTPUTS: tuple[Tensor, ...] = (
+    _t("context_logits", "TYPE_FP32", (-1, -1)),
+    _t("generation_logits", "TYPE_FP32", (-1, -1, -1)),
+)
+
 # trtspec's additions: a per-request switch and drafter (none, ngram, suffix, lookahead, hybrid, the engine's own),
 # lookahead's per-request (W, N, G) under tensorrtllm_backend's own tensorrt_llm input names (upstream's ensemble
-# does not pass them on), the acceptance counters upstream lacks, and the token ids (what tests and benchmarks
+# does not pass them on), the chat template per request (trtspec's own client asks for it, so its replies match
+# in-process `generate`), the acceptance counters upstream lacks, and the token ids (what tests and benchmarks
 # compare exactly).
 LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
 TRTSPEC_INPUTS: tuple[Tensor, ...] = (
     _t("use_speculation", "TYPE_BOOL"),
     _t("draft_method", "TYPE_STRING"),
     *(_t(name, "TYPE_INT32") for name in LOOKAHEAD_INPUTS),
+    _t("apply_chat_template", "TYPE_BOOL"),
 )
 TRTSPEC_OUTPUTS: tuple[Tensor, ...] = (
     _t("output_ids", "TYPE_INT32", (-1, -1)),  # [beams, tokens]
@@ -90,13 +132,14 @@ def client_inputs(*, newest_names: bool) -> tuple[Tensor, ...]:
 
 
 def cpu_ensemble_inputs() -> tuple[Tensor, ...]:
-    """The CPU flavour accepts both spellings of the renamed inputs, plus trtspec's own inputs."""
+    """The CPU flavour accepts both spellings of the renamed inputs, every other upstream input (to answer it), plus
+    trtspec's own inputs."""
     renamed = tuple(t for t in client_inputs(newest_names=True) if t.name in RENAMED_INPUTS)
-    return ENSEMBLE_INPUTS + renamed + TRTSPEC_INPUTS
+    return ENSEMBLE_INPUTS + renamed + UPSTREAM_EXTRA_INPUTS + TRTSPEC_INPUTS
 
 
 def cpu_ensemble_outputs() -> tuple[Tensor, ...]:
-    return ENSEMBLE_OUTPUTS + TRTSPEC_OUTPUTS
+    return ENSEMBLE_OUTPUTS + PERF_METRIC_OUTPUTS + NEVER_FILLED_OUTPUTS + TRTSPEC_OUTPUTS
 
 
 # The ensemble's wiring, as upstream's `inflight_batcher_llm` does it (tensorrtllm_backend ensemble/config.pbtxt):

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from trtspec.engine.manifest import Manifest
 from trtspec.errors import RepositoryError
-from trtspec.triton.contract import (CLIENT_TO_LLM, CLIENT_TO_PRE, LOOKAHEAD_INPUTS, PRE_TO_LLM, cpu_ensemble_inputs,
-                                     cpu_ensemble_outputs, tensor as _t)
+from trtspec.triton.contract import (CLIENT_TO_LLM, CLIENT_TO_PRE, LOOKAHEAD_INPUTS, NEVER_FILLED_OUTPUTS,
+                                     PERF_METRIC_OUTPUTS, PRE_TO_LLM, cpu_ensemble_inputs, cpu_ensemble_outputs,
+                                     tensor as _t)
 from trtspec.triton.deploy import DeployOptions, check_options
 from trtspec.triton.pbtxt import ModelConfig, Step, render
 
@@ -24,31 +25,74 @@ MODEL_SOURCES = Path(__file__).parent / "python_models"
 ENGINE_MODEL = "tensorrt_llm"
 
 
-PRE_INPUTS = (_t("QUERY", "TYPE_STRING", optional=False), _t("REQUEST_OUTPUT_LEN", "TYPE_INT32", optional=False),
+PRE_INPUTS = (_t("QUERY", "TYPE_STRING", optional=False), _t("DECODER_QUERY", "TYPE_STRING"),
+              _t("REQUEST_OUTPUT_LEN", "TYPE_INT32", optional=False),
               _t("BAD_WORDS_DICT", "TYPE_STRING", (-1,)), _t("STOP_WORDS_DICT", "TYPE_STRING", (-1,)),
-              _t("END_ID", "TYPE_INT32"), _t("PAD_ID", "TYPE_INT32"))
+              _t("EMBEDDING_BIAS_WORDS", "TYPE_STRING", (-1,)), _t("EMBEDDING_BIAS_WEIGHTS", "TYPE_FP32", (-1,)),
+              _t("END_ID", "TYPE_INT32"), _t("PAD_ID", "TYPE_INT32"),
+              _t("APPLY_CHAT_TEMPLATE", "TYPE_BOOL"))  # trtspec's: the chat template for this request
+# As upstream's preprocessing sends them (tensorrtllm_backend v0.19.0 preprocessing/1/model.py): DECODER_INPUT_ID is
+# [B, 1] of pad_id and REQUEST_DECODER_INPUT_LEN [B, 1] of 1 for a decoder-only model, EMBEDDING_BIAS [B, vocab]
+# (or [B, 0] without embedding_bias_words). ECHO_IDS and ERRORS_IN_BAND are trtspec's.
 PRE_OUTPUTS = (_t("INPUT_ID", "TYPE_INT32", (-1,)), _t("REQUEST_INPUT_LEN", "TYPE_INT32"),
+               _t("DECODER_INPUT_ID", "TYPE_INT32", (-1,)), _t("REQUEST_DECODER_INPUT_LEN", "TYPE_INT32"),
                _t("REQUEST_OUTPUT_LEN", "TYPE_INT32"), _t("STOP_WORDS_IDS", "TYPE_INT32", (2, -1)),
-               _t("BAD_WORDS_IDS", "TYPE_INT32", (2, -1)), _t("OUT_END_ID", "TYPE_INT32"),
-               _t("OUT_PAD_ID", "TYPE_INT32"), _t("ERRORS_IN_BAND", "TYPE_BOOL"))
+               _t("BAD_WORDS_IDS", "TYPE_INT32", (2, -1)), _t("EMBEDDING_BIAS", "TYPE_FP32", (-1,)),
+               _t("OUT_END_ID", "TYPE_INT32"), _t("OUT_PAD_ID", "TYPE_INT32"),
+               _t("ECHO_IDS", "TYPE_INT32", (-1,)), _t("ERRORS_IN_BAND", "TYPE_BOOL"))
 
+# Every request tensor of upstream's tensorrt_llm model (tensorrtllm_backend v0.19.0 tensorrt_llm/config.pbtxt), so a
+# client talking to it directly gets the engine's own answer for each (trtspec.triton.serving.CPU_POLICY), then
+# trtspec's own.
 ENGINE_INPUTS = (
     _t("input_ids", "TYPE_INT32", (-1,), optional=False), _t("input_lengths", "TYPE_INT32", optional=False),
     _t("request_output_len", "TYPE_INT32", optional=False), _t("end_id", "TYPE_INT32"), _t("pad_id", "TYPE_INT32"),
+    _t("encoder_input_features", "TYPE_FP32", (-1, -1)), _t("encoder_output_lengths", "TYPE_INT32"),
+    _t("draft_input_ids", "TYPE_INT32", (-1,)), _t("draft_logits", "TYPE_FP32", (-1, -1)),
+    _t("draft_acceptance_threshold", "TYPE_FP32"),
+    _t("decoder_input_ids", "TYPE_INT32", (-1,)), _t("decoder_input_lengths", "TYPE_INT32"),
     _t("stop_words_list", "TYPE_INT32", (2, -1)), _t("bad_words_list", "TYPE_INT32", (2, -1)),
-    _t("runtime_top_k", "TYPE_INT32"), _t("runtime_top_p", "TYPE_FP32"), _t("temperature", "TYPE_FP32"),
-    _t("len_penalty", "TYPE_FP32"), _t("repetition_penalty", "TYPE_FP32"), _t("min_length", "TYPE_INT32"),
-    _t("min_tokens", "TYPE_INT32"), _t("presence_penalty", "TYPE_FP32"), _t("frequency_penalty", "TYPE_FP32"),
+    _t("embedding_bias", "TYPE_FP32", (-1,)),
+    _t("runtime_top_k", "TYPE_INT32"), _t("runtime_top_p", "TYPE_FP32"), _t("runtime_top_p_min", "TYPE_FP32"),
+    _t("runtime_top_p_decay", "TYPE_FP32"), _t("runtime_top_p_reset_ids", "TYPE_INT32"),
+    _t("temperature", "TYPE_FP32"), _t("len_penalty", "TYPE_FP32"), _t("early_stopping", "TYPE_BOOL"),
+    _t("repetition_penalty", "TYPE_FP32"), _t("min_length", "TYPE_INT32"), _t("min_tokens", "TYPE_INT32"),
+    _t("beam_search_diversity_rate", "TYPE_FP32"),
+    _t("presence_penalty", "TYPE_FP32"), _t("frequency_penalty", "TYPE_FP32"),
     _t("random_seed", "TYPE_UINT64"), _t("seed", "TYPE_UINT64"), _t("return_log_probs", "TYPE_BOOL"),
     _t("return_context_logits", "TYPE_BOOL"), _t("return_generation_logits", "TYPE_BOOL"),
+    _t("return_perf_metrics", "TYPE_BOOL"),
     _t("beam_width", "TYPE_INT32"), _t("num_return_sequences", "TYPE_INT32"), _t("streaming", "TYPE_BOOL"),
-    _t("exclude_input_in_output", "TYPE_BOOL"), _t("use_speculation", "TYPE_BOOL"), _t("draft_method", "TYPE_STRING"),
+    _t("exclude_input_in_output", "TYPE_BOOL"),
+    _t("prompt_embedding_table", "TYPE_FP16", (-1, -1)), _t("prompt_table_extra_ids", "TYPE_UINT64", (-1,)),
+    _t("prompt_table_extra_id", "TYPE_UINT64"), _t("prompt_vocab_size", "TYPE_INT32"),
+    _t("cross_attention_mask", "TYPE_BOOL", (-1, -1)), _t("mrope_rotary_cos_sin", "TYPE_FP32", (-1,)),
+    _t("mrope_position_deltas", "TYPE_INT64"),
+    _t("lora_task_id", "TYPE_UINT64"), _t("lora_weights", "TYPE_FP16", (-1, -1)),
+    _t("lora_config", "TYPE_INT32", (-1, 3)), _t("context_phase_params", "TYPE_UINT8", (-1,)),
+    _t("skip_cross_attn_blocks", "TYPE_BOOL"),
+    _t("retention_token_range_starts", "TYPE_INT32", (-1,)), _t("retention_token_range_ends", "TYPE_INT32", (-1,)),
+    _t("retention_token_range_priorities", "TYPE_INT32", (-1,)),
+    _t("retention_token_range_durations_ms", "TYPE_INT32", (-1,)),
+    _t("retention_decode_priority", "TYPE_INT32"), _t("retention_decode_duration_ms", "TYPE_INT32"),
+    _t("guided_decoding_guide_type", "TYPE_STRING"), _t("guided_decoding_guide", "TYPE_STRING"),
     *(_t(name, "TYPE_INT32") for name in LOOKAHEAD_INPUTS),
-    _t("stop", "TYPE_BOOL"), _t("errors_in_band", "TYPE_BOOL"),
+    _t("stop", "TYPE_BOOL"),
+    # trtspec's
+    _t("use_speculation", "TYPE_BOOL"), _t("draft_method", "TYPE_STRING"), _t("echo_ids", "TYPE_INT32", (-1,)),
+    _t("errors_in_band", "TYPE_BOOL"),
 )
 # engine inputs a client sends to the engine model directly, never through the ensemble (upstream's ensemble has no
-# `stop`: its clients stop a request by sending stop = true with the request's id to tensorrt_llm)
-ENGINE_ONLY_INPUTS = frozenset({"stop"})
+# `stop`: its clients stop a request by sending stop = true with the request's id to tensorrt_llm; the rest are
+# inputs upstream's ensemble has no tensor for)
+ENGINE_ONLY_INPUTS = frozenset({
+    "stop", "encoder_input_features", "encoder_output_lengths", "draft_input_ids", "draft_logits",
+    "draft_acceptance_threshold", "decoder_input_lengths", "runtime_top_p_min", "runtime_top_p_decay",
+    "runtime_top_p_reset_ids", "early_stopping", "beam_search_diversity_rate", "prompt_table_extra_ids",
+    "cross_attention_mask", "mrope_rotary_cos_sin", "mrope_position_deltas", "context_phase_params",
+    "skip_cross_attn_blocks", "retention_token_range_starts", "retention_token_range_ends",
+    "retention_token_range_priorities", "retention_token_range_durations_ms", "retention_decode_priority",
+    "retention_decode_duration_ms", "decoder_input_ids"})
 # Triton's ensemble before core#466 (2026) never finishes a request once a step reports an error while another
 # step of it is still in flight (it stops counting finished steps): preprocessing sets `errors_in_band`, and the
 # engine model then ends a stream that fails after its first response with the final flag alone (the reason goes
@@ -58,6 +102,7 @@ ENGINE_OUTPUTS = (
     _t("context_ids", "TYPE_INT32", (-1,)), _t("is_final", "TYPE_BOOL"),
     _t("cum_log_probs", "TYPE_FP32", (-1,)), _t("output_log_probs", "TYPE_FP32", (-1, -1)),
     _t("batch_index", "TYPE_INT32"), _t("sequence_index", "TYPE_INT32"),
+    *PERF_METRIC_OUTPUTS, *NEVER_FILLED_OUTPUTS,
     _t("num_draft_tokens", "TYPE_INT32"), _t("num_accepted_tokens", "TYPE_INT32"),
     _t("num_verify_steps", "TYPE_INT32"), _t("steps_per_profile", "TYPE_STRING"), _t("finish_reason", "TYPE_STRING"),
     _t("stop_request_id", "TYPE_STRING"),  # the id a stop request names to end this request
@@ -68,15 +113,26 @@ POST_INPUTS = (_t("TOKENS_BATCH", "TYPE_INT32", (-1, -1), optional=False),
                _t("STOP_REQUEST_ID", "TYPE_STRING"))
 POST_OUTPUTS = (_t("OUTPUT", "TYPE_STRING", (-1,)),)
 
+# client tensors that go to preprocessing beyond upstream's shared wiring (contract.CLIENT_TO_PRE), and what
+# preprocessing hands the engine beyond contract.PRE_TO_LLM
+CPU_CLIENT_TO_PRE = {"decoder_text_input": "DECODER_QUERY", "embedding_bias_words": "EMBEDDING_BIAS_WORDS",
+                     "embedding_bias_weights": "EMBEDDING_BIAS_WEIGHTS", "apply_chat_template": "APPLY_CHAT_TEMPLATE"}
+CPU_PRE_TO_LLM = {"EMBEDDING_BIAS": ("_EMBEDDING_BIAS", "embedding_bias"), "ECHO_IDS": ("_ECHO_IDS", "echo_ids"),
+                  "ERRORS_IN_BAND": ("_ERRORS_IN_BAND", "errors_in_band")}
+
+
 def ensemble_steps() -> tuple[Step, ...]:
     """Upstream's wiring (contract.CLIENT_TO_PRE / PRE_TO_LLM / CLIENT_TO_LLM) plus trtspec's streaming tensors."""
-    pre_to_llm = {**PRE_TO_LLM, "ERRORS_IN_BAND": ("_ERRORS_IN_BAND", "errors_in_band")}
-    pre = Step("preprocessing", {target: source for source, target in CLIENT_TO_PRE.items()},
+    pre_to_llm = {**PRE_TO_LLM, **CPU_PRE_TO_LLM}
+    to_pre = {**CLIENT_TO_PRE, **CPU_CLIENT_TO_PRE}
+    pre = Step("preprocessing", {target: source for source, target in to_pre.items()},
                {out: internal for out, (internal, _) in pre_to_llm.items()})
     from_pre = {llm: internal for internal, llm in pre_to_llm.values()}
     client_names = {llm: client for client, llm in CLIENT_TO_LLM.items()}
+    client = {t.name for t in cpu_ensemble_inputs()}
     from_client = {t.name: client_names.get(t.name, t.name) for t in ENGINE_INPUTS
-                   if t.name not in from_pre and t.name not in ENGINE_ONLY_INPUTS}
+                   if t.name not in from_pre and t.name not in ENGINE_ONLY_INPUTS
+                   and client_names.get(t.name, t.name) in client}
     internal = {"sequence_length": "_SEQUENCE_LENGTH", "context_ids": "_CONTEXT_IDS", "is_final": "_IS_FINAL",
                 "stop_request_id": "_STOP_REQUEST_ID"}
     engine = Step(ENGINE_MODEL, {**from_pre, **from_client},
@@ -88,9 +144,12 @@ def ensemble_steps() -> tuple[Step, ...]:
     return pre, engine, post
 
 
-def preprocessing_config(batch: int, options: DeployOptions, end_id: int | None, pad_id: int | None) -> str:
+def preprocessing_config(batch: int, options: DeployOptions, end_id: int | None, pad_id: int | None,
+                         vocab_size: int) -> str:
+    # chat_template: the default for requests that send no apply_chat_template (upstream: never; `deploy
+    # --chat-template` turns it on); vocab_size: the width of EMBEDDING_BIAS (the engine's logits)
     params = {"tokenizer_dir": "1/tokenizer", "chat_template": str(options.chat_template).lower(),
-              "add_special_tokens": "true"}
+              "add_special_tokens": "true", "vocab_size": str(vocab_size)}
     if end_id is not None:
         params["end_id"] = str(end_id)
     if pad_id is not None:
@@ -151,7 +210,8 @@ def write_cpu_repository(manifest: Manifest, options: DeployOptions, staging: Pa
         (version / "model.py").write_text(_model_source(name))
         shutil.copytree(tokenizer, version / "tokenizer")
     (staging / "preprocessing" / "config.pbtxt").write_text(
-        preprocessing_config(batch, options, manifest.model.end_id, manifest.model.pad_id))
+        preprocessing_config(batch, options, manifest.model.end_id, manifest.model.pad_id,
+                             manifest.model.vocab_size))
     (staging / "postprocessing" / "config.pbtxt").write_text(postprocessing_config(batch))
 
     version = staging / ENGINE_MODEL / "1"

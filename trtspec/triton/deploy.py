@@ -28,7 +28,9 @@ class DeployOptions:
     instances: int = 1  # engine model instances (CPU flavour: each hosts its own sessions and batcher)
     max_batch_size: int | None = None  # Triton max_batch_size; default and upper bound: the engine profile's
     decoupled: bool = True  # streaming responses (gRPC bidirectional stream); required for stream=true
-    chat_template: bool = True  # preprocessing applies the tokenizer's chat template to text_input
+    # preprocessing renders text_input through the tokenizer's chat template for requests that send no
+    # apply_chat_template (off, as upstream: the prompt is the client's text)
+    chat_template: bool = False
     copy_engine: bool = False  # CPU flavour: copy the engine into the repository (fully self-contained)
     threads: int | None = None  # CPU flavour: ONNX Runtime intra-op threads per engine instance
     spin: bool | None = None  # CPU flavour: intra-op workers spin between ops (None: TRTSPEC_ORT_SPIN on the server)

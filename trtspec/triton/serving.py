@@ -43,6 +43,13 @@ class ItemRequest:
     lookahead: LookaheadConfig | None = None  # lookahead_*: method lookahead's (W, N, G) for this request
     streaming: bool = False
     exclude_input_in_output: bool = False
+    echo_ids: list[int] | None = None  # what an echo shows in place of prompt_ids (the client's text, not the template)
+    return_perf_metrics: bool = False  # send tensorrt_llm's perf-metric outputs
+
+    @property
+    def echoed(self) -> list[int]:
+        """The ids a reply with exclude_input_in_output = false starts with."""
+        return self.prompt_ids if self.echo_ids is None else self.echo_ids
 
 
 def _scalar(inputs: dict[str, np.ndarray], name: str, b: int, default):
@@ -62,6 +69,50 @@ def _first(inputs: dict[str, np.ndarray], names: tuple[str, ...], b: int, defaul
         if name in inputs:
             return _scalar(inputs, name, b, default)
     return default
+
+
+# Upstream tensorrt_llm inputs the CPU engine cannot honour: a request that sends one is refused in one line naming
+# it (tensorrtllm_backend v0.19.0 tensorrt_llm/config.pbtxt lists them; the ensemble passes the client's on).
+REFUSED_INPUTS = {
+    **dict.fromkeys(("encoder_input_features", "encoder_output_lengths", "cross_attention_mask",
+                     "skip_cross_attn_blocks"), "encoder-decoder models"),
+    **dict.fromkeys(("mrope_rotary_cos_sin", "mrope_position_deltas"), "multimodal rotary embeddings"),
+    **dict.fromkeys(("draft_input_ids", "draft_logits", "draft_acceptance_threshold"),
+                    "drafts sent by the client (the CPU engine drafts itself; see draft_method)"),
+    **dict.fromkeys(("prompt_embedding_table", "prompt_table_extra_ids", "prompt_table_extra_id", "prompt_vocab_size"),
+                    "prompt tuning"),
+    **dict.fromkeys(("lora_task_id", "lora_weights", "lora_config"), "LoRA adapters"),
+    "context_phase_params": "disaggregated serving",
+    **dict.fromkeys(("retention_token_range_starts", "retention_token_range_ends", "retention_token_range_priorities",
+                     "retention_token_range_durations_ms", "retention_decode_priority",
+                     "retention_decode_duration_ms"), "KV-cache retention (the CPU pool reuses no blocks)"),
+    **dict.fromkeys(("guided_decoding_guide_type", "guided_decoding_guide"), "guided decoding"),
+    **dict.fromkeys(("runtime_top_p_min", "runtime_top_p_decay", "runtime_top_p_reset_ids"), "top-p decay"),
+}
+
+
+def refuse_unsupported(inputs: dict[str, np.ndarray]) -> None:
+    """ConfigError naming the first input of REFUSED_INPUTS the request sends."""
+    for name, what in REFUSED_INPUTS.items():
+        if name in inputs:
+            raise ConfigError(f"{name}: {what} is not supported by the trtspec CPU engine")
+
+
+def sampling_params(temperature: float | None, top_k: int | None, top_p: float | None,
+                    seed: int | None) -> SamplingParams:
+    """TensorRT-LLM's sampling semantics for a request's (temperature, top_k, top_p), a field left out taking the
+    executor's default: top_k 0 and top_p 0 (tensorrtllm_backend utils.cc `getSamplingConfigFromTensors` leaves
+    both unset, a top_p <= 0 too) and temperature 1. top_k 0 with top_p 0 is greedy (TensorRT-LLM's top-k / top-p
+    setup kernels set k = 1 for it, cpp/tensorrt_llm/kernels/samplingTopKKernels.cu), as is top_k 1; trtspec also
+    takes temperature <= 0 as greedy. Otherwise top-k and / or top-p sampling at the temperature (top_p 0 meaning
+    no nucleus cut)."""
+    temperature = 1.0 if temperature is None else float(temperature)
+    top_k = 0 if top_k is None else int(top_k)
+    top_p = 0.0 if top_p is None or top_p <= 0 else float(top_p)
+    greedy = temperature <= 0 or top_k == 1 or (top_k == 0 and top_p == 0.0)
+    if greedy:
+        return SamplingParams(temperature=0.0, top_k=0, top_p=1.0, seed=seed)
+    return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p or 1.0, seed=seed)
 
 
 def is_stop_request(inputs: dict[str, np.ndarray]) -> bool:
@@ -84,6 +135,11 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
     """
     if "input_ids" not in inputs:
         raise ConfigError("input_ids is required")
+    refuse_unsupported(inputs)
+    if "decoder_input_ids" in inputs and np.asarray(inputs["decoder_input_ids"]).reshape(
+            np.asarray(inputs["decoder_input_ids"]).shape[0], -1).shape[1] > 1:
+        # upstream's preprocessing sends [B, 1] of pad_id for a decoder-only model: that one is accepted
+        raise ConfigError("decoder_input_ids: encoder-decoder models are not supported by the trtspec CPU engine")
     ids = np.asarray(inputs["input_ids"])
     ids = ids.reshape(1, -1) if ids.ndim == 1 else ids.reshape(ids.shape[0], -1)
     batch = ids.shape[0]
@@ -124,18 +180,16 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
         stop_words = decode_word_list(inputs["stop_words_list"][b]) if "stop_words_list" in inputs else ()
         end_id = _scalar(inputs, "end_id", b, None)
         end_id = manifest.model.end_id if end_id is None or end_id < 0 else int(end_id)
-        top_k = int(_first(inputs, ("runtime_top_k", "top_k"), b, 0))
-        top_p = float(_first(inputs, ("runtime_top_p", "top_p"), b, 1.0))
-        temperature = float(_scalar(inputs, "temperature", b, 0.0))
         seed = _first(inputs, ("random_seed", "seed"), b, None)
-        greedy = temperature <= 0 or top_k == 1  # TensorRT-LLM: top_k 1 is greedy whatever the temperature
         try:
-            sampling = SamplingParams(temperature=0.0 if greedy else temperature, top_k=0 if greedy else top_k,
-                                      top_p=1.0 if greedy or top_p <= 0 else top_p,
-                                      seed=None if seed is None else int(seed))
+            sampling = sampling_params(_scalar(inputs, "temperature", b, None),
+                                       _first(inputs, ("runtime_top_k", "top_k"), b, None),
+                                       _first(inputs, ("runtime_top_p", "top_p"), b, None),
+                                       None if seed is None else int(seed))
             config = GenerationConfig(max_tokens=max_tokens, sampling=sampling, end_id=end_id, stop_words=stop_words,
                                       return_log_probs=bool(_scalar(inputs, "return_log_probs", b, False)),
-                                      min_tokens=min_tokens, bad_words=bad_words)
+                                      min_tokens=min_tokens, bad_words=bad_words,
+                                      logit_bias=_logit_bias(inputs, b, manifest.model.vocab_size))
         except ConfigError as e:
             raise ConfigError(f"{e}") from None
         method = _scalar(inputs, "draft_method", b, None)
@@ -149,8 +203,40 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
             prompt, config, use_speculation=bool(_scalar(inputs, "use_speculation", b, True)), method=method or None,
             lookahead=lookahead,
             streaming=bool(_first(inputs, ("streaming", "stream"), b, False)),
-            exclude_input_in_output=bool(_scalar(inputs, "exclude_input_in_output", b, default_exclude_input))))
+            exclude_input_in_output=bool(_scalar(inputs, "exclude_input_in_output", b, default_exclude_input)),
+            echo_ids=_echo_ids(inputs, b),
+            return_perf_metrics=bool(_scalar(inputs, "return_perf_metrics", b, False))))
     return items
+
+
+def _logit_bias(inputs: dict[str, np.ndarray], b: int, vocab: int) -> tuple[tuple[int, float], ...]:
+    """tensorrt_llm's `embedding_bias` ([B, vocab] added to the logits of every step; [B, 0] for none) as sparse
+    (token, bias) pairs."""
+    if "embedding_bias" not in inputs:
+        return ()
+    bias = np.asarray(inputs["embedding_bias"], np.float32)
+    bias = bias.reshape(bias.shape[0], -1) if bias.ndim else bias.reshape(1, 1)
+    row = bias[b] if bias.shape[0] > b else bias[0]
+    if row.size == 0:
+        return ()
+    if row.size != vocab:
+        raise ConfigError(f"embedding_bias has {row.size} values per prompt; the engine's vocabulary has {vocab}")
+    if np.isnan(row).any():
+        raise ConfigError("embedding_bias holds NaN")
+    nonzero = np.flatnonzero(row)
+    return tuple((int(t), float(row[t])) for t in nonzero)
+
+
+def _echo_ids(inputs: dict[str, np.ndarray], b: int) -> list[int] | None:
+    """preprocessing's ECHO_IDS for prompt b ([B, L] padded with -1; width 0: the prompt is the client's text)."""
+    if "echo_ids" not in inputs:
+        return None
+    echo = np.asarray(inputs["echo_ids"])
+    echo = echo.reshape(echo.shape[0], -1) if echo.ndim else echo.reshape(1, 1)
+    if echo.shape[1] == 0:
+        return None
+    row = echo[b] if echo.shape[0] > b else echo[0]
+    return [int(t) for t in row if t >= 0]
 
 
 def _lookahead(inputs: dict[str, np.ndarray], b: int, manifest, method: str | None) -> LookaheadConfig | None:
@@ -192,9 +278,14 @@ class Job:
     stopped: bool = False
     failure: str | None = None  # why a stopped job ends in an error rather than as "cancelled"
     remaining: int = field(init=False)
+    # tensorrt_llm's timing metrics on the server's monotonic clock (ns; TensorRT-LLM's steady_clock): when the
+    # request arrived, and per prompt when it joined the batch, its first and its last token
+    arrival_ns: int = field(default_factory=time.monotonic_ns)
+    times: dict[int, list[int]] = field(init=False)
 
     def __post_init__(self):
         self.remaining = len(self.items)
+        self.times = {b: [0, 0, 0] for b in range(len(self.items))}
 
     def stop(self, failure: str | None = None) -> None:
         self.stopped = True
@@ -202,6 +293,24 @@ class Job:
 
     def cancelled(self) -> bool:
         return self.stopped
+
+
+# What tensorrt_llm's kv_cache_* perf metrics count on the CPU engine: its KV pool holds one row of max_seq_len
+# positions per sequence, allocated when the sequence joins the batch and never shared, so a request allocates one
+# "block" (that row), reuses none, and holds one in all (docs/triton-contract.md).
+KV_BLOCKS_PER_SEQUENCE = 1
+
+
+def perf_metric_values(job: Job, b: int, stats) -> dict[str, int | float]:
+    """tensorrt_llm's perf-metric outputs for prompt b of job, by name (contract.PERF_METRIC_OUTPUTS), so far."""
+    scheduled, first, last = job.times.get(b, (0, 0, 0))
+    drafted, accepted = stats.draft_tokens, stats.accepted_tokens
+    return {"kv_cache_alloc_new_blocks": KV_BLOCKS_PER_SEQUENCE, "kv_cache_reused_blocks": 0,
+            "kv_cache_alloc_total_blocks": KV_BLOCKS_PER_SEQUENCE,
+            "arrival_time_ns": job.arrival_ns, "first_scheduled_time_ns": scheduled,
+            "first_token_time_ns": first, "last_token_time_ns": last,
+            "acceptance_rate": accepted / drafted if drafted else 0.0,
+            "total_accepted_draft_tokens": accepted, "total_draft_tokens": drafted}
 
 
 @dataclass
@@ -414,7 +523,13 @@ class EngineService:
             self._finish(job, index, GenerationResult([], "cancelled"))
             return
 
+        job.times[index][0] = time.monotonic_ns()
+
         def progress(tokens: list[int], result: GenerationResult, finish: str | None) -> None:
+            if tokens:
+                times = job.times[index]
+                times[2] = time.monotonic_ns()
+                times[1] = times[1] or times[2]
             try:
                 job.on_progress(index, tokens, result, finish)
             except Exception:  # a response that cannot be sent must not stop the other sequences

@@ -46,6 +46,27 @@ def encode_word_lists(tokenizer: Tokenizer, batch: Sequence[Sequence[str]]) -> n
     return out
 
 
+def embedding_bias(tokenizer: Tokenizer, vocab_size: int, words: Sequence[Sequence[str]] | None,
+                   weights: np.ndarray | None, batch: int) -> np.ndarray:
+    """The EMBEDDING_BIAS tensor as tensorrtllm_backend's preprocessing builds it: [B, vocab] FP32, every token of
+    each word gets that word's weight added (a word's tokens as the tokenizer encodes it alone, without special
+    tokens); [B, 0] without words. Raises ValueError when a row's words and weights differ in number."""
+    if words is None or weights is None:
+        return np.zeros((batch, 0), np.float32)
+    bias = np.zeros((batch, vocab_size), np.float32)
+    for b in range(batch):
+        row_words = [w for w in words[b]]
+        row_weights = np.asarray(weights[b], np.float32).reshape(-1)
+        if len(row_words) != len(row_weights):
+            raise ValueError(f"embedding_bias_words has {len(row_words)} words and embedding_bias_weights "
+                             f"{len(row_weights)} weights; they must match one to one")
+        for word, weight in zip(row_words, row_weights):
+            for token in tokenizer.encode(word) if word else ():
+                if 0 <= token < vocab_size:
+                    bias[b, token] += weight
+    return bias
+
+
 def decode_word_list(flat: np.ndarray) -> tuple[tuple[int, ...], ...]:
     """One item of a [2, L] word list back to token sequences."""
     flat = np.asarray(flat).reshape(2, -1)

@@ -19,8 +19,9 @@ import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from trtspec.errors import TrtspecError  # noqa: E402
 from trtspec.runtime.generator import LocalGenerator  # noqa: E402
+from trtspec.triton.contract import PERF_METRIC_OUTPUTS  # noqa: E402
 from trtspec.triton.serving import (REFUSED_MESSAGE, DrainSignal, EngineService, Job,  # noqa: E402
-                                    bool_input, is_stop_request, parse_request)
+                                    bool_input, is_stop_request, parse_request, perf_metric_values)
 from trtspec.triton.model_args import flag, parameter  # noqa: E402
 from trtspec.triton.text import CONTEXT_TOKENS  # noqa: E402
 
@@ -29,22 +30,23 @@ LOG_EVERY_STEPS = 500
 
 
 
-def _outputs(b: int, ids: list[int], result, finish: str | None, context: list[int], final: bool,
+PERF_TYPES = {t.name: {"TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_FP32": np.float32}[t.data_type]
+              for t in PERF_METRIC_OUTPUTS}
+
+
+def _outputs(b: int, ids: list[int], result, finish: str | None, context: list[int], final: bool, item, job,
              generated: int | None = None, key: str = ""):
     """One response for batch item b: `ids` (the last `generated` of them are generated tokens); `key` is the
     request id a `stop` request may name to end this request (postprocessing forwards a cancelled ensemble
-    request's key so)."""
+    request's key so). Log probabilities and perf metrics only when the request asked for them, as upstream."""
     stats = result.stats
     generated = len(ids) if generated is None else generated
-    log_probs = result.log_probs[len(result.log_probs) - generated:] if result.log_probs else [0.0] * generated
     scalar = lambda v, dtype: np.array([[v]], dtype)  # noqa: E731
-    return [
+    tensors = [
         pb_utils.Tensor("output_ids", np.array([[ids]], np.int32).reshape(1, 1, len(ids))),
         pb_utils.Tensor("sequence_length", scalar(len(ids), np.int32)),
         pb_utils.Tensor("context_ids", np.array([context], np.int32).reshape(1, len(context))),
         pb_utils.Tensor("is_final", scalar(final, np.bool_)),
-        pb_utils.Tensor("cum_log_probs", scalar(sum(result.log_probs or ()), np.float32)),
-        pb_utils.Tensor("output_log_probs", np.array(log_probs, np.float32).reshape(1, 1, generated)),
         pb_utils.Tensor("batch_index", scalar(b, np.int32)),
         pb_utils.Tensor("sequence_index", scalar(0, np.int32)),
         pb_utils.Tensor("num_draft_tokens", scalar(stats.draft_tokens, np.int32)),
@@ -54,6 +56,14 @@ def _outputs(b: int, ids: list[int], result, finish: str | None, context: list[i
         pb_utils.Tensor("finish_reason", np.array([[(finish or "").encode()]], np.object_)),
         pb_utils.Tensor("stop_request_id", np.array([[key.encode()]], np.object_)),
     ]
+    if item.config.return_log_probs:
+        log_probs = result.log_probs[len(result.log_probs) - generated:]
+        tensors += [pb_utils.Tensor("cum_log_probs", scalar(sum(result.log_probs), np.float32)),
+                    pb_utils.Tensor("output_log_probs", np.array(log_probs, np.float32).reshape(1, 1, generated))]
+    if item.return_perf_metrics:
+        tensors += [pb_utils.Tensor(name, scalar(value, PERF_TYPES[name]))
+                    for name, value in perf_metric_values(job, b, stats).items()]
+    return tensors
 
 
 def profile_steps(stats) -> bytes:
@@ -247,16 +257,17 @@ class TritonPythonModel:
             context = before[-CONTEXT_TOKENS:]
             with lock:
                 sender.send(pb_utils.InferenceResponse(_outputs(b, tokens, result, finish, context, finish is not None,
-                                                                key=key)))
+                                                                item, job, key=key)))
             before.extend(tokens)
 
         def on_done(b, result):
             item = items[b]
             with lock:
                 if not item.streaming:  # one response with the whole output
-                    ids = (item.prompt_ids if not item.exclude_input_in_output else []) + result.output_ids
+                    ids = (item.echoed if not item.exclude_input_in_output else []) + result.output_ids
                     sender.send(pb_utils.InferenceResponse(_outputs(b, ids, result, result.finish_reason, [], True,
-                                                                    generated=len(result.output_ids), key=key)))
+                                                                    item, job, generated=len(result.output_ids),
+                                                                    key=key)))
                 finish_if_last(job)
 
         def on_error(b, message):  # the request fails as a whole: its other prompts stop
@@ -312,48 +323,63 @@ class TritonPythonModel:
                 with guard:
                     return not done.is_set() and request.is_cancelled()
 
-            self.service.submit(Job(items, lambda *a: None, on_done, on_error, is_cancelled=is_cancelled, ids=ids))
-            waits.append((r, key, items, results, errors, done))
-        for r, key, items, results, errors, done in waits:
+            job = Job(items, lambda *a: None, on_done, on_error, is_cancelled=is_cancelled, ids=ids)
+            self.service.submit(job)
+            waits.append((r, key, job, results, errors, done))
+        for r, key, job, results, errors, done in waits:
+            items = job.items
             done.wait()
             if errors:
                 responses[r] = pb_utils.InferenceResponse(error=pb_utils.TritonError(errors[0]))
                 continue
-            rows = [((item.prompt_ids if not item.exclude_input_in_output else []) + results[b].output_ids)
-                    for b, item in enumerate(items)]
-            width = max(len(row) for row in rows)
-            pad = self.manifest.model.pad_id or 0
-            ids = np.full((len(rows), 1, width), pad, np.int32)
-            for b, row in enumerate(rows):
-                ids[b, 0, :len(row)] = row
-            stats = [results[b].stats for b in range(len(items))]
-            generated = max(len(results[b].output_ids) for b in range(len(items)))
-            log_probs = np.zeros((len(rows), 1, generated), np.float32)
-            for b in range(len(items)):
-                values = results[b].log_probs or []
-                log_probs[b, 0, :len(values)] = values
-            column = lambda values, dtype: np.array(values, dtype).reshape(len(rows), 1)  # noqa: E731
-            responses[r] = pb_utils.InferenceResponse([
-                pb_utils.Tensor("output_ids", ids),
-                pb_utils.Tensor("sequence_length", column([len(row) for row in rows], np.int32)),
-                pb_utils.Tensor("context_ids", np.zeros((len(rows), 0), np.int32)),
-                pb_utils.Tensor("is_final", column([True] * len(rows), np.bool_)),
-                pb_utils.Tensor("cum_log_probs", column([sum(results[b].log_probs or ()) for b in range(len(rows))],
-                                                        np.float32)),
-                pb_utils.Tensor("output_log_probs", log_probs),
-                pb_utils.Tensor("batch_index", column(range(len(rows)), np.int32)),
-                pb_utils.Tensor("sequence_index", column([0] * len(rows), np.int32)),
-                pb_utils.Tensor("num_draft_tokens", column([s.draft_tokens for s in stats], np.int32)),
-                pb_utils.Tensor("num_accepted_tokens", column([s.accepted_tokens for s in stats], np.int32)),
-                pb_utils.Tensor("num_verify_steps", column([s.steps for s in stats], np.int32)),
-                pb_utils.Tensor("steps_per_profile", column([profile_steps(s) for s in stats], np.object_)),
-                pb_utils.Tensor("finish_reason", column([results[b].finish_reason.encode() for b in range(len(rows))],
-                                                        np.object_)),
-                pb_utils.Tensor("stop_request_id", column([key.encode()] * len(rows), np.object_)),
-            ])
+            responses[r] = pb_utils.InferenceResponse(self._batched_outputs(key, job, results))
         self._log_batching()
         self._publish_metrics()
         return responses
+
+    def _batched_outputs(self, key: str, job, results) -> list:
+        """One response for a whole unary request: every prompt's row ([B, 1, L] ids, [B, 1] scalars), log
+        probabilities and perf metrics only when asked for (by any of its prompts)."""
+        items = job.items
+        rows = [((item.echoed if not item.exclude_input_in_output else []) + results[b].output_ids)
+                for b, item in enumerate(items)]
+        n = len(rows)
+        width = max(len(row) for row in rows)
+        pad = self.manifest.model.pad_id or 0
+        ids = np.full((n, 1, width), pad, np.int32)
+        for b, row in enumerate(rows):
+            ids[b, 0, :len(row)] = row
+        stats = [results[b].stats for b in range(n)]
+        column = lambda values, dtype: np.array(list(values), dtype).reshape(n, 1)  # noqa: E731
+        tensors = [
+            pb_utils.Tensor("output_ids", ids),
+            pb_utils.Tensor("sequence_length", column([len(row) for row in rows], np.int32)),
+            pb_utils.Tensor("context_ids", np.zeros((n, 0), np.int32)),
+            pb_utils.Tensor("is_final", column([True] * n, np.bool_)),
+            pb_utils.Tensor("batch_index", column(range(n), np.int32)),
+            pb_utils.Tensor("sequence_index", column([0] * n, np.int32)),
+            pb_utils.Tensor("num_draft_tokens", column([s.draft_tokens for s in stats], np.int32)),
+            pb_utils.Tensor("num_accepted_tokens", column([s.accepted_tokens for s in stats], np.int32)),
+            pb_utils.Tensor("num_verify_steps", column([s.steps for s in stats], np.int32)),
+            pb_utils.Tensor("steps_per_profile", column([profile_steps(s) for s in stats], np.object_)),
+            pb_utils.Tensor("finish_reason", column([results[b].finish_reason.encode() for b in range(n)],
+                                                    np.object_)),
+            pb_utils.Tensor("stop_request_id", column([key.encode()] * n, np.object_)),
+        ]
+        if any(item.config.return_log_probs for item in items):
+            generated = max(len(results[b].output_ids) for b in range(n))
+            log_probs = np.zeros((n, 1, generated), np.float32)
+            for b in range(n):
+                values = results[b].log_probs or []
+                log_probs[b, 0, :len(values)] = values
+            tensors += [pb_utils.Tensor("cum_log_probs", column([sum(results[b].log_probs or ()) for b in range(n)],
+                                                                np.float32)),
+                        pb_utils.Tensor("output_log_probs", log_probs)]
+        if any(item.return_perf_metrics for item in items):
+            values = [perf_metric_values(job, b, stats[b]) for b in range(n)]
+            tensors += [pb_utils.Tensor(name, column([v[name] for v in values], PERF_TYPES[name]))
+                        for name in PERF_TYPES]
+        return tensors
 
     def _log_batching(self):
         stats = self.service.stats
