@@ -69,11 +69,15 @@ def test_ensemble_exposes_the_client_contract(tiny_repo):
 def test_options_reach_the_configs(tiny_engine, tmp_path):
     repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "r", instances=2, max_batch_size=4,
                                 decoupled=False, chat_template=False, copy_engine=True))
-    engine = _config(repo, "tensorrt_llm")
+    # --no-decoupled: the engine runs decoupled as trtspec_engine, tensorrt_llm forwards unary requests to it
+    engine = _config(repo, "trtspec_engine")
     assert engine.max_batch_size == 4 and engine.instance_group[0].count == 2
-    assert not engine.model_transaction_policy.decoupled
-    assert engine.parameters["engine_dir"].string_value == "tensorrt_llm/1/engine"
-    assert json.loads((repo / "tensorrt_llm/1/engine/manifest.json").read_text())["method"] == "medusa"
+    assert engine.model_transaction_policy.decoupled
+    forwarder = _config(repo, "tensorrt_llm")
+    assert not forwarder.model_transaction_policy.decoupled and forwarder.instance_group[0].count == 4
+    assert [t.name for t in forwarder.input] == [t.name for t in engine.input]
+    assert engine.parameters["engine_dir"].string_value == "trtspec_engine/1/engine"
+    assert json.loads((repo / "trtspec_engine/1/engine/manifest.json").read_text())["method"] == "medusa"
     assert _config(repo, "preprocessing").parameters["chat_template"].string_value == "false"
     assert engine.parameters["spin"].string_value == "auto"  # the server's TRTSPEC_ORT_SPIN decides
     repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "s", spin=True))

@@ -404,7 +404,8 @@ def test_server_start_failure_is_reported(tmp_path, tiny_repo):
 
 
 def test_non_decoupled_repository_serves_unary_requests(tiny_engine, tmp_path, local):
-    """--no-decoupled: plain ModelInfer calls (no stream), dynamic batching of concurrent requests."""
+    """--no-decoupled: plain ModelInfer calls (no stream) through the ensemble and to tensorrt_llm directly, batched
+    in flight by the decoupled engine behind the unary forwarder; a unary stop request ends a request by its id."""
     from trtspec.triton.deploy import DeployOptions, deploy
     from trtspec.triton.server import free_port
 
@@ -429,7 +430,16 @@ def test_non_decoupled_repository_serves_unary_requests(tiny_engine, tmp_path, l
         client = grpcclient.InferenceServerClient(running.grpc_url)
         with pytest.raises(Exception, match="Streaming is only supported in decoupled mode"):
             client.infer("ensemble", build_inputs("hi", GenerateOptions(max_tokens=4), stream=True))
+        ids = local.encode(prompts[0])
+        direct = client.infer("tensorrt_llm", [
+            grpc_tensor("input_ids", np.array([ids], np.int32)), grpc_tensor("input_lengths", np.array([[len(ids)]], np.int32)),
+            grpc_tensor("request_output_len", np.array([[10]], np.int32)),
+            grpc_tensor("exclude_input_in_output", np.array([[True]], bool))])
+        assert direct.as_numpy("output_ids").reshape(-1).tolist() == outputs[0].as_numpy("output_ids").reshape(-1).tolist()
         client.close()
+        counters = read_counters(f"http://127.0.0.1:{options.metrics_port}/metrics")
+        # requests sent at once shared verify steps (in-flight batching), not one execute call each in turn
+        assert counters["trtspec_engine_step_sequences_total"] > counters["trtspec_engine_steps_total"]
     for i, result in enumerate(outputs):
         expected = local.generate(prompts[i], GenerateOptions(max_tokens=10 + i))
         assert result.as_numpy("output_ids").reshape(-1).tolist() == expected.output_ids

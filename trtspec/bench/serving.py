@@ -122,6 +122,74 @@ def _batching(before: dict, after: dict) -> dict:
     return {"steps": int(steps), "sequences_per_step": round(sequences / steps, 2) if steps else None}
 
 
+def unary_vs_streaming(engine: Path, *, prompt_set: str = "mt-bench", limit: int = 8, max_tokens: int = 128,
+                       threads: int | None = 2, rounds: int = 2, show=print) -> dict:
+    """`limit` concurrent requests as unary ModelInfer calls to a --no-decoupled deployment and as gRPC streams to
+    a decoupled one, both served at once, rounds alternating: wall time for the whole group each way."""
+    import threading
+
+    import tritonclient.grpc as grpcclient
+
+    from trtspec.runtime.generator import GenerateOptions
+    from trtspec.triton.client import TritonClient, build_inputs, generate_concurrently
+    from trtspec.triton.deploy import DeployOptions, deploy
+    from trtspec.triton.server import ServerOptions, TritonServer, free_port
+
+    prompts = _texts(prompt_set, limit)
+    options = GenerateOptions(max_tokens=max_tokens)
+
+    def unary(url: str) -> list[list[int]]:
+        with TritonClient(url) as probe:
+            accepted = probe.model_inputs()
+        out: list = [None] * len(prompts)
+
+        def call(i):
+            client = grpcclient.InferenceServerClient(url)
+            try:
+                result = client.infer("ensemble", build_inputs(prompts[i], options, stream=False, accepted=accepted))
+                out[i] = result.as_numpy("output_ids").reshape(-1).tolist()
+            finally:
+                client.close()
+
+        workers = [threading.Thread(target=call, args=(i,)) for i in range(len(prompts))]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        return out
+
+    with tempfile.TemporaryDirectory(prefix="trtspec-bench-unary-") as tmp:
+        servers = {}
+        for name, decoupled in (("streaming", True), ("unary", False)):
+            repo = deploy(DeployOptions(engine_dir=engine, out=Path(tmp) / name, threads=threads,
+                                        decoupled=decoupled))
+            servers[name] = TritonServer(ServerOptions(repository=repo, grpc_port=free_port(), http_port=free_port(),
+                                                       metrics_port=free_port(), exit_timeout_s=5),
+                                         on_log=lambda line: None)
+        with servers["streaming"], servers["unary"]:
+            times = {"streaming": [], "unary": []}
+            ids = {}
+            run_one = {"streaming": lambda: [r.output_ids for r in generate_concurrently(
+                           servers["streaming"].grpc_url, prompts, options, concurrency=len(prompts))],
+                       "unary": lambda: unary(servers["unary"].grpc_url)}
+            for name in run_one:  # warm up
+                run_one[name]()
+            for r in range(rounds):
+                for name in (("streaming", "unary") if r % 2 == 0 else ("unary", "streaming")):
+                    start = time.perf_counter()
+                    ids[name] = run_one[name]()
+                    times[name].append(time.perf_counter() - start)
+                    show(f"  round {r + 1}: {len(prompts)} {name} requests in {times[name][-1]:.2f} s")
+    tokens = sum(len(x) for x in ids["unary"])
+    report = {"requests": len(prompts), "max_tokens": max_tokens, "rounds": rounds,
+              "outputs_identical": ids["unary"] == ids["streaming"]}
+    for name in ("streaming", "unary"):
+        wall = sum(times[name]) / len(times[name])
+        report[name] = {"wall_s": round(wall, 2), "tok_s": round(tokens / wall, 1)}
+    report["unary_over_streaming"] = round(report["unary"]["wall_s"] / report["streaming"]["wall_s"], 3)
+    return report
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="trtspec bench serving", description=__doc__.split("\n\n")[0])
     parser.add_argument("engine", type=Path)
@@ -131,8 +199,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-spec", action="store_true")
+    parser.add_argument("--unary", action="store_true",
+                        help="compare --limit concurrent unary requests (--no-decoupled) with as many streams")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    if args.unary:
+        report = unary_vs_streaming(args.engine, prompt_set=args.prompts, limit=args.limit,
+                                    max_tokens=args.max_tokens, threads=args.threads)
+        if args.json:
+            print(json.dumps(report, indent=2))
+            return
+        print(f"{report['requests']} concurrent requests: streaming {report['streaming']['wall_s']} s "
+              f"({report['streaming']['tok_s']} tok/s), unary {report['unary']['wall_s']} s "
+              f"({report['unary']['tok_s']} tok/s), unary / streaming = {report['unary_over_streaming']}; "
+              f"outputs identical: {report['outputs_identical']}")
+        return
     report = run(args.engine, prompt_set=args.prompts, limit=args.limit, max_tokens=args.max_tokens,
                  concurrency=args.concurrency, threads=args.threads, no_spec=args.no_spec)
     if args.json:

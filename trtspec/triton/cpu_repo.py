@@ -23,6 +23,9 @@ from trtspec.triton.pbtxt import ModelConfig, Step, render
 
 MODEL_SOURCES = Path(__file__).parent / "python_models"
 ENGINE_MODEL = "tensorrt_llm"
+# `--no-decoupled`: the engine runs decoupled under this name and `tensorrt_llm` is a unary forwarder to it
+# (python_models/unary_forwarder.py), so unary requests are batched in flight too
+UNARY_ENGINE_MODEL = "trtspec_engine"
 
 
 PRE_INPUTS = (_t("QUERY", "TYPE_STRING", optional=False), _t("DECODER_QUERY", "TYPE_STRING"),
@@ -80,7 +83,7 @@ ENGINE_INPUTS = (
     _t("stop", "TYPE_BOOL"),
     # trtspec's
     _t("use_speculation", "TYPE_BOOL"), _t("draft_method", "TYPE_STRING"), _t("echo_ids", "TYPE_INT32", (-1,)),
-    _t("errors_in_band", "TYPE_BOOL"),
+    _t("errors_in_band", "TYPE_BOOL"), _t("one_response", "TYPE_BOOL"),
 )
 # engine inputs a client sends to the engine model directly, never through the ensemble (upstream's ensemble has no
 # `stop`: its clients stop a request by sending stop = true with the request's id to tensorrt_llm; the rest are
@@ -92,7 +95,7 @@ ENGINE_ONLY_INPUTS = frozenset({
     "cross_attention_mask", "mrope_rotary_cos_sin", "mrope_position_deltas", "context_phase_params",
     "skip_cross_attn_blocks", "retention_token_range_starts", "retention_token_range_ends",
     "retention_token_range_priorities", "retention_token_range_durations_ms", "retention_decode_priority",
-    "retention_decode_duration_ms", "decoder_input_ids"})
+    "retention_decode_duration_ms", "decoder_input_ids", "one_response"})
 # Triton's ensemble before core#466 (2026) never finishes a request once a step reports an error while another
 # step of it is still in flight (it stops counting finished steps): preprocessing sets `errors_in_band`, and the
 # engine model then ends a stream that fails after its first response with the final flag alone (the reason goes
@@ -158,13 +161,27 @@ def preprocessing_config(batch: int, options: DeployOptions, end_id: int | None,
                               inputs=PRE_INPUTS, outputs=PRE_OUTPUTS, instance_count=1, parameters=params))
 
 
+def engine_model_name(options: DeployOptions) -> str:
+    return ENGINE_MODEL if options.decoupled else UNARY_ENGINE_MODEL
+
+
 def engine_config(batch: int, options: DeployOptions, engine_path: str, datastore_path: str = "") -> str:
+    """The engine model: always decoupled (its scheduler answers from its own thread, batching every request in
+    flight); named tensorrt_llm, or trtspec_engine behind the unary forwarder."""
     params = {"engine_dir": engine_path, "threads": str(options.threads or 0), "exclude_input_in_output": "false",
               "spin": {None: "auto", True: "true", False: "false"}[options.spin],
               "method": options.method or "auto", "datastore": datastore_path}
-    return render(ModelConfig(name=ENGINE_MODEL, backend="python", max_batch_size=batch, decoupled=options.decoupled,
-                              dynamic_batching={}, inputs=ENGINE_INPUTS, outputs=ENGINE_OUTPUTS,
+    return render(ModelConfig(name=engine_model_name(options), backend="python", max_batch_size=batch,
+                              decoupled=True, dynamic_batching={}, inputs=ENGINE_INPUTS, outputs=ENGINE_OUTPUTS,
                               instance_count=options.instances, parameters=params))
+
+
+def unary_forwarder_config(batch: int) -> str:
+    """`tensorrt_llm` of a --no-decoupled repository: one instance per batch row (each waits for its request while
+    the engine batches them all), no dynamic batcher (one request per execute)."""
+    return render(ModelConfig(name=ENGINE_MODEL, backend="python", max_batch_size=batch, inputs=ENGINE_INPUTS,
+                              outputs=ENGINE_OUTPUTS, instance_count=batch,
+                              parameters={"engine_model": UNARY_ENGINE_MODEL}))
 
 
 def postprocessing_config(batch: int) -> str:
@@ -214,22 +231,27 @@ def write_cpu_repository(manifest: Manifest, options: DeployOptions, staging: Pa
                              manifest.model.vocab_size))
     (staging / "postprocessing" / "config.pbtxt").write_text(postprocessing_config(batch))
 
-    version = staging / ENGINE_MODEL / "1"
+    engine_model = engine_model_name(options)
+    version = staging / engine_model / "1"
     version.mkdir(parents=True)
     (version / "model.py").write_text(_model_source(ENGINE_MODEL))
+    if not options.decoupled:
+        (staging / ENGINE_MODEL / "1").mkdir(parents=True)
+        (staging / ENGINE_MODEL / "1" / "model.py").write_text(_model_source("unary_forwarder"))
+        (staging / ENGINE_MODEL / "config.pbtxt").write_text(unary_forwarder_config(batch))
     if options.copy_engine:
         shutil.copytree(engine_dir, version / "engine")
-        engine_path = f"{ENGINE_MODEL}/1/engine"
+        engine_path = f"{engine_model}/1/engine"
     else:
         engine_path = _path_from_repo(engine_dir, options)
     datastore_path = ""
     if options.datastore is not None:  # the suffix drafter's corpus: copied with the engine, else referenced
         if options.copy_engine:
             shutil.copyfile(options.datastore, version / DATASTORE_FILE)
-            datastore_path = f"{ENGINE_MODEL}/1/{DATASTORE_FILE}"
+            datastore_path = f"{engine_model}/1/{DATASTORE_FILE}"
         else:
             datastore_path = _path_from_repo(Path(options.datastore).resolve(), options)
-    (staging / ENGINE_MODEL / "config.pbtxt").write_text(engine_config(batch, options, engine_path, datastore_path))
+    (staging / engine_model / "config.pbtxt").write_text(engine_config(batch, options, engine_path, datastore_path))
 
     (staging / "ensemble" / "1").mkdir(parents=True)
     (staging / "ensemble" / "config.pbtxt").write_text(ensemble_config(batch))

@@ -182,12 +182,10 @@ class TritonPythonModel:
 
     def execute(self, requests):
         self._publish_metrics()
-        if self.decoupled:
-            for request in requests:
-                self._submit_streaming(request)
-            self._log_batching()
-            return None
-        return self._execute_blocking(requests)
+        for request in requests:  # decoupled (deploy writes it so): execute returns at once, the scheduler answers
+            self._submit_streaming(request)
+        self._log_batching()
+        return None
 
     def _inputs(self, request) -> dict:
         return {t.name(): t.as_numpy() for t in request.inputs()}
@@ -216,6 +214,8 @@ class TritonPythonModel:
             return
         key, ids = self._ids(request)
         in_band = bool_input(inputs, "errors_in_band")  # set by preprocessing: the request comes through the ensemble
+        # set by the unary forwarder (`deploy --no-decoupled`): one response with every prompt's whole output
+        unary = bool_input(inputs, "one_response")
         if self._draining():
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(REFUSED_MESSAGE)), flags=FINAL)
             return
@@ -225,6 +225,11 @@ class TritonPythonModel:
         except TrtspecError as e:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))), flags=FINAL)
             return
+        if unary and any(item.streaming for item in items):
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                "Streaming is only supported in decoupled mode (redeploy with --decoupled)")), flags=FINAL)
+            return
+        results: dict[int, object] = {}  # unary: batch index → its finished result
         lock = threading.Lock()  # every send and every is_cancelled of this request's sender
         sent: dict[int, list[int]] = {}  # batch index → tokens already streamed
         errors: list[str] = []
@@ -246,6 +251,8 @@ class TritonPythonModel:
                     sender.send(flags=FINAL)
                 elif errors:
                     sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(errors[0])), flags=FINAL)
+                elif unary:
+                    sender.send(pb_utils.InferenceResponse(self._batched_outputs(key, job, results)), flags=FINAL)
                 else:
                     sender.send(flags=FINAL)
 
@@ -263,7 +270,9 @@ class TritonPythonModel:
         def on_done(b, result):
             item = items[b]
             with lock:
-                if not item.streaming:  # one response with the whole output
+                if unary:
+                    results[b] = result
+                elif not item.streaming:  # one response with the whole output
                     ids = (item.echoed if not item.exclude_input_in_output else []) + result.output_ids
                     sender.send(pb_utils.InferenceResponse(_outputs(b, ids, result, result.finish_reason, [], True,
                                                                     item, job, generated=len(result.output_ids),
@@ -278,64 +287,6 @@ class TritonPythonModel:
 
         job = Job(items, on_progress, on_done, on_error, is_cancelled=is_cancelled, ids=ids)
         self.service.submit(job)
-
-    def _execute_blocking(self, requests):
-        """Non-decoupled: every request of this execute call joins the batcher; one response each at the end."""
-        waits, responses = [], [None] * len(requests)
-        inputs = [self._inputs(request) for request in requests]
-        for r, request in enumerate(requests):  # stops first: they may name requests of this same call
-            if is_stop_request(inputs[r]):
-                responses[r] = self._stop(request)
-        for r, request in enumerate(requests):
-            if responses[r] is not None:
-                continue
-            key, ids = self._ids(request)
-            if self._draining():
-                responses[r] = pb_utils.InferenceResponse(error=pb_utils.TritonError(REFUSED_MESSAGE))
-                continue
-            try:
-                items = parse_request(inputs[r], self.manifest, default_exclude_input=self.exclude_input,
-                                      default_method=self.method)
-            except TrtspecError as e:
-                responses[r] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
-                continue
-            if any(item.streaming for item in items):
-                responses[r] = pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                    "Streaming is only supported in decoupled mode (redeploy with --decoupled)"))
-                continue
-            done = threading.Event()
-            results, errors = {}, []
-            guard = threading.Lock()  # the request is released once execute returns: no is_cancelled after that
-
-            def on_done(b, result, results=results, done=done, n=len(items), guard=guard):
-                with guard:
-                    results[b] = result
-                    if len(results) + len(errors) == n:
-                        done.set()
-
-            def on_error(b, message, results=results, errors=errors, done=done, n=len(items), guard=guard):
-                with guard:
-                    errors.append(message)
-                    if len(results) + len(errors) == n:
-                        done.set()
-
-            def is_cancelled(request=request, done=done, guard=guard):
-                with guard:
-                    return not done.is_set() and request.is_cancelled()
-
-            job = Job(items, lambda *a: None, on_done, on_error, is_cancelled=is_cancelled, ids=ids)
-            self.service.submit(job)
-            waits.append((r, key, job, results, errors, done))
-        for r, key, job, results, errors, done in waits:
-            items = job.items
-            done.wait()
-            if errors:
-                responses[r] = pb_utils.InferenceResponse(error=pb_utils.TritonError(errors[0]))
-                continue
-            responses[r] = pb_utils.InferenceResponse(self._batched_outputs(key, job, results))
-        self._log_batching()
-        self._publish_metrics()
-        return responses
 
     def _batched_outputs(self, key: str, job, results) -> list:
         """One response for a whole unary request: every prompt's row ([B, 1, L] ids, [B, 1] scalars), log
