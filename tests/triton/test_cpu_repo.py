@@ -16,7 +16,7 @@ from trtspec.errors import ConfigError
 from trtspec.triton.contract import cpu_ensemble_inputs, cpu_ensemble_outputs
 from trtspec.triton.deploy import DeployOptions, deploy
 
-MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble")
+MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls")
 
 
 def _config(repo, name) -> model_config_pb2.ModelConfig:
@@ -29,8 +29,12 @@ def test_every_config_parses_and_names_match_dirs(tiny_repo):
         config = _config(tiny_repo, name)
         assert config.name == name and config.max_batch_size == 8
         assert "${" not in (tiny_repo / name / "config.pbtxt").read_text()
-    for name in ("preprocessing", "tensorrt_llm", "postprocessing"):
+    for name in ("preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"):
         assert (tiny_repo / name / "1" / "model.py").is_file()
+    bls = _config(tiny_repo, "tensorrt_llm_bls")  # upstream's BLS interface: the ensemble's, plus draft-target's
+    assert {t.name for t in bls.input} == {t.name for t in cpu_ensemble_inputs()} | {"num_draft_tokens",
+                                                                                     "use_draft_logits"}
+    assert bls.model_transaction_policy.decoupled
     engine = _config(tiny_repo, "tensorrt_llm")
     assert engine.model_transaction_policy.decoupled
     engine_dir = engine.parameters["engine_dir"].string_value

@@ -436,6 +436,8 @@ def test_non_decoupled_repository_serves_unary_requests(tiny_engine, tmp_path, l
             grpc_tensor("request_output_len", np.array([[10]], np.int32)),
             grpc_tensor("exclude_input_in_output", np.array([[True]], bool))])
         assert direct.as_numpy("output_ids").reshape(-1).tolist() == outputs[0].as_numpy("output_ids").reshape(-1).tolist()
+        bls = client.infer("tensorrt_llm_bls", build_inputs(prompts[0], GenerateOptions(max_tokens=10), stream=False))
+        assert bls.as_numpy("text_output")[0] == outputs[0].as_numpy("text_output")[0]
         client.close()
         counters = read_counters(f"http://127.0.0.1:{options.metrics_port}/metrics")
         # requests sent at once shared verify steps (in-flight batching), not one execute call each in turn

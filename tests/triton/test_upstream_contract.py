@@ -171,3 +171,30 @@ def _options(max_tokens: int, **kw):
     from trtspec.runtime.generator import GenerateOptions
 
     return GenerateOptions(max_tokens=max_tokens, **kw)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tensorrt_llm_bls_answers_as_the_ensemble(server, stream):
+    """tensorrt_llm_bls (upstream's BLS interface, num_draft_tokens among its inputs) gives the ensemble's text."""
+    inputs = lambda model: _request("Medusa heads", 16, stream=np.array([[stream]], bool),  # noqa: E731
+                                    exclude_input_in_output=np.array([[True]], bool),
+                                    **({"num_draft_tokens": np.array([[4]], np.int32)} if model != "ensemble" else {}))
+    texts = {}
+    for model in ("ensemble", "tensorrt_llm_bls"):
+        got = stream_once(server.grpc_url, model, inputs(model))
+        assert got and all(e is None for _, e in got)
+        texts[model] = "".join(r.as_numpy("text_output")[0].decode() for r, _ in got)
+    assert texts["tensorrt_llm_bls"] == texts["ensemble"] and texts["ensemble"]
+
+
+def test_http_generate_on_the_bls_model(server):
+    """Upstream's README: curl -X POST .../v2/models/tensorrt_llm_bls/generate -d '{"text_input": ..., ...}'."""
+    import json
+    import urllib.request
+
+    body = json.dumps({"text_input": "Medusa heads", "max_tokens": 12, "bad_words": "", "stop_words": ""}).encode()
+    for model in ("ensemble", "tensorrt_llm_bls"):
+        request = urllib.request.Request(f"http://127.0.0.1:{server.options.http_port}/v2/models/{model}/generate",
+                                         data=body, headers={"Content-Type": "application/json"})
+        answer = json.loads(urllib.request.urlopen(request, timeout=60).read())
+        assert answer["model_name"] == model and answer["text_output"].startswith("Medusa heads")

@@ -1,5 +1,6 @@
 """The CPU flavour's model repository: preprocessing → tensorrt_llm (the trtspec runtime on ONNX Runtime) →
-postprocessing, wired by an `ensemble` that exposes the client contract of `trtspec.triton.contract`.
+postprocessing, wired by an `ensemble` that exposes the client contract of `trtspec.triton.contract`, and
+`tensorrt_llm_bls` with upstream's BLS interface (relaying to the ensemble).
 
 The engine model keeps tensorrtllm_backend's name and tensor names (a client that talks to `tensorrt_llm`
 directly works too); it is decoupled by default (streaming, in-flight batching across requests). The tokenizer
@@ -200,6 +201,19 @@ def ensemble_config(batch: int) -> str:
                               inputs=cpu_ensemble_inputs(), outputs=cpu_ensemble_outputs(), steps=ensemble_steps()))
 
 
+BLS_MODEL = "tensorrt_llm_bls"
+
+
+def bls_config(batch: int, options: DeployOptions) -> str:
+    """tensorrtllm_backend's BLS interface (tensorrt_llm_bls/config.pbtxt: the ensemble's tensors plus num_draft_tokens
+    and use_draft_logits), relaying to the ensemble: decoupled with it, else one instance per batch row."""
+    inputs = cpu_ensemble_inputs() + (_t("num_draft_tokens", "TYPE_INT32"), _t("use_draft_logits", "TYPE_BOOL"))
+    return render(ModelConfig(name=BLS_MODEL, backend="python", max_batch_size=batch, decoupled=options.decoupled,
+                              inputs=inputs, outputs=cpu_ensemble_outputs(),
+                              instance_count=1 if options.decoupled else batch,
+                              parameters={"ensemble_model": "ensemble"}))
+
+
 def _model_source(name: str) -> str:
     return (MODEL_SOURCES / f"{name}.py").read_text()
 
@@ -252,6 +266,10 @@ def write_cpu_repository(manifest: Manifest, options: DeployOptions, staging: Pa
         else:
             datastore_path = _path_from_repo(Path(options.datastore).resolve(), options)
     (staging / engine_model / "config.pbtxt").write_text(engine_config(batch, options, engine_path, datastore_path))
+
+    (staging / BLS_MODEL / "1").mkdir(parents=True)
+    (staging / BLS_MODEL / "1" / "model.py").write_text(_model_source(BLS_MODEL))
+    (staging / BLS_MODEL / "config.pbtxt").write_text(bls_config(batch, options))
 
     (staging / "ensemble" / "1").mkdir(parents=True)
     (staging / "ensemble" / "config.pbtxt").write_text(ensemble_config(batch))
