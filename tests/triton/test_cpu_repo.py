@@ -169,3 +169,22 @@ def test_existing_repository_needs_force(tiny_engine, tmp_path):
     assert (tmp_path / "repo" / "keep").is_file()
     result = CliRunner().invoke(cli, ["deploy", str(tiny_engine), "--out", str(tmp_path / "repo"), "--force"])
     assert result.exit_code == 0 and not (tmp_path / "repo" / "keep").exists()
+
+
+def test_the_contract_doc_names_every_tensor():
+    """docs/triton-contract.md documents every tensor the CPU flavour's models take or send."""
+    from pathlib import Path
+
+    from trtspec.triton import cpu_repo
+
+    doc = (Path(__file__).parents[2] / "docs" / "triton-contract.md").read_text()
+    names = {t.name for group in (cpu_ensemble_inputs(), cpu_ensemble_outputs(), cpu_repo.PRE_INPUTS,
+                                  cpu_repo.PRE_OUTPUTS, cpu_repo.POST_INPUTS, cpu_repo.POST_OUTPUTS,
+                                  cpu_repo.ENGINE_OUTPUTS) for t in group}
+    # the engine model's inputs beyond the ensemble's, named one by one or by their family
+    families = ("lookahead_", "retention_", "mrope_", "encoder_", "prompt_table", "lora_", "runtime_top_p_")
+    names |= {t.name for t in cpu_repo.ENGINE_INPUTS if not t.name.startswith(families)}
+    internal = {"errors_in_band", "echo_ids", "one_response", "cross_attention_mask", "skip_cross_attn_blocks",
+                "decoder_input_lengths", "input_ids", "input_lengths", "request_output_len"}
+    missing = sorted(n for n in names - internal if n not in doc)
+    assert not missing, missing
