@@ -3,10 +3,18 @@
 # examples written against it (`.../v2/models/tensorrt_llm_bls/generate`). On the CPU engine the speculative loop
 # already runs inside the engine model, so this model relays each request to the `ensemble` (preprocessing →
 # tensorrt_llm → postprocessing) through Triton's BLS API and sends its responses on. Written by `trtspec deploy`.
-import json
-import threading
+import os
+import site
+import sys
 
-import triton_python_backend_utils as pb_utils
+for _path in os.environ.get("TRTSPEC_SITE_PACKAGES", "").split(os.pathsep):
+    if _path and _path not in sys.path:
+        site.addsitedir(_path)  # the serving venv (the stub's embedded interpreter ignores PYTHONPATH)
+
+import json  # noqa: E402
+import threading  # noqa: E402
+
+import triton_python_backend_utils as pb_utils  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # draft-target's knobs on upstream's BLS: the CPU engine drafts itself (its method and K come from the deployment)

@@ -4,10 +4,18 @@
 # batch row, no engine of its own) forwards each request to the decoupled engine model `trtspec_engine`, whose
 # scheduler batches every request in flight, and answers with the engine's single response (`one_response`).
 # Written by `trtspec deploy`; the engine's logic lives in trtspec.triton.serving.
-import json
+import os
+import site
+import sys
 
-import numpy as np
-import triton_python_backend_utils as pb_utils
+for _path in os.environ.get("TRTSPEC_SITE_PACKAGES", "").split(os.pathsep):
+    if _path and _path not in sys.path:
+        site.addsitedir(_path)  # the serving venv (the stub's embedded interpreter ignores PYTHONPATH)
+
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
