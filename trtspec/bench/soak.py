@@ -872,7 +872,7 @@ class FaultStreams:
 # ---- one run --------------------------------------------------------------------------------------------------
 
 def _probe(url: str, model: str, prompt: str, reference: list[int], epoch: float, seq: int,
-           timeout: float) -> RequestRecord:
+           timeout: float, tokens: int = PROBE_TOKENS) -> RequestRecord:
     """One short request alone: its time to first token, and its tokens against the reference's first ones."""
     from trtspec.runtime.generator import GenerateOptions
     from trtspec.triton.client import TritonClient
@@ -880,13 +880,13 @@ def _probe(url: str, model: str, prompt: str, reference: list[int], epoch: float
     record = RequestRecord(seq, -1, "probe", 0, round(time.monotonic() - epoch, 4))
     try:
         with TritonClient(url, model=model, timeout_s=timeout) as client:
-            g = client.generate(prompt, GenerateOptions(max_tokens=PROBE_TOKENS))
+            g = client.generate(prompt, GenerateOptions(max_tokens=tokens))
     except Exception as e:  # noqa: BLE001
         record.outcome, record.error = "error", _first_line(e)
     else:
         record.ttft_s, record.latency_s = round(g.ttft_s, 5), round(g.total_s, 5)
         record.tokens, record.finish_reason = len(g.output_ids), g.finish_reason
-        record.outcome, record.first_diff = compare(g.output_ids, reference[:PROBE_TOKENS])
+        record.outcome, record.first_diff = compare(g.output_ids, reference[:tokens])
     record.end_s = round(time.monotonic() - epoch, 4)
     return record
 
@@ -986,8 +986,9 @@ def run_soak(options: SoakOptions, show: Callable[[str], None] = print) -> SoakR
         report.timeline["reference_tokens"] = sum(map(len, references))
 
         # the unloaded time to first token
-        probes += [_probe(url, options.model, prompts[0], references[0], epoch, -1 - i, options.request_timeout_s)
-                   for i in range(PROBES)]
+        probe_tokens = min(PROBE_TOKENS, options.max_tokens)
+        probes += [_probe(url, options.model, prompts[0], references[0], epoch, -1 - i, options.request_timeout_s,
+                          probe_tokens) for i in range(PROBES)]
         unloaded = [p.ttft_s for p in probes if p.ttft_s is not None]
         unloaded_ttft = percentile(unloaded, 50)
 
@@ -1028,8 +1029,8 @@ def run_soak(options: SoakOptions, show: Callable[[str], None] = print) -> SoakR
         report.timeline["last_request_end_t"] = round(drained_t, 3)
 
         # after the load (and the faults): a fresh request, and the engine's gauges back to nothing in flight
-        fresh = [_probe(url, options.model, prompts[0], references[0], epoch, -10 - i, options.request_timeout_s)
-                 for i in range(PROBES)]
+        fresh = [_probe(url, options.model, prompts[0], references[0], epoch, -10 - i, options.request_timeout_s,
+                        probe_tokens) for i in range(PROBES)]
         probes += fresh
         settle = _settle(metrics_url, before_faults,
                          sum(faults.summary()[k]["cut_mid_stream"] for k in ("abandon", "cancel")) if faults else 0,
