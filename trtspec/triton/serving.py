@@ -136,9 +136,10 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
     if "input_ids" not in inputs:
         raise ConfigError("input_ids is required")
     refuse_unsupported(inputs)
-    if "decoder_input_ids" in inputs and np.asarray(inputs["decoder_input_ids"]).reshape(
-            np.asarray(inputs["decoder_input_ids"]).shape[0], -1).shape[1] > 1:
-        # upstream's preprocessing sends [B, 1] of pad_id for a decoder-only model: that one is accepted
+    decoder = np.asarray(inputs.get("decoder_input_ids", np.zeros((1, 1))))
+    if decoder.size > max(decoder.shape[:1] or (1,)):
+        # more than one decoder token per prompt; upstream's preprocessing sends [B, 1] of pad_id for a decoder-only
+        # model, and that one is accepted
         raise ConfigError("decoder_input_ids: encoder-decoder models are not supported by the trtspec CPU engine")
     ids = np.asarray(inputs["input_ids"])
     ids = ids.reshape(1, -1) if ids.ndim == 1 else ids.reshape(ids.shape[0], -1)
