@@ -104,6 +104,13 @@ def test_genai_runner_agrees_with_trtspec(tiny, tmp_path):
     ours = [r["output_ids"] for r in run_trtspec(str(tiny[1][0]), PROMPTS, max_tokens=6, threads=1)]
     assert [r["output_ids"] for r in rows] == ours
     assert all(0 < r["ttft_s"] <= r["total_s"] for r in rows)
+    # its own n-gram speculation on the same ids: one row per prompt, both runs timed, outputs compared
+    prompts = [p * 4 for p in PROMPTS]  # repeated text, so the lookup finds matches
+    lookup = list(peers.run_genai_lookup(str(model), prompts, max_tokens=6, threads=1, ngram_size=2,
+                                         max_draft_tokens=3))
+    assert [r["prompt"] for r in lookup] == [0, 1, 2]
+    assert all(r["tokens"] == 6 and r["plain_s"] > 0 and r["lookup_s"] > 0 for r in lookup)
+    assert all(r["identical"] for r in lookup)  # greedy: its speculation is lossless too
 
 
 def test_run_child_streams_rows_from_a_fresh_process(tiny, tmp_path):

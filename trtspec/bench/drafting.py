@@ -1,7 +1,7 @@
 """Training-free (and trained) drafting on real prompt sets, measured side by side in one run.
 
     trtspec bench drafting ENGINE [ENGINE ...] [--sets sharegpt-grounded,code-edit,mt-bench-2turn,mt-bench] [--methods ngram]
-        [--limit 8] [--max-tokens 128] [--threads 2] [--no-spin] [--peers transformers --hf DIR --peer-limit 3]
+        [--limit 8] [--max-tokens 128] [--threads 2] [--no-spin] [--peers transformers,onnxruntime-genai --hf DIR --peer-limit 3]
         [--json FILE] [--png FILE]
 
 For every prompt of every set, each method and plain decoding run on the same engine one after the other, the order
@@ -10,9 +10,10 @@ verify step), acceptance rate, tokens/s with and without the drafter, the speedu
 of the decode alone (after the first token), how many outputs are token-identical to plain decoding, the share of
 the decode spent drafting (propose + observe), and the verify steps per slot profile. `mt-bench-2turn` measures the second turn with the engine's own (plain, greedy) first answer
 in its context, the standard protocol. Sets with a measurement split (`sharegpt-grounded`, `code-edit`) use it: the
-drafters' priors were set on other prompts. Peers (`--peers transformers`): Hugging Face transformers' prompt lookup
-(`prompt_lookup_num_tokens`) against its own greedy decoding on the same token ids, in a child process, so its
-ratio stands next to ours. Method `suffix` looks up `--datastore` and the outputs of its own earlier runs in
+drafters' priors were set on other prompts. Peers (`--peers transformers,onnxruntime-genai`): Hugging Face
+transformers' prompt lookup (`prompt_lookup_num_tokens`) and onnxruntime-genai's n-gram lookup (`ngram_size`,
+`max_draft_tokens`, over its own fp32 build of the same model) each against its own greedy decoding on the same
+token ids, in a child process, so their ratios stand next to ours. Method `suffix` looks up `--datastore` and the outputs of its own earlier runs in
 the same set (as a server's recent outputs; each method its own, never the same prompt's, and forgotten between
 sets: mt-bench-2turn's second answers often restate the first, which mt-bench then asks for). Several engines of one model (e.g. K = 4 and K = 16, or five slot profiles and one):
 each runs every method on every prompt in the same rotation, against plain decoding on the first (pass --no-spin:
@@ -144,28 +145,42 @@ def run_benchmark(args: argparse.Namespace, show=print) -> dict:
                 for m in methods))
         report["sets"][name] = {m: c.to_dict() for m, c in cells.items()}
         report["sets"][name]["prompt_ids"] = [p for p, _ in prompts]
-        if "transformers" in args.peers:
-            report["peers"].setdefault("transformers", {})[name] = _transformers_peer(
-                args, [ids for _, ids in prompts[:args.peer_limit]])
+        for peer in args.peers:
+            report["peers"].setdefault(peer, {})[name] = _peer(args, peer, [ids for _, ids in prompts[:args.peer_limit]])
     load["after"] = os.getloadavg()
     report["load_average"] = {k: [round(x, 2) for x in v] for k, v in load.items()}
     report["acceptance_model"] = generator.acceptance.to_dict()
     return report
 
 
-def _transformers_peer(args, prompts: list[list[int]]) -> dict:
-    """transformers greedy with and without prompt lookup on the same ids, alternating per prompt."""
-    from trtspec.bench.peers import run_child
+PEERS = ("transformers", "onnxruntime-genai")
 
-    log = Path(args.work) / "transformers-peer.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    rows = run_child("trtspec.bench.peers:run_transformers_lookup",
-                     {"model": str(args.hf), "prompts": prompts, "max_tokens": args.max_tokens,
-                      "threads": args.threads, "prompt_lookup": args.prompt_lookup}, log=log, threads=args.threads)
+
+def _peer(args, peer: str, prompts: list[list[int]]) -> dict:
+    """A peer's greedy decoding with and without its own speculation on the same ids, alternating per prompt, in a
+    child process: transformers' prompt lookup, onnxruntime-genai's n-gram lookup (its fp32 build of the same HF
+    model, made once under --work)."""
+    from trtspec.bench.peers import build_genai_model, run_child
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / f"{peer}-peer.log"
+    common = {"prompts": prompts, "max_tokens": args.max_tokens, "threads": args.threads}
+    if peer == "transformers":
+        settings = {"prompt_lookup_num_tokens": args.prompt_lookup}
+        rows = run_child("trtspec.bench.peers:run_transformers_lookup",
+                         {**common, "model": str(args.hf), "prompt_lookup": args.prompt_lookup}, log=log,
+                         threads=args.threads)
+    else:
+        ngram_size, draft = args.genai_lookup
+        settings = {"ngram_size": ngram_size, "max_draft_tokens": draft}
+        model = build_genai_model(args.hf, work / "genai-fp32", log=work / "genai-build.log")
+        rows = run_child("trtspec.bench.peers:run_genai_lookup", {**common, "model": str(model), **settings}, log=log,
+                         threads=args.threads)
     plain = sum(r["plain_s"] for r in rows)
     spec = sum(r["lookup_s"] for r in rows)
     tokens = sum(r["tokens"] for r in rows)
-    return {"prompts": len(rows), "prompt_lookup_num_tokens": args.prompt_lookup,
+    return {"prompts": len(rows), **settings,
             "tokens_per_s": round(tokens / spec, 2), "plain_tokens_per_s": round(tokens / plain, 2),
             "speedup": round(plain / spec, 3), "identical": f"{sum(r['identical'] for r in rows)}/{len(rows)}"}
 
@@ -187,7 +202,7 @@ def format_report(report: dict) -> str:
         for peer, sets in report["peers"].items():
             if name in sets:
                 p = sets[name]
-                lines.append(f"{name:<20} {peer + ' PL':<{width}} {'':>5} {'':>5} {p['tokens_per_s']:>7.1f} "
+                lines.append(f"{name:<20} {peer + ' own':<{width}} {'':>5} {'':>5} {p['tokens_per_s']:>7.1f} "
                              f"{p['plain_tokens_per_s']:>7.1f} {p['speedup']:>7.2f}x {'':>7} {p['identical']:>6}  "
                              f"({p['prompts']} prompts)")
     return "\n".join(lines)
@@ -209,19 +224,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
     parser.add_argument("--no-spin", dest="spin", action="store_false", help="workers sleep between ops")
     parser.add_argument("--peers", type=lambda s: tuple(s.split(",")) if s else (), default=(),
-                        help="peers' own speculation beside ours: transformers")
+                        help=f"peers' own speculation beside ours: {', '.join(PEERS)}")
     parser.add_argument("--hf", type=Path, help="the Hugging Face folder of the engine's model (for peers)")
     parser.add_argument("--peer-limit", type=int, default=3, help="prompts per set for the peers (slow)")
     parser.add_argument("--prompt-lookup", type=int, default=10, help="transformers prompt_lookup_num_tokens")
+    parser.add_argument("--genai-lookup", type=_pair, default=(3, 4), metavar="N,K",
+                        help="onnxruntime-genai n-gram speculation: ngram_size, max_draft_tokens (default 3,4)")
     parser.add_argument("--work", type=Path, default=cache_dir() / "bench" / "drafting", help="logs of the peers")
     parser.add_argument("--json", type=Path, help="write the report as JSON here")
     args = parser.parse_args(argv)
     if args.peers and args.hf is None:
         parser.error("--peers needs --hf DIR (the model's Hugging Face folder)")
     for peer in args.peers:
-        if peer != "transformers":
-            parser.error(f"--peers {peer}: unknown peer (known: transformers)")
+        if peer not in PEERS:
+            parser.error(f"--peers {peer}: unknown peer (known: {', '.join(PEERS)})")
     return args
+
+
+def _pair(text: str) -> tuple[int, int]:
+    try:
+        n, k = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two integers N,K, got {text!r}") from None
+    return n, k
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -78,10 +78,7 @@ def run_genai(model: str, prompts: list[list[int]], *, max_tokens: int, threads:
     """Greedy search with onnxruntime-genai's Generator, max_length = prompt + max_tokens."""
     import onnxruntime_genai as og
 
-    config = og.Config(model)
-    options = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
-    config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
-    loaded = og.Model(config)
+    loaded = _genai_model(model, threads)
 
     def generate(ids: list[int], new_tokens: int) -> tuple[list[int], float, float, float]:
         params = og.GeneratorParams(loaded)
@@ -99,6 +96,49 @@ def run_genai(model: str, prompts: list[list[int]], *, max_tokens: int, threads:
     generate(prompts[0], WARMUP_TOKENS)
     for index, ids in enumerate(prompts):
         yield _sample(index, *generate(ids, max_tokens))
+
+
+def _genai_model(model: str, threads: int):
+    import onnxruntime_genai as og
+
+    config = og.Config(model)
+    options = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+    return og.Model(config)
+
+
+def run_genai_lookup(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int, ngram_size: int = 3,
+                     max_draft_tokens: int = 4) -> Iterator[dict]:
+    """onnxruntime-genai's own speculation, n-gram lookup (`set_speculative_options(ngram_size, max_draft_tokens)`;
+    its docs/SpeculativeDecoding.md suggests starting at n = 3-4, K = 4), against its own greedy search on each
+    prompt, the order alternating; one row per prompt with both times and its acceptance rate."""
+    import onnxruntime_genai as og
+
+    loaded = _genai_model(model, threads)
+    lookup = {"ngram_size": ngram_size, "max_draft_tokens": max_draft_tokens}
+
+    def generate(ids: list[int], new_tokens: int, speculative: dict | None) -> tuple[list[int], float, dict]:
+        params = og.GeneratorParams(loaded)
+        params.set_search_options(do_sample=False, max_length=len(ids) + new_tokens)
+        if speculative:
+            params.set_speculative_options(**speculative)
+        start = time.perf_counter()
+        generator = og.Generator(loaded, params)
+        generator.append_tokens([ids])
+        while not generator.is_done():
+            generator.generate_next_token()
+        elapsed = time.perf_counter() - start
+        stats = generator.get_speculative_stats() if speculative else {}
+        return list(generator.get_sequence(0))[len(ids):], elapsed, stats
+
+    generate(prompts[0], WARMUP_TOKENS, None)
+    generate(prompts[0], WARMUP_TOKENS, lookup)
+    for index, ids in enumerate(prompts):
+        order = (None, lookup) if index % 2 else (lookup, None)
+        runs = {bool(spec): generate(ids, max_tokens, spec) for spec in order}
+        (plain, plain_s, _), (spec, spec_s, stats) = runs[False], runs[True]
+        yield {"prompt": index, "tokens": len(plain), "plain_s": plain_s, "lookup_s": spec_s,
+               "identical": plain == spec, "acceptance_rate": float(stats.get("acceptance_rate", 0.0))}
 
 
 # ---- transformers -------------------------------------------------------------------------------------------
