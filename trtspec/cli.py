@@ -431,8 +431,9 @@ def doctor(repository: Path, engine: Path | None, as_json: bool) -> None:
 @click.option("--tritonserver", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The server binary (default: on PATH, else the one bundled in nvidia-pytriton).")
 @click.option("--log-verbose", type=int, default=0, show_default=True, help="Triton's --log-verbose level.")
-@click.option("--drain-seconds", "drain_s", type=click.FloatRange(min=0), default=5.0, show_default=True,
-              help="On Ctrl-C / SIGTERM: how long requests in flight may finish; then they end with an error.")
+@click.option("--drain-seconds", "drain_s", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="On Ctrl-C / SIGTERM: how long requests in flight may finish; then they end with an error "
+                   "(the stop takes about this plus 3 s; docs/serving-faults.md).")
 @user_errors
 def serve(repository: Path, **flags) -> None:
     """Run tritonserver on a model repository until Ctrl-C / SIGTERM; exit with tritonserver's status."""
@@ -671,7 +672,7 @@ def bench_serving(args: tuple[str, ...]) -> None:
               help="Tokens a faulted stream asks for (it would run on for them were it not stopped).")
 @click.option("--sigterm", is_flag=True, help="--repo: SIGTERM `serve` mid-load at the end; report how long it took "
                                               "to exit and its exit status (else it is stopped idle).")
-@click.option("--drain-seconds", "drain_s", type=click.FloatRange(min=0), default=5.0, show_default=True,
+@click.option("--drain-seconds", "drain_s", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="--repo: serve's --drain-seconds.")
 @click.option("--metrics-url", help="URL mode: Triton's metrics (default http://HOST:8002/metrics).")
 @click.option("--server-pid", type=int,

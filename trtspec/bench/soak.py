@@ -81,7 +81,7 @@ class SoakOptions:
     cancel: int = 0  # streams the client cancels mid-stream (stop_stream(cancel_requests=True))
     fault_max_tokens: int = 512  # a faulted stream asks for this many tokens: it would still run if not stopped
     sigterm: bool = False  # --repo: SIGTERM `serve` mid-load
-    drain_s: float = 5.0  # --repo: serve's --drain-seconds
+    drain_s: float = 1.0  # --repo: serve's --drain-seconds
     metrics_url: str | None = None
     server_pid: int | None = None
     allow_remote: bool = False
@@ -457,7 +457,7 @@ def memory_summary(samples: list[dict], *, before: float, warm: float, end: floa
 class ServeProcess:
     """`trtspec serve REPO` as a user runs it, on free loopback ports; its stderr (banner and server log) kept."""
 
-    def __init__(self, repo: Path, *, drain_s: float = 5.0, show: Callable[[str], None] = print):
+    def __init__(self, repo: Path, *, drain_s: float = 1.0, show: Callable[[str], None] = print):
         from trtspec.triton.server import free_port
 
         self.repo, self.drain_s, self.show = Path(repo), drain_s, show
