@@ -153,6 +153,12 @@ def tree(choices: str | None, preset: str | None, as_json: bool, png: Path | Non
 @click.option("--no-spec", is_flag=True, help="Build a plain engine (no drafter) from any checkpoint.")
 @click.option("--profiles", help="onnx: verify-step slot counts, e.g. 2,4,8 (K + 1 is always one; default "
                                  "2,3,5,9,17,... up to K + 1): a step runs the smallest that holds its draft.")
+@click.option("--weights", default="fp32", show_default=True,
+              help="onnx: fp32, int8 or int4: weight-only quantization of the linear layers and lm_head "
+                   "(ONNX Runtime MatMulNBits).")
+@click.option("--block-size", type=int, help="onnx, int8 / int4: values per scale, 32, 64 or 128 (default 32).")
+@click.option("--quantize-heads/--no-quantize-heads", default=True, show_default=True,
+              help="onnx: the Medusa heads / EAGLE draft in the --weights format too (else fp32).")
 @click.option("--max-batch-size", type=int, default=8, show_default=True, help="Most sequences per step.")
 @click.option("--max-input-len", type=int, default=1024, show_default=True, help="Longest prompt in tokens.")
 @click.option("--max-seq-len", type=int, help="Longest prompt + output (default 2 x max input).")
@@ -184,7 +190,8 @@ def build(source: Path, backend: str, eagle2: str | None, dry_run: bool, **flags
     manifest = build_engine(opts)
     worst = max(manifest.numerics.values(), default=0.0)
     slots = ", ".join(map(str, manifest.profile.slots)) or "none (plain)"
-    click.echo(f"wrote {opts.out}: {manifest.method.value} engine, K={manifest.profile.max_draft_len} "
+    weights = "" if opts.weights == "fp32" else f", {manifest.weights.linear} weights"
+    click.echo(f"wrote {opts.out}: {manifest.method.value} engine{weights}, K={manifest.profile.max_draft_len} "
                f"(slot profiles {slots}), max ORT vs reference error {worst:.1e} of scale")
 
 
@@ -200,6 +207,9 @@ def _reject_trtllm_flags(flags: dict) -> None:
 
 def _build_trtllm(source: Path, eagle2: str | None, dry_run: bool, *, as_json: bool, lookahead: str | None,
                   **flags) -> None:
+    weights, block_size, _ = flags.pop("weights"), flags.pop("block_size"), flags.pop("quantize_heads")
+    if weights != "fp32" or block_size is not None:
+        raise click.UsageError("--weights / --block-size apply to --backend onnx only")
     if flags.pop("profiles", None) is not None:
         raise click.UsageError("--profiles applies to --backend onnx only: a TensorRT-LLM engine keeps one "
                                "max_draft_len (a GPU's verify step costs about the same at any slot count)")

@@ -23,6 +23,7 @@ def engine_summary(directory: Path) -> dict:
            "architecture": m.model.architecture, "max_draft_len": p.max_draft_len,
            "slot_profiles": list(p.slots), "max_batch_size": p.max_batch_size, "max_input_len": p.max_input_len,
            "max_seq_len": p.max_seq_len}
+    out["weights"] = m.weights.summary()  # the weight format per component
     if m.tree:
         out["tree"] = [list(c) for c in m.tree]
     if m.backend.value == "onnx":  # the drafters `generate --method` / `draft_method` may ask for

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.errors import BuildError, ConfigError, check_fields
+from trtspec.model.quantize import ROW_INVARIANT_FROM, WeightDtype
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
@@ -162,6 +163,57 @@ class ModelInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
+class WeightFormat:
+    """How one component's matrices are stored: fp32, or int8 / int4 blocks for ONNX Runtime's MatMulNBits."""
+
+    dtype: WeightDtype = WeightDtype.FP32
+    block_size: int | None = None  # quantized: values per scale along the input dimension
+    accuracy_level: int | None = None  # quantized: MatMulNBits accuracy_level (4: int8 activations)
+
+    def __post_init__(self):
+        try:
+            object.__setattr__(self, "dtype", WeightDtype(self.dtype))
+        except ValueError:
+            raise ConfigError(f"weight format {self.dtype!r}: expected one of "
+                              f"{', '.join(w.value for w in WeightDtype)}") from None
+
+    def __str__(self) -> str:
+        if self.dtype is WeightDtype.FP32:
+            return "fp32"
+        return f"{self.dtype.value} (block {self.block_size}, accuracy level {self.accuracy_level})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineWeights:
+    """The weight format of each component (manifests of earlier versions: everything fp32)."""
+
+    linear: WeightFormat = WeightFormat()  # the target's qkv, o, gate_up, down
+    lm_head: WeightFormat = WeightFormat()
+    # the token embedding table; tied to a quantized lm_head it is that matrix's rows (GatherBlockQuantized)
+    embedding: WeightFormat = WeightFormat()
+    drafter: WeightFormat | None = None  # Medusa heads / EAGLE draft (None: the engine has none)
+
+    @property
+    def min_step_rows(self) -> int:
+        """The fewest rows a decode step must feed the target so every step size computes each row alike (a plain
+        step of one row is padded to this); see quantize.ROW_INVARIANT_FROM."""
+        return max(ROW_INVARIANT_FROM.get(f.dtype, 1) for f in (self.linear, self.lm_head))
+
+    def to_dict(self) -> dict:
+        fmt = lambda f: None if f is None else {**dataclasses.asdict(f), "dtype": f.dtype.value}  # noqa: E731
+        return {name: fmt(getattr(self, name)) for name in ("linear", "lm_head", "embedding", "drafter")}
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str) -> EngineWeights:
+        check_fields(cls, data, where)
+        return cls(**{k: None if v is None else _from_dict(WeightFormat, v, f"{where}.{k}") for k, v in data.items()})
+
+    def summary(self) -> dict[str, str]:
+        return {name: str(getattr(self, name)) for name in ("linear", "lm_head", "embedding", "drafter")
+                if getattr(self, name) is not None}
+
+
+@dataclass(frozen=True, kw_only=True)
 class Manifest:
     version: int = MANIFEST_VERSION
     name: str
@@ -181,6 +233,7 @@ class Manifest:
     tp_size: int = 1  # tensor-parallel ranks (trtllm engines: one rank{r}.engine per rank, one MPI rank per GPU)
     pp_size: int = 1
     graph_format: int | None = None  # onnx backend: ONNX_GRAPH_FORMAT of the graphs it built
+    weights: EngineWeights = EngineWeights()  # the weight format per component (fp32 in earlier manifests)
 
     @property
     def world_size(self) -> int:
@@ -190,6 +243,7 @@ class Manifest:
         d = dataclasses.asdict(self)
         d["backend"], d["method"] = self.backend.value, self.method.value
         d["tree"] = [list(c) for c in self.tree] if self.tree is not None else None
+        d["weights"] = self.weights.to_dict()
         return d
 
     @classmethod
@@ -210,6 +264,12 @@ class Manifest:
         data["profile"] = _from_dict(Profile, data.get("profile"), f"{where}: profile")
         if data.get("tree") is not None:
             data["tree"] = tuple(tuple(c) for c in data["tree"])
+        if "weights" in data:
+            data["weights"] = EngineWeights.from_dict(data["weights"], f"{where}: weights")
+        else:  # written before quantized engines: every component fp32
+            model = data["model"]
+            has_drafter = model.num_medusa_heads > 0 or model.draft_layers > 0
+            data["weights"] = EngineWeights(drafter=WeightFormat() if has_drafter else None)
         return _from_dict(cls, data, where)
 
     def write(self, engine_dir: Path) -> Path:

@@ -21,10 +21,11 @@ from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
 from trtspec.checkpoint.hf_config import read_json
 from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
-from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, Backend, Manifest, Method, ModelInfo, Profile,
-                                     default_slot_profiles, parse_slot_profiles)
+from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, Backend, EngineWeights, Manifest, Method, ModelInfo, Profile,
+                                     WeightFormat, default_slot_profiles, parse_slot_profiles)
 from trtspec.errors import BuildError, ConfigError
 from trtspec.model.config import ModelConfig
+from trtspec.model.quantize import DEFAULT_BLOCK_SIZE, QuantSpec, WeightDtype, check_block_size
 from trtspec.outdir import atomic_output_dir, check_output_dir
 from trtspec.spec.eagle_proposer import DynamicTree
 from trtspec.spec.tree import Tree, build_tree, parse_choices
@@ -36,6 +37,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config
 # max |ORT − torch reference| / max(1, |reference|) per output, fp32: the 30-layer real model's 64-slot random
 # step reaches 4e-4 (same argmax everywhere); a wrong weight or rope gives > 2e-3 (tests/model/test_reference_parity)
 NUMERICS_TOLERANCE = 1e-3
+# The same, for quantized weights against the reference computing with the same dequantized weights: MatMulNBits at
+# accuracy level 4 also rounds each activation block to int8 (about 0.4% of its largest value), which the reference
+# does not. Measured: tiny random checkpoints up to 1.3e-2 (int4 and int8), SmolLM2-135M int4 / int8 up to 2.5e-2
+# and 1.7e-2; a wrong packing or scale gives errors of the order of 1.
+QUANTIZED_NUMERICS_TOLERANCE = 5e-2
 DEFAULT_PRESET = "medusa_small_8"
 
 
@@ -43,14 +49,19 @@ DEFAULT_PRESET = "medusa_small_8"
 class BuildOptions(EngineBuildOptions):
     dynamic_tree: DynamicTree | None = None  # EAGLE-2 instead of a static tree
     profiles: str | None = None  # `--profiles 2,4,8,16`: verify-step slot counts (default: 2, 3, 5, 9, ... K + 1)
+    weights: str = "fp32"  # `--weights fp32|int8|int4`: the target's linear layers and lm_head
+    block_size: int | None = None  # `--block-size 32|64|128` (quantized weights; default 32)
+    quantize_heads: bool = True  # the Medusa heads / EAGLE draft in the --weights format too (else fp32)
 
 
 def plan_build(opts: BuildOptions) -> Manifest:
     """Validate the build and return the manifest it will write (without files and numerics)."""
     from trtspec.model.onnx_graph import check_supported  # onnx, imported when a build is planned
 
-    cfg = ModelConfig.from_trtllm(read_checkpoint_config(opts.source))
+    raw = read_checkpoint_config(opts.source)
+    cfg = ModelConfig.from_trtllm(raw)
     check_supported(cfg)
+    plan = weight_plan(opts, raw)
     method = _method(cfg, opts)
     tree = _tree(cfg, method, opts)
     draft_tokens = opts.dynamic_tree.total_tokens if method is Method.EAGLE2 else tree.num_nodes if tree else 0
@@ -73,7 +84,45 @@ def plan_build(opts: BuildOptions) -> Manifest:
                     model=model, profile=profile,
                     tree=tree.choices if tree is not None else None,
                     dynamic_tree=vars(opts.dynamic_tree) if method is Method.EAGLE2 else None,
-                    source=str(Path(opts.source).resolve()), versions=_versions(), graph_format=ONNX_GRAPH_FORMAT)
+                    source=str(Path(opts.source).resolve()), versions=_versions(), graph_format=ONNX_GRAPH_FORMAT,
+                    weights=_engine_weights(plan, cfg, embedding_gathered=_gathers_embedding(plan, cfg)))
+
+
+def weight_plan(opts: BuildOptions, raw_config: dict):
+    """The matrices to quantize (onnx_graph.WeightPlan) from --weights / --block-size / --quantize-heads, after
+    refusing a checkpoint that is quantized already (the onnx backend quantizes from fp32 / fp16 / bf16 only)."""
+    from trtspec.model.onnx_graph import WeightPlan
+
+    algo = (raw_config.get("quantization") or {}).get("quant_algo")
+    if algo is not None:
+        raise BuildError(f"{Path(opts.source) / 'config.json'}: quant_algo={algo}: the onnx backend cannot run this "
+                         "quantization mode; build from the fp16 / fp32 checkpoint with --weights int8 or int4")
+    dtype = WeightDtype.parse(opts.weights) if isinstance(opts.weights, str) else WeightDtype(opts.weights)
+    if dtype is WeightDtype.FP32:
+        if opts.block_size is not None:
+            raise ConfigError(f"--block-size {opts.block_size}: applies to --weights int8 or int4, not fp32")
+        return WeightPlan()
+    spec = QuantSpec(dtype, check_block_size(opts.block_size if opts.block_size is not None else DEFAULT_BLOCK_SIZE))
+    if not opts.quantize_heads:
+        log.info("--no-quantize-heads: the Medusa heads / EAGLE draft keep fp32 weights")
+    return WeightPlan(base=spec, drafter=spec if opts.quantize_heads else None)
+
+
+def _gathers_embedding(plan, cfg: ModelConfig) -> bool:
+    """Whether a tied embedding can read the quantized lm_head's rows (whole blocks per row); the writer decides
+    the same from the weights (onnx_ops.tie_quantized), and the builder checks the graph it wrote."""
+    return plan.base is not None and cfg.hidden_size % plan.base.block_size == 0
+
+
+def _engine_weights(plan, cfg: ModelConfig, *, embedding_gathered: bool) -> EngineWeights:
+    def fmt(spec: QuantSpec | None) -> WeightFormat:
+        return WeightFormat() if spec is None else WeightFormat(dtype=spec.dtype, block_size=spec.block_size,
+                                                                accuracy_level=spec.accuracy_level)
+
+    has_drafter = cfg.num_medusa_heads > 0 or cfg.eagle is not None
+    return EngineWeights(linear=fmt(plan.base), lm_head=fmt(plan.base),
+                         embedding=fmt(plan.base) if embedding_gathered else WeightFormat(),
+                         drafter=fmt(plan.drafter) if has_drafter else None)
 
 
 def build(opts: BuildOptions) -> Manifest:
@@ -86,14 +135,22 @@ def build(opts: BuildOptions) -> Manifest:
     ckpt = read_trtllm_checkpoint(opts.source)
     with atomic_output_dir(Path(opts.out), force=opts.force) as tmp:
         p = manifest.profile  # a step's slots may reach K + 1 positions past max_seq_len - 1 (see OrtEngine)
-        graphs = export_graphs(ckpt, tmp, max_positions=p.max_seq_len + p.tokens_per_step)
+        plan = weight_plan(opts, ckpt.config)
+        graphs = export_graphs(ckpt, tmp, max_positions=p.max_seq_len + p.tokens_per_step, weights=plan)
+        gathered = "GatherBlockQuantized" in graphs["context"].ops
+        manifest = replace(manifest, weights=_engine_weights(plan, ModelConfig.from_trtllm(ckpt.config),
+                                                             embedding_gathered=gathered))
         for graph in graphs.values():
             check_graph(graph.path)
-        numerics = compare_with_reference(opts.source, tmp, graphs, generation_tokens=max(p.tokens_per_step, 2))
+        numerics = compare_with_reference(opts.source, tmp, graphs, generation_tokens=max(p.tokens_per_step, 2),
+                                          weights=plan)
         worst = max(numerics.items(), key=lambda kv: kv[1])
-        if worst[1] > NUMERICS_TOLERANCE:
-            raise BuildError(f"exported graph output {worst[0]} differs from the torch reference by {worst[1]:.2e} of "
-                             f"its scale (tolerance {NUMERICS_TOLERANCE:.0e}); this is a trtspec bug, please report it")
+        tolerance = NUMERICS_TOLERANCE if plan.base is None and plan.drafter is None else QUANTIZED_NUMERICS_TOLERANCE
+        what = "" if tolerance == NUMERICS_TOLERANCE else " (with the same dequantized weights)"
+        if worst[1] > tolerance:
+            raise BuildError(f"exported graph output {worst[0]} differs from the torch reference{what} by "
+                             f"{worst[1]:.2e} of its scale (tolerance {tolerance:.0e}); this is a trtspec bug, please "
+                             "report it")
         files = {role: g.path.name for role, g in graphs.items()}
         files.update({p.stem: p.name for p in tmp.glob("*.bin")})
         tokenizer = _copy_tokenizer(_tokenizer_dir(opts), tmp)

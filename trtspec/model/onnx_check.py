@@ -11,7 +11,8 @@ import onnx
 
 from trtspec.errors import BuildError
 from trtspec.model.config import ModelConfig
-from trtspec.model.onnx_graph import ExportedGraph
+from trtspec.model.onnx_graph import ExportedGraph, WeightPlan
+from trtspec.model.quantize import QuantSpec, fake_quantize
 from trtspec.runtime.ort_session import ort_session
 
 
@@ -28,14 +29,15 @@ def check_graph(path: Path) -> None:
 
 
 def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], *, seed: int = 0,
-                           generation_tokens: int = 6) -> dict[str, float]:
+                           generation_tokens: int = 6, weights: WeightPlan = WeightPlan()) -> dict[str, float]:
     """Run each graph in ONNX Runtime and the torch reference on one random step; return per output the max abs
     difference divided by max(1, max |reference output|) (30 fp32 layers accumulate ~1e-3 on logits of ~30).
 
     Keys are "<graph>.<output>" (new_key / new_value: the new cache rows, the maximum over layers). Context graphs
     get causal prompts (no past); generation graphs a random past, a random tree mask with depth positions, and a
     batch row with a shorter past, over `generation_tokens` slots unless the graph fixes T. `out_dir` holds the graphs
-    (their paths in `graphs` are used)."""
+    (their paths in `graphs` are used). A quantized build (`weights`) is compared with the reference computing with
+    the same dequantized weights."""
     from trtspec.model.eagle_draft import EagleDraftModel  # torch, at build time only
     from trtspec.model.reference import ReferenceModel
 
@@ -43,9 +45,11 @@ def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], 
 
     rng = np.random.default_rng(seed)
     models = {"": ReferenceModel.from_checkpoint(Path(ckpt_dir))}
+    dequantize_reference(models[""], weights.base, weights.drafter)
     draft_vocab = None
     if any(role.startswith("draft_") for role in graphs):
         models["draft_"] = EagleDraftModel.from_checkpoint(Path(ckpt_dir))
+        dequantize_reference(models["draft_"], weights.drafter, None)
         draft_vocab = read_checkpoint_vocab(Path(ckpt_dir), models["draft_"].config.vocab_size)
     diffs = {}
     for role, graph in graphs.items():
@@ -67,6 +71,24 @@ def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], 
         for name, diff in max_diffs(ours, reference).items():
             diffs[f"{role}.{name}"] = diff / _scale(reference, name)
     return diffs
+
+
+def dequantize_reference(model, spec: QuantSpec | None, heads: QuantSpec | None) -> None:
+    """Give a ReferenceModel / EagleDraftModel the weights a quantized engine computes with: every nn.Linear
+    fake-quantized (the Medusa heads' with `heads`, the others' with `spec`; None: fp32), in place. A tied embedding
+    becomes the dequantized lm_head, as the engine gathers its rows from the quantized lm_head."""
+    import torch
+    from torch import nn
+
+    with torch.no_grad():
+        tied = torch.equal(model.vocab_embedding.weight, model.lm_head.weight)
+        for name, module in model.named_modules():
+            use = heads if name.startswith("medusa_heads.") else spec
+            if isinstance(module, nn.Linear) and use is not None:
+                w = module.weight.detach().float().numpy()
+                module.weight.copy_(torch.from_numpy(fake_quantize(w, use.bits, use.block_size)))
+        if tied and spec is not None and model.config.hidden_size % spec.block_size == 0:
+            model.vocab_embedding.weight.copy_(model.lm_head.weight)
 
 
 def _draft_vocab_columns(logits: np.ndarray, target_ids: np.ndarray, path: Path) -> np.ndarray:

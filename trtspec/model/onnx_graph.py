@@ -24,7 +24,9 @@ from onnx import TensorProto, helper
 from trtspec.errors import BuildError
 from trtspec.model.config import ModelConfig
 from trtspec.model.onnx_ops import (HEAD_DIM_MULTIPLE, Dims, Graph, Residual, WeightFile, decoder_layer, embed,
-                                    linear, logits, prelude)
+                                    linear, logits, prelude, tie_quantized)
+from trtspec.model.quantize import QuantSpec
+from trtspec.progress import progress_bar
 
 if TYPE_CHECKING:
     from trtspec.checkpoint.trtllm_reader import TrtllmCheckpoint
@@ -44,6 +46,16 @@ class ExportedGraph:
     path: Path
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    ops: frozenset[str] = frozenset()  # the op types it holds
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """Which matrices a build quantizes: the target's linear layers and lm_head (`base`), the Medusa heads / EAGLE
+    draft (`drafter`); None: fp32. Norms, biases and untied embedding tables stay fp32 (a Gather reads few rows)."""
+
+    base: QuantSpec | None = None
+    drafter: QuantSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -60,8 +72,8 @@ class _Layout:
 class _Source:
     """Reads checkpoint tensors as float32 numpy, checking shapes and recording what was consumed."""
 
-    def __init__(self, ckpt: TrtllmCheckpoint):
-        self.ckpt, self.used = ckpt, set()
+    def __init__(self, ckpt: TrtllmCheckpoint, advance=lambda: None):
+        self.ckpt, self.used, self.advance = ckpt, set(), advance  # advance(): one layer / head written
 
     def get(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         if name not in self.ckpt:
@@ -87,19 +99,25 @@ class _Source:
         return tensor.float().numpy()
 
 
-def _write_layer(src: _Source, wf: WeightFile, c: ModelConfig, prefix: str, dst: str, *, input_norm: bool) -> None:
-    """One decoder layer; matrices stored [in, out] for MatMul, q/k/v fused [H, (nh + 2 nkv) hd] with q (and its
-    bias) pre-scaled by 1/sqrt(hd) so the scores come out scaled, gate/up fused [H, 2I]."""
+def _write_layer(src: _Source, wf: WeightFile, c: ModelConfig, prefix: str, dst: str, *, input_norm: bool,
+                 spec: QuantSpec | None = None) -> None:
+    """One decoder layer; matrices stored [in, out] for MatMul (or quantized with `spec`), q/k/v fused
+    [H, (nh + 2 nkv) hd] with q (and its bias) pre-scaled by 1/sqrt(hd) so the scores come out scaled (quantized:
+    the q rows' scales carry the factor), gate/up fused [H, 2I]."""
     H, I = c.hidden_size, c.intermediate_size
     q_out, kv_out = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     scale, rows = np.float32(1 / math.sqrt(c.head_dim)), (q_out, kv_out, kv_out)
     q, k, v = src.qkv(f"{prefix}.attention.qkv.weight", tuple((n, H) for n in rows))
-    wf.add(f"{dst}.qkv.weight", np.concatenate([q * scale, k, v]).T)
+    if spec is None:
+        wf.add(f"{dst}.qkv.weight", np.concatenate([q * scale, k, v]).T)
+    else:
+        row_scale = np.concatenate([np.full(q_out, scale, np.float32), np.ones(2 * kv_out, np.float32)])
+        wf.add_matrix(f"{dst}.qkv.weight", np.concatenate([q, k, v]), spec, fp32_layout="in_out", row_scale=row_scale)
     if c.qkv_bias:
         q, k, v = src.qkv(f"{prefix}.attention.qkv.bias", tuple((n,) for n in rows))
         wf.add(f"{dst}.qkv.bias", np.concatenate([q * scale, k, v]))
-    wf.add(f"{dst}.gate_up.weight", np.concatenate([src.get(f"{prefix}.mlp.{n}.weight", (I, H))
-                                                    for n in ("fc", "gate")]).T)
+    wf.add_matrix(f"{dst}.gate_up.weight", np.concatenate([src.get(f"{prefix}.mlp.{n}.weight", (I, H))
+                                                           for n in ("fc", "gate")]), spec, fp32_layout="in_out")
     if c.mlp_bias:
         wf.add(f"{dst}.gate_up.bias", np.concatenate([src.get(f"{prefix}.mlp.{n}.bias", (I,)) for n in ("fc", "gate")]))
     shapes = {"input_norm.weight": (H,), "post_norm.weight": (H,), "o.weight": (H, q_out), "o.bias": (H,),
@@ -107,38 +125,53 @@ def _write_layer(src: _Source, wf: WeightFile, c: ModelConfig, prefix: str, dst:
     present = {"input_norm.weight": input_norm, "o.bias": c.o_bias, "down.bias": c.mlp_bias}
     for name, trt in LAYER_TENSORS.items():
         if present.get(name, True):
-            wf.add(f"{dst}.{name}", src.get(f"{prefix}.{trt}", shapes[name]).T)  # .T: no-op on vectors
+            tensor = src.get(f"{prefix}.{trt}", shapes[name])
+            if name in ("o.weight", "down.weight"):
+                wf.add_matrix(f"{dst}.{name}", tensor, spec, fp32_layout="in_out")
+            else:
+                wf.add(f"{dst}.{name}", tensor.T)  # .T: no-op on vectors
+    src.advance()
 
 
-def _write_head(src: _Source, wf: WeightFile, embedding: str, lm_head: str, shape: tuple[int, int]) -> bool:
-    """Embedding and lm_head, both stored [V, H]; when equal (tied) only the lm_head is written."""
+def _write_head(src: _Source, wf: WeightFile, embedding: str, lm_head: str, shape: tuple[int, int],
+                spec: QuantSpec | None = None) -> bool:
+    """Embedding and lm_head, both stored [V, H] (the lm_head quantized with `spec`); when equal (tied) only the
+    lm_head is written (the embedding gathers its quantized rows where the blocks allow, else an fp32 table)."""
     table, head = src.get(embedding, shape), src.get(lm_head, shape)
     tied = np.array_equal(table, head)
-    if not tied:
+    if not tied or (spec is not None and shape[1] % spec.block_size):
         wf.add("embedding.weight", table)
-    wf.add("lm_head.weight", head)
+    del table
+    wf.add_matrix("lm_head.weight", head, spec, fp32_layout="out_in")
+    if tied and spec is not None:
+        tied = tie_quantized(wf)
     return tied
 
 
-def _write_base(src: _Source, wf: WeightFile, c: ModelConfig) -> _Layout:
+def _write_base(src: _Source, wf: WeightFile, c: ModelConfig, plan: WeightPlan = WeightPlan()) -> _Layout:
     H, V = c.hidden_size, c.vocab_size
-    tied = _write_head(src, wf, "transformer.vocab_embedding.weight", "lm_head.weight", (V, H))
+    tied = _write_head(src, wf, "transformer.vocab_embedding.weight", "lm_head.weight", (V, H), plan.base)
     for layer in range(c.num_layers):
-        _write_layer(src, wf, c, f"transformer.layers.{layer}", f"layers.{layer}", input_norm=True)
+        _write_layer(src, wf, c, f"transformer.layers.{layer}", f"layers.{layer}", input_norm=True, spec=plan.base)
     wf.add("ln_f.weight", src.get("transformer.ln_f.weight", (H,)))
     base_head = src.get("lm_head.weight", (V, H)) if c.num_medusa_heads else None
     heads = []
     for h in range(c.num_medusa_heads):
         for layer in range(c.num_medusa_layers):
             name = f"medusa_heads.{h}.medusa_layers.{layer}.linear"
-            wf.add(f"medusa.{h}.{layer}.weight", src.get(f"{name}.weight", (H, H)).T)
+            wf.add_matrix(f"medusa.{h}.{layer}.weight", src.get(f"{name}.weight", (H, H)), plan.drafter,
+                          fp32_layout="in_out")
             wf.add(f"medusa.{h}.{layer}.bias", src.get(f"{name}.bias", (H,)))
         head = src.get(f"medusa_heads.{h}.lm_head.weight", (V, H))
         if np.array_equal(head, base_head):  # heads-only Medusa: the base lm_head, stored once
-            heads.append("lm_head.weight")
+            shared = "lm_head.weight" if plan.drafter == plan.base else "medusa.lm_head.weight"  # in its own format
+            if shared not in wf:
+                wf.add_matrix(shared, head, plan.drafter, fp32_layout="out_in")
+            heads.append(shared)
         else:
             heads.append(f"medusa.{h}.lm_head.weight")
-            wf.add(heads[-1], head)  # [V, H] like the base lm_head
+            wf.add_matrix(heads[-1], head, plan.drafter, fp32_layout="out_in")  # [V, H] like the base lm_head
+        src.advance()
     src.check_all_used(lambda name: not name.startswith("eagle_nets."))
     return _Layout(tied, tuple(heads))
 
@@ -147,23 +180,25 @@ def _draft_config(c: ModelConfig) -> ModelConfig:
     return dataclasses.replace(c.eagle, vocab_size=c.vocab_size)
 
 
-def _write_draft(src: _Source, wf: WeightFile, c: ModelConfig) -> _Layout:
+def _write_draft(src: _Source, wf: WeightFile, c: ModelConfig, plan: WeightPlan = WeightPlan()) -> _Layout:
     from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
 
     d, p = _draft_config(c), "eagle_nets.0"
     embedding, lm_head, shape = f"{p}.drafter.vocab_embedding.weight", f"{p}.lm_head.weight", (d.vocab_size,
                                                                                               d.hidden_size)
     vocab = read_checkpoint_vocab(src.ckpt.directory, d.vocab_size)
+    spec = plan.drafter
     if vocab is None:
-        tied = _write_head(src, wf, embedding, lm_head, shape)
+        tied = _write_head(src, wf, embedding, lm_head, shape, spec)
     else:  # the whole embedding (any token can be fed), the lm_head's rows of the draft vocabulary only
         tied = False
         wf.add("embedding.weight", src.get(embedding, shape))
-        wf.add("lm_head.weight", src.get(lm_head, shape)[vocab.target_ids])
-    wf.add("fc.weight", src.get(f"{p}.drafter.fc.weight", (d.hidden_size, 2 * d.hidden_size)).T)
+        wf.add_matrix("lm_head.weight", src.get(lm_head, shape)[vocab.target_ids], spec, fp32_layout="out_in")
+    wf.add_matrix("fc.weight", src.get(f"{p}.drafter.fc.weight", (d.hidden_size, 2 * d.hidden_size)), spec,
+                  fp32_layout="in_out")
     wf.add("fc.bias", src.get(f"{p}.drafter.fc.bias", (d.hidden_size,)))
     for j in range(d.num_layers):
-        _write_layer(src, wf, d, f"{p}.drafter.layers.{j}", f"layers.{j}", input_norm=j > 0)
+        _write_layer(src, wf, d, f"{p}.drafter.layers.{j}", f"layers.{j}", input_norm=j > 0, spec=spec)
     src.check_all_used(lambda name: name.startswith(f"{p}."))
     return _Layout(tied, draft_vocab=tuple(int(i) for i in vocab.target_ids) if vocab else None)
 
@@ -227,11 +262,13 @@ def medusa_graph(c: ModelConfig, layout: _Layout, wf: WeightFile) -> onnx.ModelP
     all. Heads that share the base lm_head project together in one MatMul (one pass over the weights)."""
     g = Graph(wf)
     outs = [_medusa_resblocks(g, "hidden", h, c.num_medusa_layers) for h in range(c.num_medusa_heads)]
-    shared = [h for h, lm in enumerate(layout.medusa_lm_heads) if lm == "lm_head.weight"]
     head_logits = {}
-    if shared:
+    for lm in ("lm_head.weight", "medusa.lm_head.weight"):
+        shared = [h for h, name in enumerate(layout.medusa_lm_heads) if name == lm]
+        if not shared:
+            continue
         stacked = g.op("Concat", *[g.op("Unsqueeze", outs[h], g.const([0])) for h in shared], axis=0)
-        projected = logits(g, stacked, "lm_head.weight")  # [len(shared), N, V]
+        projected = logits(g, stacked, lm)  # [len(shared), N, V]
         for i, h in enumerate(shared):
             head_logits[h] = g.op("Slice", projected, g.const([i]), g.const([i + 1]), g.const([0]))
     for h, lm in enumerate(layout.medusa_lm_heads):
@@ -285,13 +322,14 @@ def _draft_vocab_logits(g: Graph, hidden: str, target_ids: tuple[int, ...], voca
 # ---- export, check, compare ---------------------------------------------------------------------------------
 
 def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, max_positions: int,
-                  generation_tokens: int | None = None) -> dict[str, ExportedGraph]:
+                  generation_tokens: int | None = None, weights: WeightPlan = WeightPlan()) -> dict[str, ExportedGraph]:
     """Write context.onnx / generation.onnx over weights.bin (and the EAGLE draft pair over draft_weights.bin).
 
     The generation graphs take any number of slots T (`generation_tokens` None, what `build` writes: the runtime
     feeds them the slot counts of the engine's profiles, one session holding one prepacked copy of the weights
     for all of them) or exactly `generation_tokens` (engines of earlier trtspec versions had T = K + 1 fixed).
-    `max_positions` sizes the graphs' RoPE tables: every position a step uses must be below it."""
+    `max_positions` sizes the graphs' RoPE tables: every position a step uses must be below it. `weights`: which
+    matrices to quantize (one tensor in memory at a time; a progress bar over the layers and heads when any is)."""
     checked = (("max_positions", max_positions),) + ((("generation_tokens", generation_tokens),)
                                                      if generation_tokens is not None else ())
     for name, value in checked:
@@ -305,17 +343,27 @@ def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, max_positions: int,
         _check_eagle_copies(ckpt, c)
         parts.append(("draft_", DRAFT_WEIGHTS, _write_draft, draft_graph))
     graphs = {}
-    for role_prefix, weights, write, build in parts:
-        wf = WeightFile(out_dir / weights)
-        try:
-            layout = write(_Source(ckpt), wf, c)
-        finally:
-            wf.close()
-        for role, tokens, tree in (("context", None, False), ("generation", generation_tokens, True)):
-            graphs[role_prefix + role] = _save(build(c, layout, wf, tokens, max_positions, tree=tree),
-                                               out_dir / f"{role_prefix}{role}.onnx")
-        if layout.medusa_lm_heads:
-            graphs["medusa"] = _save(medusa_graph(c, layout, wf), out_dir / "medusa.onnx")
+    quantizing = weights.base is not None or (weights.drafter is not None and (c.eagle or c.num_medusa_heads))
+    total = c.num_layers + c.num_medusa_heads + (c.eagle.num_layers if c.eagle is not None else 0)
+    with progress_bar("quantizing weights", total=total, enabled=bool(quantizing)) as advance:
+        for role_prefix, file_name, write, build in parts:
+            wf = WeightFile(out_dir / file_name)
+            try:
+                layout = write(_Source(ckpt, advance), wf, c, weights)
+            finally:
+                wf.close()
+            graphs.update(_build_graphs(c, layout, wf, role_prefix, build, out_dir, max_positions, generation_tokens))
+    return graphs
+
+
+def _build_graphs(c: ModelConfig, layout: _Layout, wf: WeightFile, role_prefix: str, build, out_dir: Path,
+                  max_positions: int, generation_tokens: int | None) -> dict[str, ExportedGraph]:
+    graphs = {}
+    for role, tokens, tree in (("context", None, False), ("generation", generation_tokens, True)):
+        graphs[role_prefix + role] = _save(build(c, layout, wf, tokens, max_positions, tree=tree),
+                                           out_dir / f"{role_prefix}{role}.onnx")
+    if layout.medusa_lm_heads:
+        graphs["medusa"] = _save(medusa_graph(c, layout, wf), out_dir / "medusa.onnx")
     return graphs
 
 
@@ -335,4 +383,5 @@ def _check_eagle_copies(ckpt: TrtllmCheckpoint, c: ModelConfig) -> None:
 
 def _save(model: onnx.ModelProto, path: Path) -> ExportedGraph:
     onnx.save_model(model, str(path))
-    return ExportedGraph(path, tuple(i.name for i in model.graph.input), tuple(o.name for o in model.graph.output))
+    return ExportedGraph(path, tuple(i.name for i in model.graph.input), tuple(o.name for o in model.graph.output),
+                         frozenset(n.op_type for n in model.graph.node))

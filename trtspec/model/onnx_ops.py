@@ -16,6 +16,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from trtspec.model.quantize import QuantSpec, quantize
+
 OPSET = 23  # RMSNormalization is standard from opset 23 (ONNX Runtime >= 1.22 runs it)
 IR_VERSION = 10
 # SkipSimplifiedLayerNormalization, GroupQueryAttention: ONNX Runtime contrib ops with CPU kernels
@@ -36,25 +38,69 @@ class WeightFile:
         self.protos: dict[str, TensorProto] = {}
         self.nbytes = 0  # bytes of tensor data (padding excluded)
 
+        self.quantized: dict[str, QuantizedInfo] = {}  # matrix name → its MatMulNBits form
+
     def add(self, name: str, array: np.ndarray) -> None:
         """Append `array` as float32 (C order) under `name`."""
-        data = np.ascontiguousarray(array, dtype=np.float32)
+        self._append(name, np.ascontiguousarray(array, dtype=np.float32), TensorProto.FLOAT)
+
+    def add_matrix(self, name: str, weight: np.ndarray, spec: QuantSpec | None, *, fp32_layout: str,
+                   row_scale: np.ndarray | None = None) -> None:
+        """A matrix given as [out, in] (the checkpoint's layout), each output row times `row_scale` (if given).
+
+        fp32 (spec None): stored under `name` as [in, out] (fp32_layout "in_out", a MatMul's right operand) or as
+        given ("out_in", vocabulary matrices). Quantized: MatMulNBits blocks under `<name>.q` and `<name>.scales`,
+        the row factors folded into the scales (the rows are quantized unscaled)."""
+        w = np.asarray(weight, dtype=np.float32)
+        if spec is None:
+            if row_scale is not None:
+                w = w * np.asarray(row_scale, np.float32)[:, None]
+            self.add(name, w.T if fp32_layout == "in_out" else w)
+            return
+        m = quantize(w, spec.bits, spec.block_size)
+        scales = m.scales if row_scale is None else m.scales * np.asarray(row_scale, np.float32)[:, None]
+        self._append(f"{name}.q", m.packed, TensorProto.UINT8)
+        self._append(f"{name}.scales", np.ascontiguousarray(scales.reshape(-1), np.float32), TensorProto.FLOAT)
+        self.quantized[name] = QuantizedInfo(k=m.k, n=m.n, blocks=m.blocks, bits=m.bits, block_size=m.block_size,
+                                             accuracy_level=spec.accuracy_level)
+
+    def alias(self, name: str, source: str, dims: tuple[int, ...]) -> None:
+        """`name`: the bytes of weight `source` seen with other dims (written once, read by two ops)."""
+        proto = TensorProto()
+        proto.CopyFrom(self.protos[source])
+        proto.name = name
+        del proto.dims[:]
+        proto.dims.extend(dims)
+        self.protos[name] = proto
+
+    def _append(self, name: str, data: np.ndarray, data_type: int) -> None:
         align = PAGE_ALIGN if data.nbytes > PAGE_ALIGN_ABOVE else SMALL_ALIGN
         offset = -(-self._file.tell() // align) * align
         self._file.write(b"\0" * (offset - self._file.tell()))
         self._file.write(data.tobytes())
-        proto = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=data.shape,
-                            data_location=TensorProto.EXTERNAL)
+        proto = TensorProto(name=name, data_type=data_type, dims=data.shape, data_location=TensorProto.EXTERNAL)
         for key, value in (("location", self.path.name), ("offset", str(offset)), ("length", str(data.nbytes))):
             proto.external_data.add(key=key, value=value)
         self.protos[name] = proto
         self.nbytes += data.nbytes
 
     def __contains__(self, name: str) -> bool:
-        return name in self.protos
+        return name in self.protos or name in self.quantized
 
     def close(self) -> None:
         self._file.close()
+
+
+@dataclass(frozen=True)
+class QuantizedInfo:
+    """A matrix written in MatMulNBits form: W [n, k] as `blocks` blocks of `block_size` per output row."""
+
+    k: int
+    n: int
+    blocks: int
+    bits: int
+    block_size: int
+    accuracy_level: int
 
 
 class Graph:
@@ -170,9 +216,20 @@ def rms_norm(g: Graph, x: str, weight: str, eps: float, name: str) -> str:
     return g.op("RMSNormalization", x, g.w(weight), axis=-1, epsilon=eps, name=name)
 
 
+def matmul_nbits(g: Graph, x: str, weight: str, name: str | None = None) -> str:
+    """x [..., k] @ W.T for a quantized W [n, k]: one MatMulNBits (com.microsoft) over its blocks and scales."""
+    q = g.weights.quantized[weight]
+    return g.ms("MatMulNBits", x, g.w(f"{weight}.q"), g.w(f"{weight}.scales"), name=name, K=q.k, N=q.n,
+                bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
+
+
 def linear(g: Graph, x: str, weight: str, name: str) -> str:
-    """x @ W (+ b): W is stored pre-transposed [in, out]; the bias, if the network has one, is `<weight>.bias`."""
-    y = g.op("MatMul", x, g.w(f"{weight}.weight"), name=name)
+    """x @ W (+ b): W is stored pre-transposed [in, out], or quantized (MatMulNBits); the bias, if the network has
+    one, is `<weight>.bias`."""
+    if f"{weight}.weight" in g.weights.quantized:
+        y = matmul_nbits(g, x, f"{weight}.weight", name)
+    else:
+        y = g.op("MatMul", x, g.w(f"{weight}.weight"), name=name)
     bias = f"{weight}.bias"
     return g.op("Add", y, g.w(bias), name=f"{name}_bias") if bias in g.weights else y
 
@@ -237,10 +294,28 @@ def logits(g: Graph, hidden: str, weight: str, name: str | None = None) -> str:
 
     A plain MatMul over the Transpose of the stored matrix: ONNX Runtime folds that Transpose once when the session
     loads and prepacks the result. A transB FusedMatMul over [V, H] cost 7 ms more per SmolLM2-135M decode step
-    (50.8 vs 44.0 ms, ONNX Runtime 1.32, 2 threads, interleaved medians)."""
+    (50.8 vs 44.0 ms, ONNX Runtime 1.32, 2 threads, interleaved medians). A quantized matrix: MatMulNBits."""
+    if weight in g.weights.quantized:
+        return matmul_nbits(g, hidden, weight, name)
     return g.op("MatMul", hidden, g.op("Transpose", g.w(weight), perm=[1, 0]), name=name)
 
 
 def embed(g: Graph, ids: str, *, tied: bool) -> str:
-    """Token embeddings [B, T, H], rows of a [V, H] table (a tied one is the lm_head's)."""
+    """Token embeddings [B, T, H], rows of a [V, H] table (a tied one is the lm_head's). A tied quantized lm_head
+    is gathered from and dequantized row by row (GatherBlockQuantized over the same bytes, see `tie_quantized`)."""
+    if tied and "embedding.q" in g.weights:
+        q = g.weights.quantized["lm_head.weight"]
+        return g.ms("GatherBlockQuantized", g.w("embedding.q"), ids, g.w("embedding.scales"), name="embedding",
+                    bits=q.bits, block_size=q.block_size, gather_axis=0, quantize_axis=1)
     return g.op("Gather", g.w("lm_head.weight" if tied else "embedding.weight"), ids, axis=0, name="embedding")
+
+
+def tie_quantized(wf: WeightFile) -> bool:
+    """Let a tied embedding read the quantized lm_head (`embedding.q` [V, k·bits/8], `embedding.scales` [V, blocks]
+    over the same bytes); False when the rows are padded (k not a multiple of the block size): keep an fp32 table."""
+    q = wf.quantized["lm_head.weight"]
+    if q.k % q.block_size:
+        return False
+    wf.alias("embedding.q", "lm_head.weight.q", (q.n, q.k * q.bits // 8))
+    wf.alias("embedding.scales", "lm_head.weight.scales", (q.n, q.blocks))
+    return True

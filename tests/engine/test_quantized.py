@@ -1,0 +1,225 @@
+"""`trtspec build --weights int8|int4`: MatMulNBits packing, numerics against the dequantized reference, the
+manifest's weight formats, row invariance, lossless speculation on quantized engines, and bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from trtspec.cli import cli
+from trtspec.engine.inspect import engine_summary
+from trtspec.engine.manifest import EngineWeights, Manifest, WeightFormat, read_manifest
+from trtspec.engine.onnx_builder import QUANTIZED_NUMERICS_TOLERANCE, BuildOptions, build, plan_build
+from trtspec.errors import BuildError, ConfigError
+from trtspec.model.quantize import dequantize, quantize
+from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
+from trtspec.runtime.ort_engine import OrtEngine
+from trtspec.spec.methods import make_proposer
+from trtspec.spec.tree import build_tree
+from trtspec.testing import TinyModel, tiny_trtllm_checkpoints
+
+MODEL = TinyModel(vocab_size=64, tie_word_embeddings=True)
+TREE = "[[0],[1],[2],[0,0],[0,1],[1,0],[0,0,0],[0,0,1]]"
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    return tiny_trtllm_checkpoints(tmp_path_factory.mktemp("qckpts"), MODEL)
+
+
+@pytest.fixture(scope="module")
+def engines(ckpts, tmp_path_factory):
+    """int4 / int8 engines: plain (K = 8 for ngram), Medusa and EAGLE, heads quantized too."""
+    root = tmp_path_factory.mktemp("qengines")
+    out = {}
+    for weights in ("int4", "int8"):
+        for name, ckpt, extra in (("none", ckpts["none"], {"max_draft_len": 8}),
+                                  ("medusa", ckpts["medusa"], {"choices": TREE}),
+                                  ("eagle", ckpts["eagle"], {"choices": TREE})):
+            out[weights, name] = root / f"{name}-{weights}"
+            build(BuildOptions(source=ckpt, out=out[weights, name], max_input_len=64, max_seq_len=160,
+                               weights=weights, **extra))
+    return out
+
+
+def _session(model):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _matmul_nbits(w: np.ndarray, bits: int, block_size: int, accuracy_level: int):
+    m = quantize(w, bits, block_size)
+    n, k = w.shape
+    node = helper.make_node("MatMulNBits", ["A", "B", "S"], ["Y"], domain="com.microsoft", K=k, N=n, bits=bits,
+                            block_size=block_size, accuracy_level=accuracy_level)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", k])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["M", n])],
+                              [numpy_helper.from_array(m.packed, "B"),
+                               numpy_helper.from_array(m.scales.reshape(-1), "S")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
+                              ir_version=10)
+    return _session(model), dequantize(m)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("block_size", [32, 64, 128])
+def test_packing_is_what_matmul_nbits_reads(bits, block_size):
+    """At accuracy level 1 (fp32 compute) ONNX Runtime's product equals x @ dequantize(W).T: the layout, nibble order,
+    implicit zero point and scales are the kernel's; K = 200 checks the zero-padded last block."""
+    rng = np.random.default_rng(bits + block_size)
+    w = rng.standard_normal((96, 200), dtype=np.float32) * 0.1
+    session, dense = _matmul_nbits(w, bits, block_size, accuracy_level=1)
+    x = rng.standard_normal((5, 200), dtype=np.float32)
+    (y,) = session.run(None, {"A": x})
+    assert np.abs(y - x @ dense.T).max() < 1e-4
+    assert np.abs(dense - w).max() <= np.abs(w).max() / (2 ** (bits - 1) - 1)  # at most one step off
+
+
+@pytest.mark.parametrize("bits,accuracy_level", [(4, 1), (4, 4), (8, 4)])
+def test_matmul_nbits_rows_are_invariant_from_the_engines_minimum_rows(bits, accuracy_level):
+    """Each row of a 17-row product equals the same row computed in a product of 2, 3, 5 or 9 rows, bit for bit; a
+    one-row product equals it for 8-bit weights (ONNX Runtime 1.32), so int4 engines pad a lone plain step to 2 rows
+    (quantize.ROW_INVARIANT_FROM)."""
+    from trtspec.model.quantize import ROW_INVARIANT_FROM, WeightDtype
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((192, 576), dtype=np.float32) * 0.05
+    session, _ = _matmul_nbits(w, bits, 32, accuracy_level)
+    x = rng.standard_normal((17, 576), dtype=np.float32)
+    (full,) = session.run(None, {"A": x})
+    for rows in (2, 3, 5, 9):
+        for start in range(0, 17 - rows, rows):
+            (part,) = session.run(None, {"A": x[start:start + rows]})
+            assert np.array_equal(part, full[start:start + rows]), (rows, start)
+    dtype = WeightDtype.INT4 if bits == 4 else WeightDtype.INT8
+    if ROW_INVARIANT_FROM.get(dtype, 1) == 1:
+        for i in range(17):
+            assert np.array_equal(session.run(None, {"A": x[i:i + 1]})[0][0], full[i])
+
+
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_quantized_build_matches_the_dequantized_reference_and_records_formats(engines, weights):
+    for name in ("none", "medusa", "eagle"):
+        m = read_manifest(engines[weights, name])
+        assert m.numerics and max(m.numerics.values()) < QUANTIZED_NUMERICS_TOLERANCE
+        fmt = WeightFormat(dtype=weights, block_size=32, accuracy_level=4)
+        assert (m.weights.linear, m.weights.lm_head) == (fmt, fmt)
+        assert m.weights.embedding == fmt  # tied: gathered from the quantized lm_head (hidden 64 = 2 blocks)
+        assert m.weights.drafter == (None if name == "none" else fmt)
+        assert Manifest.from_dict(m.to_dict()) == m
+    medusa = engine_summary(engines[weights, "medusa"])
+    assert medusa["weights"]["linear"] == f"{weights} (block 32, accuracy level 4)"
+    assert medusa["weights"]["drafter"] == f"{weights} (block 32, accuracy level 4)"
+
+
+def test_quantized_weights_shrink_the_engine(engines, ckpts, tmp_path):
+    fp32 = build(BuildOptions(source=ckpts["none"], out=tmp_path / "fp32", max_input_len=64, max_seq_len=160))
+    assert fp32.weights == EngineWeights()
+    sizes = {w: (engines[w, "none"] / "weights.bin").stat().st_size for w in ("int4", "int8")}
+    full = (tmp_path / "fp32" / "weights.bin").stat().st_size
+    assert sizes["int4"] < sizes["int8"] < full / 2
+
+
+def test_old_manifests_load_as_fp32(engines, tmp_path):
+    engine = tmp_path / "old"
+    shutil.copytree(engines["int4", "medusa"], engine)
+    data = json.loads((engine / "manifest.json").read_text())
+    del data["weights"]
+    (engine / "manifest.json").write_text(json.dumps(data))
+    weights = read_manifest(engine).weights
+    assert weights == EngineWeights(drafter=WeightFormat()) and weights.min_step_rows == 1
+
+
+def test_inspect_shows_the_weight_formats(engines):
+    result = CliRunner().invoke(cli, ["inspect", str(engines["int4", "eagle"])])
+    assert result.exit_code == 0, result.output
+    assert "linear: int4 (block 32, accuracy level 4)" in result.output
+    assert "drafter: int4 (block 32, accuracy level 4)" in result.output
+
+
+def _prompts(n, seed):
+    """Random prompts, half of them repetitive so that ngram drafts."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        if i % 2:
+            out.append(np.tile(rng.integers(0, MODEL.vocab_size, int(rng.integers(2, 6))), 6)[:40])
+        else:
+            out.append(rng.integers(0, MODEL.vocab_size, int(rng.integers(1, 40))))
+    return out
+
+
+def _proposer(method, engine):
+    if method in ("medusa", "eagle"):
+        return make_proposer(method, engine, tree=build_tree(eval(TREE)))
+    return make_proposer(method, engine)
+
+
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+@pytest.mark.parametrize("name,method", [("none", "ngram"), ("medusa", "medusa"), ("eagle", "eagle")])
+def test_speculation_on_a_quantized_engine_equals_its_plain_greedy_output(engines, weights, name, method):
+    engine = OrtEngine(engines[weights, name], threads=1)
+    config = GenerationConfig(max_tokens=30)
+    prompts = _prompts(12, seed=len(name))
+    plain = [generate(engine, p, make_proposer("none", engine), config).output_ids for p in prompts]
+    spec = [generate(engine, p, _proposer(method, engine), config) for p in prompts]
+    assert [r.output_ids for r in spec] == plain
+    assert sum(r.stats.accepted_tokens for r in spec) > 0  # the drafter did draft and get tokens accepted
+    batched = generate_batch(engine, [Request(p, _proposer(method, engine), config) for p in prompts],
+                             max_batch_size=4)
+    assert [r.output_ids for r in batched] == plain
+
+
+def test_int4_plain_step_row_equals_that_row_in_a_verify_step(engines):
+    """The padded plain step of an int4 engine computes exactly the logits the same slot gets in a 9-slot verify step
+    (the padding slots see only themselves)."""
+    engine = OrtEngine(engines["int4", "none"], threads=1)
+    assert engine._min_rows == 2
+    seq = engine.open()
+    engine.prefill(seq, np.array([3, 1, 4, 1, 5]))
+    plain = engine.verify(seq, np.array([9]), np.zeros(1, np.int64), np.ones((1, 1), bool))
+    chain = np.tril(np.ones((9, 9), bool))
+    verify = engine.verify(seq, np.array([9, 2, 6, 5, 3, 5, 8, 9, 7]), np.arange(9), chain)
+    assert verify.slots == 9 and np.array_equal(plain.logits[0], verify.logits[0])
+    engine.close(seq)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--weights", "int4", "--block-size", "48"], "--block-size 48: unsupported block size; choose one of 32, 64, 128"),
+    (["--weights", "int3"], "--weights int3: unknown weight format; choose one of fp32, int8, int4"),
+    (["--block-size", "64"], "--block-size 64: applies to --weights int8 or int4, not fp32"),
+])
+def test_bad_quantization_flags_are_one_line_errors(ckpts, tmp_path, args, message):
+    result = CliRunner().invoke(cli, ["build", str(ckpts["none"]), "--out", str(tmp_path / "e"), *args])
+    assert result.exit_code != 0
+    assert result.output.strip().splitlines() == [f"error: {message}"] or message in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "e").exists()
+
+
+def test_an_already_quantized_checkpoint_is_refused_naming_its_mode(ckpts, tmp_path):
+    ckpt = tmp_path / "awq"
+    shutil.copytree(ckpts["none"], ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["quantization"] = {"quant_algo": "W4A16_AWQ", "kv_cache_quant_algo": None}
+    (ckpt / "config.json").write_text(json.dumps(config))
+    with pytest.raises(BuildError, match="quant_algo=W4A16_AWQ: the onnx backend cannot run this quantization mode"):
+        plan_build(BuildOptions(source=ckpt, out=tmp_path / "e", max_input_len=64, weights="int4"))
+    result = CliRunner().invoke(cli, ["build", str(ckpt), "--out", str(tmp_path / "e")])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+
+
+def test_heads_kept_fp32_with_no_quantize_heads(ckpts, tmp_path):
+    m = build(BuildOptions(source=ckpts["medusa"], out=tmp_path / "e", max_input_len=64, max_seq_len=160,
+                           weights="int8", quantize_heads=False, choices=TREE))
+    assert m.weights.drafter == WeightFormat() and m.weights.linear.dtype.value == "int8"
+    assert max(m.numerics.values()) < QUANTIZED_NUMERICS_TOLERANCE
+    with pytest.raises(ConfigError, match="--weights fp16: unknown weight format"):
+        plan_build(BuildOptions(source=ckpts["none"], out=tmp_path / "f", weights="fp16"))
