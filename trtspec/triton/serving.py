@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -28,6 +27,7 @@ from trtspec.spec.proposer import Proposer
 from trtspec.triton.contract import LOOKAHEAD_INPUTS
 from trtspec.spec.sampling import SamplingParams
 from trtspec.triton.text import decode_word_list
+from trtspec.triton.drain import DrainSignal  # noqa: F401  (serve's side imports it from there: no numpy)
 
 log = logging.getLogger(__name__)
 
@@ -339,35 +339,6 @@ class BatchingStats:
 DRAIN_MESSAGE = "the server is shutting down (its drain time is over)"
 REFUSED_MESSAGE = "the server is shutting down; it takes no new requests"
 
-
-class DrainSignal:
-    """How `trtspec serve` drains the engine model before it stops tritonserver, through files (the stub processes
-    share nothing else with it): `PATH` — take no new requests; `PATH.end` — the drain time is over, end what is
-    left with an error; the model answers with `PATH.idle` once nothing is left. Stopping Triton first would not
-    do: on SIGTERM it unloads every model with nothing in flight, postprocessing among them, so the ensemble's
-    streams in flight could never finish (Triton 2.51)."""
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-
-    def requested(self) -> bool:
-        return self.path.exists()
-
-    def over(self) -> bool:
-        return self.path.with_name(self.path.name + ".end").exists()
-
-    def report_idle(self) -> None:
-        self.path.with_name(self.path.name + ".idle").touch()
-
-    # the server's side
-    def start(self) -> None:
-        self.path.touch()
-
-    def end(self) -> None:
-        self.path.with_name(self.path.name + ".end").touch()
-
-    def idle(self) -> bool:
-        return self.path.with_name(self.path.name + ".idle").exists()
 IDLE_DRAIN_POLL_S = 0.1  # an idle engine model with a drain file to watch looks at it this often
 CANCEL_POLL_S = 0.02  # how often the watcher asks Triton whether a live request was cancelled (a step is ~40 ms)
 
@@ -429,9 +400,9 @@ class EngineService:
         return len(jobs)
 
     def end_all(self, message: str) -> int:
-        """End every live job now with an error response (the server's drain time is over); how many."""
+        """End every live job not ended yet with an error response (the server's drain time is over); how many."""
         with self._wake:
-            jobs = list(self._live)
+            jobs = [job for job in self._live if not job.stopped]
             for job in jobs:
                 job.stop(failure=message)
             self._wake.notify()
