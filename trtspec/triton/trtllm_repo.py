@@ -212,8 +212,8 @@ def ensemble(ctx: Context) -> ModelConfig:
     llm_in.update({tt.client_to_llm_name(t.name): t.name for t in inputs if tt.client_to_llm_name(t.name)})
     llm_out = {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"}
     llm_out.update({name: name for name in ("cum_log_probs", "output_log_probs", "batch_index", "sequence_index")})
-    if tt.has_perf_metrics(ctx.version):
-        llm_out.update(tt.ACCEPTANCE_OUTPUTS)
+    if tt.has_perf_metrics(ctx.version):  # upstream's names (trtspec's client reads total_* as its acceptance counters)
+        llm_out.update({t.name: t.name for t in tt.perf_metric_outputs()})
     # postprocessing reads only tensorrt_llm's outputs: mixing in preprocessing's fails when the LLM step is
     # decoupled (tensorrtllm_backend ensemble/config.pbtxt, server#7275)
     post = Step("postprocessing", {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"},

@@ -8,18 +8,23 @@ from __future__ import annotations
 
 from trtspec.engine.trtllm_versions import TrtllmVersion
 from trtspec.triton.contract import CLIENT_TO_LLM, CLIENT_TO_PRE, ENSEMBLE_OUTPUTS, PRE_TO_LLM, client_inputs  # noqa: F401
+from trtspec.triton.contract import PERF_METRIC_OUTPUTS
 from trtspec.triton.pbtxt import Tensor
 
 SCALAR = ()  # reshape: { shape: [ ] } — the backend sees [B] for a [1] input (tensorrtllm_backend all_models/inflight_batcher_llm/)
 LOGITS_TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
 
-# tensorrt_llm's perf-metric outputs (filled with return_perf_metrics=true, tensorrtllm_backend tensorrt_llm/config.pbtxt) → trtspec's contract names
-ACCEPTANCE_OUTPUTS = {"total_draft_tokens": "num_draft_tokens", "total_accepted_draft_tokens": "num_accepted_tokens"}
-
 
 def has_perf_metrics(version: TrtllmVersion) -> bool:
-    """`return_perf_metrics` and the acceptance counters as read in the v0.19 templates (tensorrtllm_backend tensorrt_llm/config.pbtxt)."""
+    """`return_perf_metrics` and its ten outputs, as in the v0.19 templates (tensorrtllm_backend tensorrt_llm/config.pbtxt)."""
     return version.at_least(0, 19)
+
+
+def perf_metric_outputs() -> tuple[Tensor, ...]:
+    """tensorrt_llm's perf metrics (filled with return_perf_metrics = true), which upstream's v0.19 ensemble passes on under
+    the same names and dims [1] (tensorrtllm_backend ensemble/config.pbtxt), and end_to_end_grpc_client.py
+    --return-perf-metrics asks for all ten."""
+    return tuple(Tensor(t.name, t.data_type, t.dims) for t in PERF_METRIC_OUTPUTS)
 
 
 def ensemble_inputs(version: TrtllmVersion) -> tuple[Tensor, ...]:
@@ -35,7 +40,7 @@ def ensemble_outputs(version: TrtllmVersion) -> tuple[Tensor, ...]:
     out = tuple(Tensor(t.name, t.data_type, t.dims) for t in ENSEMBLE_OUTPUTS)
     out += (Tensor("output_ids", "TYPE_INT32", (-1,)),)
     if has_perf_metrics(version):
-        out += tuple(Tensor(name, "TYPE_INT32") for name in ACCEPTANCE_OUTPUTS.values())
+        out += perf_metric_outputs()
     return out
 
 
@@ -101,7 +106,7 @@ def llm_outputs(version: TrtllmVersion, logits_type: str) -> tuple[Tensor, ...]:
            Tensor("context_logits", logits_type, (-1, -1)), Tensor("generation_logits", logits_type, (-1, -1, -1)),
            Tensor("batch_index", "TYPE_INT32"), Tensor("sequence_index", "TYPE_INT32")]
     if has_perf_metrics(version):
-        out += [Tensor("acceptance_rate", "TYPE_FP32")] + [Tensor(n, "TYPE_INT32") for n in ACCEPTANCE_OUTPUTS]
+        out += perf_metric_outputs()
     return tuple(out)
 
 
