@@ -230,3 +230,16 @@ def test_example_checkpoints_convert_and_inspect(tmp_path: Path) -> None:
     assert medusa_summary["details"]["tp_size"] == 2
     eagle_summary = json.loads(run_cli("inspect", eagle, "--json").stdout)
     assert (eagle_summary["architecture"], eagle_summary["details"]["num_eagle_layers"]) == ("EagleForCausalLM", 3)
+
+
+@pytest.mark.parametrize("flag,value,rule", [
+    ("--temperature", "-1", "must be a finite number >= 0 (0 means greedy), got -1.0"),
+    ("--top-p", "2", "must be a number in (0, 1] (1 switches top-p off), got 2.0"),
+    ("--top-k", "-3", "must be an integer >= 0 (0 switches top-k off), got -3"),
+])
+def test_sampling_flags_are_named_in_their_error(tmp_path, flag, value, rule):
+    """The error names the flag the user typed, not an internal class; checked before any engine is opened."""
+    result = CliRunner().invoke(cli, ["generate", str(tmp_path), "--prompt", "hi", flag, value])
+    assert result.exit_code == 2
+    assert f"Invalid value for '{flag}': {rule}" in result.output
+    assert "SamplingParams" not in result.output and "Traceback" not in result.output

@@ -249,6 +249,17 @@ def _dynamic_tree(text: str | None, cls):
     return cls(depth=depth, top_k=top_k, total_tokens=total)
 
 
+def _sampling_flag(param: click.Parameter, value):
+    """--temperature / --top-k / --top-p checked as the flag the user typed (SamplingParams' rule, one line)."""
+    from trtspec.spec.sampling import RULES, SamplingParams
+
+    try:
+        SamplingParams(**{param.name: value})
+    except TrtspecError:
+        raise click.BadParameter(f"must be {RULES[param.name]}, got {value}") from None
+    return value
+
+
 @cli.command()
 @click.argument("engine", type=EXISTING_DIR, required=False)
 @click.option("--url", help="HOST:PORT of a Triton gRPC endpoint (`trtspec serve`) instead of a local ENGINE.")
@@ -259,9 +270,12 @@ def _dynamic_tree(text: str | None, cls):
                                    "code-edit (first turn of each; `bench drafting` runs mt-bench-2turn's second).")
 @click.option("--limit", type=int, help="With --prompt-set: the first N prompts.")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens to generate per prompt.")
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
-@click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
-@click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.",
+              callback=lambda ctx, param, value: _sampling_flag(param, value))
+@click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.",
+              callback=lambda ctx, param, value: _sampling_flag(param, value))
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.",
+              callback=lambda ctx, param, value: _sampling_flag(param, value))
 @click.option("--seed", type=int, help="Sampling seed.")
 @click.option("--no-spec", is_flag=True, help="Same engine, speculation off.")
 @click.option("--method", help="Drafter: none, ngram (prompt lookup + Token Recycling, any engine with K >= 1), "

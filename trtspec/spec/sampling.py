@@ -16,6 +16,11 @@ from trtspec.errors import ConfigError
 _TOP_P_SLACK = 1e-12
 
 
+# what each field must be (the CLI's flags and the server's request fields say the same)
+RULES = {"temperature": "a finite number >= 0 (0 means greedy)", "top_k": "an integer >= 0 (0 switches top-k off)",
+         "top_p": "a number in (0, 1] (1 switches top-p off)", "seed": "an integer or None"}
+
+
 @dataclass(frozen=True, kw_only=True)
 class SamplingParams:
     """How a request samples: temperature 0 is greedy; top_k 0 and top_p 1 switch those filters off."""
@@ -27,13 +32,13 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not _is_real(self.temperature) or not self.temperature >= 0 or math.isinf(self.temperature):
-            _invalid("temperature", self.temperature, "a finite number >= 0 (0 means greedy)")
+            _invalid("temperature", self.temperature)
         if not _is_int(self.top_k) or self.top_k < 0:
-            _invalid("top_k", self.top_k, "an integer >= 0 (0 switches top-k off)")
+            _invalid("top_k", self.top_k)
         if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
-            _invalid("top_p", self.top_p, "a number in (0, 1] (1 switches top-p off)")
+            _invalid("top_p", self.top_p)
         if self.seed is not None and not _is_int(self.seed):
-            _invalid("seed", self.seed, "an integer or None")
+            _invalid("seed", self.seed)
 
     @property
     def greedy(self) -> bool:
@@ -112,5 +117,5 @@ def _is_int(value: object) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool)
 
 
-def _invalid(field: str, value: object, expected: str) -> None:
-    raise ConfigError(f"SamplingParams.{field}={value!r} is invalid: it must be {expected}")
+def _invalid(field: str, value: object) -> None:
+    raise ConfigError(f"{field} {value!r} is invalid: it must be {RULES[field]}")
