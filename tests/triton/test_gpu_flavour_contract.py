@@ -12,7 +12,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 from tests.trtllm.conftest import build_engine, write_config_checkpoint
-from tests.trtllm.test_models import Request, Tensor, load_model
+from tests.trtllm.test_models import InferenceRequest, InferenceResponse, Request, Tensor, load_model
 from trtspec.testing import write_tiny_tokenizer
 from trtspec.triton import contract
 from trtspec.triton.deploy import DeployOptions, deploy
@@ -46,11 +46,12 @@ def _perf_metrics_expected(version: str) -> bool:
     return tuple(int(x) for x in version.split(".")[:2]) >= (0, 19)  # return_perf_metrics appeared in v0.19
 
 
+@pytest.mark.parametrize("model", ["ensemble", "tensorrt_llm_bls"])
 @pytest.mark.parametrize("version", list(ENGINES))
-def test_the_ensemble_declares_the_contracts_outputs_as_the_cpu_flavour_does(repos, version):
+def test_the_ensemble_declares_the_contracts_outputs_as_the_cpu_flavour_does(repos, version, model):
     """text_output, the log probs, batch / sequence index and (0.19+) upstream's ten perf metrics: same names, types
-    and dims as the CPU flavour's ensemble, so a client parses both the same way."""
-    outputs = _declared(_configs(repos[version])["ensemble"])
+    and dims as the CPU flavour's ensemble, so a client parses both the same way (the BLS as upstream's BLS)."""
+    outputs = _declared(_configs(repos[version])[model])
     cpu = {t.name: (t.data_type, t.dims) for t in contract.cpu_ensemble_outputs()}
     expected = list(contract.ENSEMBLE_OUTPUTS)
     if _perf_metrics_expected(version):
@@ -60,7 +61,7 @@ def test_the_ensemble_declares_the_contracts_outputs_as_the_cpu_flavour_does(rep
     perf = {t.name for t in contract.PERF_METRIC_OUTPUTS}
     assert (perf <= set(outputs)) == _perf_metrics_expected(version)
     if _perf_metrics_expected(version):  # the switch end_to_end_grpc_client.py --return-perf-metrics sends
-        assert _declared(_configs(repos[version])["ensemble"], "input")["return_perf_metrics"][0] == "TYPE_BOOL"
+        assert _declared(_configs(repos[version])[model], "input")["return_perf_metrics"][0] == "TYPE_BOOL"
 
 
 @pytest.mark.parametrize("version", list(ENGINES))
@@ -103,3 +104,55 @@ def test_postprocessing_sends_text_output_one_dimensional(repos, monkeypatch, ba
     ensemble = _configs(repos["1.2.1"])["ensemble"]
     post_step = next(s for s in ensemble["ensemble_scheduling"]["step"] if s["model_name"] == "postprocessing")
     assert post_step["output_map"]["OUTPUT"] == "text_output"
+
+
+def _engine_with_perf_metrics(request):
+    """A stand-in tensorrt_llm: echoes the prompt's last 4 ids reversed; the ten perf metrics only when asked."""
+    t = {k: v.as_numpy() for k, v in request.tensors.items()}
+    ids = t["input_ids"][0, :int(t["input_lengths"].reshape(-1)[0])].tolist()[-4:][::-1]
+    tensors = [Tensor("output_ids", np.array([[ids]], np.int32)), Tensor("sequence_length", np.array([[len(ids)]], np.int32))]
+    if bool(t.get("return_perf_metrics", np.zeros(1, bool)).any()):
+        dtypes = {"TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_FP32": np.float32}
+        tensors += [Tensor(m.name, np.ones((1, 1), dtypes[m.data_type])) for m in contract.PERF_METRIC_OUTPUTS]
+    return InferenceResponse(tensors)
+
+
+@pytest.mark.parametrize("asked", [False, True])
+def test_the_bls_passes_the_perf_metrics_on_only_when_asked(repos, monkeypatch, asked):
+    """tensorrt_llm_bls (trtspec's code, 0.19+): with return_perf_metrics the engine's ten perf metrics reach the
+    client under upstream's names and types, [1, 1] as `as_numpy(name)[0][0]` reads them; without, none is sent.
+    text_output stays 1-D."""
+    repo = repos["1.2.1"]
+    _, pre = load_model(repo, "preprocessing", monkeypatch)
+    _, post = load_model(repo, "postprocessing", monkeypatch)
+    _, bls = load_model(repo, "tensorrt_llm_bls", monkeypatch)
+    monkeypatch.setattr(InferenceRequest, "models", {
+        "preprocessing": lambda r: pre.execute([r])[0], "postprocessing": lambda r: post.execute([r])[0],
+        "tensorrt_llm": lambda r: [_engine_with_perf_metrics(r)] if bls.target_decoupled else _engine_with_perf_metrics(r)})
+    monkeypatch.setattr(InferenceRequest, "calls", [])
+    inputs = [Tensor("text_input", np.array([[b"Hello world"]], object)), Tensor("max_tokens", np.array([[4]], np.int32)),
+              Tensor("return_perf_metrics", np.array([[asked]], bool))]
+    responses = []
+    if bls.decoupled:
+        sent = []
+
+        class Sender:
+            def send(self, response=None, flags=0):
+                if response is not None:
+                    sent.append(response)
+
+        request = Request(inputs)
+        request.get_response_sender = lambda: Sender()
+        assert bls.execute([request]) is None
+        responses = sent
+    else:
+        responses = bls.execute([Request(inputs)])
+    assert responses and not any(r.has_error() for r in responses), [r.error().message() for r in responses if r.has_error()]
+    got = {t.name(): t.as_numpy() for t in responses[-1].output_tensors()}
+    assert got["text_output"].ndim == 1 and isinstance(got["text_output"][0], bytes)
+    dtypes = {"TYPE_INT32": np.int32, "TYPE_INT64": np.int64, "TYPE_FP32": np.float32}
+    for metric in contract.PERF_METRIC_OUTPUTS:
+        if asked:
+            assert got[metric.name].shape == (1, 1) and got[metric.name].dtype == dtypes[metric.data_type], metric.name
+        else:
+            assert metric.name not in got, metric.name

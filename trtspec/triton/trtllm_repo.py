@@ -229,7 +229,7 @@ def bls(ctx: Context) -> ModelConfig:
         params["tensorrt_llm_draft_model_name"] = "tensorrt_llm_draft"
     # one request at a time per instance: as many instances as the batch (tensorrtllm_backend tensorrt_llm_bls/config.pbtxt)
     return ModelConfig(name="tensorrt_llm_bls", backend="python", max_batch_size=ctx.batch, decoupled=ctx.decoupled,
-                       inputs=tt.bls_inputs(ctx.version), outputs=tt.bls_outputs(), instance_count=ctx.batch,
+                       inputs=tt.bls_inputs(ctx.version), outputs=tt.bls_outputs(ctx.version), instance_count=ctx.batch,
                        parameters=params)
 
 

@@ -116,13 +116,17 @@ def bls_inputs(version: TrtllmVersion) -> tuple[Tensor, ...]:
                                        Tensor("use_draft_logits", "TYPE_BOOL", optional=True))
 
 
-def bls_outputs() -> tuple[Tensor, ...]:
+def bls_outputs(version: TrtllmVersion) -> tuple[Tensor, ...]:
     # `num_draft_tokens` is a BLS input (upstream's API), so the drafted count goes out under upstream's
-    # perf-metric name; trtspec's BLS also counts its verify steps.
-    return (tuple(Tensor(t.name, t.data_type, t.dims) for t in ENSEMBLE_OUTPUTS)
-            + (Tensor("output_ids", "TYPE_INT32", (-1,)), Tensor("num_accepted_tokens", "TYPE_INT32"),
-               Tensor("num_verify_steps", "TYPE_INT32"), Tensor("total_draft_tokens", "TYPE_INT32"),
-               Tensor("total_accepted_draft_tokens", "TYPE_INT32")))
+    # perf-metric name; trtspec's BLS also counts its verify steps. From 0.19 the other perf metrics too, passed on
+    # from tensorrt_llm as upstream's BLS declares them (tensorrtllm_backend tensorrt_llm_bls/config.pbtxt).
+    out = (tuple(Tensor(t.name, t.data_type, t.dims) for t in ENSEMBLE_OUTPUTS)
+           + (Tensor("output_ids", "TYPE_INT32", (-1,)), Tensor("num_accepted_tokens", "TYPE_INT32"),
+              Tensor("num_verify_steps", "TYPE_INT32"), Tensor("total_draft_tokens", "TYPE_INT32"),
+              Tensor("total_accepted_draft_tokens", "TYPE_INT32")))
+    if has_perf_metrics(version):
+        out += tuple(t for t in perf_metric_outputs() if t.name not in {x.name for x in out})
+    return out
 
 
 def client_to_llm_name(name: str) -> str | None:

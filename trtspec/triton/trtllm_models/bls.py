@@ -27,6 +27,10 @@ PRE_INPUTS = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_wo
 PRE_OUTPUTS = ("INPUT_ID", "REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN", "BAD_WORDS_IDS", "STOP_WORDS_IDS",
                "OUT_END_ID", "OUT_PAD_ID")
 LLM_OUTPUTS = ("output_ids", "sequence_length", "cum_log_probs", "output_log_probs", "batch_index", "sequence_index")
+# tensorrt_llm's perf metrics (TensorRT-LLM 0.19+, with return_perf_metrics), passed on where this model declares them
+PERF_METRICS = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",
+                "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns", "acceptance_rate",
+                "total_accepted_draft_tokens", "total_draft_tokens")
 
 
 class LoopResult:
@@ -86,6 +90,8 @@ class TritonPythonModel:
         self.draft = params.get("tensorrt_llm_draft_model_name") or None
         self.max_draft_len = int(params.get("max_draft_len") or 0)
         self.input_names = {t["name"] for t in config.get("input", [])}
+        declared = {t["name"] for t in config.get("output", [])}
+        self.llm_outputs = LLM_OUTPUTS + tuple(name for name in PERF_METRICS if name in declared)
 
     def execute(self, requests):
         unary = []
@@ -181,13 +187,13 @@ class TritonPythonModel:
         return inputs
 
     def call_llm(self, model, inputs, decoupled):
-        request = pb_utils.InferenceRequest(model_name=model, requested_output_names=list(LLM_OUTPUTS),
+        request = pb_utils.InferenceRequest(model_name=model, requested_output_names=list(self.llm_outputs),
                                             inputs=[pb_utils.Tensor(k, v) for k, v in inputs.items()])
         responses = request.exec(decoupled=True) if decoupled else [request.exec()]
         for response in responses:
             if decoupled and not response.output_tensors():  # the final empty response of a decoupled stream
                 continue
-            yield self.outputs(response, LLM_OUTPUTS, required=("output_ids", "sequence_length"))
+            yield self.outputs(response, self.llm_outputs, required=("output_ids", "sequence_length"))
 
     def outputs(self, response, names, required=None):
         if response.has_error():
@@ -208,7 +214,8 @@ class TritonPythonModel:
                     pb_utils.Tensor("SEQUENCE_LENGTH", llm["sequence_length"])])
         post = self.outputs(request.exec(), ("OUTPUT", "OUTPUT_IDS"))
         tensors = [pb_utils.Tensor("text_output", post["OUTPUT"]), pb_utils.Tensor("output_ids", post["OUTPUT_IDS"])]
-        tensors += [pb_utils.Tensor(k, llm[k]) for k in LLM_OUTPUTS[2:] if k in llm]
-        for name, value in (extra or {}).items():
+        extra = extra or {}
+        tensors += [pb_utils.Tensor(k, llm[k]) for k in self.llm_outputs[2:] if k in llm and k not in extra]
+        for name, value in extra.items():
             tensors.append(pb_utils.Tensor(name, np.array([[value]], dtype=np.int32)))
         return pb_utils.InferenceResponse(output_tensors=tensors)
