@@ -198,3 +198,33 @@ def test_http_generate_on_the_bls_model(server):
                                          data=body, headers={"Content-Type": "application/json"})
         answer = json.loads(urllib.request.urlopen(request, timeout=60).read())
         assert answer["model_name"] == model and answer["text_output"].startswith("Medusa heads")
+
+
+def test_a_stream_never_ends_a_response_inside_a_character(server, local):
+    """Byte-level tokens split multi-byte characters. Streamed one token per response (use_speculation false), a
+    character whose bytes are not all generated yet waits for the next response instead of going out as U+FFFD:
+    every response decodes as strict UTF-8, as NVIDIA's clients decode each one (`[0].decode("utf-8")`), and the
+    pieces join to the text of the whole reply. Cut there by max_tokens, the final response flushes the incomplete
+    character (one U+FFFD), as decoding the whole reply does."""
+    prompt = "Hello world"
+    ids = local.generate(_raw(local, prompt), _options(60, no_spec=True)).output_ids
+    decode, whole = local.tokenizer.decode, local.tokenizer.decode(ids)
+
+    def incomplete(n):  # ids[:n] end inside a character that the later ids complete
+        text = decode(ids[:n])
+        return text.endswith("\ufffd") and whole.startswith(text[:-1]) and whole[len(text) - 1] != "\ufffd"
+
+    cuts = [n for n in range(2, len(ids)) if incomplete(n)]
+    assert cuts, "the tiny model's greedy reply splits no multi-byte character"
+    for max_tokens in (len(ids), cuts[0]):
+        got = stream_once(server.grpc_url, "ensemble", _request(
+            prompt, max_tokens, stream=np.array([[True]], bool), temperature=np.array([[1.0]], np.float32),
+            use_speculation=np.array([[False]], bool)))
+        assert got and all(error is None for _, error in got)
+        pieces = [result.as_numpy("text_output")[0].decode("utf-8") for result, _ in got]  # strict: raises if cut
+        assert len(pieces) >= max_tokens  # one token per response: every split was a response boundary
+        assert "".join(pieces) == decode(ids[:max_tokens])
+        if max_tokens == len(ids):  # the split characters went out whole, once complete
+            assert "".join(pieces).count("\ufffd") == whole.count("\ufffd")
+        else:
+            assert pieces[-1].endswith("\ufffd")  # the incomplete character, flushed by the final response
