@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from trtspec.cli import cli
 from trtspec.engine.inspect import engine_summary
 from trtspec.engine.manifest import EngineWeights, Manifest, WeightFormat, read_manifest
-from trtspec.engine.onnx_builder import QUANTIZED_NUMERICS_TOLERANCE, BuildOptions, build, plan_build
+from trtspec.engine.onnx_builder import NUMERICS_TOLERANCE, BuildOptions, build, plan_build
 from trtspec.errors import BuildError, ConfigError
 from trtspec.model.quantize import dequantize, quantize
 from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
@@ -84,32 +84,33 @@ def test_packing_is_what_matmul_nbits_reads(bits, block_size):
 
 
 @pytest.mark.parametrize("bits,accuracy_level", [(4, 1), (4, 4), (8, 4)])
-def test_matmul_nbits_rows_are_invariant_from_the_engines_minimum_rows(bits, accuracy_level):
-    """Each row of a 17-row product equals the same row computed in a product of 2, 3, 5 or 9 rows, bit for bit; a
-    one-row product equals it for 8-bit weights (ONNX Runtime 1.32), so int4 engines pad a lone plain step to 2 rows
-    (quantize.ROW_INVARIANT_FROM)."""
-    from trtspec.model.quantize import ROW_INVARIANT_FROM, WeightDtype
-
+def test_matmul_nbits_rows_are_invariant_from_two_rows(bits, accuracy_level):
+    """Each row of a 17-row product equals the same row computed in a product of 2, 3, 5 or 9 rows, bit for bit
+    (activations with outlier channels, as real hidden states have). One row alone: the same for 8-bit weights at
+    accuracy level 4, not for 4-bit weights (ONNX Runtime 1.32: another kernel path), which is one of the two
+    reasons a quantized engine runs a plain step as 2 slots (quantize.PLAIN_STEP_SLOTS)."""
     rng = np.random.default_rng(0)
     w = rng.standard_normal((192, 576), dtype=np.float32) * 0.05
     session, _ = _matmul_nbits(w, bits, 32, accuracy_level)
     x = rng.standard_normal((17, 576), dtype=np.float32)
+    x[:, [5, 77, 300]] *= 200
     (full,) = session.run(None, {"A": x})
     for rows in (2, 3, 5, 9):
         for start in range(0, 17 - rows, rows):
             (part,) = session.run(None, {"A": x[start:start + rows]})
             assert np.array_equal(part, full[start:start + rows]), (rows, start)
-    dtype = WeightDtype.INT4 if bits == 4 else WeightDtype.INT8
-    if ROW_INVARIANT_FROM.get(dtype, 1) == 1:
-        for i in range(17):
-            assert np.array_equal(session.run(None, {"A": x[i:i + 1]})[0][0], full[i])
+    alone = np.stack([session.run(None, {"A": x[i:i + 1]})[0][0] for i in range(17)])
+    if bits == 8:
+        assert np.array_equal(alone, full)
+    else:  # documents the finding; a later ONNX Runtime may unify the paths (then the padding could go for int4)
+        assert 0 < np.abs(alone - full).max() < 1e-3 * np.abs(full).max()
 
 
 @pytest.mark.parametrize("weights", ["int4", "int8"])
 def test_quantized_build_matches_the_dequantized_reference_and_records_formats(engines, weights):
     for name in ("none", "medusa", "eagle"):
         m = read_manifest(engines[weights, name])
-        assert m.numerics and max(m.numerics.values()) < QUANTIZED_NUMERICS_TOLERANCE
+        assert m.numerics and max(m.numerics.values()) < NUMERICS_TOLERANCE
         fmt = WeightFormat(dtype=weights, block_size=32, accuracy_level=4)
         assert (m.weights.linear, m.weights.lm_head) == (fmt, fmt)
         assert m.weights.embedding == fmt  # tied: gathered from the quantized lm_head (hidden 64 = 2 blocks)
@@ -135,7 +136,7 @@ def test_old_manifests_load_as_fp32(engines, tmp_path):
     del data["weights"]
     (engine / "manifest.json").write_text(json.dumps(data))
     weights = read_manifest(engine).weights
-    assert weights == EngineWeights(drafter=WeightFormat()) and weights.min_step_rows == 1
+    assert weights == EngineWeights(drafter=WeightFormat()) and weights.min_step_slots == 1
 
 
 def test_inspect_shows_the_weight_formats(engines):
@@ -178,18 +179,28 @@ def test_speculation_on_a_quantized_engine_equals_its_plain_greedy_output(engine
     assert [r.output_ids for r in batched] == plain
 
 
-def test_int4_plain_step_row_equals_that_row_in_a_verify_step(engines):
-    """The padded plain step of an int4 engine computes exactly the logits the same slot gets in a 9-slot verify step
-    (the padding slots see only themselves)."""
-    engine = OrtEngine(engines["int4", "none"], threads=1)
-    assert engine._min_rows == 2
-    seq = engine.open()
-    engine.prefill(seq, np.array([3, 1, 4, 1, 5]))
-    plain = engine.verify(seq, np.array([9]), np.zeros(1, np.int64), np.ones((1, 1), bool))
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_a_plain_step_computes_a_slot_exactly_as_a_verify_step(engines, weights):
+    """Plain steps of a quantized engine run as 2 slots per row (the second masked): alone or batched, a sequence's
+    next-token logits are bit-identical to that slot's logits in a 9-slot verify step."""
+    engine = OrtEngine(engines[weights, "none"], threads=1)
+    assert engine._min_slots == 2
+    prompts = [np.array([3, 1, 4, 1, 5]), np.array([2, 7, 1, 8]), np.array([1, 6, 1, 8, 0, 3, 3])]
+    draft = np.array([9, 2, 6, 5, 3, 5, 8, 9, 7])
     chain = np.tril(np.ones((9, 9), bool))
-    verify = engine.verify(seq, np.array([9, 2, 6, 5, 3, 5, 8, 9, 7]), np.arange(9), chain)
-    assert verify.slots == 9 and np.array_equal(plain.logits[0], verify.logits[0])
-    engine.close(seq)
+    seqs = [engine.open() for _ in prompts]
+    for seq, prompt in zip(seqs, prompts):
+        engine.prefill(seq, prompt)
+    one = (np.zeros(1, np.int64), np.ones((1, 1), bool))
+    batched = engine.verify_batch([(seq, draft[:1], *one) for seq in seqs])
+    for seq, plain_batched in zip(seqs, batched):
+        plain = engine.verify(seq, draft[:1], *one)
+        verify = engine.verify(seq, draft, np.arange(9), chain)
+        assert verify.slots == 9 and plain_batched.slots == 1
+        assert np.array_equal(plain.logits[0], verify.logits[0])
+        assert np.array_equal(plain_batched.logits[0], verify.logits[0])
+    for seq in seqs:
+        engine.close(seq)
 
 
 @pytest.mark.parametrize("args,message", [
@@ -220,6 +231,6 @@ def test_heads_kept_fp32_with_no_quantize_heads(ckpts, tmp_path):
     m = build(BuildOptions(source=ckpts["medusa"], out=tmp_path / "e", max_input_len=64, max_seq_len=160,
                            weights="int8", quantize_heads=False, choices=TREE))
     assert m.weights.drafter == WeightFormat() and m.weights.linear.dtype.value == "int8"
-    assert max(m.numerics.values()) < QUANTIZED_NUMERICS_TOLERANCE
+    assert max(m.numerics.values()) < NUMERICS_TOLERANCE
     with pytest.raises(ConfigError, match="--weights fp16: unknown weight format"):
         plan_build(BuildOptions(source=ckpts["none"], out=tmp_path / "f", weights="fp16"))

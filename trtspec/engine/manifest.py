@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.errors import BuildError, ConfigError, check_fields
-from trtspec.model.quantize import ROW_INVARIANT_FROM, WeightDtype
+from trtspec.model.quantize import WeightDtype, min_step_slots
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
@@ -194,10 +194,10 @@ class EngineWeights:
     drafter: WeightFormat | None = None  # Medusa heads / EAGLE draft (None: the engine has none)
 
     @property
-    def min_step_rows(self) -> int:
-        """The fewest rows a decode step must feed the target so every step size computes each row alike (a plain
-        step of one row is padded to this); see quantize.ROW_INVARIANT_FROM."""
-        return max(ROW_INVARIANT_FROM.get(f.dtype, 1) for f in (self.linear, self.lm_head))
+    def min_step_slots(self) -> int:
+        """The fewest slots per row a decode step feeds the target (a plain step is padded to it) so that plain and
+        verify steps compute a slot alike; see quantize.min_step_slots."""
+        return max(min_step_slots(f.dtype) for f in (self.linear, self.lm_head))
 
     def to_dict(self) -> dict:
         fmt = lambda f: None if f is None else {**dataclasses.asdict(f), "dtype": f.dtype.value}  # noqa: E731

@@ -37,11 +37,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config
 # max |ORT − torch reference| / max(1, |reference|) per output, fp32: the 30-layer real model's 64-slot random
 # step reaches 4e-4 (same argmax everywhere); a wrong weight or rope gives > 2e-3 (tests/model/test_reference_parity)
 NUMERICS_TOLERANCE = 1e-3
-# The same, for quantized weights against the reference computing with the same dequantized weights: MatMulNBits at
-# accuracy level 4 also rounds each activation block to int8 (about 0.4% of its largest value), which the reference
-# does not. Measured: tiny random checkpoints up to 1.3e-2 (int4 and int8), SmolLM2-135M int4 / int8 up to 2.5e-2
-# and 1.7e-2; a wrong packing or scale gives errors of the order of 1.
-QUANTIZED_NUMERICS_TOLERANCE = 5e-2
+# Quantized weights are checked with the same tolerance, against the reference computing with the same dequantized
+# weights, on twins of the graphs whose MatMulNBits run at accuracy level 1 (fp32 arithmetic over the dequantized
+# blocks: SmolLM2-135M int4 / int8 3.5e-5). The shipped level-4 graphs also round each activation block to int8,
+# which no float reference reproduces: on the check's random step (random tokens, a random N(0, 1) cache) that moves
+# SmolLM2-135M's logits by 0.05-0.4 of their scale (int8 / int4) and up to 1.3 over 17 tree slots, so their
+# deviation is logged, not bounded; quality is measured on real text instead (README).
+CHECK_ACCURACY_LEVEL = 1
 DEFAULT_PRESET = "medusa_small_8"
 
 
@@ -127,7 +129,7 @@ def _engine_weights(plan, cfg: ModelConfig, *, embedding_gathered: bool) -> Engi
 
 def build(opts: BuildOptions) -> Manifest:
     """Plan, export, check, compare with the reference, and write the engine dir atomically."""
-    from trtspec.model.onnx_check import check_graph, compare_with_reference
+    from trtspec.model.onnx_check import check_graph
     from trtspec.model.onnx_graph import export_graphs
 
     manifest = plan_build(opts)
@@ -142,21 +144,40 @@ def build(opts: BuildOptions) -> Manifest:
                                                              embedding_gathered=gathered))
         for graph in graphs.values():
             check_graph(graph.path)
-        numerics = compare_with_reference(opts.source, tmp, graphs, generation_tokens=max(p.tokens_per_step, 2),
-                                          weights=plan)
+        numerics = _numerics(opts, tmp, graphs, plan, generation_tokens=max(p.tokens_per_step, 2))
         worst = max(numerics.items(), key=lambda kv: kv[1])
-        tolerance = NUMERICS_TOLERANCE if plan.base is None and plan.drafter is None else QUANTIZED_NUMERICS_TOLERANCE
-        what = "" if tolerance == NUMERICS_TOLERANCE else " (with the same dequantized weights)"
-        if worst[1] > tolerance:
+        what = "" if plan.base is None else " with the same dequantized weights"
+        if worst[1] > NUMERICS_TOLERANCE:
             raise BuildError(f"exported graph output {worst[0]} differs from the torch reference{what} by "
-                             f"{worst[1]:.2e} of its scale (tolerance {tolerance:.0e}); this is a trtspec bug, please "
-                             "report it")
+                             f"{worst[1]:.2e} of its scale (tolerance {NUMERICS_TOLERANCE:.0e}); this is a trtspec "
+                             "bug, please report it")
         files = {role: g.path.name for role, g in graphs.items()}
         files.update({p.stem: p.name for p in tmp.glob("*.bin")})
         tokenizer = _copy_tokenizer(_tokenizer_dir(opts), tmp)
         manifest = replace(manifest, files=files, numerics=numerics, tokenizer=tokenizer)
         manifest.write(tmp)
     return manifest
+
+
+def _numerics(opts: BuildOptions, tmp: Path, graphs: dict, plan, *, generation_tokens: int) -> dict[str, float]:
+    """The graphs' deviation from the reference per output; quantized: that of their accuracy-level-1 twins
+    (CHECK_ACCURACY_LEVEL, deleted after), the shipped graphs' own deviation logged."""
+    from trtspec.model.onnx_check import compare_with_reference, with_accuracy_level
+
+    if plan.base is None and plan.drafter is None:
+        return compare_with_reference(opts.source, tmp, graphs, generation_tokens=generation_tokens)
+    twins = with_accuracy_level(graphs, CHECK_ACCURACY_LEVEL, ".check")
+    try:
+        numerics = compare_with_reference(opts.source, tmp, twins, generation_tokens=generation_tokens, weights=plan)
+    finally:
+        for twin in twins.values():
+            twin.path.unlink(missing_ok=True)
+    shipped = compare_with_reference(opts.source, tmp, graphs, generation_tokens=generation_tokens, weights=plan)
+    role, worst = max(shipped.items(), key=lambda kv: kv[1])
+    log.info("quantized graphs at accuracy level %d (int8 activations) vs the dequantized reference on a random step: "
+             "at most %.1e of scale (%s); at accuracy level %d: %.1e", plan.base.accuracy_level, worst, role,
+             CHECK_ACCURACY_LEVEL, max(numerics.values()))
+    return numerics
 
 
 def _method(cfg: ModelConfig, opts: BuildOptions) -> Method:

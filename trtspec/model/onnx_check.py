@@ -28,6 +28,26 @@ def check_graph(path: Path) -> None:
         raise BuildError(f"{path}: not a valid ONNX graph ({first}); this is a trtspec export bug") from None
 
 
+def with_accuracy_level(graphs: dict[str, ExportedGraph], level: int, suffix: str) -> dict[str, ExportedGraph]:
+    """Copies of the graphs (beside them, over the same weights, named `<role><suffix>.onnx`) whose MatMulNBits nodes
+    run at accuracy level `level`; level 1 computes in fp32 with the dequantized weights, exactly the reference's
+    arithmetic, so a comparison checks everything the build wrote (packing, scales, layout) at the fp32 tolerance."""
+    import dataclasses
+
+    twins = {}
+    for role, graph in graphs.items():
+        model = onnx.load(str(graph.path), load_external_data=False)
+        for node in model.graph.node:
+            if node.op_type == "MatMulNBits":
+                for attr in node.attribute:
+                    if attr.name == "accuracy_level":
+                        attr.i = level
+        path = graph.path.with_name(f"{graph.path.stem}{suffix}.onnx")
+        onnx.save_model(model, str(path))
+        twins[role] = dataclasses.replace(graph, path=path)
+    return twins
+
+
 def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], *, seed: int = 0,
                            generation_tokens: int = 6, weights: WeightPlan = WeightPlan()) -> dict[str, float]:
     """Run each graph in ONNX Runtime and the torch reference on one random step; return per output the max abs

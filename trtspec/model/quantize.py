@@ -47,12 +47,23 @@ class WeightDtype(str, enum.Enum):
 # took 0.04 ms at level 4 against 0.14 ms at level 1 (fp32), and int8 weights have no fp32-compute kernel at all
 # (levels 0-3 dequantize the whole matrix on every call: 5-10 ms against 0.05 ms).
 ACCURACY_LEVEL = 4
-# The fewest rows M from which MatMulNBits computes every row the same whatever M is (rows independent, one kernel
-# path). ONNX Runtime 1.32's 4-bit kernels take a one-row path (M = 1) whose sums differ in the last bits from
-# M >= 2 (max |diff| 2e-6..1e-5 on products of 576-1536 inputs, at accuracy levels 1 and 4); rows of M = 2..17 are
-# bit-identical. The 8-bit level-4 kernel is bit-identical for every M. So an int4 engine pads a one-row decode step
-# to two rows, and a plain step computes exactly what a verify step computes for the same row.
-ROW_INVARIANT_FROM = {WeightDtype.INT4: 2}
+# Speculation is lossless when a verify step computes each slot exactly as a plain step would. ONNX Runtime 1.32
+# does not quite, in two places: GroupQueryAttention's one-token path (T = 1) differs from T >= 2 in the last bits
+# (1e-8..1e-7 after SmolLM2-135M's first layers; harmless in fp32), and the 4-bit MatMulNBits kernels' one-row path
+# (M = 1) differs from M >= 2 (max |diff| 2e-6..8e-5 on 576-1536-input products, accuracy levels 1 and 4; the 8-bit
+# level-4 kernel is bit-identical for every M, and every kernel is for M = 2..120). At accuracy level 4 each
+# activation block is rounded to int8, which turns such last-bit differences into rounding flips: SmolLM2-135M int8
+# logits differed by up to 0.56 between a plain step and the same slot in a 9-slot verify step. So a quantized
+# engine runs every plain step as 2 slots per row (the second masked): T >= 2 and M >= 2 everywhere, and a slot's
+# logits are then bit-identical in plain and verify steps of any size (tests/engine/test_quantized.py).
+PLAIN_STEP_SLOTS = 2
+
+
+def min_step_slots(dtype: WeightDtype) -> int:
+    """Slots per row a decode step of an engine whose target weights are `dtype` runs at least (1: no padding)."""
+    return 1 if WeightDtype(dtype) is WeightDtype.FP32 else PLAIN_STEP_SLOTS
+
+
 BLOCK_SIZES = (32, 64, 128)  # what ONNX Runtime's CPU MatMulNBits kernels run (a power of 2, at least 16)
 DEFAULT_BLOCK_SIZE = 32
 

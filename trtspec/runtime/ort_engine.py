@@ -162,9 +162,9 @@ class OrtEngine:
         # 147 ms a pair, the same two steps in the generation graph 74 ms)
         self._decode = (self._generation if self._generation is not None and
                         not isinstance(self._generation.tokens, int) else self._context)
-        # int4 weights: MatMulNBits computes a one-row product another way than a product over 2+ rows (last bits),
-        # so a lone plain step is padded to the rows from which every step size agrees (lossless speculation)
-        self._min_rows = self.manifest.weights.min_step_rows if self._decode is self._generation else 1
+        # quantized weights: a plain step runs as 2 slots per row (one masked), the path every verify step takes, so
+        # both compute a slot alike (see EngineWeights.min_step_slots): speculation stays lossless
+        self._min_slots = self.manifest.weights.min_step_slots if self._decode is self._generation else 1
         self._size = p.max_seq_len + p.tokens_per_step  # room for one padded step past max_seq_len
         self._costs = None
         self._seqs: dict[int, _Sequence] = {}
@@ -285,7 +285,7 @@ class OrtEngine:
         ids = np.asarray(ids, np.int64)
         feeds = {"input_ids": ids, "past_lengths": np.asarray(lengths, np.int32)}
         if self._decode is self._generation:
-            slots = -(-self._min_rows // len(ids))  # padded slots: masked, seen by nobody (as in _pad)
+            slots = self._min_slots  # padded slots: masked, seen by nobody (as in _pad)
             feeds["input_ids"] = np.pad(ids, ((0, 0), (0, slots - 1)))
             feeds["position_ids"] = np.repeat(feeds["past_lengths"].astype(np.int64)[:, None], slots, axis=1)
             feeds["tree_mask"] = np.broadcast_to(np.eye(slots, dtype=bool), (len(ids), slots, slots)).copy()
