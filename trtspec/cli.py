@@ -338,13 +338,26 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
 
     generator = LocalGenerator(engine, threads=threads, spin=spin, datastore=datastore)
     if not stream:  # all prompts at once, with in-flight batching
-        for result in generator.generate_many(prompts, options):
-            click.echo(json.dumps(result.to_dict()) if as_json else _text(result))
+        for i, result in enumerate(generator.generate_many(prompts, options)):
+            _echo_reply(result, i, as_json)
         return
     for i, p in enumerate(prompts):
+        if i and not as_json:
+            click.echo("")
         on_text = None if as_json else (lambda piece: click.echo(piece, nl=False))
-        result = generator.generate(p, options, index=i, on_text=on_text)
-        click.echo(json.dumps(result.to_dict()) if as_json else "")
+        _echo_reply(generator.generate(p, options, index=i, on_text=on_text), 0, as_json, streamed=True)
+
+
+def _echo_reply(result, index: int, as_json: bool, *, streamed: bool = False) -> None:
+    """One reply: a JSON line, or its text (unless it was streamed) and its stats line on stderr, a blank line
+    between replies."""
+    if as_json:
+        click.echo(json.dumps(result.to_dict()))
+        return
+    if index:
+        click.echo("")
+    click.echo("" if streamed else _text(result))
+    click.echo(_stats_line(result.to_dict()), err=True)
 
 
 def _generate_remote(url: str, model: str, prompts: list, options, *, stream: bool, as_json: bool,
@@ -362,16 +375,17 @@ def _generate_remote(url: str, model: str, prompts: list, options, *, stream: bo
         client.check_ready(wait_s=wait_s)
         if concurrency == 1:
             for i, p in enumerate(prompts):
+                if i and stream and not as_json:
+                    click.echo("")
                 on_text = None if as_json or not stream else (lambda piece: click.echo(piece, nl=False))
                 result = client.generate(p, options, index=i, stream=stream, on_text=on_text)
-                click.echo(json.dumps(result.to_dict()) if as_json else ("" if stream else result.text))
-                if not as_json:
-                    click.echo(_stats_line(result.to_dict()), err=True)
+                _echo_reply(result, 0, as_json, streamed=stream)
             return
-    for result in generate_concurrently(url, prompts, options, concurrency=concurrency, stream=stream, model=model):
+    for i, result in enumerate(generate_concurrently(url, prompts, options, concurrency=concurrency, stream=stream,
+                                                     model=model)):
         if isinstance(result, BaseException):
             raise result
-        click.echo(json.dumps(result.to_dict()) if as_json else result.text)
+        _echo_reply(result, i, as_json)
 
 
 def _stats_line(record: dict) -> str:

@@ -56,6 +56,16 @@ def test_json_lines_and_speculation_off_identical(engine, prompts_file):
         [r["output_ids"] for r in spec_rows]
 
 
+@pytest.mark.parametrize("stream", [(), ("--stream",)])
+def test_several_replies_are_separated_and_each_has_its_stats_line(engine, prompts_file, stream):
+    result = _run(engine, "--prompts", prompts_file, "--max-tokens", 6, *stream)
+    assert result.exit_code == 0, result.output
+    replies = result.stdout.rstrip("\n").split("\n\n")
+    assert len(replies) == 10 and all(r.strip() for r in replies)
+    stats = result.stderr.splitlines()
+    assert len(stats) == 10 and all(line.startswith("[6 tokens in ") for line in stats)
+
+
 @pytest.mark.parametrize("args,message", [
     (["--prompt", "hello"], "has no tokenizer; pass token ids or rebuild with --tokenizer DIR"),
     (["--prompts", "{prompts}", "--max-tokens", "120"], "exceed the engine's max_seq_len 128"),

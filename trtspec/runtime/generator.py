@@ -120,6 +120,12 @@ class LocalGenerator:
 
             decoder = IncrementalDecoder(self.tokenizer)
             on_tokens = lambda tokens: on_text(decoder.feed(tokens))  # noqa: E731
+        elif on_text is not None:  # an engine without a tokenizer streams token ids, as its replies print them
+            sent = []
+
+            def on_tokens(tokens: list[int]) -> None:
+                on_text((" " if sent else "") + " ".join(map(str, tokens)))
+                sent.extend(tokens)
         result = generate(self.engine, ids, self._proposer(options), self._config(options), on_tokens)
         return Generation(index, result.output_ids, self._decode(result.output_ids), result)
 
