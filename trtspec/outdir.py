@@ -44,6 +44,13 @@ def atomic_output_dir(out: Path, *, force: bool = False) -> Iterator[Path]:
         tmp.rename(out)
 
 
+def chmod_as_created(path: Path) -> None:
+    """Give a file from tempfile.mkstemp (always 0600) the mode open() would have: 0666 less the process umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    Path(path).chmod(0o666 & ~umask)
+
+
 @contextlib.contextmanager
 def atomic_output_file(out: Path, *, force: bool = True) -> Iterator[Path]:
     """Yield a temporary path beside `out` to write; on success it replaces `out`, on any failure (an exception,
@@ -58,9 +65,7 @@ def atomic_output_file(out: Path, *, force: bool = True) -> Iterator[Path]:
     tmp = Path(name)
     try:
         yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        tmp.chmod(0o666 & ~umask)
+        chmod_as_created(tmp)
         os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -69,7 +69,11 @@ class DraftVocab:
 def write_checkpoint_vocab(directory: Path, vocab: DraftVocab) -> None:
     from safetensors.torch import save_file
 
-    save_file(vocab.maps(), str(Path(directory) / CHECKPOINT_FILE), metadata={"format": "pt"})
+    from trtspec.outdir import chmod_as_created
+
+    path = Path(directory) / CHECKPOINT_FILE
+    save_file(vocab.maps(), str(path), metadata={"format": "pt"})
+    chmod_as_created(path)  # safetensors writes 0600, every other output file has the umask's mode
 
 
 def read_checkpoint_vocab(directory: Path, vocab_size: int) -> DraftVocab | None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.errors import BuildError, ConfigError, check_fields
+from trtspec.outdir import chmod_as_created
 from trtspec.model.quantize import WeightDtype, min_step_slots
 
 MANIFEST_FILE = "manifest.json"
@@ -279,6 +280,7 @@ class Manifest:
         with os.fdopen(fd, "w") as f:
             json.dump(self.to_dict(), f, indent=2)
             f.write("\n")
+        chmod_as_created(tmp)
         os.replace(tmp, path)
         return path
 

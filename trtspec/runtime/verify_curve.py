@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from trtspec.engine.inspect import CURVE_FILE
+from trtspec.outdir import chmod_as_created
 from trtspec.spec.step_costs import StepCosts
 from trtspec.spec.tree import chain_tree
 
@@ -98,6 +99,7 @@ def save(path: Path, key: dict, costs: StepCosts) -> None:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".verify-curve-")
         with os.fdopen(fd, "w") as f:
             json.dump({**key, **costs.to_dict()}, f, indent=2)
+        chmod_as_created(tmp)
         os.replace(tmp, path)
     except OSError as e:
         log.debug("verify curve not cached in %s: %s", path.parent, e)
