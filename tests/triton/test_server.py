@@ -357,6 +357,48 @@ def test_abandoned_and_cancelled_streams_leave_nothing_in_flight(long_repo):
     assert not any("in-flight inferences" in line and "has " in line for line in lines)
 
 
+def test_the_gauges_move_as_requests_queue_and_finish(long_repo):
+    """/metrics while ten 1,500-token streams run on an 8-row engine: 8 sequences in flight, 2 queued, 8 KV rows used
+    and none free, 8 sequences in the last step; once they are cancelled, all back to 0 (8 rows free) and the
+    cancelled counter up by 10 (Triton's own nv_inference_pending_request_count cannot show this backlog)."""
+    import time
+
+    options = ServerOptions(repository=long_repo, grpc_port=free_port(), http_port=free_port(),
+                            metrics_port=free_port(), exit_timeout_s=10)
+    gauges = ("trtspec_engine_sequences_in_flight", "trtspec_engine_queue_size", "trtspec_kv_rows_used",
+              "trtspec_kv_rows_free", "trtspec_engine_last_step_sequences")
+
+    def wait_for(expected):
+        seen = {}
+        for _ in range(60):
+            seen = read_counters(running.metrics_url)
+            if all(seen.get(name) == value for name, value in expected.items()):
+                return seen
+            time.sleep(0.25)
+        raise AssertionError(f"{expected} never seen; last {dict((n, seen.get(n)) for n in gauges)}")
+
+    with TritonServer(options, on_log=lambda line: None) as running:
+        idle = wait_for({"trtspec_engine_sequences_in_flight": 0, "trtspec_engine_queue_size": 0,
+                         "trtspec_kv_rows_used": 0, "trtspec_kv_rows_free": 8})
+        clients = []
+        try:
+            for prompt in _prompts(10, seed=3):  # the last two wait for a row: no first response to wait for
+                client = grpcclient.InferenceServerClient(running.grpc_url)
+                client.start_stream(callback=lambda result=None, error=None: None)
+                clients.append(client)
+                client.async_stream_infer("ensemble", build_inputs(prompt, GenerateOptions(max_tokens=1500), stream=True))
+            wait_for({"trtspec_engine_sequences_in_flight": 8, "trtspec_engine_queue_size": 2,
+                      "trtspec_kv_rows_used": 8, "trtspec_kv_rows_free": 0, "trtspec_engine_last_step_sequences": 8})
+        finally:
+            for client in clients:
+                client.stop_stream(cancel_requests=True)
+                client.close()
+        after = wait_for({"trtspec_engine_sequences_in_flight": 0, "trtspec_engine_queue_size": 0,
+                          "trtspec_kv_rows_used": 0, "trtspec_kv_rows_free": 8})
+        cancelled = after["trtspec_requests_cancelled_total"] - idle.get("trtspec_requests_cancelled_total", 0)
+        assert cancelled == 10, cancelled
+
+
 def test_generate_url_cli_json_matches_local(server, tiny_engine, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in _prompts(4, seed=3)))
