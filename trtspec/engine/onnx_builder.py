@@ -87,7 +87,7 @@ def plan_build(opts: BuildOptions) -> Manifest:
                     tree=tree.choices if tree is not None else None,
                     dynamic_tree=vars(opts.dynamic_tree) if method is Method.EAGLE2 else None,
                     source=str(Path(opts.source).resolve()), versions=_versions(), graph_format=ONNX_GRAPH_FORMAT,
-                    weights=_engine_weights(plan, cfg, embedding_gathered=_gathers_embedding(plan, cfg)))
+                    weights=_engine_weights(plan, cfg, embedding_gathered=_gathers_embedding(plan, cfg, raw)))
 
 
 def weight_plan(opts: BuildOptions, raw_config: dict):
@@ -110,10 +110,12 @@ def weight_plan(opts: BuildOptions, raw_config: dict):
     return WeightPlan(base=spec, drafter=spec if opts.quantize_heads else None)
 
 
-def _gathers_embedding(plan, cfg: ModelConfig) -> bool:
-    """Whether a tied embedding can read the quantized lm_head's rows (whole blocks per row); the writer decides
-    the same from the weights (onnx_ops.tie_quantized), and the builder checks the graph it wrote."""
-    return plan.base is not None and cfg.hidden_size % plan.base.block_size == 0
+def _gathers_embedding(plan, cfg: ModelConfig, raw_config: dict) -> bool:
+    """The plan's guess whether the embedding reads the quantized lm_head's rows: tied (config.json) and whole
+    blocks per row. The writer decides from the tensors themselves (onnx_ops.tie_quantized); `build` records what
+    the written graph does."""
+    tied = bool(raw_config.get("tie_word_embeddings"))
+    return tied and plan.base is not None and cfg.hidden_size % plan.base.block_size == 0
 
 
 def _engine_weights(plan, cfg: ModelConfig, *, embedding_gathered: bool) -> EngineWeights:
