@@ -265,3 +265,21 @@ def test_smollm2_int4_builds_and_speculates_losslessly(tmp_path):
     plain = [r.output_ids for r in generator.generate_many(prompts, GenerateOptions(max_tokens=32, no_spec=True))]
     spec = generator.generate_many(prompts, GenerateOptions(max_tokens=32, method="ngram"))
     assert [r.output_ids for r in spec] == plain
+
+
+def test_the_numerics_check_catches_a_wrong_packing(ckpts, tmp_path, monkeypatch):
+    """Weights written with their nibbles swapped (what a layout bug would do) fail the build's check against the
+    dequantized reference."""
+    import dataclasses
+
+    import trtspec.model.onnx_ops as onnx_ops
+
+    def swapped(weight, bits, block_size):
+        m = quantize(weight, bits, block_size)
+        return dataclasses.replace(m, packed=((m.packed << 4) | (m.packed >> 4)).astype(np.uint8))
+
+    monkeypatch.setattr(onnx_ops, "quantize", swapped)
+    with pytest.raises(BuildError, match="differs from the torch reference with the same dequantized weights"):
+        build(BuildOptions(source=ckpts["none"], out=tmp_path / "e", max_input_len=64, max_seq_len=160,
+                           weights="int4"))
+    assert not (tmp_path / "e").exists()
