@@ -520,11 +520,8 @@ def datastore() -> None:
 def datastore_build(sources: tuple[str, ...], out: Path, tokenizer: Path | None, max_ngram: int, max_tokens: int,
                     limit: int | None, force: bool, as_json: bool) -> None:
     """Index a corpus for the suffix drafter (atomic: nothing is left behind on an error or a signal)."""
-    import signal
-
     from trtspec.data.datastore_sources import build_datastore
 
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # the temporary file goes on SIGTERM too
     store = build_datastore(sources, out, tokenizer=tokenizer, max_ngram=max_ngram, max_tokens=max_tokens,
                             limit=limit, force=force, progress=not as_json)
     _print_datastore(store, as_json)
