@@ -323,13 +323,24 @@ class BatchingStats:
     accepted_tokens: int = 0
     cancelled: int = 0  # prompts ended by a cancellation or a stop request (in flight or still queued)
     profile_steps: dict[int, int] = field(default_factory=dict)  # slot profile → verify steps run over it
+    # record() runs on the scheduler thread, totals() on the metrics publisher: a step is counted whole or not at
+    # all (a publication between the two increments showed one step more than the profiles summed up to)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record(self, active: int, slots: int = 0) -> None:
-        self.steps += 1
-        if slots:
-            self.profile_steps[slots] = self.profile_steps.get(slots, 0) + 1
-        self.sequences += active
-        self.max_sequences = max(self.max_sequences, active)
+        with self._lock:
+            self.steps += 1
+            if slots:
+                self.profile_steps[slots] = self.profile_steps.get(slots, 0) + 1
+            self.sequences += active
+            self.max_sequences = max(self.max_sequences, active)
+
+    def totals(self) -> dict[str, int]:
+        """The counters as Prometheus publishes them, one consistent snapshot."""
+        with self._lock:
+            return {"steps": self.steps, "sequences": self.sequences, "draft": self.draft_tokens,
+                    "accepted": self.accepted_tokens, "cancelled": self.cancelled,
+                    **{f"profile_{slots}": n for slots, n in self.profile_steps.items()}}
 
     @property
     def mean_sequences(self) -> float:
@@ -469,6 +480,7 @@ class EngineService:
             if not self.batch.active:
                 continue
             active = len(self.batch.active)
+            self.batch.last_slots = 0  # a verify sets it; still 0 after step(): every sequence had finished before it
             try:
                 done = self.batch.step()
             except Exception as e:  # an engine failure fails the sequences in flight, not the server
@@ -477,8 +489,9 @@ class EngineService:
                     self._fail(job, index, f"engine step failed: {e}")
                 self.batch.close()
                 continue
-            self.stats.record(active, self.batch.last_slots)
-            self.last_step = (active, self.batch.last_slots)
+            if self.batch.last_slots:  # a step that only handed back finished sequences verified nothing
+                self.stats.record(active, self.batch.last_slots)
+                self.last_step = (active, self.batch.last_slots)
             for (job, index), result in done:
                 self._finish(job, index, result)
         for (job, index), _ in self.batch.active:

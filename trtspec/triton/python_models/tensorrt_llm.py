@@ -171,9 +171,7 @@ class TritonPythonModel:
                   "last_step_sequences": service.last_step[0], "last_step_slots": service.last_step[1]}
         for key, gauge in self._gauges.items():
             gauge.set(levels[key])
-        totals = {"steps": stats.steps, "sequences": stats.sequences, "draft": stats.draft_tokens,
-                  "accepted": stats.accepted_tokens, "cancelled": stats.cancelled,
-                  **{f"profile_{slots}": n for slots, n in stats.profile_steps.items()}}
+        totals = stats.totals()
         for key, metric in self._metrics.items():
             delta = totals.get(key, 0) - self._published[key]
             if delta:
