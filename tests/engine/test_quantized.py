@@ -283,3 +283,27 @@ def test_the_numerics_check_catches_a_wrong_packing(ckpts, tmp_path, monkeypatch
         build(BuildOptions(source=ckpts["none"], out=tmp_path / "e", max_input_len=64, max_seq_len=160,
                            weights="int4"))
     assert not (tmp_path / "e").exists()
+
+
+def test_an_eagle_draft_with_a_reduced_vocabulary_quantizes_too(tmp_path):
+    """An EAGLE-3 style draft (d2t / t2d): its lm_head rows of the draft vocabulary are quantized, the numerics check
+    passes and speculation equals plain greedy output."""
+    from trtspec.checkpoint.convert import ConvertOptions, convert
+    from trtspec.testing import write_eagle_draft, write_hf_base
+
+    model = TinyModel(vocab_size=64)
+    base = write_hf_base(tmp_path / "base", model)
+    draft = write_eagle_draft(tmp_path / "draft", model, storage="safetensors", draft_vocab_size=24)
+    convert(ConvertOptions(base=base, out=tmp_path / "ckpt", eagle=draft, num_eagle_layers=3), show_progress=False)
+    m = build(BuildOptions(source=tmp_path / "ckpt", out=tmp_path / "e", preset="chain_3", max_input_len=32,
+                           max_seq_len=96, weights="int4"))
+    assert m.model.draft_vocab_size == 24 and m.weights.drafter.dtype.value == "int4"
+    assert max(m.numerics.values()) < NUMERICS_TOLERANCE
+    engine = OrtEngine(tmp_path / "e", threads=1)
+    config = GenerationConfig(max_tokens=20)
+    for prompt in _prompts(6, seed=5):
+        prompt = prompt[:24]
+        plain = generate(engine, prompt, make_proposer("none", engine), config).output_ids
+        spec = generate(engine, prompt, make_proposer("eagle", engine, tree=build_tree([[0], [0, 0], [0, 0, 0]])),
+                        config)
+        assert spec.output_ids == plain

@@ -3,7 +3,8 @@ them and compares them with the torch reference.
 
 Graphs: `context` (T dynamic, causal; logits of the last position only, hidden states of all) and `generation` (T dynamic, a tree mask: the runtime feeds it the engine's
 slot profiles) over one shared `weights.bin`; for EAGLE also
-`draft_context` / `draft_generation` over `draft_weights.bin`. Compute is float32 whatever the stored dtype.
+`draft_context` / `draft_generation` over `draft_weights.bin`. Compute is float32 whatever the stored dtype;
+a quantized build (`WeightPlan`) stores the matrices as int8 / int4 blocks that MatMulNBits reads.
 Each layer's attention is one GroupQueryAttention node over a KV buffer [B, nkv, capacity, hd] that the runtime
 binds as both past and present, so the new rows are written into the cache in place (at each row's past length).
 Importing this module does not import torch.
