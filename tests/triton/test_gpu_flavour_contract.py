@@ -156,3 +156,54 @@ def test_the_bls_passes_the_perf_metrics_on_only_when_asked(repos, monkeypatch, 
             assert got[metric.name].shape == (1, 1) and got[metric.name].dtype == dtypes[metric.data_type], metric.name
         else:
             assert metric.name not in got, metric.name
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_the_bls_stream_never_ends_a_response_inside_a_character(repos, monkeypatch, cut):
+    """tensorrt_llm_bls streaming (trtspec's code): the C++ engine sends each response's new tokens alone (here one
+    byte-level token each, splitting every multi-byte character); every text_output decodes as strict UTF-8, a split
+    character goes out whole once its bytes are there, and a reply cut inside one ends with a response flushing it
+    (U+FFFD), so the pieces join to the text of the whole reply."""
+    text = "café 東京 🙂 ok"
+    repo = repos["1.2.1"]
+    _, pre = load_model(repo, "preprocessing", monkeypatch)
+    _, post = load_model(repo, "postprocessing", monkeypatch)
+    _, bls = load_model(repo, "tensorrt_llm_bls", monkeypatch)
+    ids = post.tokenizer.encode(text, add_special_tokens=False)
+    assert post.tokenizer.decode(ids) == text and len(ids) > len(text)  # byte-level: characters span tokens
+    if cut:
+        ids = ids[:next(n for n in range(1, len(ids)) if post.tokenizer.decode(ids[:n]).endswith("\ufffd"))]
+
+    def engine(request):  # streaming: one response per token, then the final empty one
+        assert bool(request.tensors["streaming"].as_numpy().any())
+        return [InferenceResponse([Tensor("output_ids", np.array([[[t]]], np.int32)),
+                                   Tensor("sequence_length", np.array([[1]], np.int32))]) for t in ids] + [
+            InferenceResponse([])]
+
+    monkeypatch.setattr(InferenceRequest, "models", {
+        "preprocessing": lambda r: pre.execute([r])[0], "postprocessing": lambda r: post.execute([r])[0],
+        "tensorrt_llm": engine})
+    monkeypatch.setattr(InferenceRequest, "calls", [])
+    assert bls.decoupled and bls.target_decoupled
+    sent = []
+
+    class Sender:
+        def send(self, response=None, flags=0):
+            if response is not None:
+                sent.append(response)
+
+    request = Request([Tensor("text_input", np.array([[b"Hello"]], object)),
+                       Tensor("max_tokens", np.array([[len(ids)]], np.int32)), Tensor("stream", np.array([[True]], bool))])
+    request.get_response_sender = lambda: Sender()
+    bls.execute([request])
+    assert sent and not any(r.has_error() for r in sent)
+    pieces = []
+    for response in sent:
+        out = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        assert out["text_output"].ndim == 1
+        pieces.append(out["text_output"][0].decode("utf-8"))  # strict, as NVIDIA's clients decode
+    assert "".join(pieces) == post.tokenizer.decode(ids)
+    if cut:
+        assert pieces[-1] == "\ufffd" and "\ufffd" not in "".join(pieces[:-1])
+    else:
+        assert "\ufffd" not in "".join(pieces) and any(p == "" for p in pieces)  # held back, then sent whole

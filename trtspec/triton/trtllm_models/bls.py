@@ -67,6 +67,36 @@ def speculative_loop(prompt, max_tokens, num_draft, draft_fn, target_fn, end_id,
     return LoopResult(out[:max_tokens], drafted, accepted, steps)
 
 
+class StreamText:
+    """The text a stream of token chunks adds, chunk by chunk, without ever ending inside a character: each chunk is
+    decoded after the last CONTEXT tokens before it (byte-level and SentencePiece decoders merge across the
+    boundary) and a trailing U+FFFD (a character whose bytes are not all there yet) waits for the next chunk."""
+
+    CONTEXT = 16
+    REPLACEMENT = "\ufffd"
+
+    def __init__(self, detokenize):
+        self.detokenize = detokenize  # list of id lists → list of texts
+        self.context = []
+
+    def _strip(self, text):
+        return text[:-1] if text.endswith(self.REPLACEMENT) else text
+
+    def add(self, ids):
+        before, after = self.detokenize([self.context, self.context + list(ids)])
+        before, after = self._strip(before), self._strip(after)
+        self.context = (self.context + list(ids))[-self.CONTEXT:]
+        if after.startswith(before):
+            return after[len(before):]
+        return self._strip(self.detokenize([list(ids)])[0])  # should not happen; the new tokens alone
+
+    def flush(self):
+        """What the held-back bytes decode to once the stream is over ("" when nothing is held)."""
+        if not self.context:
+            return ""
+        return self.REPLACEMENT if self.detokenize([self.context])[0].endswith(self.REPLACEMENT) else ""
+
+
 def parse_bool(text, default=False):
     if not text:  # absent or empty: the default
         return default
@@ -128,8 +158,35 @@ class TritonPythonModel:
         if n > 0:
             yield self.speculative(client, pre, n)
             return
+        streamed = bool(client.get("stream", np.zeros(1, dtype=bool)).any()) and self.target_decoupled
+        if not streamed or pre["INPUT_ID"].shape[0] != 1:
+            for response in self.call_llm(self.target, self.llm_inputs(client, pre), self.target_decoupled):
+                yield self.respond(response)
+            return
+        # Streamed, each response carries only its new tokens: decode them after the tokens before them and hold a
+        # character whose bytes are not all generated yet back for the next response; the last flushes it.
+        text = StreamText(self.detokenize)
         for response in self.call_llm(self.target, self.llm_inputs(client, pre), self.target_decoupled):
-            yield self.respond(response)
+            length = int(response["sequence_length"].reshape(-1)[0])
+            piece = text.add(response["output_ids"].reshape(-1)[:length].tolist())
+            yield self.respond(response, text=np.array([piece.encode("utf-8")], dtype=object))
+        tail = text.flush()
+        if tail:
+            yield pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("text_output", np.array([tail.encode("utf-8")], dtype=object))])
+
+    def detokenize(self, sequences):
+        """Token id lists → their texts, through the postprocessing model (one batch)."""
+        width = max([len(ids) for ids in sequences] + [1])
+        tokens = np.zeros((len(sequences), 1, width), dtype=np.int32)
+        for b, ids in enumerate(sequences):
+            tokens[b, 0, :len(ids)] = ids
+        lengths = np.array([[len(ids)] for ids in sequences], dtype=np.int32)
+        request = pb_utils.InferenceRequest(model_name="postprocessing", requested_output_names=["OUTPUT"],
+                                            inputs=[pb_utils.Tensor("TOKENS_BATCH", tokens),
+                                                    pb_utils.Tensor("SEQUENCE_LENGTH", lengths)])
+        texts = self.outputs(request.exec(), ("OUTPUT",))["OUTPUT"].reshape(-1)
+        return [t.decode("utf-8") if isinstance(t, bytes) else str(t) for t in texts]
 
     def speculative(self, client, pre, n):
         if self.draft is None:
@@ -207,13 +264,15 @@ class TritonPythonModel:
                 raise ValueError(f"model response lacks {name}")
         return out
 
-    def respond(self, llm, extra=None):
+    def respond(self, llm, extra=None, text=None):
+        """A client response from an engine response; `text` (1-D bytes) replaces postprocessing's text_output."""
         request = pb_utils.InferenceRequest(
             model_name="postprocessing", requested_output_names=["OUTPUT", "OUTPUT_IDS"],
             inputs=[pb_utils.Tensor("TOKENS_BATCH", llm["output_ids"]),
                     pb_utils.Tensor("SEQUENCE_LENGTH", llm["sequence_length"])])
         post = self.outputs(request.exec(), ("OUTPUT", "OUTPUT_IDS"))
-        tensors = [pb_utils.Tensor("text_output", post["OUTPUT"]), pb_utils.Tensor("output_ids", post["OUTPUT_IDS"])]
+        tensors = [pb_utils.Tensor("text_output", post["OUTPUT"] if text is None else text),
+                   pb_utils.Tensor("output_ids", post["OUTPUT_IDS"])]
         extra = extra or {}
         tensors += [pb_utils.Tensor(k, llm[k]) for k in self.llm_outputs[2:] if k in llm and k not in extra]
         for name, value in extra.items():
