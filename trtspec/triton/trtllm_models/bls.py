@@ -167,6 +167,9 @@ class TritonPythonModel:
         # character whose bytes are not all generated yet back for the next response; the last flushes it.
         text = StreamText(self.detokenize)
         for response in self.call_llm(self.target, self.llm_inputs(client, pre), self.target_decoupled):
+            if response["output_ids"].ndim != 3 or response["output_ids"].shape[:2] != (1, 1):  # beams: as decoded
+                yield self.respond(response)
+                continue
             length = int(response["sequence_length"].reshape(-1)[0])
             piece = text.add(response["output_ids"].reshape(-1)[:length].tolist())
             yield self.respond(response, text=np.array([piece.encode("utf-8")], dtype=object))
