@@ -4,8 +4,9 @@ in-flight batch, measured once and cached.
 `load_or_measure(engine)` returns the engine's `StepCosts`: from `verify_curve.json` beside the engine when it was
 measured for the same slot profiles, thread count, spinning and ONNX Runtime version, else measured now (a second or
 ten for SmolLM2-135M: every profile's step after a 256-token past, rounds alternating between profiles, the median of
-each, levelled so that no profile costs more than a larger one; then the same over a batch of up to 8 sequences) and written there atomically (kept in memory only when the engine folder is read-only). `trtspec bench
-profiles ENGINE` measures it again on demand (`--save` replaces the cache).
+each, levelled so that no profile costs more than a larger one; then the same over a batch of up to 8 sequences) and
+written there atomically (kept in memory only when the engine folder is read-only). Delete `verify_curve.json` to have
+it measured again (e.g. after a run on a busy machine: a curve measured under load is steeper than the quiet one).
 """
 
 from __future__ import annotations
