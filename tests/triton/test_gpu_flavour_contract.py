@@ -98,9 +98,7 @@ def test_postprocessing_sends_text_output_one_dimensional(repos, monkeypatch, ba
     expected = [post.tokenizer.decode(tokens[b, k, :lengths[b, k]].tolist(), skip_special_tokens=True)
                 for b in range(batch) for k in range(beams)]  # batch-major, beams within an item
     assert [x.decode("utf-8") for x in text] == expected
-    ids = got["OUTPUT_IDS"]  # beam 0's ids, [B, longest], -1 after a shorter item (trtspec's own output_ids)
-    assert ids.shape == (batch, int(lengths[:, 0].max())) and ids[0, :7].tolist() == tokens[0, 0, :7].tolist()
-    assert ids[0, 7:].tolist() == [-1] * (ids.shape[1] - 7)
+    assert set(got) == {"OUTPUT"}  # as upstream's postprocessing: the ids reach the client from tensorrt_llm
     ensemble = _configs(repos["1.2.1"])["ensemble"]
     post_step = next(s for s in ensemble["ensemble_scheduling"]["step"] if s["model_name"] == "postprocessing")
     assert post_step["output_map"]["OUTPUT"] == "text_output"
@@ -207,3 +205,132 @@ def test_the_bls_stream_never_ends_a_response_inside_a_character(repos, monkeypa
         assert pieces[-1] == "\ufffd" and "\ufffd" not in "".join(pieces[:-1])
     else:
         assert "\ufffd" not in "".join(pieces) and any(p == "" for p in pieces)  # held back, then sent whole
+
+
+NUMPY = {"TYPE_INT32": np.int32, "TYPE_UINT64": np.uint64, "TYPE_FP32": np.float32, "TYPE_BOOL": np.bool_,
+         "TYPE_STRING": np.object_}
+
+
+def _preprocess(pre, **tensors):
+    (response,) = pre.execute([Request([Tensor(k, v) for k, v in tensors.items()])])
+    return response
+
+
+@pytest.mark.parametrize("version", list(ENGINES))
+def test_preprocessing_sends_upstreams_decoder_outputs_and_embedding_bias(repos, monkeypatch, version):
+    """The GPU flavour's preprocessing model code, run against its real config: DECODER_INPUT_ID (pad_id, [B, 1]) and
+    REQUEST_DECODER_INPUT_LEN (1, [B, 1]) as upstream's preprocessing sends them for a decoder-only model (what
+    end_to_end_test.py reads and hands to tensorrt_llm), and EMBEDDING_BIAS as upstream's builds it from the words and
+    weights: [B, vocab] float32, each token of each word biased by the word's weight, [B, 0] without words. Every
+    output in its declared type and rank."""
+    repo = repos[version]
+    _, pre = load_model(repo, "preprocessing", monkeypatch)
+    config = _configs(repo)["preprocessing"]
+    declared = _declared(config)
+    vocab = int(config["parameters"]["vocab_size"]["string_value"])
+    assert pre.vocab_size == vocab == 32000  # the engine's logits width, which TensorRT-LLM checks the bias against
+    query = np.array([[b"Hello world"], [b"the quick brown fox"]], object)
+    words = np.array([[b"fox", b"dog"], [b"cat", b""]], object)  # "" pads the second item's list
+    weights = np.array([[2.0, -1.5], [0.5, 0.0]], np.float32)
+    response = _preprocess(pre, QUERY=query, REQUEST_OUTPUT_LEN=np.array([[8], [8]], np.int32),
+                           EMBEDDING_BIAS_WORDS=words, EMBEDDING_BIAS_WEIGHTS=weights,
+                           PAD_ID=np.array([[5], [5]], np.int32))
+    assert not response.has_error(), response.error().message()
+    got = {t.name(): t.as_numpy() for t in response.output_tensors()}
+    assert set(declared) - set(got) == {"OUT_PROMPT_TABLE_EXTRA_IDS"}  # only with PROMPT_TABLE_EXTRA_ID, as upstream's
+    for name, array in got.items():
+        data_type, dims = declared[name]
+        assert array.dtype == NUMPY[data_type] and array.ndim == len(dims) + 1 and array.shape[0] == 2, name
+    assert got["DECODER_INPUT_ID"].tolist() == [[5], [5]] == got["OUT_PAD_ID"].tolist()
+    assert got["REQUEST_DECODER_INPUT_LEN"].tolist() == [[1], [1]]
+    expected = np.zeros((2, vocab), np.float32)
+    for b, row in enumerate(words):
+        for word, weight in zip(row, weights[b]):
+            if word:
+                np.add.at(expected[b], pre.tokenizer.encode(word.decode(), add_special_tokens=False), weight)
+    assert got["EMBEDDING_BIAS"].shape == (2, vocab) and np.array_equal(got["EMBEDDING_BIAS"], expected)
+    assert expected[0].any() and expected[1].any() and not got["EMBEDDING_BIAS"][:, 1].any()  # no BOS bias
+
+    plain = _preprocess(pre, QUERY=query[:1], REQUEST_OUTPUT_LEN=np.array([[8]], np.int32))
+    plain = {t.name(): t.as_numpy() for t in plain.output_tensors()}
+    assert plain["EMBEDDING_BIAS"].shape == (1, 0) and plain["EMBEDDING_BIAS"].dtype == np.float32
+    assert plain["DECODER_INPUT_ID"].tolist() == plain["OUT_PAD_ID"].tolist() and plain["OUT_PAD_ID"].shape == (1, 1)
+
+    extra = _preprocess(pre, QUERY=query[:1], REQUEST_OUTPUT_LEN=np.array([[8]], np.int32),
+                        PROMPT_TABLE_EXTRA_ID=np.array([[9]], np.uint64))
+    extra = {t.name(): t.as_numpy() for t in extra.output_tensors()}
+    ids = extra["OUT_PROMPT_TABLE_EXTRA_IDS"]  # 0 at ordinary tokens: this prompt has no prompt-table ids
+    assert ids.dtype == np.uint64 and ids.shape == extra["INPUT_ID"].shape and not ids.any()
+
+
+@pytest.mark.parametrize("tensors,message", [
+    ({"EMBEDDING_BIAS_WORDS": np.array([[b"fox"]], object)},
+     "embedding_bias_words was sent without embedding_bias_weights; send both, one weight per word"),
+    ({"EMBEDDING_BIAS_WEIGHTS": np.array([[1.0]], np.float32)},
+     "embedding_bias_weights was sent without embedding_bias_words; send both, one weight per word"),
+    ({"EMBEDDING_BIAS_WORDS": np.array([[b"fox", b"dog"]], object), "EMBEDDING_BIAS_WEIGHTS": np.array([[1.0]], np.float32)},
+     "embedding_bias_words has 2 words and embedding_bias_weights 1 weights; they must match one to one"),
+    ({"DECODER_QUERY": np.array([[b"Bonjour"]], object)},
+     "decoder_text_input is for encoder-decoder models; this engine is decoder-only, send the prompt as text_input"),
+])
+def test_preprocessing_refuses_in_one_line(repos, monkeypatch, tensors, message):
+    _, pre = load_model(repos["1.2.1"], "preprocessing", monkeypatch)
+    response = _preprocess(pre, QUERY=np.array([[b"Hello"]], object), REQUEST_OUTPUT_LEN=np.array([[4]], np.int32),
+                           **tensors)
+    assert response.has_error() and response.error().message() == message
+
+
+def _run_ensemble(repo, monkeypatch, client, engine):
+    """The ensemble's steps as its config wires them (Triton's ensemble scheduler in miniature): each step's request
+    from its input_map, its response into the pool through its output_map."""
+    _, pre = load_model(repo, "preprocessing", monkeypatch)
+    _, post = load_model(repo, "postprocessing", monkeypatch)
+    models = {"preprocessing": lambda r: pre.execute([r])[0], "postprocessing": lambda r: post.execute([r])[0],
+              "tensorrt_llm": engine}
+    configs = _configs(repo)
+    pool = dict(client)
+    for step in configs["ensemble"]["ensemble_scheduling"]["step"]:
+        declared = _declared(configs[step["model_name"]], "input")
+        inputs = {key: pool[value] for key, value in step["input_map"].items() if value in pool}
+        for key, array in inputs.items():  # what Triton would check: type and rank
+            data_type, dims = declared[key]
+            assert np.asarray(array).dtype == NUMPY[data_type] and np.asarray(array).ndim == len(dims) + 1, key
+        response = models[step["model_name"]](Request([Tensor(k, v) for k, v in inputs.items()]))
+        assert not response.has_error(), response.error().message()
+        got = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        pool.update({value: got[key] for key, value in step["output_map"].items() if key in got})
+    return pool
+
+
+@pytest.mark.parametrize("version", list(ENGINES))
+def test_the_ensemble_hands_upstreams_extra_inputs_to_tensorrt_llm(repos, monkeypatch, version):
+    """Through the ensemble's wiring, as upstream's: the embedding bias words / weights arrive at tensorrt_llm as
+    `embedding_bias` [1, vocab], the decoder inputs as upstream's preprocessing makes them, LoRA (and from 0.19 guided
+    decoding) as the client sent them, for the C++ backend to honour; output_ids reaches the client as tensorrt_llm
+    sends it, [1, beams, L], as the CPU flavour's does, and text_output 1-D."""
+    seen = {}
+
+    def engine(request):
+        seen.update({k: v.as_numpy() for k, v in request.tensors.items()})
+        return InferenceResponse([Tensor("output_ids", np.array([[[40, 41, 42]]], np.int32)),
+                                  Tensor("sequence_length", np.array([[3]], np.int32))])
+
+    client = {"text_input": np.array([[b"Hello world"]], object), "max_tokens": np.array([[3]], np.int32),
+              "embedding_bias_words": np.array([[b"fox"]], object),
+              "embedding_bias_weights": np.array([[2.0]], np.float32), "lora_task_id": np.array([[3]], np.uint64),
+              "guided_decoding_guide_type": np.array([[b"json"]], object)}
+    guided = _perf_metrics_expected(version)  # guided decoding came with the same release, 0.19
+    if not guided:
+        del client["guided_decoding_guide_type"]
+    assert set(client) <= set(_declared(_configs(repos[version])["ensemble"], "input"))
+    pool = _run_ensemble(repos[version], monkeypatch, client, engine)
+    assert seen["embedding_bias"].shape == (1, 32000) and seen["embedding_bias"].max() == 2.0
+    assert seen["decoder_input_ids"].tolist() == seen["pad_id"].tolist() and seen["decoder_input_lengths"].tolist() == [[1]]
+    assert seen["lora_task_id"].tolist() == [[3]]
+    assert (seen.get("guided_decoding_guide_type") is not None) == guided
+    assert "prompt_table_extra_ids" not in seen  # only with prompt_table_extra_id, as upstream's preprocessing
+    assert pool["output_ids"].shape == (1, 1, 3) and pool["output_ids"].tolist() == [[[40, 41, 42]]]
+    assert pool["text_output"].ndim == 1 and isinstance(pool["text_output"][0], bytes)
+    ensemble = _declared(_configs(repos[version])["ensemble"])
+    cpu = {t.name: (t.data_type, t.dims) for t in contract.cpu_ensemble_outputs()}
+    assert ensemble["output_ids"] == cpu["output_ids"] == ("TYPE_INT32", (-1, -1))

@@ -190,7 +190,7 @@ def test_draft_target_loop_is_lossless(server, num_draft):
                    exclude_input_in_output=np.array([[True]], bool))
     assert not response.has_error(), response.error().message()
     prompt = InferenceRequest.calls[1][1]["input_ids"][0].tolist()  # the first engine call carries the prompt
-    ids = out(response, "output_ids")[0].tolist()
+    ids = out(response, "output_ids")[0, 0].tolist()  # [1, beams, L], as tensorrt_llm sends it
     assert ids == greedy(prompt, 20)[:len(ids)] and len(ids) == 20  # exactly the target's greedy tokens
     steps, accepted = int(out(response, "num_verify_steps")[0, 0]), int(out(response, "num_accepted_tokens")[0, 0])
     drafted = int(out(response, "total_draft_tokens")[0, 0])
@@ -229,5 +229,36 @@ def test_plain_request_passes_through(server):
     assert not response.has_error(), response.error().message()
     target = next(c[1] for c in InferenceRequest.calls if c[0] == "tensorrt_llm")
     assert "runtime_top_k" in target and "top_k" not in target and "draft_input_ids" not in target
-    assert len(out(response, "output_ids")[0]) == 5
+    assert out(response, "output_ids").shape == (1, 1, 5)
     assert out(response, "text_output").ndim == 1 and isinstance(out(response, "text_output")[0], bytes)
+
+
+def test_bls_passes_upstreams_extra_inputs_on(server):
+    """Upstream's BLS inputs beyond the contract's first table reach the engines as upstream's wiring hands them on:
+    the embedding bias (built by preprocessing, [1, vocab]) to both models of the draft-target pair, LoRA to the
+    target only (the draft is a plain engine; the target verifies every token either way)."""
+    _, bls, pre = server
+    response = ask(bls, text_input=np.array([[b"Speculative decoding"]], object), max_tokens=np.array([[6]], np.int32),
+                   num_draft_tokens=np.array([[2]], np.int32), exclude_input_in_output=np.array([[True]], bool),
+                   embedding_bias_words=np.array([[b"fox"]], object),
+                   embedding_bias_weights=np.array([[1.5]], np.float32), lora_task_id=np.array([[7]], np.uint64))
+    assert not response.has_error(), response.error().message()
+    targets = [c[1] for c in InferenceRequest.calls if c[0] == "tensorrt_llm"]
+    drafts = [c[1] for c in InferenceRequest.calls if c[0] == "tensorrt_llm_draft"]
+    assert targets and drafts
+    assert all(c["lora_task_id"].reshape(-1).tolist() == [7] for c in targets)
+    assert not any("lora_task_id" in c for c in drafts)
+    bias = targets[0]["embedding_bias"]
+    fox = pre.tokenizer.encode("fox", add_special_tokens=False)
+    assert bias.shape == (1, pre.vocab_size) and bias.dtype == np.float32
+    assert sorted(np.flatnonzero(bias[0]).tolist()) == sorted(set(fox)) and bias[0, fox[0]] >= 1.5
+    assert all(np.array_equal(c["embedding_bias"], bias) for c in targets + drafts)
+
+
+def test_bls_refuses_a_half_sent_embedding_bias_in_one_line(server):
+    _, bls, _ = server
+    response = ask(bls, text_input=np.array([[b"hi"]], object), max_tokens=np.array([[4]], np.int32),
+                   embedding_bias_words=np.array([[b"fox"]], object))
+    assert response.has_error()
+    assert response.error().message() == ("embedding_bias_words was sent without embedding_bias_weights; send both, "
+                                          "one weight per word")

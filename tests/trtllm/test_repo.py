@@ -106,22 +106,88 @@ def test_draft_target_models_for_the_bls(engines, tmp_path):
     assert {t["name"] for t in found["tensorrt_llm_bls"]["input"]} >= {"num_draft_tokens", "use_draft_logits"}
 
 
-@pytest.mark.parametrize("name,newest", [("medusa", True), ("target", True), ("eagle", False), ("lookahead", False)])
-def test_gpu_and_cpu_flavours_expose_the_same_request_tensors(engines, tmp_path, name, newest):
+# The request tensors of upstream's ensemble/config.pbtxt, by release (tensorrtllm_backend tags v0.15.0-v0.19.0,
+# all_models/inflight_batcher_llm/; TensorRT-LLM triton_backend/all_models/inflight_batcher_llm/ from 1.0, which renames
+# min_length / random_seed to min_tokens / seed). Its newest copy also has return_num_input_tokens /
+# return_num_output_tokens, which trtspec does not declare (docs/triton-contract.md says why).
+_V015 = {"text_input", "decoder_text_input", "max_tokens", "num_return_sequences", "bad_words", "stop_words", "end_id",
+         "pad_id", "top_k", "top_p", "temperature", "length_penalty", "repetition_penalty", "min_length",
+         "presence_penalty", "frequency_penalty", "random_seed", "return_log_probs", "return_context_logits",
+         "return_generation_logits", "beam_width", "stream", "prompt_embedding_table", "prompt_table_extra_id",
+         "prompt_vocab_size", "embedding_bias_words", "embedding_bias_weights", "lora_task_id", "lora_weights",
+         "lora_config"}
+_V016 = _V015 | {"exclude_input_in_output", "return_kv_cache_reuse_stats"}  # v0.16-v0.18
+_V019 = _V016 - {"return_kv_cache_reuse_stats"} | {"return_perf_metrics", "guided_decoding_guide_type",
+                                                   "guided_decoding_guide"}
+_V1 = _V019 - {"min_length", "random_seed"} | {"min_tokens", "seed"}
+UPSTREAM_ENSEMBLE_INPUTS = {"1.2.1": _V1, "1.0.0": _V1, "0.19.0": _V019, "0.17.0": _V016}
+# what the wiring hands tensorrt_llm for each of upstream's extra inputs (tensorrtllm_backend ensemble/config.pbtxt)
+THROUGH_PREPROCESSING = {"embedding_bias_words": ("EMBEDDING_BIAS_WORDS", "EMBEDDING_BIAS", "embedding_bias"),
+                         "embedding_bias_weights": ("EMBEDDING_BIAS_WEIGHTS", "EMBEDDING_BIAS", "embedding_bias"),
+                         "decoder_text_input": ("DECODER_QUERY", "DECODER_INPUT_ID", "decoder_input_ids"),
+                         "prompt_table_extra_id": ("PROMPT_TABLE_EXTRA_ID", "OUT_PROMPT_TABLE_EXTRA_IDS",
+                                                   "prompt_table_extra_ids")}
+STRAIGHT_TO_LLM = {"lora_task_id", "lora_weights", "lora_config", "prompt_embedding_table", "prompt_vocab_size",
+                   "guided_decoding_guide_type", "guided_decoding_guide", "return_perf_metrics",
+                   "return_kv_cache_reuse_stats"}
+# tensorrt_llm's declarations of them in upstream's tensorrt_llm/config.pbtxt: type, dims, reshape to a scalar
+UPSTREAM_LLM_INPUTS = {"embedding_bias": ("TYPE_FP32", (-1,), False), "decoder_input_ids": ("TYPE_INT32", (-1,), False),
+                       "decoder_input_lengths": ("TYPE_INT32", (1,), True),
+                       "prompt_table_extra_ids": ("TYPE_UINT64", (-1,), False),
+                       "prompt_embedding_table": ("TYPE_FP16", (-1, -1), False),
+                       "prompt_vocab_size": ("TYPE_INT32", (1,), True), "lora_task_id": ("TYPE_UINT64", (1,), True),
+                       "lora_weights": ("TYPE_FP16", (-1, -1), False), "lora_config": ("TYPE_INT32", (-1, 3), False),
+                       "guided_decoding_guide_type": ("TYPE_STRING", (1,), False),
+                       "guided_decoding_guide": ("TYPE_STRING", (1,), False),
+                       "return_perf_metrics": ("TYPE_BOOL", (1,), True),
+                       "return_kv_cache_reuse_stats": ("TYPE_BOOL", (1,), True)}
+
+
+@pytest.mark.parametrize("name,version", [("medusa", "1.2.1"), ("target", "1.0.0"), ("eagle", "0.17.0"),
+                                          ("lookahead", "0.19.0")])
+def test_gpu_and_cpu_flavours_expose_the_same_request_tensors(engines, tmp_path, name, version):
+    """The GPU ensemble declares exactly the request tensors upstream's ensemble of the engine's release declares, each
+    with the CPU flavour's type and dims (the CPU flavour declares them all, v0.19's set, and refuses in one line what
+    its engine cannot honour), and wires each as upstream's does: through preprocessing or straight to tensorrt_llm,
+    which declares it as upstream's tensorrt_llm does, so the C++ backend honours it."""
     extra = {"draft_engine_dir": engines / "draft"} if name == "target" else {}
-    ensemble = configs(write(engines, tmp_path, name, **extra))["ensemble"]
+    repo = write(engines, tmp_path, name, **extra)
+    found = configs(repo)
+    ensemble = found["ensemble"]
     gpu = {t["name"]: (t["data_type"], tuple(int(d) for d in t["dims"])) for t in ensemble["input"]}
+    assert set(gpu) == UPSTREAM_ENSEMBLE_INPUTS[version]
+    newest = version.startswith("1.")
     client = {t.name: (t.data_type, t.dims) for t in contract.client_inputs(newest_names=newest)}
     assert {k: gpu[k] for k in client} == client  # every client tensor, same type and dims
-    assert set(gpu) - set(client) <= {"return_perf_metrics"}  # upstream's switch for the acceptance counters
-    cpu = {t.name for t in contract.cpu_ensemble_inputs()}
-    assert set(client) <= cpu and cpu - set(gpu) <= set(contract.RENAMED_INPUTS) | set(
-        contract.RENAMED_INPUTS.values()) | {t.name for t in contract.TRTSPEC_INPUTS} | {
-        t.name for t in contract.UPSTREAM_EXTRA_INPUTS}
+    cpu = {t.name: (t.data_type, t.dims) for t in contract.cpu_ensemble_inputs()}
+    only_gpu = {"return_kv_cache_reuse_stats"}  # v0.16-v0.18's switch; the CPU contract follows v0.19
+    assert {k: v for k, v in gpu.items() if k not in only_gpu} == {k: cpu[k] for k in gpu if k not in only_gpu}
+    assert set(cpu) - set(gpu) <= set(contract.RENAMED_INPUTS) | set(contract.RENAMED_INPUTS.values()) | {
+        t.name for t in contract.TRTSPEC_INPUTS} | ({"guided_decoding_guide_type", "guided_decoding_guide",
+                                                     "return_perf_metrics"} if version < "0.19" else set())
     required = {t["name"] for t in ensemble["input"] if not t.get("optional")}
     assert required == {t.name for t in contract.ENSEMBLE_INPUTS if not t.optional} == {"text_input", "max_tokens"}
     outputs = {t["name"] for t in ensemble["output"]}
-    assert {t.name for t in contract.ENSEMBLE_OUTPUTS} <= outputs
+    assert {t.name for t in contract.ENSEMBLE_OUTPUTS} | {"output_ids", "context_logits", "generation_logits"} <= outputs
+
+    steps = {s["model_name"]: s for s in ensemble["ensemble_scheduling"]["step"]}
+    pre, llm = steps["preprocessing"], steps["tensorrt_llm"]
+    llm_from = {value: key for key, value in llm["input_map"].items()}  # ensemble tensor → tensorrt_llm input
+    for client_name, (pre_in, pre_out, llm_in) in THROUGH_PREPROCESSING.items():
+        assert pre["input_map"][pre_in] == client_name
+        assert llm["input_map"][llm_in] == pre["output_map"][pre_out], llm_in
+    assert llm["input_map"]["decoder_input_lengths"] == pre["output_map"]["REQUEST_DECODER_INPUT_LEN"]
+    for client_name in STRAIGHT_TO_LLM & set(gpu):
+        assert llm_from[client_name] == client_name
+    declared = {t["name"]: t for t in found["tensorrt_llm"]["input"]}
+    for llm_name in set(llm["input_map"]) & set(UPSTREAM_LLM_INPUTS):
+        data_type, dims, scalar = UPSTREAM_LLM_INPUTS[llm_name]
+        t = declared[llm_name]
+        assert (t["data_type"], tuple(int(d) for d in t["dims"]), "reshape" in t, t.get("optional")) == \
+            (data_type, dims, scalar, True), llm_name
+    bls = {t["name"] for t in found["tensorrt_llm_bls"]["input"]}
+    assert bls == set(gpu) | {"num_draft_tokens", "use_draft_logits"}  # upstream's BLS takes them too
+    assert doctor(repo) == []
 
 
 def test_renamed_inputs_follow_the_engine_version(engines, tmp_path):

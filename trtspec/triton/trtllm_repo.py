@@ -149,9 +149,11 @@ def _draft(manifest: Manifest, options, version: TrtllmVersion) -> tuple[Manifes
 # ---- the models ---------------------------------------------------------------------------------------
 
 def preprocessing(ctx: Context) -> ModelConfig:
-    params = {"tokenizer_dir": str(ctx.tokenizer_dir), "add_special_tokens": "true",
-              "apply_chat_template": _bool(ctx.chat_template)}
     model = ctx.manifest.model
+    # vocab_size: EMBEDDING_BIAS must be [vocab] of the engine's logits (TensorRT-LLM's decoder checks "Expected last
+    # dimension to be same as vocab size"), which the tokenizer's own size need not be
+    params = {"tokenizer_dir": str(ctx.tokenizer_dir), "add_special_tokens": "true",
+              "apply_chat_template": _bool(ctx.chat_template), "vocab_size": str(model.vocab_size)}
     params.update({k: str(v) for k, v in (("end_id", model.end_id), ("pad_id", model.pad_id)) if v is not None})
     batching = {"preferred_batch_size": [ctx.batch], "max_queue_delay_microseconds": ctx.queue_delay} \
         if ctx.version.has_preprocessing_batching else None
@@ -205,19 +207,25 @@ def _speculative_parameters(manifest: Manifest, version: TrtllmVersion) -> dict[
 
 
 def ensemble(ctx: Context) -> ModelConfig:
-    inputs, outputs = tt.ensemble_inputs(ctx.version), tt.ensemble_outputs(ctx.version)
-    pre = Step("preprocessing", {target: source for source, target in tt.CLIENT_TO_PRE.items()},
-               {out: internal for out, (internal, _) in tt.PRE_TO_LLM.items()})
-    llm_in = {llm: internal for internal, llm in tt.PRE_TO_LLM.values()}
+    inputs, outputs = tt.ensemble_inputs(ctx.version), tt.ensemble_outputs(ctx.version, ctx.logits_type)
+    # upstream's wiring (tensorrtllm_backend ensemble/config.pbtxt): embedding bias words / weights, the decoder
+    # query and the prompt-table extra id through preprocessing; LoRA, prompt tuning and guided decoding straight
+    # to tensorrt_llm, whose C++ backend honours (or refuses) them itself
+    names = {t.name for t in inputs}
+    pre = Step("preprocessing", {target: source for source, target in tt.GPU_CLIENT_TO_PRE.items() if source in names},
+               {out: internal for out, (internal, _) in tt.GPU_PRE_TO_LLM.items()})
+    llm_in = {llm: internal for internal, llm in tt.GPU_PRE_TO_LLM.values()}
     llm_in.update({tt.client_to_llm_name(t.name): t.name for t in inputs if tt.client_to_llm_name(t.name)})
-    llm_out = {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"}
-    llm_out.update({name: name for name in ("cum_log_probs", "output_log_probs", "batch_index", "sequence_index")})
-    if tt.has_perf_metrics(ctx.version):  # upstream's names (trtspec's client reads total_* as its acceptance counters)
-        llm_out.update({t.name: t.name for t in tt.perf_metric_outputs()})
+    # output_ids goes to postprocessing and to the client as tensorrt_llm sends it, [1, beams, L]
+    llm_out = {"output_ids": "output_ids", "sequence_length": "_SEQUENCE_LENGTH"}
+    llm_out.update({name: name for name in ("cum_log_probs", "output_log_probs", "context_logits",
+                                           "generation_logits", "batch_index", "sequence_index")})
+    # upstream's names (trtspec's client reads total_* as its acceptance counters)
+    llm_out.update({t.name: t.name for t in tt.perf_metric_outputs(ctx.version)})
     # postprocessing reads only tensorrt_llm's outputs: mixing in preprocessing's fails when the LLM step is
     # decoupled (tensorrtllm_backend ensemble/config.pbtxt, server#7275)
-    post = Step("postprocessing", {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"},
-                {"OUTPUT": "text_output", "OUTPUT_IDS": "output_ids"})
+    post = Step("postprocessing", {"TOKENS_BATCH": "output_ids", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"},
+                {"OUTPUT": "text_output"})
     return ModelConfig(name="ensemble", platform="ensemble", max_batch_size=ctx.batch, inputs=inputs,
                        outputs=outputs, steps=(pre, Step("tensorrt_llm", llm_in, llm_out), post))
 
@@ -229,8 +237,8 @@ def bls(ctx: Context) -> ModelConfig:
         params["tensorrt_llm_draft_model_name"] = "tensorrt_llm_draft"
     # one request at a time per instance: as many instances as the batch (tensorrtllm_backend tensorrt_llm_bls/config.pbtxt)
     return ModelConfig(name="tensorrt_llm_bls", backend="python", max_batch_size=ctx.batch, decoupled=ctx.decoupled,
-                       inputs=tt.bls_inputs(ctx.version), outputs=tt.bls_outputs(ctx.version), instance_count=ctx.batch,
-                       parameters=params)
+                       inputs=tt.bls_inputs(ctx.version), outputs=tt.bls_outputs(ctx.version, ctx.logits_type),
+                       instance_count=ctx.batch, parameters=params)
 
 
 def launch_script(ctx: Context, repo: Path) -> str:

@@ -19,14 +19,24 @@ import triton_python_backend_utils as pb_utils
 
 # client tensor → tensorrt_llm tensor where the names differ (tensorrtllm_backend ensemble wiring)
 RENAMED = {"top_k": "runtime_top_k", "top_p": "runtime_top_p", "length_penalty": "len_penalty", "stream": "streaming"}
+# LoRA, prompt tuning and guided decoding go to the target model only: the draft of a draft-target pair is a plain
+# engine, and the target decides (verifies) every token either way
+TARGET_ONLY = ("prompt_embedding_table", "prompt_vocab_size", "lora_task_id", "lora_weights", "lora_config",
+               "guided_decoding_guide_type", "guided_decoding_guide")
 PASSED = ("temperature", "repetition_penalty", "presence_penalty", "frequency_penalty", "min_length", "min_tokens",
           "random_seed", "seed", "return_log_probs", "return_context_logits", "return_generation_logits",
-          "return_perf_metrics", "num_return_sequences", "beam_width", "exclude_input_in_output")
-PRE_INPUTS = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",
-              "stop_words": "STOP_WORDS_DICT", "end_id": "END_ID", "pad_id": "PAD_ID"}
+          "return_perf_metrics", "return_kv_cache_reuse_stats", "num_return_sequences", "beam_width",
+          "exclude_input_in_output") + TARGET_ONLY
+# client tensor → preprocessing input, and preprocessing's outputs (tensorrtllm_backend ensemble/config.pbtxt)
+PRE_INPUTS = {"text_input": "QUERY", "decoder_text_input": "DECODER_QUERY", "max_tokens": "REQUEST_OUTPUT_LEN",
+              "bad_words": "BAD_WORDS_DICT", "stop_words": "STOP_WORDS_DICT",
+              "embedding_bias_words": "EMBEDDING_BIAS_WORDS", "embedding_bias_weights": "EMBEDDING_BIAS_WEIGHTS",
+              "end_id": "END_ID", "pad_id": "PAD_ID", "prompt_table_extra_id": "PROMPT_TABLE_EXTRA_ID"}
 PRE_OUTPUTS = ("INPUT_ID", "REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN", "BAD_WORDS_IDS", "STOP_WORDS_IDS",
-               "OUT_END_ID", "OUT_PAD_ID")
+               "EMBEDDING_BIAS", "OUT_END_ID", "OUT_PAD_ID")
+PRE_OPTIONAL = ("OUT_PROMPT_TABLE_EXTRA_IDS",)  # only with prompt_table_extra_id
 LLM_OUTPUTS = ("output_ids", "sequence_length", "cum_log_probs", "output_log_probs", "batch_index", "sequence_index")
+LOGITS = ("context_logits", "generation_logits")
 # tensorrt_llm's perf metrics (TensorRT-LLM 0.19+, with return_perf_metrics), passed on where this model declares them
 PERF_METRICS = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",
                 "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns", "acceptance_rate",
@@ -121,7 +131,7 @@ class TritonPythonModel:
         self.max_draft_len = int(params.get("max_draft_len") or 0)
         self.input_names = {t["name"] for t in config.get("input", [])}
         declared = {t["name"] for t in config.get("output", [])}
-        self.llm_outputs = LLM_OUTPUTS + tuple(name for name in PERF_METRICS if name in declared)
+        self.llm_outputs = LLM_OUTPUTS + tuple(name for name in LOGITS + PERF_METRICS if name in declared)
 
     def execute(self, requests):
         unary = []
@@ -205,7 +215,8 @@ class TritonPythonModel:
         end_id = int(pre["OUT_END_ID"][0][0])
 
         def call(model, sequence, k, draft=None):
-            inputs = self.llm_inputs(client, pre, ids=sequence, output_len=k, exclude_input=True)
+            inputs = self.llm_inputs(client, pre, ids=sequence, output_len=k, exclude_input=True,
+                                     target=model != self.draft)
             if draft is not None:
                 inputs["draft_input_ids"] = np.array([draft], dtype=np.int32)
             response = next(iter(self.call_llm(model, inputs, False)))
@@ -228,10 +239,10 @@ class TritonPythonModel:
     def preprocess(self, client):
         inputs = [pb_utils.Tensor(target, client[source]) for source, target in PRE_INPUTS.items() if source in client]
         request = pb_utils.InferenceRequest(model_name="preprocessing", inputs=inputs,
-                                            requested_output_names=list(PRE_OUTPUTS))
-        return self.outputs(request.exec(), PRE_OUTPUTS)
+                                            requested_output_names=list(PRE_OUTPUTS + PRE_OPTIONAL))
+        return self.outputs(request.exec(), PRE_OUTPUTS + PRE_OPTIONAL, required=PRE_OUTPUTS)
 
-    def llm_inputs(self, client, pre, *, ids=None, output_len=None, exclude_input=None):
+    def llm_inputs(self, client, pre, *, ids=None, output_len=None, exclude_input=None, target=True):
         if ids is None:
             inputs = {"input_ids": pre["INPUT_ID"], "input_lengths": pre["REQUEST_INPUT_LEN"],
                       "request_output_len": pre["REQUEST_OUTPUT_LEN"]}
@@ -239,8 +250,14 @@ class TritonPythonModel:
             inputs = {"input_ids": np.array([ids], dtype=np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
                       "request_output_len": np.array([[output_len]], dtype=np.int32)}
         inputs.update(end_id=pre["OUT_END_ID"], pad_id=pre["OUT_PAD_ID"], stop_words_list=pre["STOP_WORDS_IDS"],
-                      bad_words_list=pre["BAD_WORDS_IDS"])
-        inputs.update({RENAMED.get(k, k): v for k, v in client.items() if k in RENAMED or k in PASSED})
+                      bad_words_list=pre["BAD_WORDS_IDS"], embedding_bias=pre["EMBEDDING_BIAS"])
+        inputs.update({RENAMED.get(k, k): v for k, v in client.items()
+                       if (k in RENAMED or k in PASSED) and (target or k not in TARGET_ONLY)})
+        extra = pre.get("OUT_PROMPT_TABLE_EXTRA_IDS")
+        if extra is not None and target:  # a resent sequence: its new tokens are ordinary ones (0)
+            width = inputs["input_ids"].shape[1]
+            inputs["prompt_table_extra_ids"] = np.zeros((extra.shape[0], width), dtype=np.uint64)
+            inputs["prompt_table_extra_ids"][:, :min(width, extra.shape[1])] = extra[:, :width]
         if exclude_input is not None:
             inputs["exclude_input_in_output"] = np.array([[exclude_input]], dtype=bool)
             inputs.pop("streaming", None)
@@ -270,12 +287,13 @@ class TritonPythonModel:
     def respond(self, llm, extra=None, text=None):
         """A client response from an engine response; `text` (1-D bytes) replaces postprocessing's text_output."""
         request = pb_utils.InferenceRequest(
-            model_name="postprocessing", requested_output_names=["OUTPUT", "OUTPUT_IDS"],
+            model_name="postprocessing", requested_output_names=["OUTPUT"],
             inputs=[pb_utils.Tensor("TOKENS_BATCH", llm["output_ids"]),
                     pb_utils.Tensor("SEQUENCE_LENGTH", llm["sequence_length"])])
-        post = self.outputs(request.exec(), ("OUTPUT", "OUTPUT_IDS"))
+        post = self.outputs(request.exec(), ("OUTPUT",))
+        # output_ids as tensorrt_llm sends it, [1, beams, L] (-1 after a shorter beam), as the ensemble passes it on
         tensors = [pb_utils.Tensor("text_output", post["OUTPUT"] if text is None else text),
-                   pb_utils.Tensor("output_ids", post["OUTPUT_IDS"])]
+                   pb_utils.Tensor("output_ids", np.asarray(llm["output_ids"], dtype=np.int32))]
         extra = extra or {}
         tensors += [pb_utils.Tensor(k, llm[k]) for k in self.llm_outputs[2:] if k in llm and k not in extra]
         for name, value in extra.items():

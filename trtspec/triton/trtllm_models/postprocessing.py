@@ -1,4 +1,4 @@
-"""trtspec postprocessing (TensorRT-LLM repository): token ids → text, one string per beam, plus beam 0's ids.
+"""trtspec postprocessing (TensorRT-LLM repository): token ids → text, one string per beam.
 
 Each response is decoded on its own (a streamed response carries only its new tokens). OUTPUT is 1-D (batch x
 beams strings), as upstream's postprocessing model sends it whatever its config's dims say, and as NVIDIA's clients
@@ -14,19 +14,15 @@ TRUE = ("true", "1", "t", "y", "yes")
 
 
 def detokenize(tokenizer, tokens, lengths, *, skip_special_tokens):
-    """tokens int [B, beams, L], lengths [B, beams] → (object [B x beams] utf-8 bytes, int32 [B, L'] beam-0 ids)."""
+    """tokens int [B, beams, L], lengths [B, beams] → object [B x beams] utf-8 bytes (the ids themselves reach the
+    client as tensorrt_llm sends them, [1, beams, L], through the ensemble's output_ids)."""
     tokens, lengths = np.asarray(tokens), np.asarray(lengths).reshape(tokens.shape[0], -1)
     texts = np.empty(lengths.shape, dtype=object)
     for b in range(tokens.shape[0]):
         for beam in range(lengths.shape[1]):
             ids = tokens[b, beam, :max(int(lengths[b, beam]), 0)].tolist()
             texts[b, beam] = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens).encode("utf-8")
-    width = int(lengths[:, 0].max()) if lengths.size else 0
-    ids = np.full((tokens.shape[0], width), -1, dtype=np.int32)  # -1 pads shorter items of a batch
-    for b in range(tokens.shape[0]):
-        n = max(int(lengths[b, 0]), 0)
-        ids[b, :n] = tokens[b, 0, :n]
-    return texts.reshape(-1), ids
+    return texts.reshape(-1)
 
 
 class TritonPythonModel:
@@ -45,9 +41,8 @@ class TritonPythonModel:
             try:
                 tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
                 lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
-                texts, ids = detokenize(self.tokenizer, tokens, lengths, skip_special_tokens=self.skip_special_tokens)
-                responses.append(pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor("OUTPUT", texts), pb_utils.Tensor("OUTPUT_IDS", ids)]))
+                texts = detokenize(self.tokenizer, tokens, lengths, skip_special_tokens=self.skip_special_tokens)
+                responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", texts)]))
             except Exception as e:
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(e))))
         return responses
