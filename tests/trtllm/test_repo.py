@@ -120,7 +120,9 @@ _V016 = _V015 | {"exclude_input_in_output", "return_kv_cache_reuse_stats"}  # v0
 _V019 = _V016 - {"return_kv_cache_reuse_stats"} | {"return_perf_metrics", "guided_decoding_guide_type",
                                                    "guided_decoding_guide"}
 _V1 = _V019 - {"min_length", "random_seed"} | {"min_tokens", "seed"}
-UPSTREAM_ENSEMBLE_INPUTS = {"1.2.1": _V1, "1.0.0": _V1, "0.19.0": _V019, "0.17.0": _V016}
+# v0.15's ensemble lacks exclude_input_in_output, which its tensorrt_llm takes: trtspec declares it for every version
+UPSTREAM_ENSEMBLE_INPUTS = {"1.2.1": _V1, "1.0.0": _V1, "0.19.0": _V019, "0.17.0": _V016,
+                            "0.15.0": _V015 | {"exclude_input_in_output"}}
 # what the wiring hands tensorrt_llm for each of upstream's extra inputs (tensorrtllm_backend ensemble/config.pbtxt)
 THROUGH_PREPROCESSING = {"embedding_bias_words": ("EMBEDDING_BIAS_WORDS", "EMBEDDING_BIAS", "embedding_bias"),
                          "embedding_bias_weights": ("EMBEDDING_BIAS_WEIGHTS", "EMBEDDING_BIAS", "embedding_bias"),
@@ -144,7 +146,7 @@ UPSTREAM_LLM_INPUTS = {"embedding_bias": ("TYPE_FP32", (-1,), False), "decoder_i
 
 
 @pytest.mark.parametrize("name,version", [("medusa", "1.2.1"), ("target", "1.0.0"), ("eagle", "0.17.0"),
-                                          ("lookahead", "0.19.0")])
+                                          ("lookahead", "0.19.0"), ("eagle-0.15", "0.15.0")])
 def test_gpu_and_cpu_flavours_expose_the_same_request_tensors(engines, tmp_path, name, version):
     """The GPU ensemble declares exactly the request tensors upstream's ensemble of the engine's release declares, each
     with the CPU flavour's type and dims (the CPU flavour declares them all, v0.19's set, and refuses in one line what
@@ -161,6 +163,8 @@ def test_gpu_and_cpu_flavours_expose_the_same_request_tensors(engines, tmp_path,
     assert {k: gpu[k] for k in client} == client  # every client tensor, same type and dims
     cpu = {t.name: (t.data_type, t.dims) for t in contract.cpu_ensemble_inputs()}
     only_gpu = {"return_kv_cache_reuse_stats"}  # v0.16-v0.18's switch; the CPU contract follows v0.19
+    if version < "0.16":  # v0.15 has no metrics switch
+        assert not {"return_kv_cache_reuse_stats", "return_perf_metrics"} & set(gpu)
     assert {k: v for k, v in gpu.items() if k not in only_gpu} == {k: cpu[k] for k in gpu if k not in only_gpu}
     assert set(cpu) - set(gpu) <= set(contract.RENAMED_INPUTS) | set(contract.RENAMED_INPUTS.values()) | {
         t.name for t in contract.TRTSPEC_INPUTS} | ({"guided_decoding_guide_type", "guided_decoding_guide",
