@@ -13,14 +13,14 @@ _console = Console(stderr=True)
 
 @contextlib.contextmanager
 def progress_bar(description: str, *, total: int, enabled: bool = True) -> Iterator[Callable[[], None]]:
-    """Yield an `advance()` callable that moves a progress bar (a no-op when disabled)."""
+    """Yield an `advance(amount=1)` callable that moves a progress bar (a no-op when disabled)."""
     if not enabled:
-        yield lambda: None
+        yield lambda amount=1: None
         return
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=_console, transient=False) as progress:
         task = progress.add_task(description, total=total)
-        yield lambda: progress.advance(task)
+        yield lambda amount=1: progress.advance(task, amount)
 
 
 class StatusBar:

@@ -235,6 +235,8 @@ class Manifest:
     pp_size: int = 1
     graph_format: int | None = None  # onnx backend: ONNX_GRAPH_FORMAT of the graphs it built
     weights: EngineWeights = EngineWeights()  # the weight format per component (fp32 in earlier manifests)
+    # every file of the engine dir: {relative path: {"size", "blake2b"}} (engine.integrity; {} in earlier manifests)
+    checksums: dict[str, dict] = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
@@ -299,4 +301,7 @@ def read_manifest(engine_dir: Path) -> Manifest:
     for role, rel in manifest.files.items():
         if not (engine_dir / rel).is_file():
             raise BuildError(f"{path}: file {rel} ({role}) is missing from the engine directory")
+    from trtspec.engine.integrity import check_sizes
+
+    check_sizes(engine_dir, manifest.checksums)
     return manifest

@@ -26,6 +26,7 @@ from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, Backend, EngineWeights, 
 from trtspec.errors import BuildError, ConfigError
 from trtspec.model.config import ModelConfig
 from trtspec.model.quantize import DEFAULT_BLOCK_SIZE, QuantSpec, WeightDtype, check_block_size
+from trtspec.engine.integrity import record_files
 from trtspec.outdir import atomic_output_dir, check_output_dir
 from trtspec.spec.eagle_proposer import DynamicTree
 from trtspec.spec.tree import Tree, build_tree, parse_choices
@@ -156,7 +157,8 @@ def build(opts: BuildOptions) -> Manifest:
         files = {role: g.path.name for role, g in graphs.items()}
         files.update({p.stem: p.name for p in tmp.glob("*.bin")})
         tokenizer = _copy_tokenizer(_tokenizer_dir(opts), tmp)
-        manifest = replace(manifest, files=files, numerics=numerics, tokenizer=tokenizer)
+        checksums = record_files(tmp, [*files.values(), *([tokenizer] if tokenizer else [])])
+        manifest = replace(manifest, files=files, numerics=numerics, tokenizer=tokenizer, checksums=checksums)
         manifest.write(tmp)
     return manifest
 

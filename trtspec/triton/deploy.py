@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtspec.engine.integrity import verify_files
 from trtspec.engine.manifest import Backend, Manifest, read_manifest
 from trtspec.errors import ConfigError, RepositoryError
 from trtspec.outdir import atomic_output_dir
@@ -114,6 +115,7 @@ def deploy(options: DeployOptions) -> Path:
     """Write the repository; return its path."""
     engine_dir = Path(options.engine_dir)
     manifest = read_manifest(engine_dir)
+    verify_files(engine_dir, manifest.checksums)  # never package an engine whose files changed after its build
     flavour = resolve_flavour(manifest, options.flavour)
     check_options(manifest, options)
     with atomic_output_dir(Path(options.out), force=options.force) as staging:
