@@ -22,7 +22,7 @@ from trtspec.errors import ServerError
 from trtspec.testing.grpc_requests import grpc_tensor, stream_once
 from trtspec.runtime.generator import GenerateOptions, LocalGenerator
 from trtspec.triton.client import TritonClient, build_inputs, generate_concurrently
-from trtspec.triton.server import ServerOptions, TritonServer, find_tritonserver, free_port
+from trtspec.triton.server import CPU_HOST_NOISE, ServerOptions, TritonServer, find_tritonserver, free_port
 
 WORDS = ["Hello world", "speculative decoding", "Medusa heads", "the target model", "tokens", "café 東京 🙂",
          "def f(x): return x", "quick brown fox"]
@@ -533,6 +533,9 @@ def test_serve_command_prints_endpoints_and_stops_on_sigterm(tiny_repo):
         process, lines = _serve(tiny_repo, grpc_port)
         try:
             assert lines[-1].startswith(f"serving {tiny_repo}: gRPC 127.0.0.1:{grpc_port}, HTTP 127.0.0.1:"), lines
+            # a CPU-only host: tritonserver's CUDA / NVML / DCGM lines are left out, one note says so
+            assert not any(CPU_HOST_NOISE.search(line) for line in lines), lines
+            assert sum(line.startswith("(trtspec leaves out tritonserver's lines about a GPU") for line in lines) == 1
             with TritonClient(f"127.0.0.1:{grpc_port}") as client:
                 assert client.generate("Hello world", GenerateOptions(max_tokens=4)).output_ids
             process.send_signal(signal.SIGTERM)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -171,6 +172,7 @@ class TritonServer:
         if not (repo / "ensemble" / "config.pbtxt").is_file():
             raise ServerError(f"{repo} is not a trtspec model repository (no ensemble/config.pbtxt); "
                               "write one with `trtspec deploy ENGINE_DIR --out REPO`")
+        verify_engines(repo)
         install = find_tritonserver(self.options.tritonserver)
         wait_for_ports(self.options.address, (self.options.grpc_port, self.options.http_port,
                                               self.options.metrics_port), self.options.port_wait_s)
@@ -195,10 +197,20 @@ class TritonServer:
         return self
 
     def _read_log(self) -> None:
+        """Every line into log_lines; to on_log all but what tritonserver prints about the GPU it looks for on a
+        CPU-only host (CPU_HOST_NOISE), which it replaces by one note once the model table is printed."""
         assert self.process is not None and self.process.stdout is not None
+        left_out = 0
         for line in self.process.stdout:
             line = line.rstrip("\n")
             self.log_lines.append(line)
+            if CPU_HOST_NOISE.search(line) and not log.isEnabledFor(logging.DEBUG):
+                left_out += 1
+                continue
+            if left_out and "Collecting CPU metrics" in line:
+                self.on_log(f"(trtspec leaves out tritonserver's lines about a GPU, CUDA, NVML, DCGM or pinned memory, "
+                            f"{left_out} so far: this server computes on the CPU; `trtspec -v serve` shows them)")
+                left_out = 0
             self.on_log(line)
 
     def _wait_ready(self) -> None:
@@ -363,3 +375,33 @@ def _failure_reason(lines: list[str]) -> str:
         if "failed to load" in line or line.startswith("error:") or "UNAVAILABLE:" in line:
             return line.strip()[:400]
     return ""
+
+
+# tritonserver's lines about the GPU it looks for (Triton 2.51 on a CPU-only host): errors and warnings that say
+# nothing about this server, which computes on the CPU
+CPU_HOST_NOISE = re.compile(r"CUDA driver version is insufficient|CUDA memory pool disabled|CudaDriverHelper has not "
+                            r"been initialized|Failed to initialize NVML|DCGM unable to start|unable to create stream "
+                            r"for ensemble: CUDA|no pinned memory pool")
+
+_ENGINE_DIR_PARAM = re.compile(r'key:\s*"engine_dir"\s*value:\s*\{\s*string_value:\s*"([^"]*)"')
+
+
+def verify_engines(repo: Path) -> list[Path]:
+    """Check the engine every CPU-flavour engine model of the repository loads (its `engine_dir` parameter, relative
+    to the repository as the model resolves it) against its manifest's sizes and hashes, before Triton starts: a
+    changed or truncated file is one line naming it, not a model that fails to load. Returns the engines checked."""
+    from trtspec.engine.integrity import verify_files
+    from trtspec.engine.manifest import read_manifest
+
+    checked = []
+    for config in sorted(Path(repo).glob("*/config.pbtxt")):
+        match = _ENGINE_DIR_PARAM.search(config.read_text(errors="replace"))
+        if match is None:
+            continue
+        engine_dir = Path(match.group(1))
+        engine_dir = engine_dir if engine_dir.is_absolute() else (Path(repo) / engine_dir).resolve()
+        if engine_dir in checked:
+            continue
+        verify_files(engine_dir, read_manifest(engine_dir).checksums)
+        checked.append(engine_dir)
+    return checked
