@@ -82,9 +82,22 @@ def convert(as_json: bool, **flags) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @user_errors
 def inspect(directory: Path, as_json: bool) -> None:
-    """Summarise any HF / Medusa / EAGLE / TensorRT-LLM checkpoint folder, or a built engine."""
+    """Summarise any HF / Medusa / EAGLE / TensorRT-LLM checkpoint folder, a built engine, or a Triton model
+    repository (`trtspec deploy` output or upstream's layout)."""
     from trtspec.engine.inspect import engine_summary, is_engine_dir
+    from trtspec.triton.repo_summary import is_model_repository, repository_summary
 
+    if is_model_repository(directory):
+        facts = repository_summary(directory)
+        if as_json:
+            click.echo(json.dumps(facts, indent=2))
+            return
+        click.echo(f"{directory}: Triton model repository · {facts.pop('flavour')} flavour")
+        for name, line in facts.pop("models").items():
+            click.echo(f"  model {name:<20} {line}")
+        for key, value in facts.items():
+            click.echo(f"  {key:<26} {'; '.join(value) if isinstance(value, list) else value}")
+        return
     if is_engine_dir(directory):
         facts = engine_summary(directory)
         if as_json:
@@ -258,6 +271,27 @@ def _sampling_flag(param: click.Parameter, value):
     except TrtspecError:
         raise click.BadParameter(f"must be {RULES[param.name]}, got {value}") from None
     return value
+
+
+@cli.command()
+@click.argument("engine", type=EXISTING_DIR)
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@user_errors
+def verify(engine: Path, quiet: bool) -> None:
+    """Check every file of a built engine against the sizes and content hashes its manifest recorded."""
+    from trtspec.engine.integrity import verify_files
+    from trtspec.engine.manifest import read_manifest
+    from trtspec.progress import progress_bar
+
+    manifest = read_manifest(engine)  # sizes: a truncated file is one line here already
+    if not manifest.checksums:
+        click.echo(f"{engine}: built before trtspec recorded checksums; nothing to compare (rebuild to record them)")
+        return
+    total = sum(r["size"] for r in manifest.checksums.values())
+    with progress_bar(f"verify {engine.name}", total=total, enabled=not quiet) as advance:
+        verify_files(engine, manifest.checksums, on_bytes=advance)
+    click.echo(f"{engine}: {len(manifest.checksums)} files, {total / 2**20:.1f} MiB, every size and content hash "
+               "as built")
 
 
 @cli.command()

@@ -1,5 +1,6 @@
 """`trtspec doctor REPO [ENGINE_DIR]`: cross-check a Triton TensorRT-LLM repository (trtspec's or hand-made) against
-its engine, and list every mismatch upstream only reports at request time or not at all.
+its engine, and list every mismatch upstream only reports at request time or not at all. trtspec's CPU flavour gets
+its own checks (the engine its engine model loads, the method and datastore it asks for, threads against cores).
 
 Each check cites the public issue it catches (tensorrtllm_backend#n, TensorRT-LLM#n, Medusa#n) or the upstream file
 whose rule it enforces; `docs/upstream-sources.md` lists them.
@@ -76,12 +77,19 @@ def doctor(repo: Path, engine_dir: Path | None = None) -> list[Finding]:
         engine = _engine(name, model, engine_dir if name == "tensorrt_llm" or len(llms) == 1 else None, findings)
         findings += check_llm(name, model, engine)
     findings += check_preprocessing(models)
+    findings += check_cpu_engine(models, repo, engine_dir)
     findings += check_ensemble(models)
     findings += check_bls(models, llms, repo, engine_dir, findings)
     return findings
 
 
 # ---- loading ------------------------------------------------------------------------------------------
+
+def load_model_configs(repo: Path) -> tuple[dict[str, dict], list[Finding]]:
+    """Every model's config.pbtxt as a dict (Triton's own protobuf), and what kept a config from parsing."""
+    findings: list[Finding] = []
+    return _load_models(Path(repo), findings), findings
+
 
 def _load_models(repo: Path, findings: list[Finding]) -> dict[str, dict]:
     try:
@@ -274,8 +282,71 @@ def check_preprocessing(models: dict[str, dict]) -> list[Finding]:
             out.append(Finding("warning", name, "tokenizer_type", "removed in v0.9; fill_template.py v0.19+ asserts "
                                                                   "on it. Delete the parameter"))
         tokenizer = params.get("tokenizer_dir", "")
-        if name in models and _set(tokenizer) and not Path(tokenizer).is_dir():
+        if name in models and _set(tokenizer) and not _tokenizer_path(models[name], tokenizer,
+                                                                       is_cpu_flavour(models)).is_dir():
             out.append(Finding("error", name, "tokenizer_dir", f"{tokenizer} does not exist; the model fails to load"))
+    return out
+
+
+def _tokenizer_path(model: dict, tokenizer: str, cpu_flavour: bool) -> Path:
+    """As the model reads it: trtspec's CPU-flavour models resolve a relative path against the model's folder
+    (triton/model_args.py); upstream's preprocessing hands it to AutoTokenizer as written."""
+    path = Path(tokenizer)
+    return path if path.is_absolute() or not cpu_flavour else Path(model["_dir"]) / path
+
+
+def is_cpu_flavour(models: dict[str, dict]) -> bool:
+    """trtspec's CPU flavour: an engine model on the python backend with an `engine_dir` parameter."""
+    return any(m.get("backend") == "python" and "engine_dir" in _params(m) for m in models.values())
+
+
+def _same_engine(engine_dir: Path, manifest) -> bool:
+    """The ENGINE given and the repository's engine (e.g. a copy, deploy --copy-engine) have the same manifest."""
+    from trtspec.engine.manifest import read_manifest
+
+    try:
+        return read_manifest(engine_dir).to_dict() == manifest.to_dict()
+    except TrtspecError:
+        return False
+
+
+def check_cpu_engine(models: dict[str, dict], repo: Path, engine_dir: Path | None) -> list[Finding]:
+    """trtspec's CPU flavour: each engine model (python backend, `engine_dir` parameter) loads a trtspec engine whose
+    files are as built, runs the method it asks for, finds its datastore, and asks for no more threads than cores."""
+    import os
+
+    from trtspec.engine.manifest import read_manifest
+    from trtspec.spec.methods import runnable_methods
+
+    out, cores = [], os.cpu_count() or 1
+    for name, model in models.items():
+        params = _params(model)
+        if model.get("backend") != "python" or "engine_dir" not in params:
+            continue
+        path = Path(params["engine_dir"])
+        path = path if path.is_absolute() else (Path(repo) / path).resolve()
+        try:
+            manifest = read_manifest(path)
+        except TrtspecError as e:
+            out.append(Finding("error", name, "engine_dir", f"{e}; the model fails to load"))
+            continue
+        if engine_dir is not None and Path(engine_dir).resolve() != path and not _same_engine(engine_dir, manifest):
+            out.append(Finding("warning", name, "engine_dir", f"loads {path}, not the ENGINE given ({engine_dir})"))
+        method = params.get("method", "auto")
+        methods = runnable_methods(manifest.method.value, manifest.profile.max_draft_len)
+        if method not in ("", "auto") and method not in methods:
+            out.append(Finding("error", name, "method", f"{method!r} does not run on {path} (it runs "
+                                                         f"{', '.join(methods)}); requests fail"))
+        datastore = params.get("datastore", "")
+        if datastore and not ((Path(repo) / datastore) if not Path(datastore).is_absolute() else
+                              Path(datastore)).is_file():
+            out.append(Finding("error", name, "datastore", f"{datastore} does not exist; the model fails to load"))
+        threads = int(params.get("threads", "0") or 0) or cores
+        instances = sum(int(g.get("count", 1)) for g in model.get("instance_group", [])) or 1
+        if threads * instances > cores:
+            out.append(Finding("warning", name, "threads", f"{instances} instance(s) x {threads} threads on "
+                                                           f"{cores} cores: the instances take each other's cores "
+                                                           "(deploy --threads N with N x instances <= cores)"))
     return out
 
 

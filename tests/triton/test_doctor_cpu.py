@@ -1,0 +1,87 @@
+"""`trtspec doctor` on trtspec's CPU flavour: no false finding on anything `deploy` writes, and its own checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+
+import pytest
+
+from trtspec.triton.deploy import DeployOptions, deploy
+from trtspec.triton.doctor import doctor
+
+DEPLOYS = {
+    "default": {},
+    "none": {"method": "none"},
+    "ngram": {"method": "ngram"},
+    "lookahead": {"method": "lookahead"},
+    "hybrid": {"method": "hybrid"},
+    "unary": {"decoupled": False},
+    "chat-template": {"chat_template": True},
+    "copied": {"copy_engine": True},
+    "spin-threads": {"spin": True, "threads": 1},
+}
+
+
+@pytest.fixture(scope="module")
+def store(tiny_engine, tmp_path_factory):
+    from trtspec.spec.datastore import Datastore
+
+    path = tmp_path_factory.mktemp("store") / "corpus.ds"
+    Datastore.from_documents([[1, 2, 3, 4]], vocab_size=20).save(path)
+    return path
+
+
+@pytest.mark.parametrize("name", [*DEPLOYS, "suffix"])
+def test_no_finding_on_any_cpu_repository_deploy_writes(tiny_engine, tmp_path, name, store):
+    options = DEPLOYS.get(name, {"method": "suffix", "datastore": store})
+    repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "repo", **options))
+    assert doctor(repo, tiny_engine) == []
+    assert doctor(repo) == []
+
+
+def _set_param(repo, key, value):
+    config = repo / "tensorrt_llm" / "config.pbtxt"
+    text = config.read_text()
+    pattern = rf'(key: "{key}"\s*value: \{{ string_value: ")[^"]*(")'
+    assert re.search(pattern, text), key
+    config.write_text(re.sub(pattern, rf"\g<1>{value}\g<2>", text))
+
+
+def test_the_cpu_flavours_own_checks(tiny_engine, tmp_path):
+    repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "repo", copy_engine=True))
+    engine = repo / "tensorrt_llm" / "1" / "engine"
+    assert engine.is_dir() and doctor(repo, tiny_engine) == []  # a copy of the ENGINE given
+    other = tmp_path / "other"
+    shutil.copytree(tiny_engine, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps({**manifest, "name": "another"}))
+    findings = {(f.severity, f.field): f.message for f in doctor(repo, other)}
+    assert findings == {("warning", "engine_dir"): f"loads {engine.resolve()}, not the ENGINE given ({other})"}
+
+    _set_param(repo, "method", "eagle")  # a Medusa engine
+    [finding] = doctor(repo)
+    assert (finding.severity, finding.field) == ("error", "method")
+    assert finding.message.startswith("'eagle' does not run on ") and "(it runs none, medusa, " in finding.message
+
+    _set_param(repo, "method", "suffix")
+    _set_param(repo, "datastore", "missing.ds")
+    assert [(f.severity, f.field, f.message) for f in doctor(repo)] == [
+        ("error", "datastore", "missing.ds does not exist; the model fails to load")]
+
+    _set_param(repo, "datastore", "")
+    _set_param(repo, "threads", str((os.cpu_count() or 1) + 1))
+    [finding] = doctor(repo)
+    assert (finding.severity, finding.field) == ("warning", "threads")
+
+    _set_param(repo, "threads", "0")
+    weights = engine / "weights.bin"
+    weights.write_bytes(weights.read_bytes()[:100])
+    [finding] = doctor(repo)
+    assert (finding.severity, finding.field) == ("error", "engine_dir")
+    assert "100 bytes, the manifest says" in finding.message and finding.message.endswith("the model fails to load")
+    shutil.rmtree(engine)
+    [finding] = doctor(repo)
+    assert (finding.severity, finding.field) == ("error", "engine_dir")
