@@ -52,7 +52,8 @@ ENSEMBLE_INPUTS: tuple[Tensor, ...] = (
 
 # The rest of upstream's ensemble inputs: the CPU flavour declares them too, so a client that sends one gets the
 # engine's own answer (honoured, or refused in one line naming it) instead of Triton's generic "unexpected
-# inference input" (upstream's own ensemble accepts lora_* and guided_decoding_* and drops them unread).
+# inference input" (upstream's own ensemble wires lora_* to tensorrt_llm from v0.15 and guided_decoding_* from v0.19,
+# where the C++ backend honours them; the CPU engine refuses both).
 UPSTREAM_EXTRA_INPUTS: tuple[Tensor, ...] = (
     _t("decoder_text_input", "TYPE_STRING"),
     _t("return_perf_metrics", "TYPE_BOOL"),
