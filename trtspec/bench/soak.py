@@ -33,6 +33,7 @@ import ipaddress
 import json
 import math
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -719,7 +720,7 @@ def abandoning_client(spec_json: str) -> None:
             print(text, flush=True)
 
     clients = []
-    for i, prompt in enumerate(spec["prompts"]):
+    for i, prompt in enumerate(spec["prompts"], start=spec.get("first_index", 0)):
         seen = {"first": False}
 
         def callback(result=None, error=None, i=i, seen=seen):
@@ -746,8 +747,9 @@ def abandoning_client(spec_json: str) -> None:
 
 
 class FaultStreams:
-    """--abandon streams (one child process, killed) and --cancel streams (cancelled by this process), started
-    together; `cut()` ends them all once each sent its first token (or failed, or the wait is over)."""
+    """--abandon streams (one child process each, SIGKILLed) and --cancel streams (cancelled by this process), started
+    together; each is cut as soon as it has sent its first token (its row then goes to a fault stream still queued:
+    more streams than batch rows all get cut mid-stream), and `cut()` ends what is left (failed, or the wait over)."""
 
     def __init__(self, url: str, prompts: list[str], *, abandon: int, cancel: int, max_tokens: int, model: str,
                  epoch: float, accepted: set[str] | None = None):
@@ -757,15 +759,19 @@ class FaultStreams:
         self.state: dict[str, dict[int, str]] = {"abandon": {}, "cancel": {}}  # first / final / error ...
         self.errors: list[str] = []
         self._changed = threading.Condition()
-        self._child: subprocess.Popen | None = None
-        self._clients: list = []
+        self._children: dict[int, subprocess.Popen] = {}
+        self._clients: dict[int, object] = {}
+        self._cut: dict[str, set[int]] = {"abandon": set(), "cancel": set()}
+        self._to_cancel: queue.Queue = queue.Queue()
         self.started_at = self.cut_at = None
 
     def _mark(self, kind: str, i: int, what: str) -> None:
         with self._changed:
             previous = self.state[kind].get(i)
-            if what.startswith("error") and self.cut_at is not None:
+            if what.startswith("error") and (self.cut_at is not None or i in self._cut[kind]):
                 return  # what a cut stream answers ("Locally cancelled by application!")
+            if what == "final" and i in self._cut[kind]:
+                return  # cut mid-stream: whatever ends it now is the cut's doing
             if what.startswith("error"):
                 self.errors.append(f"{kind} {i}: {what[6:]}")
                 if previous is None:
@@ -784,14 +790,15 @@ class FaultStreams:
 
         self.started_at = time.monotonic() - self.epoch
         prompt = lambda i: self.prompts[i % len(self.prompts)]  # noqa: E731
-        if self.abandon:
-            spec = {"url": self.url, "model": self.model, "max_tokens": self.max_tokens,
-                    "prompts": [prompt(i) for i in range(self.abandon)],
-                    "accepted": sorted(self.accepted) if self.accepted is not None else None}
-            self._child = subprocess.Popen([sys.executable, "-c", ABANDON_CHILD, json.dumps(spec)],
-                                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
-                                           start_new_session=True)
-            threading.Thread(target=self._read_child, name="soak-abandon", daemon=True).start()
+        for i in range(self.abandon):
+            spec = {"url": self.url, "model": self.model, "max_tokens": self.max_tokens, "prompts": [prompt(i)],
+                    "first_index": i, "accepted": sorted(self.accepted) if self.accepted is not None else None}
+            self._children[i] = subprocess.Popen([sys.executable, "-c", ABANDON_CHILD, json.dumps(spec)],
+                                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+                                                 start_new_session=True)
+            threading.Thread(target=self._read_child, args=(i,), name=f"soak-abandon-{i}", daemon=True).start()
+        if self.cancel:
+            threading.Thread(target=self._cancel_each, name="soak-cancel", daemon=True).start()
         for i in range(self.cancel):
             def callback(result=None, error=None, i=i):
                 if error is not None:
@@ -800,6 +807,7 @@ class FaultStreams:
                 response = result.get_response()
                 if response.outputs:
                     self._mark("cancel", i, "first")
+                    self._to_cancel.put(i)  # not from the stream's own callback thread
                 final = response.parameters.get("triton_final_response")
                 if final is not None and final.bool_param:
                     self._mark("cancel", i, "final")
@@ -810,22 +818,52 @@ class FaultStreams:
                                                                GenerateOptions(max_tokens=self.max_tokens),
                                                                stream=True, accepted=self.accepted),
                                       request_id=f"soak-cancel-{i}", enable_empty_final_response=True)
-            self._clients.append(client)
+            self._clients[i] = client
         return self
 
-    def _read_child(self) -> None:
-        assert self._child is not None and self._child.stdout is not None
-        for line in self._child.stdout:
+    def _cancel_each(self) -> None:
+        """Cancel each --cancel stream once it has sent its first token."""
+        while True:
+            i = self._to_cancel.get()
+            if i is None:
+                return
+            self._cancel(i)
+
+    def _cancel(self, i: int) -> None:
+        with self._changed:
+            if i in self._cut["cancel"] or i not in self._clients:
+                return
+            self._cut["cancel"].add(i)
+            client = self._clients[i]
+        try:
+            client.stop_stream(cancel_requests=True)
+        except Exception as e:  # noqa: BLE001
+            self.errors.append(f"cancel: {_first_line(e)}")
+        _close_quietly(client)
+
+    def _read_child(self, i: int) -> None:
+        """Abandon stream i: its child process is SIGKILLed once the stream sent its first token."""
+        child = self._children[i]
+        assert child.stdout is not None
+        for line in child.stdout:
             parts = line.strip().split(" ", 2)
             if len(parts) >= 2 and parts[1].isdigit():
-                self._mark("abandon", int(parts[1]), parts[0] if parts[0] != "error" else f"error {parts[-1]}")
+                self._mark("abandon", i, parts[0] if parts[0] != "error" else f"error {parts[-1]}")
+                if parts[0] == "first":
+                    self._kill(i)
         try:
-            self._child.wait(5)
+            child.wait(5)
         except subprocess.TimeoutExpired:
             return
-        if self._child.returncode != -signal.SIGKILL:  # the child died before it was killed
-            for i in range(self.abandon):
-                self._mark("abandon", i, f"error the abandoning client exited with {self._child.returncode}")
+        if child.returncode != -signal.SIGKILL:  # the child died before it was killed
+            self._mark("abandon", i, f"error the abandoning client exited with {child.returncode}")
+
+    def _kill(self, i: int) -> None:
+        with self._changed:
+            self._cut["abandon"].add(i)
+        child = self._children[i]
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
 
     def wait_first_tokens(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -838,21 +876,18 @@ class FaultStreams:
         return True
 
     def cut(self) -> None:
+        """End every fault stream not cut yet (those without a first token: failed, or the wait was over)."""
         self.cut_at = time.monotonic() - self.epoch
-        if self._child is not None and self._child.poll() is None:
-            os.killpg(self._child.pid, signal.SIGKILL)
-            self._child.wait()
-        for client in self._clients:
-            try:
-                client.stop_stream(cancel_requests=True)
-            except Exception as e:  # noqa: BLE001
-                self.errors.append(f"cancel: {_first_line(e)}")
-            _close_quietly(client)
+        self.kill()
+        for i in list(self._clients):
+            self._cancel(i)
+        self._to_cancel.put(None)
 
     def kill(self) -> None:
-        if self._child is not None and self._child.poll() is None:
-            os.killpg(self._child.pid, signal.SIGKILL)
-            self._child.wait()
+        for i, child in self._children.items():
+            if child.poll() is None:
+                self._kill(i)
+            child.wait()
 
     def summary(self) -> dict:
         with self._changed:
