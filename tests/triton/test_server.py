@@ -435,12 +435,20 @@ def test_server_start_failure_is_reported(tmp_path, tiny_repo):
 
     shutil.copytree(tiny_repo, broken)
     config = broken / "tensorrt_llm" / "config.pbtxt"
-    config.write_text(config.read_text().replace('string_value: "../', 'string_value: "../missing/'))
+    text = config.read_text()
+    config.write_text(text.replace('string_value: "../', 'string_value: "../missing/'))
     from trtspec.triton.server import free_port
 
     options = ServerOptions(repository=broken, grpc_port=free_port(), http_port=free_port(),
                             metrics_port=free_port(), startup_timeout_s=120)
-    # the failure is reported as the server's exit (with the load error), not as a start-up timeout
+    # an engine the repository cannot find: one line before tritonserver starts
+    with pytest.raises(ServerError, match=r"^tensorrt_llm: engine_dir \.\./missing/.*: no manifest.json; not an "
+                                          r"engine directory"):
+        TritonServer(options, on_log=lambda line: None).start()
+    # a model that fails to load: reported as the server's exit (with the load error), not as a start-up timeout
+    config.write_text(text)
+    model = broken / "postprocessing" / "1" / "model.py"
+    model.write_text("this is not python\n" + model.read_text())
     with pytest.raises(ServerError, match="tritonserver exited with code 1 while starting: .*failed to load"):
         TritonServer(options, on_log=lambda line: None).start()
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtspec.errors import ServerError
+from trtspec.errors import ServerError, TrtspecError
 from trtspec.triton.drain import DrainSignal
 
 log = logging.getLogger(__name__)
@@ -402,6 +402,9 @@ def verify_engines(repo: Path) -> list[Path]:
         engine_dir = engine_dir if engine_dir.is_absolute() else (Path(repo) / engine_dir).resolve()
         if engine_dir in checked:
             continue
-        verify_files(engine_dir, read_manifest(engine_dir).checksums)
+        try:
+            verify_files(engine_dir, read_manifest(engine_dir).checksums)
+        except TrtspecError as e:
+            raise ServerError(f"{config.parent.name}: engine_dir {match.group(1)}: {e}") from None
         checked.append(engine_dir)
     return checked
