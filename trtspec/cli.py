@@ -77,6 +77,17 @@ def convert(as_json: bool, **flags) -> None:
                    f"{result.num_tensors} tensors, {result.bytes_written / 2**20:.1f} MiB in {result.seconds:.1f} s")
 
 
+def _fact_text(key: str, value) -> str:
+    """One `inspect` value as text: file sizes in MiB, dicts as key: value, lists joined."""
+    if key == "files":
+        return ", ".join(f"{k} ({v / 2**20:.1f} MiB)" for k, v in value.items())
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {v}" for k, v in value.items())
+    if isinstance(value, list):
+        return ("; " if key == "problems" else ", ").join(map(str, value))
+    return str(value)
+
+
 @cli.command()
 @click.argument("directory", type=EXISTING_DIR)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
@@ -87,31 +98,19 @@ def inspect(directory: Path, as_json: bool) -> None:
     from trtspec.engine.inspect import engine_summary, is_engine_dir
     from trtspec.triton.repo_summary import is_model_repository, repository_summary
 
-    if is_model_repository(directory):
-        facts = repository_summary(directory)
+    if is_model_repository(directory) or is_engine_dir(directory):
+        repository = is_model_repository(directory)
+        facts = repository_summary(directory) if repository else engine_summary(directory)
         if as_json:
             click.echo(json.dumps(facts, indent=2))
             return
-        click.echo(f"{directory}: Triton model repository · {facts.pop('flavour')} flavour")
-        for name, line in facts.pop("models").items():
-            click.echo(f"  model {name:<20} {line}")
+        if repository:
+            click.echo(f"{directory}: Triton model repository · {facts.pop('flavour')} flavour")
+            facts = {**{f"model {name}": line for name, line in facts.pop("models").items()}, **facts}
+        else:
+            click.echo(f"{directory}: {facts.pop('backend')} engine · {facts.pop('method')}")
         for key, value in facts.items():
-            click.echo(f"  {key:<26} {'; '.join(value) if isinstance(value, list) else value}")
-        return
-    if is_engine_dir(directory):
-        facts = engine_summary(directory)
-        if as_json:
-            click.echo(json.dumps(facts, indent=2))
-            return
-        click.echo(f"{directory}: {facts.pop('backend')} engine · {facts.pop('method')}")
-        for key, value in facts.items():
-            if key == "files":
-                value = ", ".join(f"{k} ({v / 2**20:.1f} MiB)" for k, v in value.items())
-            elif isinstance(value, dict):
-                value = ", ".join(f"{k}: {v}" for k, v in value.items())
-            elif isinstance(value, list):
-                value = ", ".join(map(str, value))
-            click.echo(f"  {key:<26} {value}")
+            click.echo(f"  {key:<26} {_fact_text(key, value)}")
         return
     summary = trtspec.inspect_checkpoint(directory)
     if as_json:
