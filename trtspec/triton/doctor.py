@@ -119,6 +119,9 @@ def _params(model: dict) -> dict[str, str]:
     return {k: v.get("string_value", "") for k, v in model.get("parameters", {}).items()}
 
 
+model_params = _params  # a model config's parameters as {key: string_value} (repo_summary reads them too)
+
+
 def _set(value: str | None) -> bool:
     return bool(value) and not PLACEHOLDER.fullmatch(value.strip())
 
@@ -317,14 +320,14 @@ def check_cpu_engine(models: dict[str, dict], repo: Path, engine_dir: Path | Non
 
     from trtspec.engine.manifest import read_manifest
     from trtspec.spec.methods import runnable_methods
+    from trtspec.triton.model_args import repository_path
 
     out, cores = [], os.cpu_count() or 1
     for name, model in models.items():
         params = _params(model)
         if model.get("backend") != "python" or "engine_dir" not in params:
             continue
-        path = Path(params["engine_dir"])
-        path = path if path.is_absolute() else (Path(repo) / path).resolve()
+        path = repository_path(repo, params["engine_dir"])
         try:
             manifest = read_manifest(path)
         except TrtspecError as e:
@@ -338,8 +341,7 @@ def check_cpu_engine(models: dict[str, dict], repo: Path, engine_dir: Path | Non
             out.append(Finding("error", name, "method", f"{method!r} does not run on {path} (it runs "
                                                          f"{', '.join(methods)}); requests fail"))
         datastore = params.get("datastore", "")
-        if datastore and not ((Path(repo) / datastore) if not Path(datastore).is_absolute() else
-                              Path(datastore)).is_file():
+        if datastore and not repository_path(repo, datastore).is_file():
             out.append(Finding("error", name, "datastore", f"{datastore} does not exist; the model fails to load"))
         threads = int(params.get("threads", "0") or 0) or cores
         instances = sum(int(g.get("count", 1)) for g in model.get("instance_group", [])) or 1

@@ -21,3 +21,10 @@ def model_path(args: dict, config: dict, key: str) -> Path:
     """A path parameter: absolute as written, else relative to the model's folder (`args["model_repository"]`)."""
     path = Path(parameter(config, key))
     return path if path.is_absolute() else Path(args["model_repository"]) / path
+
+
+def repository_path(repo: Path, value: str) -> Path:
+    """A path parameter the engine model resolves against the repository (`engine_dir`, `datastore`): absolute as
+    written, else relative to the repository's folder."""
+    path = Path(value)
+    return path if path.is_absolute() else (Path(repo) / path).resolve()

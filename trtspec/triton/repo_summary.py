@@ -16,23 +16,22 @@ def is_model_repository(directory: Path) -> bool:
 def repository_summary(repo: Path) -> dict:
     """Flavour, the engine it loads and how (method, datastore, threads / the TensorRT-LLM engine path and decoding
     mode), and one line per model: backend, max_batch_size, decoupled, instances."""
-    from trtspec.triton.doctor import load_model_configs
+    from trtspec.triton.doctor import load_model_configs, model_params
+    from trtspec.triton.model_args import repository_path
 
     repo = Path(repo)
     models, findings = load_model_configs(repo)
     if not models:
         problem = findings[0].message if findings else "no */config.pbtxt Triton can parse"
         raise ConfigError(f"{repo}: not a model repository Triton can load ({problem})")
-    engine_name = next((n for n in ENGINE_MODELS if n in models and _params(models[n]).get("engine_dir")),
+    engine_name = next((n for n in ENGINE_MODELS if n in models and model_params(models[n]).get("engine_dir")),
                        "tensorrt_llm")
     engine = models.get(engine_name, {})
-    params = _params(engine)
+    params = model_params(engine)
     out: dict = {"flavour": "cpu" if engine.get("backend") == "python" else "trtllm",
                  "models": {name: _model_line(model) for name, model in models.items()}}
     if "engine_dir" in params:
-        engine_dir = Path(params["engine_dir"])
-        engine_dir = engine_dir if engine_dir.is_absolute() else (repo / engine_dir).resolve()
-        out["engine"] = str(engine_dir)
+        out["engine"] = str(repository_path(repo, params["engine_dir"]))
         out["method"] = params.get("method", "auto")
         if params.get("datastore"):
             out["datastore"] = params["datastore"]
@@ -47,10 +46,6 @@ def repository_summary(repo: Path) -> dict:
     if findings:
         out["problems"] = [f"{f.model}: {f.field}: {f.message}" for f in findings]
     return out
-
-
-def _params(model: dict) -> dict[str, str]:
-    return {k: v.get("string_value", "") for k, v in model.get("parameters", {}).items()}
 
 
 def _model_line(model: dict) -> str:

@@ -392,14 +392,14 @@ def verify_engines(repo: Path) -> list[Path]:
     changed or truncated file is one line naming it, not a model that fails to load. Returns the engines checked."""
     from trtspec.engine.integrity import verify_files
     from trtspec.engine.manifest import read_manifest
+    from trtspec.triton.model_args import repository_path
 
     checked = []
     for config in sorted(Path(repo).glob("*/config.pbtxt")):
         match = _ENGINE_DIR_PARAM.search(config.read_text(errors="replace"))
         if match is None:
             continue
-        engine_dir = Path(match.group(1))
-        engine_dir = engine_dir if engine_dir.is_absolute() else (Path(repo) / engine_dir).resolve()
+        engine_dir = repository_path(repo, match.group(1))
         if engine_dir in checked:
             continue
         try:

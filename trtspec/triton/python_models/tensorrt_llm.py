@@ -22,7 +22,7 @@ from trtspec.runtime.generator import LocalGenerator  # noqa: E402
 from trtspec.triton.contract import PERF_METRIC_OUTPUTS  # noqa: E402
 from trtspec.triton.serving import (REFUSED_MESSAGE, DrainSignal, EngineService, Job,  # noqa: E402
                                     bool_input, is_stop_request, parse_request, perf_metric_values)
-from trtspec.triton.model_args import flag, parameter  # noqa: E402
+from trtspec.triton.model_args import flag, parameter, repository_path  # noqa: E402
 from trtspec.triton.text import CONTEXT_TOKENS  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -76,8 +76,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         repo = Path(args["model_repository"]).parent
-        engine_dir = Path(parameter(config, "engine_dir"))
-        engine_dir = engine_dir if engine_dir.is_absolute() else (repo / engine_dir).resolve()
+        engine_dir = repository_path(repo, parameter(config, "engine_dir"))
         threads = int(parameter(config, "threads", "0")) or None
         spin = {"true": True, "false": False}.get(parameter(config, "spin", "auto"))  # auto: TRTSPEC_ORT_SPIN
         self.exclude_input = flag(config, "exclude_input_in_output", False)
