@@ -119,7 +119,7 @@ class Recipe:
 
             parse_version(self.build.trtllm_version)
         if self.build.preset is not None:
-            from trtspec.spec.tree_presets import preset
+            from trtspec.speculative.tree_presets import preset
 
             preset(self.build.preset)
 

@@ -8,7 +8,7 @@ import pytest
 
 from trtspec.bench.spec_eval import TreeResult, parse_tree, write_tree
 from trtspec.errors import ConfigError
-from trtspec.spec.stats import SpecStats
+from trtspec.speculative.stats import SpecStats
 
 
 @pytest.mark.parametrize("text,choices", [

@@ -19,8 +19,8 @@ from trtspec.errors import BuildError, ConfigError
 from trtspec.model.quantize import dequantize, quantize
 from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
 from trtspec.runtime.ort_engine import OrtEngine
-from trtspec.spec.methods import make_proposer
-from trtspec.spec.tree import build_tree
+from trtspec.speculative.methods import make_proposer
+from trtspec.speculative.tree import build_tree
 from trtspec.testing import TinyModel, tiny_trtllm_checkpoints
 
 MODEL = TinyModel(vocab_size=64, tie_word_embeddings=True)
@@ -87,8 +87,9 @@ def test_packing_is_what_matmul_nbits_reads(bits, block_size):
 def test_matmul_nbits_rows_are_invariant_from_two_rows(bits, accuracy_level):
     """Each row of a 17-row product equals the same row computed in a product of 2, 3, 5 or 9 rows, bit for bit
     (activations with outlier channels, as real hidden states have). One row alone: the same for 8-bit weights at
-    accuracy level 4, not for 4-bit weights (ONNX Runtime 1.32: another kernel path), which is one of the two
-    reasons a quantized engine runs a plain step as 2 slots (quantize.PLAIN_STEP_SLOTS)."""
+    accuracy level 4; for 4-bit weights only on some CPUs (ONNX Runtime 1.32 takes another kernel path for one row on
+    some instruction sets: seen on one host, bit-identical on an AVX-512 VNNI EPYC), which is one of the two reasons a
+    quantized engine runs a plain step as 2 slots (quantize.PLAIN_STEP_SLOTS)."""
     rng = np.random.default_rng(0)
     w = rng.standard_normal((192, 576), dtype=np.float32) * 0.05
     session, _ = _matmul_nbits(w, bits, 32, accuracy_level)
@@ -102,8 +103,8 @@ def test_matmul_nbits_rows_are_invariant_from_two_rows(bits, accuracy_level):
     alone = np.stack([session.run(None, {"A": x[i:i + 1]})[0][0] for i in range(17)])
     if bits == 8:
         assert np.array_equal(alone, full)
-    else:  # documents the finding; a later ONNX Runtime may unify the paths (then the padding could go for int4)
-        assert 0 < np.abs(alone - full).max() < 1e-3 * np.abs(full).max()
+    else:  # the one-row path may differ, within rounding (the padding to 2 slots makes that harmless)
+        assert np.abs(alone - full).max() < 1e-3 * np.abs(full).max()
 
 
 @pytest.mark.parametrize("weights", ["int4", "int8"])

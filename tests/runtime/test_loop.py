@@ -11,11 +11,11 @@ from trtspec import ConvertOptions, convert
 from trtspec.errors import ConfigError
 from trtspec.runtime.loop import GenerationConfig, generate
 from trtspec.runtime.torch_engine import TorchEngine
-from trtspec.spec.eagle_proposer import DynamicTree
-from trtspec.spec.methods import make_proposer
-from trtspec.spec.proposer import Draft
-from trtspec.spec.sampling import SamplingParams
-from trtspec.spec.tree import build_tree, chain_tree
+from trtspec.speculative.tree import DynamicTree
+from trtspec.speculative.methods import make_proposer
+from trtspec.speculative.proposer import Draft
+from trtspec.speculative.sampling import SamplingParams
+from trtspec.speculative.tree import build_tree, chain_tree
 from trtspec.testing import TinyModel, write_eagle_draft, write_hf_base, write_medusa_heads
 
 MODEL = TinyModel(vocab_size=64, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
@@ -191,8 +191,8 @@ def test_log_probs_are_the_same_with_and_without_speculation():
 
     from trtspec.runtime.loop import GenerationConfig, generate
     from trtspec.runtime.torch_engine import TorchEngine
-    from trtspec.spec.methods import make_proposer
-    from trtspec.spec.tree import build_tree
+    from trtspec.speculative.methods import make_proposer
+    from trtspec.speculative.tree import build_tree
     from trtspec.testing import TinyModel, tiny_trtllm_checkpoints
     import tempfile
     from pathlib import Path
@@ -216,8 +216,8 @@ def test_bad_words_and_min_tokens_stay_lossless():
 
     from trtspec.runtime.loop import GenerationConfig, generate
     from trtspec.runtime.torch_engine import TorchEngine
-    from trtspec.spec.methods import make_proposer
-    from trtspec.spec.tree import build_tree
+    from trtspec.speculative.methods import make_proposer
+    from trtspec.speculative.tree import build_tree
     from trtspec.testing import TinyModel, tiny_trtllm_checkpoints
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -245,9 +245,9 @@ def test_bad_words_and_min_tokens_stay_lossless():
 def test_hybrid_merges_a_drafter_with_prompt_lookup_losslessly(engines):
     """An oracle drafter (right down part of its rank-0 path) merged with prompt lookup on repetitive prompts: the
     output is plain greedy, and nodes of both kinds are accepted."""
-    from trtspec.spec.hybrid_proposer import HybridProposer
-    from trtspec.spec.ngram_proposer import DRAFTER, AcceptanceModel, NgramConfig
-    from trtspec.spec.step_costs import StepCosts
+    from trtspec.speculative.hybrid_proposer import HybridProposer
+    from trtspec.speculative.ngram_proposer import DRAFTER, AcceptanceModel, NgramConfig
+    from trtspec.speculative.step_costs import StepCosts
 
     engine, model = engines["medusa"], AcceptanceModel()
     costs = StepCosts((1, 2, 3, 5, 9, 17), (1.0, 1.06, 1.09, 1.13, 1.34, 1.60))

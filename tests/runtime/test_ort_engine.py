@@ -14,10 +14,10 @@ from trtspec.errors import BuildError, RuntimeEngineError
 from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.runtime.torch_engine import TorchEngine
-from trtspec.spec.eagle_proposer import DynamicTree
-from trtspec.spec.methods import make_proposer
-from trtspec.spec.sampling import SamplingParams
-from trtspec.spec.tree import build_tree
+from trtspec.speculative.tree import DynamicTree
+from trtspec.speculative.methods import make_proposer
+from trtspec.speculative.sampling import SamplingParams
+from trtspec.speculative.tree import build_tree
 from trtspec.testing import TinyModel, tiny_trtllm_checkpoints
 
 MODEL = TinyModel(vocab_size=64)
@@ -190,7 +190,7 @@ def test_medusa_logits_batch_equals_one_run_per_hidden_state(engines):
 
 
 def _hybrid(name, engine, model=None, recent=None):
-    from trtspec.spec.ngram_proposer import AcceptanceModel
+    from trtspec.speculative.ngram_proposer import AcceptanceModel
 
     dynamic = DynamicTree(depth=3, top_k=3, total_tokens=8) if name == "eagle2" else None
     return make_proposer("hybrid", engine, tree=None if dynamic else build_tree(eval(TREE)), dynamic=dynamic,
@@ -202,8 +202,8 @@ def test_hybrid_equals_plain_alone_and_in_flight(engines, name):
     """The engine's drafter and the training-free candidates in one tree: every output equals plain decoding, alone
     and 8 in flight (3 at a time); both kinds of node are drafted and accepted."""
     from trtspec.runtime.loop import Request, generate_batch
-    from trtspec.spec.datastore import RecentOutputs
-    from trtspec.spec.ngram_proposer import DRAFTER, AcceptanceModel
+    from trtspec.speculative.datastore import RecentOutputs
+    from trtspec.speculative.ngram_proposer import DRAFTER, AcceptanceModel
 
     engine = engines[name][0]
     model, recent = AcceptanceModel(), RecentOutputs(min_output=2)

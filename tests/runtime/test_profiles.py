@@ -19,8 +19,8 @@ from trtspec.model.onnx_graph import export_graphs
 from trtspec.runtime import verify_curve
 from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
 from trtspec.runtime.ort_engine import OrtEngine
-from trtspec.spec.methods import make_proposer
-from trtspec.spec.tree import build_tree, chain_tree
+from trtspec.speculative.methods import make_proposer
+from trtspec.speculative.tree import build_tree, chain_tree
 from trtspec.testing import TinyModel, tiny_trtllm_checkpoints
 
 MODEL = TinyModel(vocab_size=64)

@@ -13,7 +13,7 @@ from trtspec.data.prompts import load_prompts
 from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.models.fetch import fetch_model
 from trtspec.runtime.generator import GenerateOptions, LocalGenerator
-from trtspec.spec.eagle_proposer import DynamicTree
+from trtspec.speculative.tree import DynamicTree
 from trtspec.testing import TinyModel, write_eagle_draft
 from trtspec.train.init_heads import write_initial_medusa_heads
 

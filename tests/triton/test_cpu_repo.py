@@ -92,7 +92,7 @@ def test_options_reach_the_configs(tiny_engine, tmp_path):
 
 
 def test_a_datastore_is_referenced_or_copied_and_checked(tiny_engine, tmp_path):
-    from trtspec.spec.datastore import Datastore
+    from trtspec.speculative.datastore import Datastore
 
     store = tmp_path / "stores" / "corpus.ds"
     Datastore.from_documents([[1, 2, 3, 4]], vocab_size=20).save(store)

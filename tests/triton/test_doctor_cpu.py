@@ -27,7 +27,7 @@ DEPLOYS = {
 
 @pytest.fixture(scope="module")
 def store(tiny_engine, tmp_path_factory):
-    from trtspec.spec.datastore import Datastore
+    from trtspec.speculative.datastore import Datastore
 
     path = tmp_path_factory.mktemp("store") / "corpus.ds"
     Datastore.from_documents([[1, 2, 3, 4]], vocab_size=20).save(path)

@@ -113,7 +113,7 @@ def test_suffix_requests_draft_from_the_deployed_datastore(server, local):
 def test_lookahead_requests_choose_their_window(server, local):
     """draft_method lookahead with tensorrtllm_backend's lookahead_* sizes per request, through the ensemble: every
     output is plain greedy, whatever (W, N, G) each request runs."""
-    from trtspec.spec.lookahead_proposer import LookaheadConfig
+    from trtspec.speculative.lookahead_proposer import LookaheadConfig
 
     prompts = _prompts(6, seed=9)
     windows = [LookaheadConfig(2, 3, 2), None, LookaheadConfig(3, 2, 3), LookaheadConfig(2, 2, 1)] * 2

@@ -188,7 +188,7 @@ def test_lookahead_sizes_follow_the_request_or_the_deployments_method(tiny_engin
     that fits K (the tiny engine: K = 8 → 2,3,2)."""
     from trtspec.engine.manifest import read_manifest
     from trtspec.errors import ConfigError
-    from trtspec.spec.lookahead_proposer import LookaheadConfig
+    from trtspec.speculative.lookahead_proposer import LookaheadConfig
     from trtspec.triton.serving import parse_request
 
     manifest = read_manifest(tiny_engine)

@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 
 from trtspec.runtime.generator import LocalGenerator
 from trtspec.runtime.loop import GenerationConfig, generate
-from trtspec.spec.sampling import SamplingParams
+from trtspec.speculative.sampling import SamplingParams
 from trtspec.testing.grpc_requests import grpc_tensor as tensor
 from trtspec.testing.grpc_requests import stream_once
 from trtspec.triton.contract import PERF_METRIC_OUTPUTS

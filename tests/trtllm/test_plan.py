@@ -13,8 +13,8 @@ from trtspec.cli import cli
 from trtspec.engine.manifest import Manifest
 from trtspec.engine.trtllm_plan import Lookahead, TrtllmBuildOptions, cpp_choices, plan_trtllm_build
 from trtspec.errors import BuildError, ConfigError
-from trtspec.spec.tree import parse_choices
-from trtspec.spec.tree_presets import preset
+from trtspec.speculative.tree import parse_choices
+from trtspec.speculative.tree_presets import preset
 
 
 def plan(ckpt, tmp_path, **kwargs):

@@ -11,7 +11,7 @@ from tritonclient.grpc import model_config_pb2
 
 from trtspec.engine.trtllm_plan import Lookahead, cpp_choices
 from trtspec.errors import ConfigError, RepositoryError
-from trtspec.spec.tree import parse_choices
+from trtspec.speculative.tree import parse_choices
 from trtspec.triton import contract
 from trtspec.triton.deploy import DeployOptions, deploy
 from trtspec.triton.doctor import doctor

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtspec.spec.stats import SpecStats
+from trtspec.speculative.stats import SpecStats
 
 DEFAULT_SETS = ("sharegpt-grounded", "code-edit", "mt-bench-2turn", "mt-bench")
 WARMUP_TOKENS = 8
@@ -95,7 +95,7 @@ def set_prompts(generator, name: str, limit: int, max_tokens: int) -> list[tuple
 
 def run_benchmark(args: argparse.Namespace, show=print) -> dict:
     from trtspec.runtime.generator import GenerateOptions, LocalGenerator
-    from trtspec.spec.datastore import RecentOutputs
+    from trtspec.speculative.datastore import RecentOutputs
 
     load = {"before": os.getloadavg()}
     generators = [LocalGenerator(e, threads=args.threads, spin=args.spin, datastore=args.datastore)

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtspec.spec.stats import SpecStats
+from trtspec.speculative.stats import SpecStats
 
 DEFAULT_TREES = ("chain_1", "chain_2", "chain_3", "[[0],[1],[0,0]]", "[[0],[1],[0,0],[0,0,0]]")
 CHAINS = {"chain_1": [[0]]}
@@ -58,8 +58,8 @@ class TreeResult:
 
 
 def parse_tree(text: str) -> list:
-    from trtspec.spec.tree import parse_choices
-    from trtspec.spec.tree_presets import TREE_PRESETS, preset
+    from trtspec.speculative.tree import parse_choices
+    from trtspec.speculative.tree_presets import TREE_PRESETS, preset
 
     if text in CHAINS:
         return CHAINS[text]

@@ -139,7 +139,7 @@ def build_datastore(sources: str | tuple[str, ...], out: Path, *, tokenizer: Pat
 
     from trtspec.progress import StatusBar
     from trtspec.runtime.tokenizer import Tokenizer
-    from trtspec.spec.datastore import Datastore
+    from trtspec.speculative.datastore import Datastore
 
     out = Path(out)
     if out.exists() and (out.is_dir() or not force):

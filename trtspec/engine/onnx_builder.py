@@ -28,9 +28,9 @@ from trtspec.model.config import ModelConfig
 from trtspec.model.quantize import DEFAULT_BLOCK_SIZE, QuantSpec, WeightDtype, check_block_size
 from trtspec.engine.integrity import record_files
 from trtspec.outdir import atomic_output_dir, check_output_dir
-from trtspec.spec.eagle_proposer import DynamicTree
-from trtspec.spec.tree import Tree, build_tree, parse_choices
-from trtspec.spec.tree_presets import preset
+from trtspec.speculative.tree import DynamicTree
+from trtspec.speculative.tree import Tree, build_tree, parse_choices
+from trtspec.speculative.tree_presets import preset
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from trtspec.engine.manifest import Backend, Manifest, Method, ModelInfo, Profil
 from trtspec.engine.trtllm_versions import TrtllmVersion, installed_version, newest, parse_version
 from trtspec.errors import BuildError, CheckpointError, ConfigError
 from trtspec.model.config import ModelConfig
-from trtspec.spec.tree import Tree, build_tree, parse_choices
-from trtspec.spec.tree_presets import preset
+from trtspec.speculative.tree import Tree, build_tree, parse_choices
+from trtspec.speculative.tree_presets import preset
 
 # TensorRT-LLM's own default tree for both Medusa and EAGLE-1 (TensorRT-LLM tensorrt_llm/llmapi/llm_args.py `mDefaultEagleChoices`, tensorrtllm_backend tensorrt_llm/config.pbtxt).
 DEFAULT_TREE = "mc_sim_7b_63"

@@ -14,14 +14,14 @@ from trtspec.engine.manifest import Method
 from trtspec.errors import ConfigError
 from trtspec.runtime.loop import GenerationConfig, GenerationResult, Request, generate, generate_batch
 from trtspec.runtime.ort_engine import OrtEngine
-from trtspec.spec.datastore import Datastore, RecentOutputs
-from trtspec.spec.eagle_proposer import DynamicTree
-from trtspec.spec.lookahead_proposer import LookaheadConfig
-from trtspec.spec.methods import make_proposer
-from trtspec.spec.ngram_proposer import AcceptanceModel, NgramConfig
-from trtspec.spec.proposer import Proposer
-from trtspec.spec.sampling import SamplingParams
-from trtspec.spec.tree import build_tree
+from trtspec.speculative.datastore import Datastore, RecentOutputs
+from trtspec.speculative.tree import DynamicTree
+from trtspec.speculative.lookahead_proposer import LookaheadConfig
+from trtspec.speculative.methods import make_proposer
+from trtspec.speculative.ngram_proposer import AcceptanceModel, NgramConfig
+from trtspec.speculative.proposer import Proposer
+from trtspec.speculative.sampling import SamplingParams
+from trtspec.speculative.tree import build_tree
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtspec.errors import ConfigError
-from trtspec.runtime.engine import Engine, StepOutput
-from trtspec.spec.acceptance import Accepted, accept_greedy, accept_rejection_tree, accept_typical
-from trtspec.spec.proposer import Draft, Proposer, observe_one_by_one
-from trtspec.spec.sampling import SamplingParams, logits_to_probs, make_rng, sample, softmax
-from trtspec.spec.stats import SpecStats
+from trtspec.speculative.engine import BatchedEngine, CostedEngine, Engine, StepOutput
+from trtspec.speculative.acceptance import Accepted, accept_greedy, accept_rejection_tree, accept_typical
+from trtspec.speculative.proposer import Draft, Proposer, observe_one_by_one
+from trtspec.speculative.sampling import SamplingParams, logits_to_probs, make_rng, sample, softmax
+from trtspec.speculative.stats import SpecStats
 
 ACCEPTANCE_MODES = ("auto", "typical")
 
@@ -248,7 +248,7 @@ def _fit_batch(engine: Engine, decodings: list[_Decoding], drafts: list[Draft]) 
     profile T that maximises the batch's expected tokens per unit of its cost, and drafts that carry node
     probabilities keep their T - 1 most probable nodes. Drafts without them (static trees) keep their size, which
     bounds T from below; their rows count the acceptance length they have had so far."""
-    if not hasattr(engine, "step_costs") or all(d.node_p is None for d in drafts):
+    if not isinstance(engine, CostedEngine) or all(d.node_p is None for d in drafts):
         return drafts
     costs = engine.step_costs()
     floor = max((d.tree.num_nodes + 1 for d in drafts if d.node_p is None), default=1)
@@ -277,7 +277,7 @@ def _fit_batch(engine: Engine, decodings: list[_Decoding], drafts: list[Draft]) 
 def _verify_all(engine: Engine, seqs: list[int], drafts: list[Draft]) -> list[StepOutput]:
     """One batched verify step when the engine has one, else one call per sequence."""
     items = [(seq, d.tokens, d.tree.position_offsets, d.tree.mask) for seq, d in zip(seqs, drafts)]
-    if len(items) > 1 and hasattr(engine, "verify_batch"):
+    if len(items) > 1 and isinstance(engine, BatchedEngine):
         return engine.verify_batch(items)
     return [engine.verify(*item) for item in items]
 

@@ -16,7 +16,7 @@ import torch
 from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
 from trtspec.model.eagle_draft import EagleDraftModel
 from trtspec.model.reference import ReferenceModel
-from trtspec.runtime.engine import StepOutput
+from trtspec.speculative.engine import StepOutput
 
 
 @dataclass

@@ -22,8 +22,9 @@ import numpy as np
 
 from trtspec.engine.inspect import CURVE_FILE
 from trtspec.outdir import chmod_as_created
-from trtspec.spec.step_costs import StepCosts
-from trtspec.spec.tree import chain_tree
+from trtspec.speculative.engine import BatchedEngine
+from trtspec.speculative.step_costs import StepCosts
+from trtspec.speculative.tree import chain_tree
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def measure(engine, *, rounds: int = ROUNDS, past: int = PAST_TOKENS) -> StepCos
     profiles = (1, *engine.slot_profiles)
     past = max(1, min(past, engine.manifest.profile.max_input_len))
     ms = _times(engine, profiles, 1, rounds, past)
-    batch = min(engine.manifest.profile.max_batch_size, BATCH) if hasattr(engine, "verify_batch") else 1
+    batch = min(engine.manifest.profile.max_batch_size, BATCH) if isinstance(engine, BatchedEngine) else 1
     batch_ms = _times(engine, profiles, batch, BATCH_ROUNDS, past) if batch > 1 else []
     # rounded as the cache stores them, so a curve read back equals the one measured
     return StepCosts(profiles, tuple(round(t / ms[0], 4) for t in ms), tuple(round(t, 3) for t in ms),

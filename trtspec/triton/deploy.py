@@ -83,7 +83,7 @@ def check_datastore(manifest: Manifest, engine_dir: Path, path: Path) -> None:
     if manifest.profile.max_draft_len < 1:
         raise ConfigError("--datastore: method suffix needs an engine built with --max-draft-len K >= 1")
     from trtspec.data.datastore_sources import tokenizer_fingerprint
-    from trtspec.spec.datastore import Datastore
+    from trtspec.speculative.datastore import Datastore
 
     fingerprint = tokenizer_fingerprint(engine_dir / manifest.tokenizer) if manifest.tokenizer else ""
     Datastore.load(path).check_engine(manifest.model.vocab_size, fingerprint, where="--datastore")
@@ -91,7 +91,7 @@ def check_datastore(manifest: Manifest, engine_dir: Path, path: Path) -> None:
 
 def check_method(manifest: Manifest, method: str, what: str = "--method") -> None:
     """`--method` (or a request's `draft_method`): a drafter the engine can run, checked before anything runs."""
-    from trtspec.spec.methods import METHODS, TRAINING_FREE, runnable_methods
+    from trtspec.speculative.methods import METHODS, TRAINING_FREE, runnable_methods
 
     if manifest.backend is not Backend.ONNX:
         raise ConfigError(f"{what} applies to the CPU flavour only (a TensorRT-LLM engine runs the method it was "

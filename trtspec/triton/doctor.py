@@ -16,8 +16,8 @@ from pathlib import Path
 from trtspec.engine.trtllm_plan import SpecMode, Lookahead, cpp_choices
 from trtspec.engine.trtllm_versions import installed_version, parse_version
 from trtspec.errors import ConfigError, TrtspecError
-from trtspec.spec.tree import build_tree, parse_choices
-from trtspec.spec.tree_presets import preset
+from trtspec.speculative.tree import build_tree, parse_choices
+from trtspec.speculative.tree_presets import preset
 
 PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
 MODE_BITS = {m.bit: m for m in SpecMode}
@@ -319,7 +319,7 @@ def check_cpu_engine(models: dict[str, dict], repo: Path, engine_dir: Path | Non
     import os
 
     from trtspec.engine.manifest import read_manifest
-    from trtspec.spec.methods import runnable_methods
+    from trtspec.speculative.methods import runnable_methods
     from trtspec.triton.model_args import repository_path
 
     out, cores = [], os.cpu_count() or 1

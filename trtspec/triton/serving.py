@@ -22,10 +22,10 @@ import numpy as np
 from trtspec.engine.manifest import Manifest
 from trtspec.errors import ConfigError, TrtspecError
 from trtspec.runtime.loop import GenerationConfig, GenerationResult, InflightBatch, Request
-from trtspec.spec.lookahead_proposer import LookaheadConfig
-from trtspec.spec.proposer import Proposer
+from trtspec.speculative.lookahead_proposer import LookaheadConfig
+from trtspec.speculative.proposer import Proposer
 from trtspec.triton.contract import LOOKAHEAD_INPUTS
-from trtspec.spec.sampling import SamplingParams
+from trtspec.speculative.sampling import SamplingParams
 from trtspec.triton.text import decode_word_list
 from trtspec.triton.drain import DrainSignal  # noqa: F401  (serve's side imports it from there: no numpy)
 
@@ -249,7 +249,7 @@ def _lookahead(inputs: dict[str, np.ndarray], b: int, manifest, method: str | No
     if (method or manifest.method.value) != "lookahead":
         raise ConfigError("lookahead_window_size / _ngram_size / _verification_set_size configure draft_method "
                           "lookahead; send draft_method \"lookahead\" too")
-    from trtspec.spec.methods import default_lookahead
+    from trtspec.speculative.methods import default_lookahead
 
     own = LookaheadConfig(**manifest.lookahead) if manifest.lookahead else None
     base = default_lookahead(manifest.profile.max_draft_len, own) or LookaheadConfig(2, 2, 1)

@@ -18,7 +18,7 @@ from trtspec.engine.manifest import Backend, Manifest, Method, read_manifest
 from trtspec.engine.trtllm_plan import DECODING_MODE, DEFAULT_TREE, cpp_choices
 from trtspec.engine.trtllm_versions import TrtllmVersion, parse_version
 from trtspec.errors import RepositoryError
-from trtspec.spec.tree_presets import preset
+from trtspec.speculative.tree_presets import preset
 from trtspec.triton import trtllm_tensors as tt
 from trtspec.triton.pbtxt import ModelConfig, Step, render
 
@@ -116,7 +116,7 @@ def _check_method_support(manifest: Manifest, version: TrtllmVersion, where: Pat
 
 
 def _default_tree() -> tuple[tuple[int, ...], ...]:
-    from trtspec.spec.tree import build_tree
+    from trtspec.speculative.tree import build_tree
 
     return build_tree(preset(DEFAULT_TREE)).choices
 

@@ -7,9 +7,9 @@ from typing import Protocol
 
 import numpy as np
 
-from trtspec.runtime.engine import Engine, StepOutput
-from trtspec.spec.acceptance import Accepted
-from trtspec.spec.tree import Tree, chain_tree
+from trtspec.speculative.engine import BatchedEngine, Engine, StepOutput
+from trtspec.speculative.acceptance import Accepted
+from trtspec.speculative.tree import Tree, chain_tree
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,11 @@ class NoDraft:
         pass
 
 
-def batch_engine(proposers: list, method: str) -> Engine | None:
-    """The engine every proposer drafts on when it offers `method` (a batched engine call), else None: the caller
-    then lets each proposer observe alone."""
-    engine = proposers[0]._engine
-    if hasattr(engine, method) and all(p._engine is engine for p in proposers):
+def batch_engine(proposers: list) -> BatchedEngine | None:
+    """The engine every proposer drafts on (their `engine`) when it is a BatchedEngine, else None: the caller then
+    lets each proposer observe alone."""
+    engine = proposers[0].engine
+    if isinstance(engine, BatchedEngine) and all(p.engine is engine for p in proposers):
         return engine
     return None
 

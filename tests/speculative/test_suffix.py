@@ -12,11 +12,11 @@ from click.testing import CliRunner
 from trtspec.cli import cli
 from trtspec.errors import ConfigError
 from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
-from trtspec.spec.datastore import Datastore, RecentOutputs, context_key
-from trtspec.spec.methods import make_proposer
-from trtspec.spec.ngram_proposer import SUFFIX_CORPUS, SUFFIX_RECENT, AcceptanceModel, NgramConfig, NgramProposer
-from trtspec.spec.proposer import NoDraft
-from tests.spec.test_ngram import COSTS, MarkovEngine, _deterministic_table, _prompts
+from trtspec.speculative.datastore import Datastore, RecentOutputs, context_key
+from trtspec.speculative.methods import make_proposer
+from trtspec.speculative.ngram_proposer import SUFFIX_CORPUS, SUFFIX_RECENT, AcceptanceModel, NgramConfig, NgramProposer
+from trtspec.speculative.proposer import NoDraft
+from tests.speculative.test_ngram import COSTS, MarkovEngine, _deterministic_table, _prompts
 
 @pytest.fixture(scope="module")
 def tiny_tokenizer_dir(tmp_path_factory):
@@ -277,7 +277,7 @@ def test_a_missing_source_is_named(tmp_path):
 
 
 def test_suffix_sampled_output_keeps_the_target_distribution():
-    from tests.spec.test_ngram import assert_keeps_the_target_distribution
+    from tests.speculative.test_ngram import assert_keeps_the_target_distribution
 
     recent, model = RecentOutputs(min_output=2), AcceptanceModel()
     corpus = _store([[0, 1, 2, 3, 0, 1, 2, 3], [1, 3, 2, 0]], vocab=4)

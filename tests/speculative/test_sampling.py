@@ -9,7 +9,7 @@ import pytest
 from scipy.special import softmax as scipy_softmax
 
 from trtspec.errors import ConfigError
-from trtspec.spec.sampling import SamplingParams, logits_to_probs, make_rng, sample
+from trtspec.speculative.sampling import SamplingParams, logits_to_probs, make_rng, sample
 
 
 def nonzero(probs: np.ndarray) -> list[int]:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from trtspec.errors import ConfigError
-from trtspec.runtime.engine import Engine, StepOutput
-from trtspec.spec.acceptance import Accepted
-from trtspec.spec.proposer import Draft, batch_engine, observe_one_by_one, top_ranked
-from trtspec.spec.tree import Tree
+from trtspec.speculative.engine import Engine, StepOutput
+from trtspec.speculative.acceptance import Accepted
+from trtspec.speculative.proposer import Draft, batch_engine, observe_one_by_one, top_ranked
+from trtspec.speculative.tree import Tree
 
 
 class MedusaProposer:
@@ -20,11 +20,11 @@ class MedusaProposer:
         if tree.depth > num_heads:
             raise ConfigError(f"tree depth {tree.depth} exceeds the {num_heads} Medusa heads of the engine")
         self.tree = tree
-        self._engine: Engine | None = None
+        self.engine: Engine | None = None
         self._head_logits: np.ndarray | None = None  # [num_heads, V] at the last accepted slot
 
     def start(self, engine: Engine, seq, prefill: StepOutput, prompt_ids, root) -> None:
-        self._engine = engine
+        self.engine = engine
         self._head_logits = engine.medusa_logits(prefill.hidden[-1])
 
     def propose(self, root: int) -> Draft:
@@ -37,7 +37,7 @@ class MedusaProposer:
         return Draft(tree, tokens)
 
     def observe(self, verify: StepOutput, accepted: Accepted) -> None:
-        self._head_logits = self._engine.medusa_logits(verify.hidden[accepted.last_slot])
+        self._head_logits = self.engine.medusa_logits(verify.hidden[accepted.last_slot])
 
     # deferred observation (hybrid drafting): only the last step's hidden state matters
     @staticmethod
@@ -45,17 +45,17 @@ class MedusaProposer:
         return np.array(verify.hidden[accepted.last_slot], copy=True)
 
     def start_deferred(self, engine: Engine, seq, prefill: StepOutput, prompt_ids, root):
-        self._engine = engine
+        self.engine = engine
         return np.array(prefill.hidden[-1], copy=True)
 
     def catch_up(self, entries: list) -> None:
-        self._head_logits = self._engine.medusa_logits(entries[-1])
+        self._head_logits = self.engine.medusa_logits(entries[-1])
 
     @staticmethod
     def observe_batch(proposers: list[MedusaProposer], steps: list[tuple[StepOutput, Accepted]]) -> None:
         """`observe` for several sequences: one run of the heads over every sequence's last accepted hidden state
         when they share an engine that has `medusa_logits_batch`."""
-        engine = batch_engine(proposers, "medusa_logits_batch")
+        engine = batch_engine(proposers)
         if engine is None:
             return observe_one_by_one(proposers, steps)
         hidden = np.stack([verify.hidden[accepted.last_slot] for verify, accepted in steps])

@@ -9,14 +9,14 @@ import pytest
 from scipy.stats import chisquare
 
 from trtspec.errors import ConfigError
-from trtspec.runtime.engine import StepOutput
+from trtspec.speculative.engine import StepOutput
 from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
-from trtspec.spec.acceptance import Accepted
-from trtspec.spec.ngram_proposer import (NGRAM, RECYCLED, AcceptanceModel, NgramConfig, NgramProposer, SuffixIndex,
+from trtspec.speculative.acceptance import Accepted
+from trtspec.speculative.ngram_proposer import (NGRAM, RECYCLED, AcceptanceModel, NgramConfig, NgramProposer, SuffixIndex,
                                          _budget, _Node)
-from trtspec.spec.proposer import NoDraft
-from trtspec.spec.sampling import SamplingParams
-from trtspec.spec.step_costs import StepCosts
+from trtspec.speculative.proposer import NoDraft
+from trtspec.speculative.sampling import SamplingParams
+from trtspec.speculative.step_costs import StepCosts
 
 COSTS = StepCosts((1, 2, 3, 5, 9, 17), (1.0, 1.06, 1.09, 1.13, 1.34, 1.60))
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
-from trtspec.spec.acceptance import (Accepted, accept_greedy, accept_rejection_chain, accept_rejection_tree,
+from trtspec.speculative.acceptance import (Accepted, accept_greedy, accept_rejection_chain, accept_rejection_tree,
                                      accept_typical)
-from trtspec.spec.sampling import make_rng, sample
+from trtspec.speculative.sampling import make_rng, sample
 
 V = 8
 

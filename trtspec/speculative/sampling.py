@@ -1,5 +1,5 @@
 """The distribution a request samples from: target logits → probabilities (temperature, top-k, top-p), and
-one seeded draw from it. Pure numpy; the acceptance rules in `trtspec.spec.acceptance` consume these."""
+one seeded draw from it. Pure numpy; the acceptance rules in `trtspec.speculative.acceptance` consume these."""
 
 from __future__ import annotations
 

@@ -12,26 +12,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trtspec.errors import ConfigError
-from trtspec.runtime.engine import Engine, StepOutput
-from trtspec.spec.acceptance import Accepted
-from trtspec.spec.proposer import Draft, batch_engine, observe_one_by_one, top_ranked
-from trtspec.spec.tree import Tree, build_tree
-
-
-@dataclass(frozen=True, kw_only=True)
-class DynamicTree:
-    """EAGLE-2 parameters: levels drafted, nodes expanded per level (and children per node), nodes kept."""
-
-    depth: int = 4
-    top_k: int = 4
-    total_tokens: int = 16
-
-    def __post_init__(self):
-        for name in ("depth", "top_k", "total_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"EAGLE-2 {name} must be >= 1, got {getattr(self, name)}")
-        if self.top_k > 16 or self.depth > 16:
-            raise ConfigError(f"EAGLE-2 top_k={self.top_k} / depth={self.depth} exceed the tree limit of 16")
+from trtspec.speculative.engine import Engine, StepOutput
+from trtspec.speculative.acceptance import Accepted
+from trtspec.speculative.proposer import Draft, batch_engine, observe_one_by_one, top_ranked
+from trtspec.speculative.tree import DynamicTree, Tree, build_tree
 
 
 @dataclass
@@ -68,13 +52,13 @@ class EagleProposer:
         if (tree is None) == (dynamic is None):
             raise ConfigError("EAGLE drafting takes either a static tree (EAGLE-1) or dynamic parameters (EAGLE-2)")
         self.tree, self.dynamic = tree, dynamic
-        self._engine: Engine | None = None
+        self.engine: Engine | None = None
         self._seq = -1
         self._feature: np.ndarray | None = None  # [H] draft hidden of the last committed entry
         self._logits: np.ndarray | None = None  # [V] its logits: scores the root's children
 
     def start(self, engine: Engine, seq: int, prefill: StepOutput, prompt_ids: np.ndarray, root: int) -> None:
-        self._engine, self._seq = engine, seq
+        self.engine, self._seq = engine, seq
         tokens = np.append(np.asarray(prompt_ids[1:], dtype=np.int64), root)  # entry t reads (token t+1, feature t)
         self._extend(tokens, prefill.hidden)
 
@@ -89,7 +73,7 @@ class EagleProposer:
 
     def start_deferred(self, engine: Engine, seq: int, prefill: StepOutput, prompt_ids: np.ndarray, root: int):
         """`start` without the draft run over the prompt: its entries, for a later `catch_up`."""
-        self._engine, self._seq = engine, seq
+        self.engine, self._seq = engine, seq
         tokens = np.append(np.asarray(prompt_ids[1:], dtype=np.int64), root)
         return tokens, np.array(prefill.hidden, dtype=np.float32, copy=True)
 
@@ -99,7 +83,7 @@ class EagleProposer:
     @staticmethod
     def observe_batch(proposers: list[EagleProposer], steps: list[tuple[StepOutput, Accepted]]) -> None:
         """`observe` for several sequences: one batched draft extension when they share an engine that has one."""
-        engine = batch_engine(proposers, "draft_extend_batch")
+        engine = batch_engine(proposers)
         if engine is None:
             return observe_one_by_one(proposers, steps)
         outs = engine.draft_extend_batch([(p._seq, *_entries(*step)) for p, step in zip(proposers, steps)])
@@ -107,7 +91,7 @@ class EagleProposer:
             proposer._take(out)
 
     def _extend(self, tokens: np.ndarray, features: np.ndarray) -> None:
-        self._take(self._engine.draft_extend(self._seq, tokens, features))
+        self._take(self.engine.draft_extend(self._seq, tokens, features))
 
     def _take(self, extension: StepOutput) -> None:
         """Keep the last committed entry's draft hidden and logits: the next tree grows from them."""
@@ -135,7 +119,7 @@ class EagleProposer:
             if expanding:
                 fed = sorted({a for n in expanding for a in np.flatnonzero(tree.mask[n]) if a != 0})
                 feats = np.stack([hidden[tree.parents[i]] for i in fed])
-                out = self._engine.draft_step(self._seq, tokens[fed], feats, tree.position_offsets[fed],
+                out = self.engine.draft_step(self._seq, tokens[fed], feats, tree.position_offsets[fed],
                                               tree.mask[np.ix_(fed, fed)])
                 for j, node in enumerate(fed):
                     hidden[node], logits[node] = out.hidden[j], out.logits[j]
@@ -169,7 +153,7 @@ class EagleProposer:
                 mask[j, position[n]] = True
                 n = cands.parent[n]
         feats = np.stack([self._feature if cands.parent[n] < 0 else hidden[cands.parent[n]] for n in fed])
-        return self._engine.draft_step(self._seq, np.array([cands.token[n] for n in fed]), feats,
+        return self.engine.draft_step(self._seq, np.array([cands.token[n] for n in fed]), feats,
                                        np.array([cands.depth[n] for n in fed]), mask)
 
 

@@ -9,13 +9,13 @@ from click.testing import CliRunner
 
 from trtspec.engine.trtllm_plan import Lookahead
 from trtspec.errors import ConfigError
-from trtspec.runtime.engine import StepOutput
+from trtspec.speculative.engine import StepOutput
 from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
-from trtspec.spec.acceptance import Accepted
-from trtspec.spec.lookahead_proposer import LookaheadConfig, LookaheadProposer
-from trtspec.spec.methods import lookahead_config, make_proposer
-from trtspec.spec.proposer import NoDraft
-from tests.spec.test_ngram import MarkovEngine, _deterministic_table, _prompts, assert_keeps_the_target_distribution
+from trtspec.speculative.acceptance import Accepted
+from trtspec.speculative.lookahead_proposer import LookaheadConfig, LookaheadProposer
+from trtspec.speculative.methods import lookahead_config, make_proposer
+from trtspec.speculative.proposer import NoDraft
+from tests.speculative.test_ngram import MarkovEngine, _deterministic_table, _prompts, assert_keeps_the_target_distribution
 
 
 @pytest.mark.parametrize("w,n,g", [(4, 3, 4), (7, 7, 7), (2, 2, 1), (5, 4, 1), (2, 5, 3)])
@@ -137,6 +137,6 @@ def test_generate_cli_refuses_a_bad_lookahead_in_one_line(tmp_path):
     ("eagle2", 8, ("none", "eagle2", "ngram", "suffix", "lookahead", "hybrid")),
 ])
 def test_runnable_methods_follow_the_engine(own, k, expected):
-    from trtspec.spec.methods import runnable_methods
+    from trtspec.speculative.methods import runnable_methods
 
     assert runnable_methods(own, k) == expected

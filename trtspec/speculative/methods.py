@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from trtspec.errors import ConfigError
-from trtspec.runtime.engine import Engine
-from trtspec.spec.eagle_proposer import DynamicTree, EagleProposer
-from trtspec.spec.lookahead_proposer import LookaheadConfig, LookaheadProposer
-from trtspec.spec.medusa_proposer import MedusaProposer
-from trtspec.spec.datastore import Datastore, RecentOutputs
-from trtspec.spec.ngram_proposer import SUFFIX_CORPUS, SUFFIX_RECENT, AcceptanceModel, NgramConfig, NgramProposer
-from trtspec.spec.proposer import NoDraft, Proposer
-from trtspec.spec.step_costs import StepCosts
-from trtspec.spec.tree import Tree
+from trtspec.speculative.engine import CostedEngine, Engine
+from trtspec.speculative.eagle_proposer import EagleProposer
+from trtspec.speculative.tree import DynamicTree
+from trtspec.speculative.lookahead_proposer import LookaheadConfig, LookaheadProposer
+from trtspec.speculative.medusa_proposer import MedusaProposer
+from trtspec.speculative.datastore import Datastore, RecentOutputs
+from trtspec.speculative.ngram_proposer import SUFFIX_CORPUS, SUFFIX_RECENT, AcceptanceModel, NgramConfig, NgramProposer
+from trtspec.speculative.proposer import NoDraft, Proposer
+from trtspec.speculative.step_costs import StepCosts
+from trtspec.speculative.tree import Tree
 
 METHODS = ("none", "medusa", "eagle", "eagle2", "ngram", "suffix", "lookahead", "hybrid")
 TRAINING_FREE = ("ngram", "suffix", "lookahead")  # need no drafter: any engine built with K >= 1 runs them
@@ -65,7 +66,7 @@ def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dyna
         if own is None:
             raise ConfigError("method hybrid needs an engine with a trained drafter (Medusa heads or an EAGLE draft); "
                               "use ngram or suffix with this one")
-        from trtspec.spec.hybrid_proposer import HybridProposer
+        from trtspec.speculative.hybrid_proposer import HybridProposer
 
         drafter = make_proposer(own, engine, tree=tree, dynamic=dynamic)
         sources = tuple((kind, source) for kind, source in ((SUFFIX_RECENT, recent), (SUFFIX_CORPUS, datastore))
@@ -111,6 +112,6 @@ def _need(value, method: str):
 
 def step_costs(engine: Engine) -> StepCosts:
     """The engine's measured verify curve when it offers one, else the straight-line guess over its profiles."""
-    if hasattr(engine, "step_costs"):
+    if isinstance(engine, CostedEngine):
         return engine.step_costs()
     return StepCosts.linear(tuple(getattr(engine, "slot_profiles", ())) or (engine.max_draft_len + 1,))

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from trtspec.errors import ConfigError
-from trtspec.spec.tree import Tree
+from trtspec.speculative.tree import Tree
 
 
 def node_rows(tree: Tree) -> np.ndarray:

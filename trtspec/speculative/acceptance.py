@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trtspec.spec.sampling import sample, softmax
+from trtspec.speculative.sampling import sample, softmax
 
 
 @dataclass(frozen=True)

@@ -294,3 +294,28 @@ def _check_against_engine(tree: Tree, num_heads: int | None, max_draft_len: int 
 def _clip(value: object, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True, kw_only=True)
+class DynamicTree:
+    """EAGLE-2's dynamic tree: levels drafted, nodes expanded per level (and children per node), nodes kept."""
+
+    depth: int = 4
+    top_k: int = 4
+    total_tokens: int = 16
+
+    def __post_init__(self):
+        for name in ("depth", "top_k", "total_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"EAGLE-2 {name} must be >= 1, got {getattr(self, name)}")
+        if self.top_k > 16 or self.depth > 16:
+            raise ConfigError(f"EAGLE-2 top_k={self.top_k} / depth={self.depth} exceed the tree limit of 16")
+
+    @classmethod
+    def parse(cls, text: str, flag: str = "--eagle2") -> DynamicTree:
+        """DEPTH,TOP_K,TOTAL_TOKENS as a person types it, e.g. 4,4,16."""
+        try:
+            depth, top_k, total = (int(x) for x in text.split(","))
+        except ValueError:
+            raise ConfigError(f"{flag}: expected DEPTH,TOP_K,TOTAL_TOKENS, got {text!r}") from None
+        return cls(depth=depth, top_k=top_k, total_tokens=total)

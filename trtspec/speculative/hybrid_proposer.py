@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 
-from trtspec.spec.ngram_proposer import DRAFTER, NgramProposer, _Node
+from trtspec.speculative.ngram_proposer import DRAFTER, NgramProposer, _Node
 
 EXPLORE_EVERY, EXPLORE_MAX = 8, 64  # the drafter drafts at least once in this many steps (backing off to the max)
 EMA = 0.2  # weight of the newest step in the drafter's measured time and gain

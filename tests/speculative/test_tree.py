@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from trtspec.errors import ConfigError
-from trtspec.spec.tree import (MAX_DEPTH, Tree, build_tree, chain_tree, expand_choices, pack_mask,
+from trtspec.speculative.tree import (MAX_DEPTH, Tree, build_tree, chain_tree, expand_choices, pack_mask,
                                parse_choices)
-from trtspec.spec.tree_presets import TREE_PRESETS, preset
+from trtspec.speculative.tree_presets import TREE_PRESETS, preset
 
 # ---- golden values: TensorRT-LLM cpp/tests/unit_tests/runtime/medusaModuleTest.cpp ("generated with python") ----
 

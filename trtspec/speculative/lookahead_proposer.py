@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from trtspec.errors import ConfigError
-from trtspec.spec.ngram_proposer import _Node, _tree_of
-from trtspec.spec.proposer import Draft
+from trtspec.speculative.ngram_proposer import _Node, _tree_of
+from trtspec.speculative.proposer import Draft
 
 LOOKAHEAD, VERIFY = "lookahead", "verify"  # node kinds
 POOL_PER_TOKEN = 16  # n-grams kept per first token (TensorRT-LLM keeps a bounded pool too)

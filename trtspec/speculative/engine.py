@@ -1,24 +1,26 @@
-"""The engine interface the speculative loop drives; every backend (torch reference, ONNX Runtime) implements it.
+"""The engine interface the speculative core drafts and verifies against; every backend (torch reference, ONNX
+Runtime) implements it in `trtspec.runtime`, and nothing here imports a backend.
 
 KV-cache convention: a sequence's committed cache holds every token except the last emitted one (the
 "root"). A verify step feeds the root in slot 0 and draft nodes in slots 1..n at positions
 committed_length + depth, attending to the whole committed cache plus their tree ancestors; `commit` then
 keeps the KV rows of the listed slots (slot 0 and the accepted path, in order) and drops the rest.
 The EAGLE draft network has its own cache with the same rule: `draft_extend` commits, `draft_step` does not.
-An engine may also offer `verify_batch(items)` (one step over several sequences; the loop uses it when present) and
-`draft_extend_batch(items)` (EAGLE draft extensions of several sequences in one run; EagleProposer uses it) and
-`medusa_logits_batch(hidden)` (the Medusa heads over several sequences' hidden states; MedusaProposer uses it).
+An engine may also be a `BatchedEngine`: one call over several sequences for the verify step (the loop uses it), the
+EAGLE draft extensions (EagleProposer) and the Medusa heads (MedusaProposer).
 Slot profiles: an engine runs a verify step over the smallest of its `slot_profiles` that holds the draft (padding
-within it) and may offer `step_costs()` (spec.step_costs.StepCosts: each profile's cost relative to a plain step),
+within it) and may be a `CostedEngine` (`step_costs()`: each profile's cost relative to a plain step, measured),
 which training-free drafters budget their drafts against.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+from trtspec.speculative.step_costs import StepCosts
 
 
 @dataclass
@@ -61,3 +63,25 @@ class Engine(Protocol):
 
     def close(self, seq: int) -> None:
         """Free the sequence's caches."""
+
+
+@runtime_checkable
+class BatchedEngine(Protocol):
+    """The calls an engine offers over several sequences at once (the ONNX Runtime engine has them all)."""
+
+    def verify_batch(self, items: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]) -> list[StepOutput]:
+        """`verify` for several sequences (seq, tokens, depths, mask) in one forward pass."""
+
+    def draft_extend_batch(self, items: list[tuple[int, np.ndarray, np.ndarray]]) -> list[StepOutput]:
+        """EAGLE: `draft_extend` for several sequences (seq, token_ids, features) in one run."""
+
+    def medusa_logits_batch(self, hidden: np.ndarray) -> np.ndarray:
+        """Medusa: the heads' logits [B, num_medusa_heads, V] over B final hidden states [B, H]."""
+
+
+@runtime_checkable
+class CostedEngine(Protocol):
+    """An engine that knows what a verify step over each of its slot profiles costs on this machine."""
+
+    def step_costs(self) -> StepCosts:
+        """Each slot profile's measured step time relative to a plain step."""

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from trtspec.errors import ConfigError
-from trtspec.spec.proposer import Draft
-from trtspec.spec.step_costs import StepCosts
-from trtspec.spec.tree import EMPTY_CHOICES, Tree, tree_from_choices
+from trtspec.speculative.proposer import Draft
+from trtspec.speculative.step_costs import StepCosts
+from trtspec.speculative.tree import EMPTY_CHOICES, Tree, tree_from_choices
 
 NGRAM, RECYCLED = "ngram", "recycled"
 SUFFIX_RECENT, SUFFIX_CORPUS = "suffix-recent", "suffix-corpus"  # node kinds of the suffix sources

@@ -1,0 +1,235 @@
+"""convert, inspect, tree, build, verify: checkpoints into engines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+import trtspec
+from trtspec.cli.app import DIR, EXISTING_DIR, cli, user_errors
+
+
+@cli.command()
+@click.option("--base", required=True, type=EXISTING_DIR, help="Hugging Face base model folder.")
+@click.option("--out", required=True, type=DIR, help="Output TensorRT-LLM checkpoint folder.")
+@click.option("--medusa", type=EXISTING_DIR, help="Medusa heads folder (FasterDecoding, full-model or ModelOpt).")
+@click.option("--num-medusa-heads", type=int, help="Heads to convert (default: all stored heads).")
+@click.option("--num-medusa-layers", type=int, help="ResBlock layers per head (checked against the weights).")
+@click.option("--eagle", type=EXISTING_DIR, help="EAGLE-1/2 draft folder.")
+@click.option("--num-eagle-layers", type=int, default=4, show_default=True,
+              help="EAGLE tree depth (EagleNet invocations), not draft transformer layers.")
+@click.option("--max-non-leaves-per-layer", type=int, default=10, show_default=True,
+              help="EAGLE: most non-leaf tree nodes per level.")
+@click.option("--max-draft-len", type=int, default=63, show_default=True, help="K: draft tokens per step.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
+              help="Weight dtype (default: the base model's).")
+@click.option("--tp-size", type=int, default=1, show_default=True, help="Tensor-parallel ranks.")
+@click.option("--pp-size", type=int, default=1, show_default=True, help="Pipeline-parallel stages.")
+@click.option("--force", is_flag=True, help="Replace a non-empty --out.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@user_errors
+def convert(as_json: bool, **flags) -> None:
+    """Convert a HF base (+ Medusa heads / EAGLE draft) into a TensorRT-LLM checkpoint."""
+    result = trtspec.convert(trtspec.ConvertOptions(**flags), show_progress=not as_json)
+    if as_json:
+        click.echo(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(result).items()}))
+    else:
+        click.echo(f"wrote {result.out}: {result.architecture}, {result.world_size} rank file(s), "
+                   f"{result.num_tensors} tensors, {result.bytes_written / 2**20:.1f} MiB in {result.seconds:.1f} s")
+
+
+def _fact_text(key: str, value) -> str:
+    """One `inspect` value as text: file sizes in MiB, dicts as key: value, lists joined."""
+    if key == "files":
+        return ", ".join(f"{k} ({v / 2**20:.1f} MiB)" for k, v in value.items())
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {v}" for k, v in value.items())
+    if isinstance(value, list):
+        return ("; " if key == "problems" else ", ").join(map(str, value))
+    return str(value)
+
+
+@cli.command()
+@click.argument("directory", type=EXISTING_DIR)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@user_errors
+def inspect(directory: Path, as_json: bool) -> None:
+    """Summarise any HF / Medusa / EAGLE / TensorRT-LLM checkpoint folder, a built engine, or a Triton model
+    repository (`trtspec deploy` output or upstream's layout)."""
+    from trtspec.engine.inspect import engine_summary, is_engine_dir
+    from trtspec.triton.repo_summary import is_model_repository, repository_summary
+
+    if is_model_repository(directory) or is_engine_dir(directory):
+        repository = is_model_repository(directory)
+        facts = repository_summary(directory) if repository else engine_summary(directory)
+        if as_json:
+            click.echo(json.dumps(facts, indent=2))
+            return
+        if repository:
+            click.echo(f"{directory}: Triton model repository · {facts.pop('flavour')} flavour")
+            facts = {**{f"model {name}": line for name, line in facts.pop("models").items()}, **facts}
+        else:
+            click.echo(f"{directory}: {facts.pop('backend')} engine · {facts.pop('method')}")
+        for key, value in facts.items():
+            click.echo(f"  {key:<26} {_fact_text(key, value)}")
+        return
+    summary = trtspec.inspect_checkpoint(directory)
+    if as_json:
+        click.echo(json.dumps(summary.to_dict(), indent=2))
+        return
+    click.echo(f"{summary.path}: {summary.format} · {summary.architecture}")
+    click.echo(f"  parameters                 {summary.num_parameters:,}")
+    click.echo(f"  dtypes                     {', '.join(f'{k} ×{v}' for k, v in summary.dtypes.items())}")
+    click.echo(f"  files                      {', '.join(f'{k} ({v / 2**20:.1f} MiB)' for k, v in summary.files.items())}")
+    for key, value in summary.details.items():
+        click.echo(f"  {key:<26} {value}")
+
+
+@cli.command()
+@click.option("--choices", help="Tree choices: JSON [[0],[0,1]], C++ {{0},{0,1}} or Python [(0,),(0,1)].")
+@click.option("--preset", help="Named tree, e.g. mc_sim_7b_63, eagle_25, medusa_small_8, chain_3 "
+                               "(an unknown name lists them all).")
+@click.option("--num-heads", type=int, help="Medusa heads: the tree depth must not exceed it.")
+@click.option("--max-draft-len", type=int, help="K: the node count must not exceed it.")
+@click.option("--max-non-leaves-per-layer", type=int, help="EAGLE: most non-leaf nodes allowed per level.")
+@click.option("--json", "as_json", is_flag=True, help="Print the tree buffers as one JSON object.")
+@click.option("--png", type=click.Path(dir_okay=False, path_type=Path), help="Draw the tree to this PNG file.")
+@user_errors
+def tree(choices: str | None, preset: str | None, as_json: bool, png: Path | None, **limits) -> None:
+    """Validate a draft tree and show its buffers (topks, paths, packed mask)."""
+    if (choices is None) == (preset is None):
+        raise click.UsageError("pass exactly one of --choices or --preset")
+    from trtspec.speculative.tree import build_tree, parse_choices  # numpy only, loaded on use
+    from trtspec.speculative.tree_presets import preset as preset_choices
+
+    built = build_tree(parse_choices(choices) if choices is not None else preset_choices(preset), **limits)
+    if png is not None:
+        from trtspec.speculative.tree_plot import draw_tree
+
+        click.echo(f"wrote the tree drawing to {draw_tree(built, png)}", err=True)
+    if as_json:
+        click.echo(json.dumps(built.to_json_dict()))
+        return
+    for key, value in built.summary().items():
+        click.echo(f"  {key:<26} {', '.join(map(str, value)) if isinstance(value, list) else value}")
+
+
+@cli.command()
+@click.argument("source", type=EXISTING_DIR)
+@click.option("--out", required=True, type=DIR, help="Output engine folder.")
+@click.option("--backend", type=click.Choice(["onnx", "trtllm"]), default="onnx", show_default=True,
+              help="onnx: ONNX Runtime on any CPU (the embedded default); trtllm: plan and run trtllm-build.")
+@click.option("--max-draft-len", type=int, help="K: slots per generation step minus one (default: the tree size).")
+@click.option("--choices", help="Draft tree as JSON / C++ {0, 1} syntax.")
+@click.option("--preset", help="Named draft tree (see `trtspec tree --preset`).")
+@click.option("--eagle2", "eagle2", help="EAGLE-2 dynamic tree DEPTH,TOP_K,TOTAL_TOKENS instead of a static tree.")
+@click.option("--no-spec", is_flag=True, help="Build a plain engine (no drafter) from any checkpoint.")
+@click.option("--profiles", help="onnx: verify-step slot counts, e.g. 2,4,8 (K + 1 is always one; default "
+                                 "2,3,5,9,17,... up to K + 1): a step runs the smallest that holds its draft.")
+@click.option("--weights", default="fp32", show_default=True,
+              help="onnx: fp32, int8 or int4: weight-only quantization of the linear layers and lm_head "
+                   "(ONNX Runtime MatMulNBits).")
+@click.option("--block-size", type=int, help="onnx, int8 / int4: values per scale, 32, 64 or 128 (default 32).")
+@click.option("--quantize-heads/--no-quantize-heads", default=True, show_default=True,
+              help="onnx: the Medusa heads / EAGLE draft in the --weights format too (else fp32).")
+@click.option("--max-batch-size", type=int, default=8, show_default=True, help="Most sequences per step.")
+@click.option("--max-input-len", type=int, default=1024, show_default=True, help="Longest prompt in tokens.")
+@click.option("--max-seq-len", type=int, help="Longest prompt + output (default 2 x max input).")
+@click.option("--tokenizer", type=EXISTING_DIR, help="Tokenizer folder (default: the converted HF base's).")
+@click.option("--force", is_flag=True, help="Replace a non-empty --out.")
+@click.option("--dry-run", is_flag=True, help="Validate and print the plan (the manifest) without building.")
+@click.option("--trtllm-version",
+              help="trtllm: TensorRT-LLM version to plan for, 0.15-1.2 (default: the installed one, else 1.2).")
+@click.option("--lookahead", help="trtllm: lookahead decoding W,N,G on a plain checkpoint, e.g. 7,7,7.")
+@click.option("--draft-target", is_flag=True, help="trtllm: a target engine verifying an external draft model's "
+                                                     "tokens (needs --max-draft-len).")
+@click.option("--max-num-tokens", type=int, help="trtllm: tokens per engine step (default min(8192, batch x seq), "
+                                                 "at least batch x (K+1)).")
+@click.option("--json", "as_json", is_flag=True,
+              help="trtllm: print the plan as JSON (command, build and runtime config).")
+@user_errors
+def build(source: Path, backend: str, eagle2: str | None, dry_run: bool, **flags) -> None:
+    """Build an engine with a padded static-K profile from a TensorRT-LLM checkpoint."""
+    if backend == "trtllm":
+        return _build_trtllm(source, eagle2, dry_run, **flags)
+    _reject_trtllm_flags(flags)
+    from trtspec.engine.onnx_builder import BuildOptions, build as build_engine, plan_build, plan_summary
+    from trtspec.speculative.tree import DynamicTree
+
+    opts = BuildOptions(source=source, dynamic_tree=DynamicTree.parse(eagle2) if eagle2 else None, **flags)
+    if dry_run:
+        click.echo(plan_summary(plan_build(opts)))
+        return
+    manifest = build_engine(opts)
+    worst = max(manifest.numerics.values(), default=0.0)
+    slots = ", ".join(map(str, manifest.profile.slots)) or "none (plain)"
+    weights = "" if opts.weights == "fp32" else f", {manifest.weights.linear} weights"
+    click.echo(f"wrote {opts.out}: {manifest.method.value} engine{weights}, K={manifest.profile.max_draft_len} "
+               f"(slot profiles {slots}), max ORT vs reference error {worst:.1e} of scale")
+
+
+TRTLLM_ONLY = {"trtllm_version": "--trtllm-version", "lookahead": "--lookahead", "draft_target": "--draft-target",
+               "max_num_tokens": "--max-num-tokens", "as_json": "--json"}
+
+
+def _reject_trtllm_flags(flags: dict) -> None:
+    for key, flag in TRTLLM_ONLY.items():
+        if flags.pop(key, None):
+            raise click.UsageError(f"{flag} applies to --backend trtllm only")
+
+
+def _build_trtllm(source: Path, eagle2: str | None, dry_run: bool, *, as_json: bool, lookahead: str | None,
+                  **flags) -> None:
+    weights, block_size, _ = flags.pop("weights"), flags.pop("block_size"), flags.pop("quantize_heads")
+    if weights != "fp32" or block_size is not None:
+        raise click.UsageError("--weights / --block-size apply to --backend onnx only")
+    if flags.pop("profiles", None) is not None:
+        raise click.UsageError("--profiles applies to --backend onnx only: a TensorRT-LLM engine keeps one "
+                               "max_draft_len (a GPU's verify step costs about the same at any slot count)")
+    if eagle2 is not None:
+        raise click.UsageError("--eagle2: the Triton tensorrt_llm model exposes no dynamic tree (EAGLE-2); build "
+                               "the EAGLE engine with a static tree")
+    from trtspec.engine.trtllm_builder import build as build_engine, trtllm_available
+    from trtspec.engine.trtllm_plan import Lookahead, TrtllmBuildOptions, plan_trtllm_build
+
+    opts = TrtllmBuildOptions(source=source, lookahead=Lookahead.parse(lookahead) if lookahead else None, **flags)
+    plan = plan_trtllm_build(opts)
+    if dry_run or not (trtllm_available() or (opts.out / "config.json").is_file()):
+        click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else _plan_text(plan))
+        if dry_run:
+            return
+    manifest = build_engine(opts)
+    click.echo(f"wrote {opts.out}: {manifest.method.value} TensorRT-LLM {manifest.versions['tensorrt_llm']} engine, "
+               f"K={manifest.profile.max_draft_len} ({manifest.profile.tokens_per_step} tokens per step)")
+
+
+def _plan_text(plan) -> str:
+    lines = [plan.command_line, ""]
+    lines += [f"  {k:<26} {v}" for k, v in plan.runtime.items() if not isinstance(v, (dict, list))]
+    lines.append(f"  {'engine max_seq_len':<26} {plan.build_config['max_seq_len']}")
+    lines.append(f"  {'container':<26} {plan.version.container or 'see NGC release notes'}")
+    lines += [f"note: {note}" for note in plan.notes]
+    return "\n".join(lines)
+
+
+@cli.command()
+@click.argument("engine", type=EXISTING_DIR)
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@user_errors
+def verify(engine: Path, quiet: bool) -> None:
+    """Check every file of a built engine against the sizes and content hashes its manifest recorded."""
+    from trtspec.engine.integrity import verify_files
+    from trtspec.engine.manifest import read_manifest
+    from trtspec.progress import progress_bar
+
+    manifest = read_manifest(engine)  # sizes: a truncated file is one line here already
+    if not manifest.checksums:
+        click.echo(f"{engine}: built before trtspec recorded checksums; nothing to compare (rebuild to record them)")
+        return
+    total = sum(r["size"] for r in manifest.checksums.values())
+    with progress_bar(f"verify {engine.name}", total=total, enabled=not quiet) as advance:
+        verify_files(engine, manifest.checksums, on_bytes=advance)
+    click.echo(f"{engine}: {len(manifest.checksums)} files, {total / 2**20:.1f} MiB, every size and content hash "
+               "as built")

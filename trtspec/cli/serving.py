@@ -1,0 +1,110 @@
+"""deploy, doctor, serve: Triton model repositories."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from trtspec.cli.app import DIR, EXISTING_DIR, SPIN_HELP, cli, user_errors
+
+
+@cli.command()
+@click.argument("engine", type=EXISTING_DIR)
+@click.option("--out", required=True, type=DIR, help="Model repository folder to write.")
+@click.option("--flavour", type=click.Choice(["cpu", "trtllm"]),
+              help="cpu: trtspec runtime on ONNX Runtime (Python backend); trtllm: tensorrtllm_backend "
+                   "(default: from the engine's backend).")
+@click.option("--instances", type=int, default=1, show_default=True, help="Engine model instances.")
+@click.option("--max-batch-size", type=int, help="Triton max_batch_size (default: the engine profile's).")
+@click.option("--decoupled/--no-decoupled", default=True, show_default=True,
+              help="Streaming responses (needed for stream=true and in-flight joining of new requests).")
+@click.option("--chat-template/--no-chat-template", default=False, show_default=True,
+              help="Render text_input through the tokenizer's chat template for requests that do not say "
+                   "(apply_chat_template). Off, as tensorrtllm_backend: the prompt is the text the client sent; "
+                   "trtspec's own client asks for the template per request.")
+@click.option("--copy-engine", is_flag=True, help="Copy the engine into the repository (self-contained).")
+@click.option("--threads", type=int, help="ONNX Runtime intra-op threads per engine instance (default: all cores).")
+@click.option("--spin/--no-spin", default=None, help="CPU flavour: " + SPIN_HELP)
+@click.option("--method", help="CPU flavour: the drafter every request gets: none, ngram (any engine with K >= 1), "
+                               "suffix (ngram plus the server's recent outputs and --datastore), the engine's own "
+                               "(default) or hybrid (its Medusa / EAGLE tree merged with suffix's candidates).")
+@click.option("--datastore", type=click.Path(dir_okay=False, path_type=Path),
+              help="CPU flavour: the corpus method suffix looks up (`trtspec datastore build`), for --method suffix "
+                   "or requests that ask for it (referenced; copied with --copy-engine).")
+@click.option("--draft-engine", "draft_engine_dir", type=EXISTING_DIR,
+              help="trtllm, draft-target engines: the draft model's engine (served as tensorrt_llm_draft).")
+@click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=0.9, show_default=True,
+              help="trtllm: share of free GPU memory for the KV cache (halved per model for a draft-target pair).")
+@click.option("--force", is_flag=True, help="Replace a non-empty --out.")
+@user_errors
+def deploy(engine: Path, out: Path, **flags) -> None:
+    """Write a Triton model repository for a built engine (everything read from its manifest)."""
+    from trtspec.triton.deploy import DeployOptions, deploy as write_repository
+
+    repo = write_repository(DeployOptions(engine_dir=engine, out=out, **flags))
+    if (repo / "launch_triton.sh").is_file():
+        click.echo(f"wrote {repo}: serve it with {repo / 'launch_triton.sh'} in the TensorRT-LLM Triton container")
+        return
+    click.echo(f"wrote {repo}: serve it with `trtspec serve {repo}`")
+
+
+@cli.command()
+@click.argument("repository", type=EXISTING_DIR)
+@click.argument("engine", type=EXISTING_DIR, required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+@user_errors
+def doctor(repository: Path, engine: Path | None, as_json: bool) -> None:
+    """Cross-check a TensorRT-LLM Triton repository against its engine; exit 1 on any error found."""
+    from trtspec.triton.doctor import doctor as check, report
+
+    findings = check(repository, engine)
+    if as_json:
+        click.echo(json.dumps(report(findings), indent=2))
+    for finding in [] if as_json else findings:
+        click.echo(str(finding))
+    if not as_json and not findings:
+        click.echo(f"{repository}: no problems found")
+    if any(f.severity == "error" for f in findings):
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("repository", type=EXISTING_DIR)
+@click.option("--address", default="127.0.0.1", show_default=True,
+              help="Address to listen on (loopback by default; 0.0.0.0 for every interface).")
+@click.option("--grpc-port", type=int, default=8001, show_default=True)
+@click.option("--http-port", type=int, default=8000, show_default=True)
+@click.option("--metrics-port", type=int, default=8002, show_default=True)
+@click.option("--tritonserver", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The server binary (default: on PATH, else the one bundled in nvidia-pytriton).")
+@click.option("--log-verbose", type=int, default=0, show_default=True, help="Triton's --log-verbose level.")
+@click.option("--drain-seconds", "drain_s", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="On Ctrl-C / SIGTERM: how long requests in flight may finish; then they end with an error "
+                   "(the stop takes about this plus 3 s; docs/serving-faults.md).")
+@user_errors
+def serve(repository: Path, **flags) -> None:
+    """Run tritonserver on a model repository until Ctrl-C / SIGTERM; exit with tritonserver's status."""
+    import signal
+
+    from trtspec.triton.server import ServerOptions, TritonServer, exit_status
+
+    server = TritonServer(ServerOptions(repository=repository, **flags),
+                          on_log=lambda line: click.echo(line, err=True))
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it like Ctrl-C
+    with server:
+        # on stderr, like the server's log: stdout stays free for what a caller pipes
+        click.echo(f"serving {repository}: gRPC {server.grpc_url}, HTTP {server.http_url}, "
+                   f"metrics {server.metrics_url} (Ctrl-C stops)", err=True)
+        try:
+            code = server.wait()
+        except KeyboardInterrupt:
+            code = server.stop()
+    status = exit_status(code)
+    if status:
+        reason = server.exit_reason()
+        click.echo(f"Error: tritonserver exited with status {status}{': ' + reason if reason else ''}", err=True)
+        sys.exit(status)
+    click.echo("tritonserver exited (0)", err=True)
