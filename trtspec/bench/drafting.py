@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,40 +93,54 @@ def set_prompts(generator, name: str, limit: int, max_tokens: int) -> list[tuple
 
 
 def run_benchmark(args: argparse.Namespace, show=print) -> dict:
+    report, prompts = measure(args.engine, sets=args.sets, methods=args.methods, limit=args.limit,
+                              max_tokens=args.max_tokens, threads=args.threads, spin=args.spin,
+                              datastore=args.datastore, show=show)
+    for name, ids in prompts.items():
+        for peer in args.peers:
+            report["peers"].setdefault(peer, {})[name] = _peer(args, peer, ids[:args.peer_limit])
+    report["load_average"]["after"] = [round(x, 2) for x in os.getloadavg()]
+    return report
+
+
+def measure(engines: list[Path], *, sets=DEFAULT_SETS, methods=("ngram",), limit: int = 8, max_tokens: int = 128,
+            threads: int | None = 2, spin: bool | None = True, datastore: Path | None = None,
+            show=print) -> tuple[dict, dict[str, list[list[int]]]]:
+    """Each method against plain decoding on the same engine, prompt by prompt, the order rotating: the report
+    (per set and method, `Cell.to_dict()`'s figures) and the token ids of each set's measured prompts."""
     from trtspec.runtime.generator import GenerateOptions, LocalGenerator
     from trtspec.speculative.datastore import RecentOutputs
 
     load = {"before": os.getloadavg()}
-    generators = [LocalGenerator(e, threads=args.threads, spin=args.spin, datastore=args.datastore)
-                  for e in args.engine]
+    generators = [LocalGenerator(e, threads=threads, spin=spin, datastore=datastore) for e in engines]
     generator = generators[0]
     curves = {}
-    for path, g in zip(args.engine, generators):
+    for path, g in zip(engines, generators):
         costs = g.engine.step_costs()
         curves[str(path)] = costs.to_dict()
         show(f"verify curve ({path}): " + ", ".join(f"{p} slots {ms:.1f} ms ({c:.2f}x)" for p, ms, c in
                                                    zip(costs.profiles, costs.step_ms, costs.relative)))
-    label = (lambda m, i: m) if len(generators) == 1 else (lambda m, i: f"{m}@{Path(args.engine[i]).name}")
-    runs_of = {label(m, i): (g, m) for i, g in enumerate(generators) for m in args.methods}
-    methods = tuple(runs_of)
-    report: dict = {"engine": ", ".join(map(str, args.engine)), "max_tokens": args.max_tokens,
+    label = (lambda m, i: m) if len(generators) == 1 else (lambda m, i: f"{m}@{Path(engines[i]).name}")
+    runs_of = {label(m, i): (g, m) for i, g in enumerate(generators) for m in methods}
+    labels = tuple(runs_of)
+    report: dict = {"engine": ", ".join(map(str, engines)), "max_tokens": max_tokens,
                     "datastore": generator.datastore.describe() if generator.datastore is not None else None,
-                    "threads": args.threads, "spin": generator.engine.spin, "verify_curve": curves, "sets": {},
+                    "threads": threads, "spin": generator.engine.spin, "verify_curve": curves, "sets": {},
                     "peers": {}}
-    plain_options = GenerateOptions(max_tokens=args.max_tokens, no_spec=True)
-    rotation = 0
-    for name in args.sets:
-        prompts = set_prompts(generator, name, args.limit, args.max_tokens)
+    plain_options = GenerateOptions(max_tokens=max_tokens, no_spec=True)
+    rotation, measured = 0, {}
+    for name in sets:
+        prompts = set_prompts(generator, name, limit, max_tokens)
         if not prompts:
             continue
         for g in generators:
             g.generate(prompts[0][1], GenerateOptions(max_tokens=WARMUP_TOKENS, no_spec=True))
         # methods that learn from recent outputs (suffix, hybrid) each keep their own, so that one never drafts from
         # another's answer to the same prompt, and forget them between sets (the same questions, for MT-Bench)
-        recent = {m: RecentOutputs() for m in methods}
-        cells = {m: Cell() for m in methods}
+        recent = {m: RecentOutputs() for m in labels}
+        cells = {m: Cell() for m in labels}
         for prompt_id, ids in prompts:
-            runs = ["none", *methods]
+            runs = ["none", *labels]
             rotation += 1
             runs = runs[rotation % len(runs):] + runs[:rotation % len(runs)]
             results = {}
@@ -137,20 +150,19 @@ def run_benchmark(args: argparse.Namespace, show=print) -> dict:
                     continue
                 g, method = runs_of[m]
                 g.recent = recent[m]
-                results[m] = g.generate(ids, GenerateOptions(max_tokens=args.max_tokens, method=method)).result
-            for m in methods:
+                results[m] = g.generate(ids, GenerateOptions(max_tokens=max_tokens, method=method)).result
+            for m in labels:
                 cells[m].add(results[m], results["none"])
             show(f"  {name} {prompt_id}: " + ", ".join(
                 f"{m} τ {results[m].stats.acceptance_length:.2f} {results['none'].total_s / results[m].total_s:.2f}x"
-                for m in methods))
+                for m in labels))
         report["sets"][name] = {m: c.to_dict() for m, c in cells.items()}
         report["sets"][name]["prompt_ids"] = [p for p, _ in prompts]
-        for peer in args.peers:
-            report["peers"].setdefault(peer, {})[name] = _peer(args, peer, [ids for _, ids in prompts[:args.peer_limit]])
+        measured[name] = [ids for _, ids in prompts]
     load["after"] = os.getloadavg()
     report["load_average"] = {k: [round(x, 2) for x in v] for k, v in load.items()}
     report["acceptance_model"] = generator.acceptance.to_dict()
-    return report
+    return report, measured
 
 
 PEERS = ("transformers", "onnxruntime-genai")
