@@ -54,6 +54,7 @@ class DrafterSection:
     kind: Drafter = Drafter.NONE
     path: str | None = None  # Medusa heads / EAGLE draft folder; draft_target: the draft model's HF folder
     num_heads: int | None = None  # Medusa heads to convert (default: all stored)
+    num_medusa_layers: int | None = None  # ResBlock layers per Medusa head (checked against the weights)
     num_eagle_layers: int = 4  # EAGLE tree depth
     max_non_leaves_per_layer: int = 10
     window_size: int | None = None  # lookahead (W, N, G)
@@ -116,6 +117,9 @@ class DeploySection:
     method: str | None = None  # cpu flavour: the drafter every request gets (none, ngram, suffix, hybrid, own)
     datastore: str | None = None  # cpu flavour, method suffix: a `trtspec datastore build` file
     threads: int | None = None  # cpu flavour: ONNX Runtime threads per instance
+    spin: bool | None = None  # cpu flavour: intra-op workers spin (default: spin; false for shared machines)
+    chat_template: bool = False  # render text_input through the tokenizer's chat template by default
+    copy_engine: bool = False  # cpu flavour: copy the engine into the repository (self-contained)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -332,6 +336,7 @@ class Recipe:
         path = self.drafter_path(workdir)
         if drafter and d.kind is Drafter.MEDUSA:
             out += ["--medusa", path] + (["--num-medusa-heads", str(d.num_heads)] if d.num_heads else [])
+            out += ["--num-medusa-layers", str(d.num_medusa_layers)] if d.num_medusa_layers else []
         if drafter and d.kind is Drafter.EAGLE:
             out += ["--eagle", path, "--num-eagle-layers", str(d.num_eagle_layers),
                     "--max-non-leaves-per-layer", str(d.max_non_leaves_per_layer)]
@@ -371,6 +376,9 @@ class Recipe:
         out += ["--method", d.method] if d.method else []
         out += ["--datastore", d.datastore] if d.datastore else []
         out += ["--threads", str(d.threads)] if d.threads else []
+        out += [] if d.spin is None else ["--spin" if d.spin else "--no-spin"]
+        out += ["--chat-template"] if d.chat_template else []
+        out += ["--copy-engine"] if d.copy_engine else []
         if self.build.backend == "trtllm" and d.kv_cache_free_gpu_mem_fraction != 0.9:
             out += ["--kv-cache-free-gpu-mem-fraction", f"{d.kv_cache_free_gpu_mem_fraction:g}"]
         return out
@@ -426,7 +434,7 @@ def _section(name: str, data: object):
             raise ConfigError(f"recipe {name}.{f.name} must be an integer, got {values[f.name]!r}")
         if f.name in values and f.type in ("float",) and not _is_number(values[f.name]):
             raise ConfigError(f"recipe {name}.{f.name} must be a number, got {values[f.name]!r}")
-        if f.name in values and f.type in ("bool",) and not isinstance(values[f.name], bool):
+        if f.name in values and f.type in ("bool", "bool | None") and not _is_bool(values[f.name]):
             raise ConfigError(f"recipe {name}.{f.name} must be true or false, got {values[f.name]!r}")
     try:
         return cls(**values)
@@ -436,6 +444,10 @@ def _section(name: str, data: object):
 
 def _is_int(value: object) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _is_bool(value: object) -> bool:
+    return value is None or isinstance(value, bool)
 
 
 def _is_number(value: object) -> bool:
