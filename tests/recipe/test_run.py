@@ -245,3 +245,21 @@ def test_every_recipe_field_becomes_an_option_the_cli_has():
             seen |= set(flags)
     assert {"--num-medusa-layers", "--profiles", "--weights", "--block-size", "--no-spin", "--chat-template",
             "--copy-engine", "--no-decoupled", "--datastore"} <= seen
+
+
+def test_a_gpu_recipe_stops_at_the_build_stage_with_the_exact_command(tmp_path):
+    """Where tensorrt_llm is missing (here), convert runs and the build stage stops, naming trtllm-build's argv."""
+    data = yaml.safe_load((RECIPES / "tiny-medusa.yaml").read_text())
+    data.update(name="tiny-gpu", build={"backend": "trtllm", "trtllm_version": "1.2", "max_input_len": 128,
+                                        "max_batch_size": 2}, deploy={})
+    for key in ("serve", "bench", "baseline"):
+        data.pop(key)
+    recipe = tmp_path / "gpu.yaml"
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+    report = run_recipe(RunOptions(recipe_file=recipe, workdir=tmp_path / "w"), show=lambda line: None)
+    assert [o.status for o in report.outcomes] == ["ran", "failed"]
+    detail = report.outcomes[-1].detail
+    assert "tensorrt_llm is not importable here" in detail and "nvcr.io/nvidia/tritonserver:26.04-trtllm" in detail
+    assert "the command to run on the GPU host: trtllm-build --checkpoint_dir " in detail
+    assert "--speculative_decoding_mode medusa" in detail
+    assert not (tmp_path / "w" / "tiny-gpu" / "engine").exists()

@@ -266,14 +266,20 @@ def _run_command(command: list[str], log_file: Path, stage: str) -> None:
     argv = [sys.executable, "-m", "trtspec.cli", *command[1:]]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log_file, "a") as f:
+        start = f.tell()
         f.write(f"$ {_join(command)}\n")
         f.flush()
         code = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
     if code:
-        lines = [line.strip() for line in log_file.read_text().splitlines() if line.strip()]
+        with open(log_file) as f:
+            f.seek(start)
+            lines = [line.strip() for line in f.read().splitlines() if line.strip()]
         errors = [line for line in lines if line.lower().startswith("error")]
         reason = (errors or lines or ["no output"])[-1]
-        raise StageError(f"`{_join(command)}` exited {code}: {reason} (log: {log_file})")
+        # a GPU build where tensorrt_llm is missing: the plan's exact command is what the person runs next
+        planned = next((line for line in lines if line.startswith("trtllm-build ")), None)
+        then = f"; the command to run on the GPU host: {planned}" if planned else ""
+        raise StageError(f"`{_join(command)}` exited {code}: {reason}{then} (log: {log_file})")
 
 
 def _serve(recipe: Recipe, repository: Path, engine: Path, folder: Path) -> str:
