@@ -67,7 +67,7 @@ def measure_slice(recipe, engine_dir: Path, show=print) -> tuple[dict, dict]:
     datastore = bench.datastore if bench is not None else None
     report, _ = measure([engine_dir], sets=b.prompt_sets, methods=[method], limit=b.limit, max_tokens=b.max_tokens,
                         threads=bench.threads if bench is not None else None,
-                        spin=bench.spin if bench is not None else True,
+                        spin=bench.spin if bench is not None else None,
                         datastore=Path(datastore) if datastore else None, show=show)
     return {name: cells[method] for name, cells in report["sets"].items()}, report
 

@@ -145,7 +145,7 @@ class BenchSection:
     limit: int = 4
     max_tokens: int = 64
     threads: int | None = None
-    spin: bool = True
+    spin: bool | None = None  # None: the engine's default (spin, unless its drafter runs in a second session)
     datastore: str | None = None  # method suffix: the corpus it looks up
 
     def __post_init__(self):
@@ -323,7 +323,7 @@ class Recipe:
             out["bench"] = [["trtspec", "bench", "drafting", p["engine"], "--sets", ",".join(b.prompt_sets),
                              "--methods", ",".join(self.methods), "--limit", str(b.limit), "--max-tokens",
                              str(b.max_tokens), *(["--datastore", b.datastore] if b.datastore else []),
-                             *(["--threads", str(b.threads)] if b.threads else []), *([] if b.spin else ["--no-spin"])]]
+                             *(["--threads", str(b.threads)] if b.threads else []), *([] if b.spin is not False else ["--no-spin"])]]
         return out
 
     def commands(self, workdir: str = ".") -> list[list[str]]:
