@@ -155,6 +155,8 @@ def test_the_gate_passes_on_its_baseline_and_fails_when_broken(built, tmp_path):
     ({"prompt_sets": ["mtbench"]}, "baseline.prompt_sets: unknown prompt set 'mtbench'"),
     ({"limit": "four"}, "baseline.limit must be an integer, got 'four'"),
     ({"tolerances": {}}, "recipe baseline: unknown key 'tolerances'; valid keys: figures, limit, max_tokens, method, "),
+    ({"verify_curve": {"profiles": [2, 3], "relative": [1.0, 1.1]}}, "baseline.verify_curve: profiles must be "),
+    ({"verify_curve": {"profiles": [1, 2]}}, "baseline.verify_curve must have exactly profiles and relative"),
 ])
 def test_a_malformed_baseline_is_one_line_naming_the_field(tmp_path, baseline, message):
     data = yaml.safe_load((RECIPES / "tiny-ngram.yaml").read_text())
@@ -263,3 +265,15 @@ def test_a_gpu_recipe_stops_at_the_build_stage_with_the_exact_command(tmp_path):
     assert "the command to run on the GPU host: trtllm-build --checkpoint_dir " in detail
     assert "--speculative_decoding_mode medusa" in detail
     assert not (tmp_path / "w" / "tiny-gpu" / "engine").exists()
+
+
+def test_a_baseline_curve_that_does_not_fit_the_engine_is_one_line(built, tmp_path):
+    work, recipe = _copy(built, tmp_path)
+    data = yaml.safe_load(recipe.read_text())
+    data["baseline"]["verify_curve"] = {"profiles": [1, 2, 17], "relative": [1.0, 1.1, 1.9]}
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = CliRunner().invoke(cli, ["recipe", "run", str(recipe), "--workdir", str(work), "--stages", "bench",
+                                      "--gate"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "baseline.verify_curve: a verify curve over slot profiles [2, 17] does not fit this engine's [2, 3, 5, 9]" \
+        in result.output and "--update-baseline" in result.output

@@ -105,9 +105,10 @@ def run_benchmark(args: argparse.Namespace, show=print) -> dict:
 
 def measure(engines: list[Path], *, sets=DEFAULT_SETS, methods=("ngram",), limit: int = 8, max_tokens: int = 128,
             threads: int | None = 2, spin: bool | None = None, datastore: Path | None = None,
-            show=print) -> tuple[dict, dict[str, list[list[int]]]]:
+            step_costs=None, show=print) -> tuple[dict, dict[str, list[list[int]]]]:
     """Each method against plain decoding on the same engine, prompt by prompt, the order rotating: the report
-    (per set and method, `Cell.to_dict()`'s figures) and the token ids of each set's measured prompts."""
+    (per set and method, `Cell.to_dict()`'s figures) and the token ids of each set's measured prompts.
+    `step_costs` (a StepCosts) replaces the engines' measured verify curve in the drafters' budgets."""
     from trtspec.runtime.generator import GenerateOptions, LocalGenerator
     from trtspec.speculative.datastore import RecentOutputs
 
@@ -116,6 +117,8 @@ def measure(engines: list[Path], *, sets=DEFAULT_SETS, methods=("ngram",), limit
     generator = generators[0]
     curves = {}
     for path, g in zip(engines, generators):
+        if step_costs is not None:
+            g.engine.use_step_costs(step_costs)
         costs = g.engine.step_costs()
         curves[str(path)] = costs.to_dict()
         show(f"verify curve ({path}): " + ", ".join(f"{p} slots {ms:.1f} ms ({c:.2f}x)" for p, ms, c in

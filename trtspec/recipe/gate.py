@@ -65,10 +65,21 @@ def measure_slice(recipe, engine_dir: Path, show=print) -> tuple[dict, dict]:
     b, bench = recipe.baseline, recipe.bench
     method = b.method or recipe.methods[0]
     datastore = bench.datastore if bench is not None else None
-    report, _ = measure([engine_dir], sets=b.prompt_sets, methods=[method], limit=b.limit, max_tokens=b.max_tokens,
-                        threads=bench.threads if bench is not None else None,
-                        spin=bench.spin if bench is not None else None,
-                        datastore=Path(datastore) if datastore else None, show=show)
+    costs = None
+    if b.verify_curve is not None:  # the curve the baseline was measured with: τ then depends on the code only
+        from trtspec.speculative.step_costs import StepCosts
+
+        costs = StepCosts(tuple(b.verify_curve["profiles"]), tuple(b.verify_curve["relative"]))
+    try:
+        report, _ = measure([engine_dir], sets=b.prompt_sets, methods=[method], limit=b.limit,
+                            max_tokens=b.max_tokens, threads=bench.threads if bench is not None else None,
+                            spin=bench.spin if bench is not None else None,
+                            datastore=Path(datastore) if datastore else None, step_costs=costs, show=show)
+    except ConfigError as e:
+        if costs is None or "verify curve" not in str(e):
+            raise
+        raise ConfigError(f"recipe baseline.verify_curve: {e}; delete it and run --gate --update-baseline to measure "
+                          "the baseline again") from None
     return {name: cells[method] for name, cells in report["sets"].items()}, report
 
 
@@ -158,9 +169,11 @@ def _plot(result: GateResult, png: Path) -> list[Path]:
     return [png]
 
 
-def update_baseline(recipe_file: Path, method: str, measured: dict[str, dict], defaults: dict) -> None:
-    """Write the measured figures into the recipe's baseline.figures, keeping the file's comments and key order
-    (a baseline block is added from `defaults` when the recipe has none). Atomic: temp file + rename."""
+def update_baseline(recipe_file: Path, method: str, measured: dict[str, dict], defaults: dict,
+                    verify_curve: dict | None = None) -> None:
+    """Write the measured figures (and the verify curve the drafters budgeted against, when given) into the recipe's
+    baseline, keeping the file's comments and key order (a baseline block is added from `defaults` when the recipe
+    has none). Atomic: temp file + rename."""
     from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap
 
@@ -178,6 +191,14 @@ def update_baseline(recipe_file: Path, method: str, measured: dict[str, dict], d
         baseline = CommentedMap(defaults)
         data["baseline"] = baseline
     baseline.setdefault("method", method)
+    if verify_curve is not None:
+        from ruamel.yaml.comments import CommentedSeq
+
+        curve = CommentedMap()
+        for key in ("profiles", "relative"):
+            curve[key] = CommentedSeq(verify_curve[key])
+            curve[key].fa.set_flow_style()
+        baseline["verify_curve"] = curve
     figures = baseline.get("figures")
     if figures is None:
         figures = baseline["figures"] = CommentedMap()

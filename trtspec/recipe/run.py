@@ -347,7 +347,9 @@ def _bench(recipe: Recipe, opts: RunOptions, engine: Path, folder: Path, show):
         show(f"  {line}")
     if opts.update_baseline:
         b = recipe.baseline
+        curve = next(iter(full["verify_curve"].values()), None) if b.verify_curve is None else None
         gate.update_baseline(opts.recipe_file, method, measured,
-                             {"prompt_sets": list(b.prompt_sets), "limit": b.limit, "max_tokens": b.max_tokens})
+                             {"prompt_sets": list(b.prompt_sets), "limit": b.limit, "max_tokens": b.max_tokens},
+                             verify_curve=curve)
         show(f"  wrote the measured figures into {opts.recipe_file} (baseline.figures)")
     return (f"{folder}/gate.json, {folder}/gate.png", result)

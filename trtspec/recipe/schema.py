@@ -168,9 +168,14 @@ class BaselineSection:
     method: str | None = None  # default: the bench section's first method
     tolerance: dict = field(default_factory=dict)
     figures: dict = field(default_factory=dict)  # per prompt set: {tau, acceptance_rate, speedup, ...}
+    # the verify curve (slot profiles, cost relative to a plain step) the figures were measured with: the gate's
+    # drafters budget against it instead of a curve measured on a busy CI machine (--update-baseline writes it)
+    verify_curve: dict | None = None
 
     def __post_init__(self):
         _check_prompt_sets(self.prompt_sets, "baseline.prompt_sets")
+        if self.verify_curve is not None:
+            _check_curve(self.verify_curve)
         from trtspec.recipe.gate import FIGURES
 
         if not isinstance(self.tolerance, dict):
@@ -194,6 +199,18 @@ class BaselineSection:
                                       f"{', '.join(FIGURES)}")
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     raise ConfigError(f"recipe baseline.figures.{name}.{figure} must be a number, got {value!r}")
+
+
+def _check_curve(curve) -> None:
+    where = "recipe baseline.verify_curve"
+    if not isinstance(curve, dict) or set(curve) != {"profiles", "relative"}:
+        raise ConfigError(f"{where} must have exactly profiles and relative, got {curve!r}")
+    profiles, relative = curve["profiles"], curve["relative"]
+    if (not isinstance(profiles, list) or not isinstance(relative, list) or len(profiles) != len(relative)
+            or not profiles or profiles[0] != 1 or profiles != sorted(set(profiles))
+            or not all(_is_int(p) and p for p in profiles) or not all(_is_number(c) and c > 0 for c in relative)):
+        raise ConfigError(f"{where}: profiles must be increasing slot counts from 1 and relative one positive cost "
+                          f"each, got {curve!r}")
 
 
 def _check_prompt_sets(names, where: str) -> None:
