@@ -40,12 +40,13 @@ CORPUS_PROMPTS = ("Medusa heads tokens", "quick brown fox the target model", "sp
 @pytest.fixture(scope="session")
 def tiny_datastore(tiny_engine, tmp_path_factory):
     """The tiny engine's own greedy replies to CORPUS_PROMPTS as a suffix datastore (what method suffix looks up)."""
-    from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+    from trtspec.runtime.generator import LocalGenerator
+    from trtspec.runtime.loop import GenerationConfig
     from trtspec.speculative.datastore import Datastore
 
     local = LocalGenerator(tiny_engine, threads=1)
     replies = [g.output_ids for g in local.generate_many(list(CORPUS_PROMPTS),
-                                                         GenerateOptions(max_tokens=48, no_spec=True))]
+                                                         GenerationConfig(max_tokens=48, no_spec=True))]
     path = tmp_path_factory.mktemp("datastore") / "replies.ds"
     Datastore.from_documents(replies, vocab_size=local.manifest.model.vocab_size).save(path)
     return path

@@ -68,7 +68,9 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
         raise click.UsageError("pass exactly one of --prompt, --prompts or --prompt-set")
     if (engine is None) == (url is None):
         raise click.UsageError("pass an ENGINE directory or --url HOST:PORT (not both)")
-    from trtspec.runtime.generator import GenerateOptions, read_prompt_file
+    from trtspec.runtime.generator import read_prompt_file
+    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.speculative.sampling import SamplingParams
 
     if prompt_set is not None:
         from trtspec.data.prompts import PROMPT_SETS, load_prompts
@@ -80,7 +82,8 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
         prompts = [p.text for p in load_prompts(prompt_set, limit=limit)]
     else:
         prompts = [prompt] if prompt is not None else read_prompt_file(prompts_file)
-    options = GenerateOptions(**flags)
+    sampling = SamplingParams(**{name: flags.pop(name) for name in ("temperature", "top_k", "top_p", "seed")})
+    options = GenerationConfig(sampling=sampling, **flags)
     if url is not None:
         _generate_remote(url, model_name, prompts, options, stream=stream is not False, as_json=as_json,
                          concurrency=concurrency, wait_s=wait_s)
