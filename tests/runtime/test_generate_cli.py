@@ -69,12 +69,15 @@ def test_several_replies_are_separated_and_each_has_its_stats_line(engine, promp
 @pytest.mark.parametrize("args,message", [
     (["--prompt", "hello"], "has no tokenizer; pass token ids or rebuild with --tokenizer DIR"),
     (["--prompts", "{prompts}", "--max-tokens", "120"], "exceed the engine's max_seq_len 128"),
-    (["--prompts", "{bad}"], "bad.jsonl:2: expected an object with 'prompt', 'messages' or 'input_ids'"),
+    (["--prompts", "{bad}"], "bad.jsonl:2: unknown key(s) text; valid keys: id, category, prompt, messages, input_ids"),
+    (["--prompts", "{unknown}"], "unknown.jsonl:1: unknown key(s) output_ids; valid keys: id, category, prompt, "),
 ])
 def test_errors_are_one_line(engine, prompts_file, tmp_path, args, message):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"input_ids": [1, 2]}\n{"text": "x"}\n')
-    res = _run(engine, *[a.format(prompts=prompts_file, bad=bad) for a in args])
+    unknown = tmp_path / "unknown.jsonl"  # generate --json output is not a prompt file
+    unknown.write_text('{"input_ids": [1, 2], "output_ids": [3]}\n')
+    res = _run(engine, *[a.format(prompts=prompts_file, bad=bad, unknown=unknown) for a in args])
     assert res.exit_code == 1 and res.output.count("\n") == 1 and message in res.output, res.output
 
 

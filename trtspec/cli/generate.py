@@ -16,7 +16,8 @@ from trtspec.cli.app import _sampling_flag
 @click.option("--url", help="HOST:PORT of a Triton gRPC endpoint (`trtspec serve`) instead of a local ENGINE.")
 @click.option("--prompt", help="One prompt (goes through the chat template).")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="JSONL file: one {\"prompt\": ...} or {\"messages\": [...]} per line.")
+              help="JSONL file: one {\"prompt\": ...}, {\"messages\": [...]} or {\"input_ids\": [...]} per line "
+                   "(optional \"id\", \"category\").")
 @click.option("--prompt-set", help="A real prompt set: mt-bench, humaneval, sharegpt, champ, sharegpt-grounded, "
                                    "code-edit (first turn of each; `bench drafting` runs mt-bench-2turn's second).")
 @click.option("--limit", type=int, help="With --prompt-set: the first N prompts.")
@@ -68,7 +69,6 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
         raise click.UsageError("pass exactly one of --prompt, --prompts or --prompt-set")
     if (engine is None) == (url is None):
         raise click.UsageError("pass an ENGINE directory or --url HOST:PORT (not both)")
-    from trtspec.runtime.generator import read_prompt_file
     from trtspec.runtime.loop import GenerationConfig
     from trtspec.speculative.sampling import SamplingParams
 
@@ -81,7 +81,9 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
                                    "--prompt-set mt-bench for the first turns)")
         prompts = [p.text for p in load_prompts(prompt_set, limit=limit)]
     else:
-        prompts = [prompt] if prompt is not None else read_prompt_file(prompts_file)
+        from trtspec.data.prompts import load_jsonl_prompts
+
+        prompts = [prompt] if prompt is not None else [p.generation_input for p in load_jsonl_prompts(prompts_file)]
     sampling = SamplingParams(**{name: flags.pop(name) for name in ("temperature", "top_k", "top_p", "seed")})
     options = GenerationConfig(sampling=sampling, **flags)
     if url is not None:

@@ -134,17 +134,3 @@ class LocalGenerator:
                               f"the engine's max_seq_len {profile.max_seq_len}; lower --max-tokens")
         return ids
 
-
-def read_prompt_file(path: Path) -> list:
-    """Prompts from a JSONL file: text (`prompt`), chat (`messages`) or token ids (`input_ids`) per line."""
-    from trtspec.data.jsonl import jsonl_objects
-
-    prompts = []
-    for where, obj in jsonl_objects(path):
-        for key in ("prompt", "messages", "input_ids"):
-            if isinstance(obj, dict) and key in obj:
-                prompts.append(obj[key])
-                break
-        else:
-            raise ConfigError(f"{where}: expected an object with 'prompt', 'messages' or 'input_ids'")
-    return prompts
