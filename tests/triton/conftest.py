@@ -6,7 +6,8 @@ import pytest
 
 from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.testing import TinyModel, tiny_trtllm_checkpoints, write_tiny_tokenizer
-from trtspec.triton.deploy import DeployOptions, deploy
+from trtspec.triton.deploy import deploy
+from trtspec.triton.deploy_options import DeployOptions
 from trtspec.triton.server import ServerOptions, TritonServer, free_port
 
 

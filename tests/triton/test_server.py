@@ -459,7 +459,8 @@ def test_server_start_failure_is_reported(tmp_path, tiny_repo):
 def test_non_decoupled_repository_serves_unary_requests(tiny_engine, tmp_path, local):
     """--no-decoupled: plain ModelInfer calls (no stream) through the ensemble and to tensorrt_llm directly, batched
     in flight by the decoupled engine behind the unary forwarder; a unary stop request ends a request by its id."""
-    from trtspec.triton.deploy import DeployOptions, deploy
+    from trtspec.triton.deploy import deploy
+    from trtspec.triton.deploy_options import DeployOptions
     from trtspec.triton.server import free_port
 
     repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "repo", decoupled=False, threads=1))

@@ -33,7 +33,8 @@ def run(engine: Path, *, prompt_set: str = "mt-bench", limit: int = 16, max_toke
     from trtspec.runtime.generator import LocalGenerator
     from trtspec.runtime.loop import GenerationConfig
     from trtspec.triton.client import TritonClient, generate_concurrently
-    from trtspec.triton.deploy import DeployOptions, deploy
+    from trtspec.triton.deploy import deploy
+    from trtspec.triton.deploy_options import DeployOptions
     from trtspec.triton.server import ServerOptions, TritonServer, free_port
 
     prompts = _texts(prompt_set, limit)
@@ -133,7 +134,8 @@ def unary_vs_streaming(engine: Path, *, prompt_set: str = "mt-bench", limit: int
 
     from trtspec.runtime.loop import GenerationConfig
     from trtspec.triton.client import TritonClient, build_inputs, generate_concurrently
-    from trtspec.triton.deploy import DeployOptions, deploy
+    from trtspec.triton.deploy import deploy
+    from trtspec.triton.deploy_options import DeployOptions
     from trtspec.triton.server import ServerOptions, TritonServer, free_port
 
     prompts = _texts(prompt_set, limit)

@@ -19,7 +19,7 @@ from trtspec.errors import RepositoryError
 from trtspec.triton.contract import (CLIENT_TO_LLM, CLIENT_TO_PRE, LOOKAHEAD_INPUTS, NEVER_FILLED_OUTPUTS,
                                      PERF_METRIC_OUTPUTS, PRE_TO_LLM, cpu_ensemble_inputs, cpu_ensemble_outputs,
                                      tensor as _t)
-from trtspec.triton.deploy import DeployOptions, check_options
+from trtspec.triton.deploy_options import DeployOptions
 from trtspec.triton.pbtxt import ModelConfig, Step, render
 
 MODEL_SOURCES = Path(__file__).parent / "python_models"
@@ -227,9 +227,8 @@ def _path_from_repo(path: Path, options: DeployOptions) -> str:
     return str(path) if relative.startswith(".." + os.sep + ".." + os.sep + ".." + os.sep) else relative
 
 
-def write_cpu_repository(manifest: Manifest, options: DeployOptions, staging: Path) -> None:
-    """Write the four models into the empty staging directory."""
-    batch = check_options(manifest, options)
+def write_cpu_repository(manifest: Manifest, options: DeployOptions, staging: Path, batch: int) -> None:
+    """Write the four models into the empty staging directory (options checked, batch: Triton's max_batch_size)."""
     engine_dir = Path(options.engine_dir).resolve()
     if manifest.tokenizer is None:
         raise RepositoryError(f"{engine_dir / 'manifest.json'}: the engine has no tokenizer (field 'tokenizer' is "

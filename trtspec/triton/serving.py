@@ -189,7 +189,7 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
         method = _scalar(inputs, "draft_method", b, None)
         method = method.decode(errors="replace") if isinstance(method, bytes) else method
         if method:
-            from trtspec.triton.deploy import check_method
+            from trtspec.triton.deploy_options import check_method
 
             check_method(manifest, method, what="draft_method")
         config = GenerationConfig(max_tokens=max_tokens, sampling=sampling, end_id=end_id, stop_words=stop_words,

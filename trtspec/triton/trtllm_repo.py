@@ -20,6 +20,7 @@ from trtspec.engine.trtllm_versions import TrtllmVersion, parse_version
 from trtspec.errors import RepositoryError
 from trtspec.speculative.tree_presets import preset
 from trtspec.triton import trtllm_tensors as tt
+from trtspec.triton.deploy_options import DeployOptions
 from trtspec.triton.pbtxt import ModelConfig, Step, render
 
 log = logging.getLogger(__name__)
@@ -48,9 +49,10 @@ class Context:
     draft: tuple[Manifest, Path] | None  # draft-target: the draft engine's manifest and absolute path
 
 
-def write_trtllm_repository(manifest: Manifest, options, staging: Path) -> None:
-    """Write every model of the repository (and the launch script) into `staging`."""
-    ctx = _context(manifest, options)
+def write_trtllm_repository(manifest: Manifest, options: DeployOptions, staging: Path, batch: int) -> None:
+    """Write every model of the repository (and the launch script) into `staging` (options checked by
+    check_options, batch: Triton's max_batch_size)."""
+    ctx = _context(manifest, options, batch)
     configs = [preprocessing(ctx), tensorrt_llm(ctx), postprocessing(ctx), ensemble(ctx), bls(ctx)]
     if ctx.draft is not None:
         configs.append(tensorrt_llm(ctx, draft=True))
@@ -69,9 +71,7 @@ def write_trtllm_repository(manifest: Manifest, options, staging: Path) -> None:
 
 # ---- validation ---------------------------------------------------------------------------------------
 
-def _context(manifest: Manifest, options) -> Context:
-    from trtspec.triton.deploy import check_options
-
+def _context(manifest: Manifest, options: DeployOptions, batch: int) -> Context:
     where = Path(options.engine_dir) / "manifest.json"
     version = parse_version(manifest.versions.get("tensorrt_llm", ""))
     if manifest.tokenizer is None:
@@ -93,7 +93,7 @@ def _context(manifest: Manifest, options) -> Context:
                     "tensorrt_llm_draft and tensorrt_llm_bls")
         decoupled = False
     engine_dir = Path(options.engine_dir).resolve()
-    return Context(manifest=manifest, version=version, batch=check_options(manifest, options), decoupled=decoupled,
+    return Context(manifest=manifest, version=version, batch=batch, decoupled=decoupled,
                    engine_dir=engine_dir, tokenizer_dir=engine_dir / manifest.tokenizer,
                    logits_type=tt.LOGITS_TYPES.get(manifest.model.logits_dtype, "TYPE_FP32"),
                    instances=options.instances, batching_strategy=options.batching_strategy,
