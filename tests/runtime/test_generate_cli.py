@@ -105,5 +105,20 @@ def test_missing_or_corrupt_engine_files(engine, tmp_path, prompts_file):
 
 def test_a_two_turn_prompt_set_is_refused_with_where_it_runs(engine):
     result = _run(engine, "--prompt-set", "mt-bench-2turn")
-    assert result.exit_code == 2 and "--prompt-set mt-bench-2turn: its second turns need the engine's own first " \
-        "answers" in result.output and "bench drafting" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert "--prompt-set mt-bench-2turn: its second turns need the engine's own first answers" in result.output
+    assert "bench drafting" in result.output and "Traceback" not in result.output
+
+
+def test_prompt_file_forms_give_the_same_tokens_as_the_library(engine, tmp_path):
+    """generate --prompts reads token ids and chat lines with the one prompt reader; replies in prompt order."""
+    from trtspec.runtime.generator import LocalGenerator
+    from trtspec.runtime.loop import GenerationConfig
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"input_ids": [3, 4, 5]}\n{"id": "b", "input_ids": [9, 8]}\n')
+    result = _run(engine, "--prompts", path, "--max-tokens", 5, "--json", "--stream")
+    rows = [json.loads(line) for line in result.output.splitlines()]
+    expected = LocalGenerator(engine).generate_many([[3, 4, 5], [9, 8]], GenerationConfig(max_tokens=5))
+    assert [r["prompt_index"] for r in rows] == [0, 1]
+    assert [r["output_ids"] for r in rows] == [g.output_ids for g in expected]

@@ -307,6 +307,21 @@ def load_prompts(name: str, *, limit: int | None = None, category: str | None = 
     return _take(prompts, limit, category)
 
 
+def generation_inputs(*, prompt: str | None = None, prompts_file: Path | str | None = None,
+                      prompt_set: str | None = None, limit: int | None = None) -> list:
+    """The prompts of one `generate` run, as a generator encodes them (Prompt.generation_input): one text, a
+    JSONL prompt file, or the first turns of a prompt set (its first `limit`). Exactly one source is given."""
+    if prompt is not None:
+        return [prompt]
+    if prompts_file is not None:
+        return [p.generation_input for p in load_jsonl_prompts(prompts_file)]
+    if prompt_set in PROMPT_SETS and PROMPT_SETS[prompt_set].two_turn:
+        raise ConfigError(f"--prompt-set {prompt_set}: its second turns need the engine's own first answers; "
+                          "`trtspec bench drafting ENGINE --sets mt-bench-2turn` runs both turns (or "
+                          "--prompt-set mt-bench for the first turns)")
+    return [p.text for p in load_prompts(prompt_set, limit=limit)]
+
+
 def load_jsonl_prompts(path: Path | str, *, limit: int | None = None,
                        category: str | None = None) -> list[Prompt]:
     """Load prompts from a JSONL file: one object a line with "prompt" (text), "messages" (a chat list) or

@@ -6,8 +6,9 @@ Serving path: ONNX Runtime, numpy, tokenizers only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from trtspec.engine.manifest import Method
@@ -96,6 +97,16 @@ class LocalGenerator:
                     for i, p in enumerate(prompts)]
         results = generate_batch(self.engine, requests, max_batch_size=self.manifest.profile.max_batch_size)
         return [Generation(i, r.output_ids, self._decode(r.output_ids), r) for i, r in enumerate(results)]
+
+    def replies(self, prompts: list, config: GenerationConfig = GenerationConfig(), *, stream: bool = False,
+                on_text: Callable[[int, str], None] | None = None) -> Iterator[Generation]:
+        """Each prompt's Generation in order: all at once with in-flight batching, or (stream) one at a time, its
+        text passed to on_text(prompt index, piece) as it is generated."""
+        if not stream:
+            yield from self.generate_many(prompts, config)
+            return
+        for i, prompt in enumerate(prompts):
+            yield self.generate(prompt, config, index=i, on_text=None if on_text is None else partial(on_text, i))
 
     def generate(self, prompt, config: GenerationConfig = GenerationConfig(), *, index: int = 0,
                  on_text: Callable[[str], None] | None = None) -> Generation:

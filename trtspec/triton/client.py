@@ -12,8 +12,9 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -259,6 +260,29 @@ class TritonClient:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def generate_remote(url: str, prompts: list, options: GenerationConfig = GenerationConfig(), *,
+                    model: str = MODEL, stream: bool = True, concurrency: int = 1, wait_s: float = 0.0,
+                    on_text: Callable[[int, str], None] | None = None) -> Iterator[RemoteGeneration]:
+    """Each prompt's reply from the server at `url` (waiting up to wait_s for it to be ready), in prompt order: one
+    request at a time, a streamed reply's text passed to on_text(prompt index, piece) as it arrives, or
+    `concurrency` at once (each on its own gRPC stream)."""
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str):
+            raise ConfigError(f"prompt {i}: --url sends text prompts (\"prompt\"); chat messages and token ids "
+                              "need a local ENGINE")
+    with TritonClient(url, model=model) as client:
+        client.check_ready(wait_s=wait_s)
+        if concurrency == 1:
+            for i, p in enumerate(prompts):
+                yield client.generate(p, options, index=i, stream=stream,
+                                      on_text=None if on_text is None else partial(on_text, i))
+            return
+    for result in generate_concurrently(url, prompts, options, concurrency=concurrency, stream=stream, model=model):
+        if isinstance(result, BaseException):
+            raise result
+        yield result
 
 
 def generate_concurrently(url: str, prompts: list[str], options: GenerationConfig = GenerationConfig(), *,
