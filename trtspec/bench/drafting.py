@@ -222,7 +222,7 @@ def format_report(report: dict) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from trtspec.models.fetch import cache_dir
+    from trtspec.hub.fetch import cache_dir
 
     parser = argparse.ArgumentParser(prog="trtspec bench drafting", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

