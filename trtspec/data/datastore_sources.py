@@ -14,7 +14,6 @@ special tokens.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,11 +42,6 @@ def tokenizer_dir(path: Path) -> Path:
         if (candidate / "tokenizer.json").is_file():
             return candidate
     raise ConfigError(f"--tokenizer {path}: no tokenizer.json in it or in its tokenizer/ folder")
-
-
-def tokenizer_fingerprint(directory: Path) -> str:
-    """SHA-256 of a tokenizer folder's tokenizer.json: a datastore built with one is only used with the same."""
-    return hashlib.sha256((Path(directory) / "tokenizer.json").read_bytes()).hexdigest()
 
 
 def read_documents(source: str) -> Iterator[Document]:
@@ -138,7 +132,7 @@ def build_datastore(sources: str | tuple[str, ...], out: Path, *, tokenizer: Pat
     import itertools
 
     from trtspec.progress import StatusBar
-    from trtspec.runtime.tokenizer import Tokenizer
+    from trtspec.runtime.tokenizer import Tokenizer, tokenizer_fingerprint
     from trtspec.speculative.datastore import Datastore
 
     out = Path(out)

@@ -67,7 +67,7 @@ class LocalGenerator:
     def _tokenizer_fingerprint(self, engine_dir) -> str:
         if self.manifest.tokenizer is None:
             return ""
-        from trtspec.data.datastore_sources import tokenizer_fingerprint
+        from trtspec.runtime.tokenizer import tokenizer_fingerprint
 
         return tokenizer_fingerprint(Path(engine_dir) / self.manifest.tokenizer)
 

@@ -77,7 +77,7 @@ def check_datastore(manifest: Manifest, engine_dir: Path, path: Path) -> None:
         raise ConfigError("--datastore applies to the CPU flavour only (TensorRT-LLM has no suffix drafter)")
     if manifest.profile.max_draft_len < 1:
         raise ConfigError("--datastore: method suffix needs an engine built with --max-draft-len K >= 1")
-    from trtspec.data.datastore_sources import tokenizer_fingerprint
+    from trtspec.runtime.tokenizer import tokenizer_fingerprint
     from trtspec.speculative.datastore import Datastore
 
     fingerprint = tokenizer_fingerprint(engine_dir / manifest.tokenizer) if manifest.tokenizer else ""
