@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from trtspec.checkpoint.convert import ConvertOptions, ConvertResult
-    from trtspec.checkpoint.inspect import CheckpointSummary
+    from trtspec.checkpoint.summary import CheckpointSummary
     from trtspec.checkpoint.trtllm_reader import TrtllmCheckpoint
 
 __all__ = ["BuildError", "CheckpointError", "ConfigError", "RepositoryError", "RuntimeEngineError",
@@ -27,8 +27,8 @@ _LAZY = {
     "convert": "trtspec.checkpoint.convert",
     "ConvertOptions": "trtspec.checkpoint.convert",
     "ConvertResult": "trtspec.checkpoint.convert",
-    "inspect_checkpoint": "trtspec.checkpoint.inspect",
-    "CheckpointSummary": "trtspec.checkpoint.inspect",
+    "inspect_checkpoint": "trtspec.checkpoint.summary",
+    "CheckpointSummary": "trtspec.checkpoint.summary",
     "read_trtllm_checkpoint": "trtspec.checkpoint.trtllm_reader",
     "TrtllmCheckpoint": "trtspec.checkpoint.trtllm_reader",
 }

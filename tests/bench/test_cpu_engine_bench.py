@@ -15,7 +15,8 @@ from trtspec.bench.cpu_engine import (build_engines, identical_outputs, parse_ar
 from trtspec.bench.peers import run_child, run_trtspec
 from trtspec.engine.manifest import ONNX_GRAPH_FORMAT, read_manifest
 from trtspec.errors import ConfigError
-from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+from trtspec.runtime.generator import LocalGenerator
+from trtspec.runtime.loop import GenerationConfig
 from trtspec.testing import TinyModel, write_hf_base
 
 # vocab ≠ hidden size: onnxruntime-genai 0.18's builder takes every Linear with vocab_size outputs for the LM head
@@ -67,7 +68,7 @@ def test_trtspec_runner_equals_local_generator(tiny):
     engine = tiny[1][0]
     rows = list(run_trtspec(str(engine), PROMPTS, max_tokens=6, threads=1))
     generator = LocalGenerator(engine, threads=1)
-    expected = [generator.generate(ids, GenerateOptions(max_tokens=6, no_spec=True)).output_ids for ids in PROMPTS]
+    expected = [generator.generate(ids, GenerationConfig(max_tokens=6, no_spec=True)).output_ids for ids in PROMPTS]
     assert [r["output_ids"] for r in rows] == expected
     assert [r["prompt"] for r in rows] == [0, 1, 2]
     assert all(0 < r["ttft_s"] <= r["total_s"] for r in rows)

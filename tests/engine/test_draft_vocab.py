@@ -10,7 +10,8 @@ from trtspec.checkpoint.convert import ConvertOptions, convert
 from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
 from trtspec.engine.manifest import read_manifest
 from trtspec.engine.onnx_builder import BuildOptions, build
-from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+from trtspec.runtime.generator import LocalGenerator
+from trtspec.runtime.loop import GenerationConfig
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.testing import TinyModel, write_eagle_draft, write_hf_base
 
@@ -57,7 +58,7 @@ def test_speculative_output_equals_plain_greedy(engines):
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, MODEL.vocab_size, rng.integers(3, 20)).tolist() for _ in range(8)]
     generator = LocalGenerator(engines["reduced-dir"])
-    spec = generator.generate_many(prompts, GenerateOptions(max_tokens=40))
-    plain = generator.generate_many(prompts, GenerateOptions(max_tokens=40, no_spec=True))
+    spec = generator.generate_many(prompts, GenerationConfig(max_tokens=40))
+    plain = generator.generate_many(prompts, GenerationConfig(max_tokens=40, no_spec=True))
     assert [g.output_ids for g in spec] == [g.output_ids for g in plain]
     assert sum(g.result.stats.steps for g in spec) > 0

@@ -15,7 +15,8 @@ from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.errors import BuildError, ServerError
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.testing import TinyModel, tiny_trtllm_checkpoints, write_tiny_tokenizer
-from trtspec.triton.deploy import DeployOptions, deploy
+from trtspec.triton.deploy import deploy
+from trtspec.triton.deploy_options import DeployOptions
 from trtspec.triton.server import verify_engines
 
 

@@ -243,8 +243,9 @@ def test_smollm2_int4_builds_and_speculates_losslessly(tmp_path):
     plain step bit-identical to the verify step's slot, and ngram == plain greedy on real prompts."""
     from trtspec import ConvertOptions, convert
     from trtspec.data.prompts import load_prompts
-    from trtspec.models.fetch import fetch_model
-    from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+    from trtspec.hub.fetch import fetch_model
+    from trtspec.runtime.generator import LocalGenerator
+    from trtspec.runtime.loop import GenerationConfig
 
     convert(ConvertOptions(base=fetch_model("smollm2-135m"), out=tmp_path / "ckpt"), show_progress=False)
     m = build(BuildOptions(source=tmp_path / "ckpt", out=tmp_path / "int4", max_input_len=256, max_seq_len=512,
@@ -263,8 +264,8 @@ def test_smollm2_int4_builds_and_speculates_losslessly(tmp_path):
     prompts = [p.text for p in load_prompts("mt-bench", limit=3)]
     prompts.append("Repeat this list exactly, twice: apples, pears, plums, cherries, grapes, lemons, limes, figs.")
     generator = LocalGenerator(tmp_path / "int4", threads=2)
-    plain = [r.output_ids for r in generator.generate_many(prompts, GenerateOptions(max_tokens=32, no_spec=True))]
-    spec = generator.generate_many(prompts, GenerateOptions(max_tokens=32, method="ngram"))
+    plain = [r.output_ids for r in generator.generate_many(prompts, GenerationConfig(max_tokens=32, no_spec=True))]
+    spec = generator.generate_many(prompts, GenerationConfig(max_tokens=32, method="ngram"))
     assert [r.output_ids for r in spec] == plain
 
 

@@ -69,12 +69,15 @@ def test_several_replies_are_separated_and_each_has_its_stats_line(engine, promp
 @pytest.mark.parametrize("args,message", [
     (["--prompt", "hello"], "has no tokenizer; pass token ids or rebuild with --tokenizer DIR"),
     (["--prompts", "{prompts}", "--max-tokens", "120"], "exceed the engine's max_seq_len 128"),
-    (["--prompts", "{bad}"], "bad.jsonl:2: expected an object with 'prompt', 'messages' or 'input_ids'"),
+    (["--prompts", "{bad}"], "bad.jsonl:2: unknown key(s) text; valid keys: id, category, prompt, messages, input_ids"),
+    (["--prompts", "{unknown}"], "unknown.jsonl:1: unknown key(s) output_ids; valid keys: id, category, prompt, "),
 ])
 def test_errors_are_one_line(engine, prompts_file, tmp_path, args, message):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"input_ids": [1, 2]}\n{"text": "x"}\n')
-    res = _run(engine, *[a.format(prompts=prompts_file, bad=bad) for a in args])
+    unknown = tmp_path / "unknown.jsonl"  # generate --json output is not a prompt file
+    unknown.write_text('{"input_ids": [1, 2], "output_ids": [3]}\n')
+    res = _run(engine, *[a.format(prompts=prompts_file, bad=bad, unknown=unknown) for a in args])
     assert res.exit_code == 1 and res.output.count("\n") == 1 and message in res.output, res.output
 
 
@@ -102,5 +105,20 @@ def test_missing_or_corrupt_engine_files(engine, tmp_path, prompts_file):
 
 def test_a_two_turn_prompt_set_is_refused_with_where_it_runs(engine):
     result = _run(engine, "--prompt-set", "mt-bench-2turn")
-    assert result.exit_code == 2 and "--prompt-set mt-bench-2turn: its second turns need the engine's own first " \
-        "answers" in result.output and "bench drafting" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
+    assert "--prompt-set mt-bench-2turn: its second turns need the engine's own first answers" in result.output
+    assert "bench drafting" in result.output and "Traceback" not in result.output
+
+
+def test_prompt_file_forms_give_the_same_tokens_as_the_library(engine, tmp_path):
+    """generate --prompts reads token ids and chat lines with the one prompt reader; replies in prompt order."""
+    from trtspec.runtime.generator import LocalGenerator
+    from trtspec.runtime.loop import GenerationConfig
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"input_ids": [3, 4, 5]}\n{"id": "b", "input_ids": [9, 8]}\n')
+    result = _run(engine, "--prompts", path, "--max-tokens", 5, "--json", "--stream")
+    rows = [json.loads(line) for line in result.output.splitlines()]
+    expected = LocalGenerator(engine).generate_many([[3, 4, 5], [9, 8]], GenerationConfig(max_tokens=5))
+    assert [r["prompt_index"] for r in rows] == [0, 1]
+    assert [r["output_ids"] for r in rows] == [g.output_ids for g in expected]

@@ -10,7 +10,7 @@ import torch
 from trtspec import ConvertOptions, convert
 from trtspec.errors import ConfigError
 from trtspec.runtime.loop import GenerationConfig, generate
-from trtspec.runtime.torch_engine import TorchEngine
+from trtspec.model.torch_engine import TorchEngine
 from trtspec.speculative.tree import DynamicTree
 from trtspec.speculative.methods import make_proposer
 from trtspec.speculative.proposer import Draft
@@ -190,7 +190,7 @@ def test_log_probs_are_the_same_with_and_without_speculation():
     import numpy as np
 
     from trtspec.runtime.loop import GenerationConfig, generate
-    from trtspec.runtime.torch_engine import TorchEngine
+    from trtspec.model.torch_engine import TorchEngine
     from trtspec.speculative.methods import make_proposer
     from trtspec.speculative.tree import build_tree
     from trtspec.testing import TinyModel, tiny_trtllm_checkpoints
@@ -215,7 +215,7 @@ def test_bad_words_and_min_tokens_stay_lossless():
     from pathlib import Path
 
     from trtspec.runtime.loop import GenerationConfig, generate
-    from trtspec.runtime.torch_engine import TorchEngine
+    from trtspec.model.torch_engine import TorchEngine
     from trtspec.speculative.methods import make_proposer
     from trtspec.speculative.tree import build_tree
     from trtspec.testing import TinyModel, tiny_trtllm_checkpoints

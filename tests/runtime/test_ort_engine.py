@@ -13,7 +13,7 @@ from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.errors import BuildError, RuntimeEngineError
 from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
 from trtspec.runtime.ort_engine import OrtEngine
-from trtspec.runtime.torch_engine import TorchEngine
+from trtspec.model.torch_engine import TorchEngine
 from trtspec.speculative.tree import DynamicTree
 from trtspec.speculative.methods import make_proposer
 from trtspec.speculative.sampling import SamplingParams

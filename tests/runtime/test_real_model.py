@@ -11,8 +11,9 @@ import pytest
 from trtspec import ConvertOptions, convert
 from trtspec.data.prompts import load_prompts
 from trtspec.engine.onnx_builder import BuildOptions, build
-from trtspec.models.fetch import fetch_model
-from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+from trtspec.hub.fetch import fetch_model
+from trtspec.runtime.generator import LocalGenerator
+from trtspec.runtime.loop import GenerationConfig
 from trtspec.speculative.tree import DynamicTree
 from trtspec.testing import TinyModel, write_eagle_draft
 from trtspec.train.init_heads import write_initial_medusa_heads
@@ -47,8 +48,8 @@ def test_smollm2_speculation_is_token_identical_on_mt_bench(engines, method):
     generator = engines[method]
     accepted = 0
     for i, prompt in enumerate(load_prompts("mt-bench", limit=6)):
-        spec = generator.generate(list(prompt.messages), GenerateOptions(max_tokens=48), index=i)
-        plain = generator.generate(list(prompt.messages), GenerateOptions(max_tokens=48, no_spec=True), index=i)
+        spec = generator.generate(list(prompt.messages), GenerationConfig(max_tokens=48), index=i)
+        plain = generator.generate(list(prompt.messages), GenerationConfig(max_tokens=48, no_spec=True), index=i)
         assert spec.output_ids == plain.output_ids, (method, prompt.id)
         assert spec.text == plain.text and len(plain.output_ids) > 0
         accepted += spec.result.stats.accepted_tokens
@@ -58,5 +59,5 @@ def test_smollm2_speculation_is_token_identical_on_mt_bench(engines, method):
 
 def test_smollm2_answers_a_real_question(engines):
     out = engines["medusa"].generate("What is the capital of France? Answer in one sentence.",
-                                     GenerateOptions(max_tokens=32))
+                                     GenerationConfig(max_tokens=32))
     assert "Paris" in out.text and out.result.finish_reason == "end_id"

@@ -8,8 +8,9 @@ import pytest
 from trtspec import ConvertOptions, convert
 from trtspec.data.prompts import load_prompts
 from trtspec.engine.onnx_builder import BuildOptions, build
-from trtspec.models.fetch import fetch_model
-from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+from trtspec.hub.fetch import fetch_model
+from trtspec.runtime.generator import LocalGenerator
+from trtspec.runtime.loop import GenerationConfig
 
 pytestmark = pytest.mark.slow
 
@@ -37,8 +38,8 @@ def prompts():
 
 
 def test_ngram_is_token_identical_at_batch_1_and_8_in_every_profile_set(generators, prompts):
-    plain_options = GenerateOptions(max_tokens=MAX_TOKENS, no_spec=True)
-    ngram_options = GenerateOptions(max_tokens=MAX_TOKENS, method="ngram")
+    plain_options = GenerationConfig(max_tokens=MAX_TOKENS, no_spec=True)
+    ngram_options = GenerationConfig(max_tokens=MAX_TOKENS, method="ngram")
     reference = None
     for name, generator in generators.items():
         fits = [p for p in prompts if len(generator.encode(p)) <= generator.manifest.profile.max_input_len]

@@ -11,8 +11,9 @@ import pytest
 from trtspec import ConvertOptions, convert
 from trtspec.data.prompts import load_prompts
 from trtspec.engine.onnx_builder import BuildOptions, build
-from trtspec.models.fetch import fetch_model
-from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+from trtspec.hub.fetch import fetch_model
+from trtspec.runtime.generator import LocalGenerator
+from trtspec.runtime.loop import GenerationConfig
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +34,8 @@ def test_shipped_drafter_is_lossless_and_accepted(tmp_path, method):
         assert 0 < manifest.model.draft_vocab_size < manifest.model.vocab_size
     generator = LocalGenerator(tmp_path / "engine")
     prompts = [list(p.messages) for p in load_prompts("mt-bench", limit=4)]
-    spec = generator.generate_many(prompts, GenerateOptions(max_tokens=48))
-    plain = generator.generate_many(prompts, GenerateOptions(max_tokens=48, no_spec=True))
+    spec = generator.generate_many(prompts, GenerationConfig(max_tokens=48))
+    plain = generator.generate_many(prompts, GenerationConfig(max_tokens=48, no_spec=True))
     assert [g.output_ids for g in spec] == [g.output_ids for g in plain]
     steps = sum(g.result.stats.steps for g in spec)
     accepted = sum(g.result.stats.accepted_tokens for g in spec)

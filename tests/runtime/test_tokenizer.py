@@ -197,7 +197,7 @@ def test_incremental_decoder_sentencepiece_style():
 
 @pytest.fixture(scope="module")
 def smollm2_dir():
-    from trtspec.models import fetch_model
+    from trtspec.hub import fetch_model
 
     return fetch_model("smollm2-135m")
 

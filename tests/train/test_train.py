@@ -15,7 +15,8 @@ from trtspec.checkpoint.convert import ConvertOptions, convert
 from trtspec.cli import cli
 from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.errors import ConfigError
-from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+from trtspec.runtime.generator import LocalGenerator
+from trtspec.runtime.loop import GenerationConfig
 from trtspec.testing import TinyModel, write_eagle_draft, write_hf_base
 from trtspec.train.init_heads import write_initial_medusa_heads
 from trtspec.train.run import TrainOptions, train
@@ -69,8 +70,8 @@ def acceptance_length(setup, drafter: Path, method: str, root: Path) -> float:
                        max_seq_len=64))
     generator = LocalGenerator(root / "engine")
     prompts = [json.loads(line)["input_ids"] for line in setup["prompts"].read_text().splitlines()][SAMPLES:]
-    spec = generator.generate_many(prompts, GenerateOptions(max_tokens=32))
-    plain = generator.generate_many(prompts, GenerateOptions(max_tokens=32, no_spec=True))
+    spec = generator.generate_many(prompts, GenerationConfig(max_tokens=32))
+    plain = generator.generate_many(prompts, GenerationConfig(max_tokens=32, no_spec=True))
     assert [g.output_ids for g in spec] == [g.output_ids for g in plain]  # lossless at temperature 0
     steps = sum(g.result.stats.steps for g in spec)
     return 1 + sum(g.result.stats.accepted_tokens for g in spec) / steps

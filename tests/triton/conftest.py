@@ -6,7 +6,8 @@ import pytest
 
 from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.testing import TinyModel, tiny_trtllm_checkpoints, write_tiny_tokenizer
-from trtspec.triton.deploy import DeployOptions, deploy
+from trtspec.triton.deploy import deploy
+from trtspec.triton.deploy_options import DeployOptions
 from trtspec.triton.server import ServerOptions, TritonServer, free_port
 
 
@@ -40,12 +41,13 @@ CORPUS_PROMPTS = ("Medusa heads tokens", "quick brown fox the target model", "sp
 @pytest.fixture(scope="session")
 def tiny_datastore(tiny_engine, tmp_path_factory):
     """The tiny engine's own greedy replies to CORPUS_PROMPTS as a suffix datastore (what method suffix looks up)."""
-    from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+    from trtspec.runtime.generator import LocalGenerator
+    from trtspec.runtime.loop import GenerationConfig
     from trtspec.speculative.datastore import Datastore
 
     local = LocalGenerator(tiny_engine, threads=1)
     replies = [g.output_ids for g in local.generate_many(list(CORPUS_PROMPTS),
-                                                         GenerateOptions(max_tokens=48, no_spec=True))]
+                                                         GenerationConfig(max_tokens=48, no_spec=True))]
     path = tmp_path_factory.mktemp("datastore") / "replies.ds"
     Datastore.from_documents(replies, vocab_size=local.manifest.model.vocab_size).save(path)
     return path

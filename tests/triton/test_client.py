@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from trtspec.errors import ServerError
-from trtspec.runtime.generator import GenerateOptions
+from trtspec.errors import ConfigError, ServerError
+from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.ngram_proposer import NgramConfig
+from trtspec.speculative.sampling import SamplingParams
 from trtspec.triton.client import build_inputs
 from trtspec.triton.contract import client_inputs, cpu_ensemble_inputs
 
@@ -16,21 +18,27 @@ def _names(inputs) -> dict:
 
 def test_cpu_flavour_gets_trtspec_inputs():
     accepted = {t.name for t in cpu_ensemble_inputs()}
-    names = _names(build_inputs("hi", GenerateOptions(seed=3, no_spec=True), stream=True, accepted=accepted))
+    names = _names(build_inputs("hi", GenerationConfig(sampling=SamplingParams(seed=3), no_spec=True), stream=True, accepted=accepted))
     assert names["random_seed"] == "UINT64" and names["use_speculation"] == "BOOL"
     assert names["text_input"] == "BYTES" and names["max_tokens"] == "INT32" and "return_perf_metrics" not in names
     assert set(names) <= accepted and "draft_method" not in names
-    names = _names(build_inputs("hi", GenerateOptions(method="ngram"), stream=True, accepted=accepted))
+    names = _names(build_inputs("hi", GenerationConfig(method="ngram"), stream=True, accepted=accepted))
     assert names["draft_method"] == "BYTES"
 
 
 @pytest.mark.parametrize("newest", [False, True])
 def test_gpu_flavour_gets_its_spelling_and_perf_metrics(newest):
     accepted = {t.name for t in client_inputs(newest_names=newest)} | {"return_perf_metrics"}
-    names = _names(build_inputs("hi", GenerateOptions(seed=3), stream=True, accepted=accepted))
+    names = _names(build_inputs("hi", GenerationConfig(sampling=SamplingParams(seed=3)), stream=True, accepted=accepted))
     assert ("seed" in names) == newest and ("random_seed" in names) == (not newest)
     assert names["return_perf_metrics"] == "BOOL" and set(names) <= accepted
     with pytest.raises(ServerError, match="no use_speculation input"):
-        build_inputs("hi", GenerateOptions(no_spec=True), stream=True, accepted=accepted)
+        build_inputs("hi", GenerationConfig(no_spec=True), stream=True, accepted=accepted)
     with pytest.raises(ServerError, match="no draft_method input"):
-        build_inputs("hi", GenerateOptions(method="ngram"), stream=True, accepted=accepted)
+        build_inputs("hi", GenerationConfig(method="ngram"), stream=True, accepted=accepted)
+
+
+@pytest.mark.parametrize("field,value", [("min_tokens", 3), ("ngram", NgramConfig()), ("stop_words", ((5,),))])
+def test_a_setting_the_request_cannot_carry_is_refused(field, value):
+    with pytest.raises(ConfigError, match=f"^{field}=.*the gRPC client does not send it"):
+        build_inputs("hi", GenerationConfig(**{field: value}), stream=True)

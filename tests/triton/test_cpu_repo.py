@@ -14,7 +14,8 @@ from tritonclient.grpc import model_config_pb2
 from trtspec.cli import cli
 from trtspec.errors import ConfigError
 from trtspec.triton.contract import cpu_ensemble_inputs, cpu_ensemble_outputs
-from trtspec.triton.deploy import DeployOptions, deploy
+from trtspec.triton.deploy import deploy
+from trtspec.triton.deploy_options import DeployOptions
 
 MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls")
 

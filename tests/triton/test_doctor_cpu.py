@@ -9,7 +9,8 @@ import shutil
 
 import pytest
 
-from trtspec.triton.deploy import DeployOptions, deploy
+from trtspec.triton.deploy import deploy
+from trtspec.triton.deploy_options import DeployOptions
 from trtspec.triton.doctor import doctor
 
 DEPLOYS = {

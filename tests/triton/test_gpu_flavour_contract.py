@@ -15,7 +15,8 @@ from tests.trtllm.conftest import build_engine, write_config_checkpoint
 from tests.trtllm.test_models import InferenceRequest, InferenceResponse, Request, Tensor, load_model
 from trtspec.testing import write_tiny_tokenizer
 from trtspec.triton import contract
-from trtspec.triton.deploy import DeployOptions, deploy
+from trtspec.triton.deploy import deploy
+from trtspec.triton.deploy_options import DeployOptions
 
 ENGINES = {"0.17.0": "vicuna-7b", "0.19.0": "vicuna-7b", "1.2.1": "vicuna-7b-medusa"}  # TensorRT-LLM version → model
 

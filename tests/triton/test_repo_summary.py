@@ -7,7 +7,8 @@ import json
 from click.testing import CliRunner
 
 from trtspec.cli import cli
-from trtspec.triton.deploy import DeployOptions, deploy
+from trtspec.triton.deploy import deploy
+from trtspec.triton.deploy_options import DeployOptions
 
 
 def test_a_cpu_flavour_repository_is_described(tiny_engine, tmp_path):

@@ -20,7 +20,9 @@ from trtspec.cli import cli
 from trtspec.bench.serving import read_counters
 from trtspec.errors import ServerError
 from trtspec.testing.grpc_requests import grpc_tensor, stream_once
-from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+from trtspec.runtime.generator import LocalGenerator
+from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.sampling import SamplingParams
 from trtspec.triton.client import TritonClient, build_inputs, generate_concurrently
 from trtspec.triton.server import CPU_HOST_NOISE, ServerOptions, TritonServer, find_tritonserver, free_port
 
@@ -43,8 +45,8 @@ def test_streaming_matches_local_generate(server, local):
     with TritonClient(server.grpc_url) as client:
         for i, prompt in enumerate(prompts):
             pieces = []
-            remote = client.generate(prompt, GenerateOptions(max_tokens=40), index=i, on_text=pieces.append)
-            expected = local.generate(prompt, GenerateOptions(max_tokens=40), index=i)
+            remote = client.generate(prompt, GenerationConfig(max_tokens=40), index=i, on_text=pieces.append)
+            expected = local.generate(prompt, GenerationConfig(max_tokens=40), index=i)
             assert remote.output_ids == expected.output_ids
             assert remote.text == "".join(pieces) == expected.text
             assert remote.responses > 1  # streamed, several tokens per response where drafts were accepted
@@ -59,13 +61,13 @@ def test_sixteen_streams_mixed_lengths_and_speculation(server, local, tiny_repo)
     """16 concurrent streams x 3 requests: every response equals in-process greedy output for its prompt."""
     prompts = _prompts(48, seed=2)
     lengths = [8 + (i * 7) % 60 for i in range(48)]
-    option = lambda i: GenerateOptions(max_tokens=lengths[i], no_spec=i % 3 == 0)  # noqa: E731
+    option = lambda i: GenerationConfig(max_tokens=lengths[i], no_spec=i % 3 == 0)  # noqa: E731
     before = read_counters(server.metrics_url, publish_via=server.grpc_url)
     results = generate_concurrently(server.grpc_url, prompts, concurrency=16, options_for=option)
     after = read_counters(server.metrics_url, publish_via=server.grpc_url)
     for i, result in enumerate(results):
         assert not isinstance(result, BaseException), result
-        expected = local.generate(prompts[i], GenerateOptions(max_tokens=lengths[i]))
+        expected = local.generate(prompts[i], GenerationConfig(max_tokens=lengths[i]))
         assert result.output_ids == expected.output_ids, i
         assert result.text == expected.text
         assert (result.draft_tokens == 0) == (i % 3 == 0)
@@ -86,10 +88,10 @@ def test_each_request_chooses_its_drafter(server, local):
     prompts = _prompts(10, seed=5)
     methods = ["ngram", "none", "medusa", "suffix", "hybrid"] * 2
     results = generate_concurrently(server.grpc_url, prompts, concurrency=10,
-                                    options_for=lambda i: GenerateOptions(max_tokens=32, method=methods[i]))
+                                    options_for=lambda i: GenerationConfig(max_tokens=32, method=methods[i]))
     for i, result in enumerate(results):
         assert not isinstance(result, BaseException), result
-        assert result.output_ids == local.generate(prompts[i], GenerateOptions(max_tokens=32, no_spec=True)).output_ids
+        assert result.output_ids == local.generate(prompts[i], GenerationConfig(max_tokens=32, no_spec=True)).output_ids
         if methods[i] == "none":
             assert result.draft_tokens == 0
     assert all(results[i].draft_tokens > 0 for i in range(10) if methods[i] in ("medusa", "hybrid"))
@@ -100,12 +102,12 @@ def test_suffix_requests_draft_from_the_deployed_datastore(server, local):
     CORPUS_PROMPTS): on those prompts it accepts more drafted tokens than ngram, and every output is plain greedy."""
     from tests.triton.conftest import CORPUS_PROMPTS
 
-    options = lambda method: GenerateOptions(max_tokens=48, method=method)  # noqa: E731
+    options = lambda method: GenerationConfig(max_tokens=48, method=method)  # noqa: E731
     with TritonClient(server.grpc_url) as client:
         ngram = [client.generate(p, options("ngram")) for p in CORPUS_PROMPTS]
         suffix = [client.generate(p, options("suffix")) for p in CORPUS_PROMPTS]
     for prompt, a, b in zip(CORPUS_PROMPTS, ngram, suffix):
-        plain = local.generate(prompt, GenerateOptions(max_tokens=48, no_spec=True)).output_ids
+        plain = local.generate(prompt, GenerationConfig(max_tokens=48, no_spec=True)).output_ids
         assert a.output_ids == b.output_ids == plain
     assert sum(r.accepted_tokens for r in suffix) > sum(r.accepted_tokens for r in ngram)
 
@@ -117,19 +119,19 @@ def test_lookahead_requests_choose_their_window(server, local):
 
     prompts = _prompts(6, seed=9)
     windows = [LookaheadConfig(2, 3, 2), None, LookaheadConfig(3, 2, 3), LookaheadConfig(2, 2, 1)] * 2
-    results = generate_concurrently(server.grpc_url, prompts, concurrency=6, options_for=lambda i: GenerateOptions(
+    results = generate_concurrently(server.grpc_url, prompts, concurrency=6, options_for=lambda i: GenerationConfig(
         max_tokens=32, method="lookahead", lookahead=windows[i]))
     for i, result in enumerate(results):
         assert not isinstance(result, BaseException), result
-        assert result.output_ids == local.generate(prompts[i], GenerateOptions(max_tokens=32, no_spec=True)).output_ids
+        assert result.output_ids == local.generate(prompts[i], GenerationConfig(max_tokens=32, no_spec=True)).output_ids
         assert result.draft_tokens > 0
 
 
 def test_non_streaming_request_and_direct_engine_call(server, local):
     prompt = "Hello world"
     with TritonClient(server.grpc_url) as client:
-        remote = client.generate(prompt, GenerateOptions(max_tokens=12), stream=False)
-    expected = local.generate(prompt, GenerateOptions(max_tokens=12))
+        remote = client.generate(prompt, GenerationConfig(max_tokens=12), stream=False)
+    expected = local.generate(prompt, GenerationConfig(max_tokens=12))
     assert remote.output_ids == expected.output_ids and remote.text == expected.text and remote.responses == 1
     # tensorrtllm_backend clients may talk to `tensorrt_llm` directly with token ids
     ids = local.encode(prompt)
@@ -145,13 +147,14 @@ def test_non_streaming_request_and_direct_engine_call(server, local):
 
 def test_stop_words_and_seeded_sampling(server, local):
     with TritonClient(server.grpc_url) as client:
-        greedy = client.generate("quick brown fox", GenerateOptions(max_tokens=30))
+        greedy = client.generate("quick brown fox", GenerationConfig(max_tokens=30))
         text = greedy.text
         stop = text[len(text) // 2:len(text) // 2 + 2].strip() or text[:1]
-        stopped = client.generate("quick brown fox", GenerateOptions(max_tokens=30), stop_words=[stop])
+        stopped = client.generate("quick brown fox", GenerationConfig(max_tokens=30), stop_words=[stop])
         assert stopped.finish_reason in ("stop_word", "length")
         assert len(stopped.output_ids) <= len(greedy.output_ids)
-        sampled = [client.generate("tokens", GenerateOptions(max_tokens=20, temperature=1.0, top_k=50, seed=s))
+        sampled = [client.generate("tokens", GenerationConfig(
+            max_tokens=20, sampling=SamplingParams(temperature=1.0, top_k=50, seed=s)))
                    for s in (7, 7, 8)]
     assert sampled[0].output_ids == sampled[1].output_ids  # same seed, same tokens
     assert sampled[0].output_ids != sampled[2].output_ids
@@ -179,7 +182,7 @@ def test_text_output_reads_as_nvidias_clients_read_it(server, local, stream):
     assert (len(pieces) > 1) == stream
     # NVIDIA's client sends no apply_chat_template: the prompt is its text, as upstream's preprocessing makes it
     raw = local.tokenizer.encode("Hello world", add_special_tokens=True)
-    assert "".join(pieces) == local.generate(raw, GenerateOptions(max_tokens=16)).text
+    assert "".join(pieces) == local.generate(raw, GenerationConfig(max_tokens=16)).text
 
 
 @pytest.mark.parametrize("inputs,message", [
@@ -217,8 +220,8 @@ def test_bad_requests_get_an_error_and_the_server_keeps_serving(server, local, i
     errors = [str(e) for _, e in got if e is not None]
     assert errors and message in errors[0], errors
     with TritonClient(server.grpc_url) as client:
-        assert client.generate("Hello world", GenerateOptions(max_tokens=8)).output_ids == \
-            local.generate("Hello world", GenerateOptions(max_tokens=8)).output_ids
+        assert client.generate("Hello world", GenerationConfig(max_tokens=8)).output_ids == \
+            local.generate("Hello world", GenerationConfig(max_tokens=8)).output_ids
 
 
 @pytest.mark.parametrize("ids", [[5, 2**31 - 1, 6], [-3]])
@@ -235,7 +238,7 @@ def test_token_ids_outside_the_vocabulary_are_refused_in_one_line(server, local,
         f"0..{vocab - 1})" in errors[0], errors
     assert not any("Traceback" in line for line in server.log_lines)
     with TritonClient(server.grpc_url) as client:
-        assert client.generate("Hello world", GenerateOptions(max_tokens=8)).output_ids
+        assert client.generate("Hello world", GenerationConfig(max_tokens=8)).output_ids
 
 
 def _counters(server, settle=1.0):
@@ -251,7 +254,7 @@ def _start_long_stream(url, prompt="quick brown fox", max_tokens=120, model="ens
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result=None, error=None: first.set())
     if model == "ensemble":
-        inputs = build_inputs(prompt, GenerateOptions(max_tokens=max_tokens), stream=True)
+        inputs = build_inputs(prompt, GenerationConfig(max_tokens=max_tokens), stream=True)
     else:
         inputs = [_tensor("input_ids", np.array([[5, 6, 7]], np.int32)), _tensor("input_lengths", np.array([[3]], np.int32)),
                   _tensor("request_output_len", np.array([[max_tokens]], np.int32)),
@@ -267,19 +270,19 @@ def test_a_cancelled_stream_through_the_ensemble_stops_its_engine_request(server
     before = _counters(server, 0)
     other = {}
     thread = threading.Thread(target=lambda: other.update(r=generate_concurrently(
-        server.grpc_url, ["Medusa heads"], GenerateOptions(max_tokens=60))[0]))
+        server.grpc_url, ["Medusa heads"], GenerationConfig(max_tokens=60))[0]))
     client = _start_long_stream(server.grpc_url)
     thread.start()
     client.stop_stream(cancel_requests=True)
     client.close()
     thread.join(60)
-    assert other["r"].output_ids == local.generate("Medusa heads", GenerateOptions(max_tokens=60)).output_ids
+    assert other["r"].output_ids == local.generate("Medusa heads", GenerationConfig(max_tokens=60)).output_ids
     after = _counters(server)
     assert after["trtspec_requests_cancelled_total"] - before.get("trtspec_requests_cancelled_total", 0) == 1
     assert after["trtspec_engine_steps_total"] - before["trtspec_engine_steps_total"] < 100
     assert after["trtspec_engine_sequences_in_flight"] == 0 and after["trtspec_engine_queue_size"] == 0
     with TritonClient(server.grpc_url) as again:
-        assert again.generate("tokens", GenerateOptions(max_tokens=5)).output_ids
+        assert again.generate("tokens", GenerationConfig(max_tokens=5)).output_ids
 
 
 @pytest.mark.parametrize("model", ["tensorrt_llm", "ensemble"])
@@ -309,12 +312,12 @@ def test_a_stop_request_without_an_id_is_refused(server):
 ABANDONING_CLIENT = """
 import os, sys, threading
 import tritonclient.grpc as grpcclient
-from trtspec.runtime.generator import GenerateOptions
+from trtspec.runtime.loop import GenerationConfig
 from trtspec.triton.client import build_inputs
 first = threading.Event()
 client = grpcclient.InferenceServerClient(sys.argv[1])
 client.start_stream(callback=lambda result=None, error=None: first.set())
-client.async_stream_infer("ensemble", build_inputs(sys.argv[2], GenerateOptions(max_tokens=1500), stream=True))
+client.async_stream_infer("ensemble", build_inputs(sys.argv[2], GenerationConfig(max_tokens=1500), stream=True))
 os._exit(0 if first.wait(30) else 1)  # gone with its stream open
 """
 
@@ -386,7 +389,7 @@ def test_the_gauges_move_as_requests_queue_and_finish(long_repo):
                 client = grpcclient.InferenceServerClient(running.grpc_url)
                 client.start_stream(callback=lambda result=None, error=None: None)
                 clients.append(client)
-                client.async_stream_infer("ensemble", build_inputs(prompt, GenerateOptions(max_tokens=1500), stream=True))
+                client.async_stream_infer("ensemble", build_inputs(prompt, GenerationConfig(max_tokens=1500), stream=True))
             wait_for({"trtspec_engine_sequences_in_flight": 8, "trtspec_engine_queue_size": 2,
                       "trtspec_kv_rows_used": 8, "trtspec_kv_rows_free": 0, "trtspec_engine_last_step_sequences": 8})
         finally:
@@ -456,7 +459,8 @@ def test_server_start_failure_is_reported(tmp_path, tiny_repo):
 def test_non_decoupled_repository_serves_unary_requests(tiny_engine, tmp_path, local):
     """--no-decoupled: plain ModelInfer calls (no stream) through the ensemble and to tensorrt_llm directly, batched
     in flight by the decoupled engine behind the unary forwarder; a unary stop request ends a request by its id."""
-    from trtspec.triton.deploy import DeployOptions, deploy
+    from trtspec.triton.deploy import deploy
+    from trtspec.triton.deploy_options import DeployOptions
     from trtspec.triton.server import free_port
 
     repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "repo", decoupled=False, threads=1))
@@ -468,7 +472,7 @@ def test_non_decoupled_repository_serves_unary_requests(tiny_engine, tmp_path, l
 
         def call(i):
             client = grpcclient.InferenceServerClient(running.grpc_url)
-            inputs = build_inputs(prompts[i], GenerateOptions(max_tokens=10 + i), stream=False)
+            inputs = build_inputs(prompts[i], GenerationConfig(max_tokens=10 + i), stream=False)
             outputs[i] = client.infer("ensemble", inputs)
             client.close()
 
@@ -479,21 +483,21 @@ def test_non_decoupled_repository_serves_unary_requests(tiny_engine, tmp_path, l
             t.join()
         client = grpcclient.InferenceServerClient(running.grpc_url)
         with pytest.raises(Exception, match="Streaming is only supported in decoupled mode"):
-            client.infer("ensemble", build_inputs("hi", GenerateOptions(max_tokens=4), stream=True))
+            client.infer("ensemble", build_inputs("hi", GenerationConfig(max_tokens=4), stream=True))
         ids = local.encode(prompts[0])
         direct = client.infer("tensorrt_llm", [
             grpc_tensor("input_ids", np.array([ids], np.int32)), grpc_tensor("input_lengths", np.array([[len(ids)]], np.int32)),
             grpc_tensor("request_output_len", np.array([[10]], np.int32)),
             grpc_tensor("exclude_input_in_output", np.array([[True]], bool))])
         assert direct.as_numpy("output_ids").reshape(-1).tolist() == outputs[0].as_numpy("output_ids").reshape(-1).tolist()
-        bls = client.infer("tensorrt_llm_bls", build_inputs(prompts[0], GenerateOptions(max_tokens=10), stream=False))
+        bls = client.infer("tensorrt_llm_bls", build_inputs(prompts[0], GenerationConfig(max_tokens=10), stream=False))
         assert bls.as_numpy("text_output")[0] == outputs[0].as_numpy("text_output")[0]
         client.close()
         counters = read_counters(f"http://127.0.0.1:{options.metrics_port}/metrics")
         # requests sent at once shared verify steps (in-flight batching), not one execute call each in turn
         assert counters["trtspec_engine_step_sequences_total"] > counters["trtspec_engine_steps_total"]
     for i, result in enumerate(outputs):
-        expected = local.generate(prompts[i], GenerateOptions(max_tokens=10 + i))
+        expected = local.generate(prompts[i], GenerationConfig(max_tokens=10 + i))
         assert result.as_numpy("output_ids").reshape(-1).tolist() == expected.output_ids
         assert b"".join(result.as_numpy("text_output").reshape(-1)).decode() == expected.text
         assert result.as_numpy("num_verify_steps").reshape(-1)[0] == expected.result.stats.steps
@@ -510,7 +514,7 @@ def test_readme_client_example_runs_against_the_server(server, local, capsys):
     exec(compile(example.replace("127.0.0.1:8001", server.grpc_url), "README.md", "exec"), {})
     printed = capsys.readouterr().out
     prompt = "Explain speculative decoding in one sentence."
-    assert printed == local.generate(prompt, GenerateOptions(max_tokens=64)).text
+    assert printed == local.generate(prompt, GenerationConfig(max_tokens=64)).text
 
 
 def _serve(repo, grpc_port, *extra):
@@ -545,7 +549,7 @@ def test_serve_command_prints_endpoints_and_stops_on_sigterm(tiny_repo):
             assert not any(CPU_HOST_NOISE.search(line) for line in lines), lines
             assert sum(line.startswith("(trtspec leaves out tritonserver's lines about a GPU") for line in lines) == 1
             with TritonClient(f"127.0.0.1:{grpc_port}") as client:
-                assert client.generate("Hello world", GenerateOptions(max_tokens=4)).output_ids
+                assert client.generate("Hello world", GenerationConfig(max_tokens=4)).output_ids
             process.send_signal(signal.SIGTERM)
             assert process.wait(60) == 0
             assert process.stdout.read() == ""
@@ -612,7 +616,7 @@ def test_stopping_drains_the_engine_first(long_repo, max_tokens, ends_in_error, 
         client = grpcclient.InferenceServerClient(running.grpc_url)
         client.start_stream(callback=callback)
         if model == "ensemble":
-            client.async_stream_infer("ensemble", build_inputs("quick brown fox", GenerateOptions(max_tokens=max_tokens),
+            client.async_stream_infer("ensemble", build_inputs("quick brown fox", GenerationConfig(max_tokens=max_tokens),
                                                                stream=True), enable_empty_final_response=True)
         else:
             client.async_stream_infer("tensorrt_llm", [
@@ -660,7 +664,7 @@ def test_sigterm_mid_load_stops_serve_within_five_seconds_by_default(long_repo):
 
             client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
             client.start_stream(callback=callback)
-            client.async_stream_infer("ensemble", build_inputs(prompt, GenerateOptions(max_tokens=1500), stream=True),
+            client.async_stream_infer("ensemble", build_inputs(prompt, GenerationConfig(max_tokens=1500), stream=True),
                                       enable_empty_final_response=True)
             clients.append((client, first))
             finals.append(final)

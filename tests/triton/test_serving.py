@@ -21,7 +21,7 @@ def generator(tiny_engine):
 
 
 def _service(generator, max_batch_size=4, **kwargs):
-    return EngineService(generator.engine, lambda spec, method, lookahead: generator.proposer(no_spec=not spec),
+    return EngineService(generator.engine, generator.proposer,
                          max_batch_size=max_batch_size, **kwargs)
 
 
@@ -197,6 +197,6 @@ def test_lookahead_sizes_follow_the_request_or_the_deployments_method(tiny_engin
     with pytest.raises(ConfigError, match='send draft_method "lookahead" too'):
         parse_request(inputs, manifest)
     (item,) = parse_request(inputs, manifest, default_method="lookahead")
-    assert item.lookahead == LookaheadConfig(2, 3, 1) and item.method is None
+    assert item.config.lookahead == LookaheadConfig(2, 3, 1) and item.config.method is None
     (item,) = parse_request({**inputs, "draft_method": np.array([[b"lookahead"]], np.object_)}, manifest)
-    assert item.method == "lookahead" and item.lookahead == LookaheadConfig(2, 3, 1)
+    assert item.config.method == "lookahead" and item.config.lookahead == LookaheadConfig(2, 3, 1)

@@ -117,9 +117,9 @@ def test_embedding_bias_words_are_honoured_losslessly(server, local):
     bias = GenerationConfig(max_tokens=20, logit_bias=tuple((t, 6.0) for t in bias_tokens),
                             sampling=SamplingParams())
     ids = _raw(local, prompt)
-    plain = generate(local.engine, ids, local.proposer(no_spec=True), bias).output_ids
+    plain = generate(local.engine, ids, local.proposer(GenerationConfig(no_spec=True)), bias).output_ids
     spec = generate(local.engine, ids, local.proposer(), bias).output_ids
-    unbiased = generate(local.engine, ids, local.proposer(no_spec=True), GenerationConfig(max_tokens=20)).output_ids
+    unbiased = generate(local.engine, ids, local.proposer(GenerationConfig(no_spec=True)), GenerationConfig(max_tokens=20)).output_ids
     assert plain == spec != unbiased
     got = stream_once(server.grpc_url, "ensemble", _request(
         prompt, 20, exclude_input_in_output=np.array([[True]], bool),
@@ -168,9 +168,9 @@ def test_preprocessing_sends_upstreams_decoder_outputs(server):
 
 
 def _options(max_tokens: int, **kw):
-    from trtspec.runtime.generator import GenerateOptions
+    from trtspec.runtime.loop import GenerationConfig
 
-    return GenerateOptions(max_tokens=max_tokens, **kw)
+    return GenerationConfig(max_tokens=max_tokens, **kw)
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from trtspec.cli import cli
 from trtspec.engine.trtllm_plan import Lookahead
-from trtspec.triton.deploy import DeployOptions, deploy
+from trtspec.triton.deploy import deploy
+from trtspec.triton.deploy_options import DeployOptions
 from trtspec.triton.doctor import doctor
 
 

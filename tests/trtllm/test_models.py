@@ -13,7 +13,8 @@ import pytest
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
-from trtspec.triton.deploy import DeployOptions, deploy
+from trtspec.triton.deploy import deploy
+from trtspec.triton.deploy_options import DeployOptions
 
 VOCAB = 300  # below the tiny tokenizer's vocabulary, so every id decodes
 END_ID = 2

@@ -13,7 +13,8 @@ from trtspec.engine.trtllm_plan import Lookahead, cpp_choices
 from trtspec.errors import ConfigError, RepositoryError
 from trtspec.speculative.tree import parse_choices
 from trtspec.triton import contract
-from trtspec.triton.deploy import DeployOptions, deploy
+from trtspec.triton.deploy import deploy
+from trtspec.triton.deploy_options import DeployOptions
 from trtspec.triton.doctor import doctor
 
 MODELS = {"preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls"}

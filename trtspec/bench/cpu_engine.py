@@ -278,7 +278,7 @@ def plot_curve(curve: list[dict], png: Path, *, past: int) -> None:
 # ---- command line -------------------------------------------------------------------------------------------
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from trtspec.models.fetch import cache_dir
+    from trtspec.hub.fetch import cache_dir
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, default=cache_dir() / "bench" / "cpu-engine",
@@ -305,7 +305,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run_benchmark(args: argparse.Namespace) -> dict:
     """Build what is missing, then measure decoding, the verify curve and the bandwidth, each in a child."""
-    from trtspec.models.fetch import fetch_model
+    from trtspec.hub.fetch import fetch_model
 
     work = args.work
     work.mkdir(parents=True, exist_ok=True)

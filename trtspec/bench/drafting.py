@@ -74,7 +74,7 @@ class Cell:
 def set_prompts(generator, name: str, limit: int, max_tokens: int) -> list[tuple[str, list[int]]]:
     """(id, token ids) of a set's measured prompts; mt-bench-2turn's second turns carry the engine's first answer."""
     from trtspec.data.prompts import PROMPT_SETS, load_prompts, second_turn
-    from trtspec.runtime.generator import GenerateOptions
+    from trtspec.runtime.loop import GenerationConfig
 
     source = PROMPT_SETS[name]
     split = "measure" if source.measure_size else None
@@ -83,7 +83,7 @@ def set_prompts(generator, name: str, limit: int, max_tokens: int) -> list[tuple
     for p in prompts:
         messages = list(p.messages)
         if source.two_turn:
-            first = generator.generate(messages, GenerateOptions(max_tokens=max_tokens, no_spec=True))
+            first = generator.generate(messages, GenerationConfig(max_tokens=max_tokens, no_spec=True))
             messages = list(second_turn(p, first.text))
         ids = generator.encode(messages)
         limit_in = generator.manifest.profile.max_input_len
@@ -109,7 +109,8 @@ def measure(engines: list[Path], *, sets=DEFAULT_SETS, methods=("ngram",), limit
     """Each method against plain decoding on the same engine, prompt by prompt, the order rotating: the report
     (per set and method, `Cell.to_dict()`'s figures) and the token ids of each set's measured prompts.
     `step_costs` (a StepCosts) replaces the engines' measured verify curve in the drafters' budgets."""
-    from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+    from trtspec.runtime.generator import LocalGenerator
+    from trtspec.runtime.loop import GenerationConfig
     from trtspec.speculative.datastore import RecentOutputs
 
     load = {"before": os.getloadavg()}
@@ -130,14 +131,14 @@ def measure(engines: list[Path], *, sets=DEFAULT_SETS, methods=("ngram",), limit
                     "datastore": generator.datastore.describe() if generator.datastore is not None else None,
                     "threads": threads, "spin": generator.engine.spin, "verify_curve": curves, "sets": {},
                     "peers": {}}
-    plain_options = GenerateOptions(max_tokens=max_tokens, no_spec=True)
+    plain_options = GenerationConfig(max_tokens=max_tokens, no_spec=True)
     rotation, measured = 0, {}
     for name in sets:
         prompts = set_prompts(generator, name, limit, max_tokens)
         if not prompts:
             continue
         for g in generators:
-            g.generate(prompts[0][1], GenerateOptions(max_tokens=WARMUP_TOKENS, no_spec=True))
+            g.generate(prompts[0][1], GenerationConfig(max_tokens=WARMUP_TOKENS, no_spec=True))
         # methods that learn from recent outputs (suffix, hybrid) each keep their own, so that one never drafts from
         # another's answer to the same prompt, and forget them between sets (the same questions, for MT-Bench)
         recent = {m: RecentOutputs() for m in labels}
@@ -153,7 +154,7 @@ def measure(engines: list[Path], *, sets=DEFAULT_SETS, methods=("ngram",), limit
                     continue
                 g, method = runs_of[m]
                 g.recent = recent[m]
-                results[m] = g.generate(ids, GenerateOptions(max_tokens=max_tokens, method=method)).result
+                results[m] = g.generate(ids, GenerationConfig(max_tokens=max_tokens, method=method)).result
             for m in labels:
                 cells[m].add(results[m], results["none"])
             show(f"  {name} {prompt_id}: " + ", ".join(
@@ -224,7 +225,7 @@ def format_report(report: dict) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from trtspec.models.fetch import cache_dir
+    from trtspec.hub.fetch import cache_dir
 
     parser = argparse.ArgumentParser(prog="trtspec bench drafting", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -45,14 +45,15 @@ def run_trtspec(engine: str, prompts: list[list[int]], *, max_tokens: int, threa
     """Plain greedy decoding (speculation off) with trtspec's LocalGenerator; ttft and total as it measures them.
     `spin` sets TRTSPEC_ORT_SPIN for this process (None: as the environment has it)."""
     from trtspec.runtime.ort_session import SPIN_ENV
-    from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+    from trtspec.runtime.generator import LocalGenerator
+    from trtspec.runtime.loop import GenerationConfig
 
     if spin is not None:
         os.environ[SPIN_ENV] = "1" if spin else "0"
 
     generator = LocalGenerator(engine, threads=threads)
-    generator.generate(prompts[0], GenerateOptions(max_tokens=WARMUP_TOKENS, no_spec=True))
-    options = GenerateOptions(max_tokens=max_tokens, no_spec=True)
+    generator.generate(prompts[0], GenerationConfig(max_tokens=WARMUP_TOKENS, no_spec=True))
+    options = GenerationConfig(max_tokens=max_tokens, no_spec=True)
     for index, ids in enumerate(prompts):
         result = generator.generate(ids, options, index=index).result
         yield _sample(index, result.output_ids, 0.0, result.ttft_s, result.total_s)

@@ -30,13 +30,15 @@ def _texts(name: str, limit: int) -> list[str]:
 
 def run(engine: Path, *, prompt_set: str = "mt-bench", limit: int = 16, max_tokens: int = 128,
         concurrency: int = 8, threads: int | None = 2, no_spec: bool = False, show=print) -> dict:
-    from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+    from trtspec.runtime.generator import LocalGenerator
+    from trtspec.runtime.loop import GenerationConfig
     from trtspec.triton.client import TritonClient, generate_concurrently
-    from trtspec.triton.deploy import DeployOptions, deploy
+    from trtspec.triton.deploy import deploy
+    from trtspec.triton.deploy_options import DeployOptions
     from trtspec.triton.server import ServerOptions, TritonServer, free_port
 
     prompts = _texts(prompt_set, limit)
-    options = GenerateOptions(max_tokens=max_tokens, no_spec=no_spec)
+    options = GenerationConfig(max_tokens=max_tokens, no_spec=no_spec)
     local = LocalGenerator(engine, threads=threads)
     with tempfile.TemporaryDirectory(prefix="trtspec-bench-serving-") as tmp:
         repo = deploy(DeployOptions(engine_dir=engine, out=Path(tmp) / "repo", threads=threads))
@@ -45,8 +47,8 @@ def run(engine: Path, *, prompt_set: str = "mt-bench", limit: int = 16, max_toke
         server = TritonServer(server_options, on_log=lambda line: None)
         with server:
             with TritonClient(server.grpc_url) as client:
-                client.generate(prompts[0], GenerateOptions(max_tokens=8))  # warm up both paths
-                local.generate(prompts[0], GenerateOptions(max_tokens=8))
+                client.generate(prompts[0], GenerationConfig(max_tokens=8))  # warm up both paths
+                local.generate(prompts[0], GenerationConfig(max_tokens=8))
                 times = {"local": 0.0, "grpc": 0.0}
                 tokens = {"local": 0, "grpc": 0}
                 mismatches = 0
@@ -98,11 +100,11 @@ def read_counters(metrics_url: str, *, publish_via: str | None = None) -> dict[s
     import urllib.request
 
     if publish_via is not None:
-        from trtspec.runtime.generator import GenerateOptions
+        from trtspec.runtime.loop import GenerationConfig
         from trtspec.triton.client import TritonClient
 
         with TritonClient(publish_via) as client:
-            client.generate("count", GenerateOptions(max_tokens=1))
+            client.generate("count", GenerationConfig(max_tokens=1))
 
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
     counters: dict[str, float] = {}
@@ -130,13 +132,14 @@ def unary_vs_streaming(engine: Path, *, prompt_set: str = "mt-bench", limit: int
 
     import tritonclient.grpc as grpcclient
 
-    from trtspec.runtime.generator import GenerateOptions
+    from trtspec.runtime.loop import GenerationConfig
     from trtspec.triton.client import TritonClient, build_inputs, generate_concurrently
-    from trtspec.triton.deploy import DeployOptions, deploy
+    from trtspec.triton.deploy import deploy
+    from trtspec.triton.deploy_options import DeployOptions
     from trtspec.triton.server import ServerOptions, TritonServer, free_port
 
     prompts = _texts(prompt_set, limit)
-    options = GenerateOptions(max_tokens=max_tokens)
+    options = GenerationConfig(max_tokens=max_tokens)
 
     def unary(url: str) -> list[list[int]]:
         with TritonClient(url) as probe:

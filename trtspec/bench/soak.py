@@ -614,11 +614,11 @@ class Load:
             return seq
 
     def _user(self, user: int) -> None:
-        from trtspec.runtime.generator import GenerateOptions
+        from trtspec.runtime.loop import GenerationConfig
         from trtspec.triton.client import TritonClient
 
         client = None
-        options = GenerateOptions(max_tokens=self.max_tokens)
+        options = GenerationConfig(max_tokens=self.max_tokens)
         try:
             while True:
                 seq = self._take()
@@ -709,7 +709,7 @@ def abandoning_client(spec_json: str) -> None:
     connections dropped by the kernel, as a client that crashes or loses its network). Gives up after 10 min."""
     import tritonclient.grpc as grpcclient
 
-    from trtspec.runtime.generator import GenerateOptions
+    from trtspec.runtime.loop import GenerationConfig
     from trtspec.triton.client import build_inputs
 
     spec = json.loads(spec_json)
@@ -737,7 +737,7 @@ def abandoning_client(spec_json: str) -> None:
 
         client = grpcclient.InferenceServerClient(spec["url"])
         client.start_stream(callback=callback)
-        inputs = build_inputs(prompt, GenerateOptions(max_tokens=spec["max_tokens"]), stream=True,
+        inputs = build_inputs(prompt, GenerationConfig(max_tokens=spec["max_tokens"]), stream=True,
                               accepted=set(spec["accepted"]) if spec.get("accepted") is not None else None)
         client.async_stream_infer(spec["model"], inputs, request_id=f"soak-abandon-{i}",
                                   enable_empty_final_response=True)
@@ -785,7 +785,7 @@ class FaultStreams:
     def start(self) -> FaultStreams:
         import tritonclient.grpc as grpcclient
 
-        from trtspec.runtime.generator import GenerateOptions
+        from trtspec.runtime.loop import GenerationConfig
         from trtspec.triton.client import build_inputs
 
         self.started_at = time.monotonic() - self.epoch
@@ -815,7 +815,7 @@ class FaultStreams:
             client = grpcclient.InferenceServerClient(self.url)
             client.start_stream(callback=callback)
             client.async_stream_infer(self.model, build_inputs(prompt(self.abandon + i),
-                                                               GenerateOptions(max_tokens=self.max_tokens),
+                                                               GenerationConfig(max_tokens=self.max_tokens),
                                                                stream=True, accepted=self.accepted),
                                       request_id=f"soak-cancel-{i}", enable_empty_final_response=True)
             self._clients[i] = client
@@ -909,13 +909,13 @@ class FaultStreams:
 def _probe(url: str, model: str, prompt: str, reference: list[int], epoch: float, seq: int,
            timeout: float, tokens: int = PROBE_TOKENS) -> RequestRecord:
     """One short request alone: its time to first token, and its tokens against the reference's first ones."""
-    from trtspec.runtime.generator import GenerateOptions
+    from trtspec.runtime.loop import GenerationConfig
     from trtspec.triton.client import TritonClient
 
     record = RequestRecord(seq, -1, "probe", 0, round(time.monotonic() - epoch, 4))
     try:
         with TritonClient(url, model=model, timeout_s=timeout) as client:
-            g = client.generate(prompt, GenerateOptions(max_tokens=tokens))
+            g = client.generate(prompt, GenerationConfig(max_tokens=tokens))
     except Exception as e:  # noqa: BLE001
         record.outcome, record.error = "error", _first_line(e)
     else:
@@ -953,7 +953,7 @@ def _validate(options: SoakOptions) -> None:
 def run_soak(options: SoakOptions, show: Callable[[str], None] = print) -> SoakReport:
     """One soak run (module docstring); writes report.json, requests.csv and soak.png to options.out if given."""
     from trtspec.data.prompts import load_prompts
-    from trtspec.runtime.generator import GenerateOptions
+    from trtspec.runtime.loop import GenerationConfig
     from trtspec.triton.client import TritonClient
 
     _validate(options)
@@ -1012,7 +1012,7 @@ def run_soak(options: SoakOptions, show: Callable[[str], None] = print) -> SoakR
         with TritonClient(url, model=options.model, timeout_s=options.request_timeout_s) as client:
             for i, prompt in enumerate(prompts):
                 try:
-                    g = client.generate(prompt, GenerateOptions(max_tokens=options.max_tokens), index=i)
+                    g = client.generate(prompt, GenerationConfig(max_tokens=options.max_tokens), index=i)
                 except ServerError as e:
                     raise ServerError(f"reference for prompt {i} failed: {e}") from None
                 references.append(g.output_ids)

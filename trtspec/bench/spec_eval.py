@@ -102,15 +102,16 @@ def measure(args, tree: str, prompts) -> TreeResult:
 
 
 def _measure(args, tree: str, choices: list, engine: Path, prompts) -> TreeResult:
-    from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+    from trtspec.runtime.generator import LocalGenerator
+    from trtspec.runtime.loop import GenerationConfig
 
     generator = LocalGenerator(engine, threads=args.threads)
     result = TreeResult(tree, choices, max(len(c) for c in choices))
-    spec, plain = GenerateOptions(max_tokens=args.max_tokens), GenerateOptions(max_tokens=args.max_tokens, no_spec=True)
+    spec, plain = GenerationConfig(max_tokens=args.max_tokens), GenerationConfig(max_tokens=args.max_tokens, no_spec=True)
     if args.batch > 1:
         return _measure_batched(generator, result, prompts, spec, plain)
     for options in (spec, plain):  # warm up the sessions
-        generator.generate(list(prompts[0].messages), GenerateOptions(max_tokens=8, no_spec=options.no_spec))
+        generator.generate(list(prompts[0].messages), GenerationConfig(max_tokens=8, no_spec=options.no_spec))
     for i, p in enumerate(prompts):
         runs = {}
         for name in (("spec", "plain") if i % 2 == 0 else ("plain", "spec")):

@@ -16,7 +16,8 @@ from trtspec.cli.app import _sampling_flag
 @click.option("--url", help="HOST:PORT of a Triton gRPC endpoint (`trtspec serve`) instead of a local ENGINE.")
 @click.option("--prompt", help="One prompt (goes through the chat template).")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="JSONL file: one {\"prompt\": ...} or {\"messages\": [...]} per line.")
+              help="JSONL file: one {\"prompt\": ...}, {\"messages\": [...]} or {\"input_ids\": [...]} per line "
+                   "(optional \"id\", \"category\").")
 @click.option("--prompt-set", help="A real prompt set: mt-bench, humaneval, sharegpt, champ, sharegpt-grounded, "
                                    "code-edit (first turn of each; `bench drafting` runs mt-bench-2turn's second).")
 @click.option("--limit", type=int, help="With --prompt-set: the first N prompts.")
@@ -44,7 +45,7 @@ from trtspec.cli.app import _sampling_flag
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per prompt.")
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads (default: all cores).")
 @click.option("--spin/--no-spin", default=None, help=SPIN_HELP)
-@click.option("--concurrency", type=int, default=1, show_default=True,
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
               help="--url: prompts in flight at once (each on its own gRPC stream).")
 @click.option("--model", "model_name", default="ensemble", show_default=True, help="--url: the model to call.")
 @user_errors
@@ -68,75 +69,39 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
         raise click.UsageError("pass exactly one of --prompt, --prompts or --prompt-set")
     if (engine is None) == (url is None):
         raise click.UsageError("pass an ENGINE directory or --url HOST:PORT (not both)")
-    from trtspec.runtime.generator import GenerateOptions, read_prompt_file
+    from trtspec.data.prompts import generation_inputs
+    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.speculative.sampling import SamplingParams
 
-    if prompt_set is not None:
-        from trtspec.data.prompts import PROMPT_SETS, load_prompts
-
-        if prompt_set in PROMPT_SETS and PROMPT_SETS[prompt_set].two_turn:
-            raise click.UsageError(f"--prompt-set {prompt_set}: its second turns need the engine's own first answers; "
-                                   "`trtspec bench drafting ENGINE --sets mt-bench-2turn` runs both turns (or "
-                                   "--prompt-set mt-bench for the first turns)")
-        prompts = [p.text for p in load_prompts(prompt_set, limit=limit)]
-    else:
-        prompts = [prompt] if prompt is not None else read_prompt_file(prompts_file)
-    options = GenerateOptions(**flags)
+    prompts = generation_inputs(prompt=prompt, prompts_file=prompts_file, prompt_set=prompt_set, limit=limit)
+    sampling = SamplingParams(**{name: flags.pop(name) for name in ("temperature", "top_k", "top_p", "seed")})
+    config = GenerationConfig(sampling=sampling, **flags)
+    on_text = None if as_json else (lambda index, piece: click.echo(piece, nl=False))
     if url is not None:
-        _generate_remote(url, model_name, prompts, options, stream=stream is not False, as_json=as_json,
-                         concurrency=concurrency, wait_s=wait_s)
-        return
-    from trtspec.runtime.generator import LocalGenerator
+        from trtspec.triton.client import generate_remote
 
-    generator = LocalGenerator(engine, threads=threads, spin=spin, datastore=datastore)
-    if not stream:  # all prompts at once, with in-flight batching
-        for i, result in enumerate(generator.generate_many(prompts, options)):
-            _echo_reply(result, i, as_json)
-        return
-    for i, p in enumerate(prompts):
-        if i and not as_json:
-            click.echo("")
-        on_text = None if as_json else (lambda piece: click.echo(piece, nl=False))
-        _echo_reply(generator.generate(p, options, index=i, on_text=on_text), 0, as_json, streamed=True)
+        streamed = stream is not False and concurrency == 1  # concurrent replies print when they are complete
+        replies = generate_remote(url, prompts, config, model=model_name, stream=stream is not False,
+                                  concurrency=concurrency, wait_s=wait_s, on_text=on_text if streamed else None)
+    else:
+        from trtspec.runtime.generator import LocalGenerator
+
+        streamed = bool(stream)  # else all prompts at once, with in-flight batching
+        generator = LocalGenerator(engine, threads=threads, spin=spin, datastore=datastore)
+        replies = generator.replies(prompts, config, stream=streamed, on_text=on_text)
+    for i, reply in enumerate(replies):
+        _echo_reply(reply, as_json, streamed=streamed)
+        if not as_json and i < len(prompts) - 1:
+            click.echo("")  # a blank line between replies
 
 
-def _echo_reply(result, index: int, as_json: bool, *, streamed: bool = False) -> None:
-    """One reply: a JSON line, or its text (unless it was streamed) and its stats line on stderr, a blank line
-    between replies."""
+def _echo_reply(reply, as_json: bool, *, streamed: bool) -> None:
+    """One reply: a JSON line, or its text (unless it was streamed) and its stats line on stderr."""
     if as_json:
-        click.echo(json.dumps(result.to_dict()))
+        click.echo(json.dumps(reply.to_dict()))
         return
-    if index:
-        click.echo("")
-    click.echo("" if streamed else _text(result))
-    click.echo(_stats_line(result.to_dict()), err=True)
-
-
-def _generate_remote(url: str, model: str, prompts: list, options, *, stream: bool, as_json: bool,
-                     concurrency: int, wait_s: float) -> None:
-    from trtspec.errors import ConfigError
-    from trtspec.triton.client import TritonClient, generate_concurrently
-
-    for i, p in enumerate(prompts):
-        if not isinstance(p, str):
-            raise ConfigError(f"prompt {i}: --url sends text prompts (\"prompt\"); chat messages and token ids "
-                              "need a local ENGINE")
-    if concurrency < 1:
-        raise click.BadParameter(f"must be >= 1, got {concurrency}", param_hint="--concurrency")
-    with TritonClient(url, model=model) as client:
-        client.check_ready(wait_s=wait_s)
-        if concurrency == 1:
-            for i, p in enumerate(prompts):
-                if i and stream and not as_json:
-                    click.echo("")
-                on_text = None if as_json or not stream else (lambda piece: click.echo(piece, nl=False))
-                result = client.generate(p, options, index=i, stream=stream, on_text=on_text)
-                _echo_reply(result, 0, as_json, streamed=stream)
-            return
-    for i, result in enumerate(generate_concurrently(url, prompts, options, concurrency=concurrency, stream=stream,
-                                                     model=model)):
-        if isinstance(result, BaseException):
-            raise result
-        _echo_reply(result, i, as_json)
+    click.echo("" if streamed else _text(reply))
+    click.echo(_stats_line(reply.to_dict()), err=True)
 
 
 def _stats_line(record: dict) -> str:

@@ -42,7 +42,8 @@ from trtspec.cli.app import DIR, EXISTING_DIR, SPIN_HELP, cli, user_errors
 @user_errors
 def deploy(engine: Path, out: Path, **flags) -> None:
     """Write a Triton model repository for a built engine (everything read from its manifest)."""
-    from trtspec.triton.deploy import DeployOptions, deploy as write_repository
+    from trtspec.triton.deploy import deploy as write_repository
+    from trtspec.triton.deploy_options import DeployOptions
 
     repo = write_repository(DeployOptions(engine_dir=engine, out=out, **flags))
     if (repo / "launch_triton.sh").is_file():

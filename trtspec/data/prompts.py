@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from trtspec.errors import ConfigError
-from trtspec.models.fetch import ensure_package
+from trtspec.hub.fetch import ensure_package
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +54,23 @@ class Prompt:
     category: str
     messages: tuple[dict, ...] = field(hash=False)  # a single user message unless the source says otherwise
     turns: tuple[str, ...] = ()  # all user turns, in order (MT-Bench has two; `messages` holds the first)
+    input_ids: tuple[int, ...] = ()  # token ids, sent as they are (a JSONL line's "input_ids"; messages is empty)
 
     @property
     def text(self) -> str:
         """The content of the last message."""
+        if not self.messages:
+            raise ConfigError(f"prompt {self.id} holds token ids (\"input_ids\"); this needs text or messages")
         return self.messages[-1]["content"]
+
+    @property
+    def generation_input(self) -> str | list[dict] | list[int]:
+        """What a generator encodes: the token ids as they are, a lone user message as its text, else the chat."""
+        if self.input_ids:
+            return list(self.input_ids)
+        if len(self.messages) == 1 and self.messages[0]["role"] == "user":
+            return self.text
+        return list(self.messages)
 
 
 def _user(text: str) -> tuple[dict, ...]:
@@ -295,11 +307,28 @@ def load_prompts(name: str, *, limit: int | None = None, category: str | None = 
     return _take(prompts, limit, category)
 
 
+def generation_inputs(*, prompt: str | None = None, prompts_file: Path | str | None = None,
+                      prompt_set: str | None = None, limit: int | None = None) -> list:
+    """The prompts of one `generate` run, as a generator encodes them (Prompt.generation_input): one text, a
+    JSONL prompt file, or the first turns of a prompt set (its first `limit`). Exactly one source is given."""
+    if prompt is not None:
+        return [prompt]
+    if prompts_file is not None:
+        return [p.generation_input for p in load_jsonl_prompts(prompts_file)]
+    if prompt_set in PROMPT_SETS and PROMPT_SETS[prompt_set].two_turn:
+        raise ConfigError(f"--prompt-set {prompt_set}: its second turns need the engine's own first answers; "
+                          "`trtspec bench drafting ENGINE --sets mt-bench-2turn` runs both turns (or "
+                          "--prompt-set mt-bench for the first turns)")
+    return [p.text for p in load_prompts(prompt_set, limit=limit)]
+
+
 def load_jsonl_prompts(path: Path | str, *, limit: int | None = None,
                        category: str | None = None) -> list[Prompt]:
-    """Load prompts from a JSONL file: one object a line with "prompt" (text) or "messages" (a chat list).
+    """Load prompts from a JSONL file: one object a line with "prompt" (text), "messages" (a chat list) or
+    "input_ids" (token ids). Optional keys: "id" (default: the line number) and "category" (default: "default").
 
-    Optional keys: "id" (default: the line number) and "category" (default: "default").
+    The one reader of prompt files (generate --prompts, train --prompts, bench --prompts): an unknown key, a bad
+    value or a duplicate id is a ConfigError naming FILE:LINE.
     """
     path = Path(path)
     if not path.is_file():
@@ -308,7 +337,8 @@ def load_jsonl_prompts(path: Path | str, *, limit: int | None = None,
         return _take(_read_jsonl_prompts(f, path), limit, category)
 
 
-JSONL_KEYS = ("id", "category", "prompt", "messages")
+PROMPT_KEYS = ("prompt", "messages", "input_ids")  # a line holds exactly one of these
+JSONL_KEYS = ("id", "category", *PROMPT_KEYS)
 
 
 def _read_jsonl_prompts(f: TextIO, path: Path) -> Iterator[Prompt]:
@@ -336,11 +366,14 @@ def _parse_prompt_line(line: str, *, default_id: str) -> Prompt:
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
     if unknown := sorted(set(row) - set(JSONL_KEYS)):
         raise ValueError(f"unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(JSONL_KEYS)}")
-    if ("prompt" in row) == ("messages" in row):
-        raise ValueError('give exactly one of "prompt" (text) or "messages" (a chat list)')
+    if sum(key in row for key in PROMPT_KEYS) != 1:
+        raise ValueError('give exactly one of "prompt" (text), "messages" (a chat list) or "input_ids" (token ids)')
     for key in ("id", "category"):
         if key in row and not (isinstance(row[key], str) and row[key]):
             raise ValueError(f'"{key}" must be a non-empty string')
+    if "input_ids" in row:
+        return Prompt(row.get("id", default_id), row.get("category", "default"), (),
+                      input_ids=_check_token_ids(row["input_ids"]))
     if "prompt" in row and not (isinstance(row["prompt"], str) and row["prompt"].strip()):
         raise ValueError('"prompt" must be a non-empty string')
     messages = _user(row["prompt"]) if "prompt" in row else _check_messages(row["messages"])
@@ -355,6 +388,13 @@ def _check_messages(messages: Any) -> tuple[dict, ...]:
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
             raise ValueError(f'"messages"[{i}] must be an object with string "role" and "content"')
     return tuple({"role": m["role"], "content": m["content"]} for m in messages)
+
+
+def _check_token_ids(ids: Any) -> tuple[int, ...]:
+    if not (isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                  for t in ids)):
+        raise ValueError('"input_ids" must be a non-empty list of token ids (integers >= 0)')
+    return tuple(ids)
 
 
 def _take(prompts: Iterator[Prompt], limit: int | None, category: str | None) -> list[Prompt]:

@@ -290,15 +290,16 @@ def _serve(recipe: Recipe, repository: Path, engine: Path, folder: Path) -> str:
                          f"({repository}/launch_triton.sh), not here")
     from trtspec.data.prompts import load_prompts
     from trtspec.outdir import atomic_output_dir
-    from trtspec.runtime.generator import GenerateOptions, LocalGenerator
+    from trtspec.runtime.generator import LocalGenerator
+    from trtspec.runtime.loop import GenerationConfig
     from trtspec.triton.client import TritonClient
     from trtspec.triton.server import ServerOptions, TritonServer, free_port
 
     s = recipe.serve
     prompts = [p.text for p in load_prompts(s.prompt_set, limit=s.limit)]
     local = LocalGenerator(engine, threads=1)
-    expected = [g.output_ids for g in local.generate_many(prompts, GenerateOptions(max_tokens=s.max_tokens,
-                                                                                   no_spec=True))]
+    expected = [g.output_ids for g in local.generate_many(prompts, GenerationConfig(max_tokens=s.max_tokens,
+                                                                                    no_spec=True))]
     options = ServerOptions(repository=repository, grpc_port=free_port(), http_port=free_port(),
                             metrics_port=free_port())
     rows = []
@@ -306,7 +307,7 @@ def _serve(recipe: Recipe, repository: Path, engine: Path, folder: Path) -> str:
         with TritonClient(server.grpc_url, model="ensemble") as client:
             client.check_ready(wait_s=s.wait_s)
             for i, prompt in enumerate(prompts):
-                reply = client.generate(prompt, GenerateOptions(max_tokens=s.max_tokens), index=i, stream=True)
+                reply = client.generate(prompt, GenerationConfig(max_tokens=s.max_tokens), index=i, stream=True)
                 rows.append({"prompt": i, "tokens": len(reply.output_ids), "identical": reply.output_ids == expected[i],
                              "ttft_ms": round(reply.ttft_s * 1000, 1)})
     same = sum(r["identical"] for r in rows)

@@ -6,8 +6,9 @@ Serving path: ONNX Runtime, numpy, tokenizers only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from trtspec.engine.manifest import Method
@@ -16,25 +17,10 @@ from trtspec.runtime.loop import GenerationConfig, GenerationResult, Request, ge
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.speculative.datastore import Datastore, RecentOutputs
 from trtspec.speculative.tree import DynamicTree
-from trtspec.speculative.lookahead_proposer import LookaheadConfig
 from trtspec.speculative.methods import make_proposer
-from trtspec.speculative.ngram_proposer import AcceptanceModel, NgramConfig
+from trtspec.speculative.ngram_proposer import AcceptanceModel
 from trtspec.speculative.proposer import Proposer
-from trtspec.speculative.sampling import SamplingParams
 from trtspec.speculative.tree import build_tree
-
-
-@dataclass(frozen=True, kw_only=True)
-class GenerateOptions:
-    max_tokens: int = 128
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    no_spec: bool = False
-    method: str | None = None  # the drafter (none, ngram, suffix, or the engine's own); None: the manifest's
-    ngram: NgramConfig | None = None  # methods ngram / suffix: their options (None: the defaults)
-    lookahead: LookaheadConfig | None = None  # method lookahead: (W, N, G) (None: the engine's, or one fitting K)
 
 
 @dataclass(frozen=True)
@@ -61,9 +47,10 @@ class LocalGenerator:
     """An engine dir opened for generation: ONNX Runtime sessions, tokenizer, and the manifest's method."""
 
     def __init__(self, engine_dir: str | Path, *, threads: int | None = None, spin: bool | None = None,
-                 datastore: str | Path | None = None):
+                 datastore: str | Path | None = None, method: str | None = None):
         self.engine = OrtEngine(engine_dir, threads=threads, spin=spin)
         self.manifest = self.engine.manifest
+        self.method = method  # the drafter of requests that name none (None: the manifest's)
         self.tokenizer = None
         if self.manifest.tokenizer is not None:
             from trtspec.runtime.tokenizer import Tokenizer
@@ -80,19 +67,18 @@ class LocalGenerator:
     def _tokenizer_fingerprint(self, engine_dir) -> str:
         if self.manifest.tokenizer is None:
             return ""
-        from trtspec.data.datastore_sources import tokenizer_fingerprint
+        from trtspec.runtime.tokenizer import tokenizer_fingerprint
 
         return tokenizer_fingerprint(Path(engine_dir) / self.manifest.tokenizer)
 
-    def proposer(self, no_spec: bool = False, method: str | None = None, ngram: NgramConfig | None = None,
-                 lookahead: LookaheadConfig | None = None) -> Proposer:
-        """A drafter for one sequence: `method` (none / ngram / suffix / lookahead / hybrid / the engine's own), else
-        the manifest's."""
-        method = "none" if no_spec else method or self.manifest.method.value
+    def proposer(self, config: GenerationConfig = GenerationConfig()) -> Proposer:
+        """A drafter for one sequence: config.method (none / ngram / suffix / lookahead / hybrid / the engine's own),
+        else this generator's method, else the manifest's; none when config.no_spec."""
+        method = "none" if config.no_spec else config.method or self.method or self.manifest.method.value
         dynamic = DynamicTree(**self.manifest.dynamic_tree) if self.manifest.method is Method.EAGLE2 else None
-        return make_proposer(method, self.engine, tree=self._tree, dynamic=dynamic, ngram=ngram,
+        return make_proposer(method, self.engine, tree=self._tree, dynamic=dynamic, ngram=config.ngram,
                              acceptance=self.acceptance, datastore=self.datastore, recent=self.recent,
-                             lookahead=lookahead)
+                             lookahead=config.lookahead)
 
     def encode(self, prompt: str | list[dict] | list[int]) -> list[int]:
         """Token ids of a prompt: ids as is; text and chat messages through the tokenizer's chat template."""
@@ -104,16 +90,28 @@ class LocalGenerator:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         return self.tokenizer.encode_chat(messages)
 
-    def generate_many(self, prompts: list, options: GenerateOptions = GenerateOptions()) -> list[Generation]:
+    def generate_many(self, prompts: list, config: GenerationConfig = GenerationConfig()) -> list[Generation]:
         """All prompts with in-flight batching (up to the manifest's max_batch_size per step)."""
-        requests = [Request(self._checked_ids(p, options, i), self._proposer(options), self._config(options))
+        config = self._with_end_id(config)
+        requests = [Request(self._checked_ids(p, config, i), self.proposer(config), config)
                     for i, p in enumerate(prompts)]
         results = generate_batch(self.engine, requests, max_batch_size=self.manifest.profile.max_batch_size)
         return [Generation(i, r.output_ids, self._decode(r.output_ids), r) for i, r in enumerate(results)]
 
-    def generate(self, prompt, options: GenerateOptions = GenerateOptions(), *, index: int = 0,
+    def replies(self, prompts: list, config: GenerationConfig = GenerationConfig(), *, stream: bool = False,
+                on_text: Callable[[int, str], None] | None = None) -> Iterator[Generation]:
+        """Each prompt's Generation in order: all at once with in-flight batching, or (stream) one at a time, its
+        text passed to on_text(prompt index, piece) as it is generated."""
+        if not stream:
+            yield from self.generate_many(prompts, config)
+            return
+        for i, prompt in enumerate(prompts):
+            yield self.generate(prompt, config, index=i, on_text=None if on_text is None else partial(on_text, i))
+
+    def generate(self, prompt, config: GenerationConfig = GenerationConfig(), *, index: int = 0,
                  on_text: Callable[[str], None] | None = None) -> Generation:
-        ids = self._checked_ids(prompt, options, index)
+        config = self._with_end_id(config)
+        ids = self._checked_ids(prompt, config, index)
         on_tokens = None
         if on_text is not None and self.tokenizer is not None:
             from trtspec.runtime.tokenizer import IncrementalDecoder
@@ -126,42 +124,24 @@ class LocalGenerator:
             def on_tokens(tokens: list[int]) -> None:
                 on_text((" " if sent else "") + " ".join(map(str, tokens)))
                 sent.extend(tokens)
-        result = generate(self.engine, ids, self._proposer(options), self._config(options), on_tokens)
+        result = generate(self.engine, ids, self.proposer(config), config, on_tokens)
         return Generation(index, result.output_ids, self._decode(result.output_ids), result)
-
-    def _proposer(self, options: GenerateOptions) -> Proposer:
-        return self.proposer(options.no_spec, options.method, options.ngram, options.lookahead)
 
     def _decode(self, ids: list[int]) -> str | None:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else None
 
-    def _config(self, options: GenerateOptions) -> GenerationConfig:
-        return GenerationConfig(max_tokens=options.max_tokens, end_id=self.manifest.model.end_id,
-                                sampling=SamplingParams(temperature=options.temperature, top_k=options.top_k,
-                                                        top_p=options.top_p, seed=options.seed))
+    def _with_end_id(self, config: GenerationConfig) -> GenerationConfig:
+        """config ending at the engine's end id unless it names its own."""
+        return config if config.end_id is not None else replace(config, end_id=self.manifest.model.end_id)
 
-    def _checked_ids(self, prompt, options: GenerateOptions, index: int) -> list[int]:
+    def _checked_ids(self, prompt, config: GenerationConfig, index: int) -> list[int]:
         ids = self.encode(prompt)
         profile = self.manifest.profile
         if len(ids) > profile.max_input_len:
             raise ConfigError(f"prompt {index} has {len(ids)} tokens; the engine's max_input_len is "
                               f"{profile.max_input_len}")
-        if len(ids) + options.max_tokens > profile.max_seq_len:
-            raise ConfigError(f"prompt {index}: {len(ids)} prompt tokens + max_tokens {options.max_tokens} exceed "
+        if len(ids) + config.max_tokens > profile.max_seq_len:
+            raise ConfigError(f"prompt {index}: {len(ids)} prompt tokens + max_tokens {config.max_tokens} exceed "
                               f"the engine's max_seq_len {profile.max_seq_len}; lower --max-tokens")
         return ids
 
-
-def read_prompt_file(path: Path) -> list:
-    """Prompts from a JSONL file: text (`prompt`), chat (`messages`) or token ids (`input_ids`) per line."""
-    from trtspec.data.jsonl import jsonl_objects
-
-    prompts = []
-    for where, obj in jsonl_objects(path):
-        for key in ("prompt", "messages", "input_ids"):
-            if isinstance(obj, dict) and key in obj:
-                prompts.append(obj[key])
-                break
-        else:
-            raise ConfigError(f"{where}: expected an object with 'prompt', 'messages' or 'input_ids'")
-    return prompts

@@ -16,6 +16,8 @@ import numpy as np
 from trtspec.errors import ConfigError
 from trtspec.speculative.engine import BatchedEngine, CostedEngine, Engine, StepOutput
 from trtspec.speculative.acceptance import Accepted, accept_greedy, accept_rejection_tree, accept_typical
+from trtspec.speculative.lookahead_proposer import LookaheadConfig
+from trtspec.speculative.ngram_proposer import NgramConfig
 from trtspec.speculative.proposer import Draft, Proposer, observe_one_by_one
 from trtspec.speculative.sampling import SamplingParams, logits_to_probs, make_rng, sample, softmax
 from trtspec.speculative.stats import SpecStats
@@ -25,7 +27,14 @@ ACCEPTANCE_MODES = ("auto", "typical")
 
 @dataclass(frozen=True, kw_only=True)
 class GenerationConfig:
-    max_tokens: int = 64
+    """One request's generation settings, the same from the CLI and the gRPC client to this loop and the Triton
+    engine model: its sampling, limits, stop rules and drafter.
+
+    The loop reads the sampling, limits and stop rules; whoever builds the request's proposer (LocalGenerator, the
+    engine model) reads the drafter fields. end_id None stops at no end id here; LocalGenerator and the engine
+    model fill in the engine's."""
+
+    max_tokens: int = 128
     sampling: SamplingParams = SamplingParams()
     end_id: int | None = None
     stop_words: tuple[tuple[int, ...], ...] = ()
@@ -36,6 +45,11 @@ class GenerationConfig:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) added to every step's logits (TensorRT-LLM's embedding_bias)
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
+    # the drafter
+    no_spec: bool = False  # speculation off: plain decoding of the same engine
+    method: str | None = None  # none, ngram, suffix, lookahead, hybrid or the engine's own; None: the deployment's
+    ngram: NgramConfig | None = None  # methods ngram / suffix: their options (None: the defaults)
+    lookahead: LookaheadConfig | None = None  # method lookahead: (W, N, G) (None: the engine's, or one fitting K)
 
     def __post_init__(self):
         if self.max_tokens < 1:

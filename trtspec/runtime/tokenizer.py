@@ -6,6 +6,7 @@ handling), using only the `tokenizers` and `jinja2` packages, plus an incrementa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import numbers
 from collections.abc import Iterable, Sequence
@@ -20,6 +21,11 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from trtspec.errors import CheckpointError, ConfigError
 
 REPLACEMENT_CHAR = "\ufffd"  # what decoding yields for bytes that do not (yet) form a UTF-8 character
+
+
+def tokenizer_fingerprint(directory: Path) -> str:
+    """SHA-256 of a tokenizer folder's tokenizer.json: a datastore built with one is only used with the same."""
+    return hashlib.sha256((Path(directory) / "tokenizer.json").read_bytes()).hexdigest()
 
 
 class Tokenizer:

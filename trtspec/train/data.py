@@ -156,23 +156,8 @@ def check_prompt_source(name: str) -> str:
 
 
 def load_training_prompts(source: str, count: int) -> Iterator[tuple[str, object]]:
-    """(id, prompt) pairs: chat messages, or token ids for a .jsonl whose lines hold "input_ids"."""
-    if source.endswith(".jsonl"):
-        first = next((line for line in Path(source).read_text().splitlines() if line.strip()), "{}")
-        if "input_ids" in json.loads(first):
-            yield from _id_prompts(Path(source))
-            return
+    """(id, prompt) pairs: chat messages, or the token ids of a .jsonl line that holds "input_ids"."""
     from trtspec.data.prompts import load_prompts
 
     for p in load_prompts(source, limit=count):
-        yield p.id, list(p.messages)
-
-
-def _id_prompts(path: Path) -> Iterator[tuple[str, list[int]]]:
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if line.strip():
-            row = json.loads(line)
-            ids = row.get("input_ids")
-            if not (isinstance(ids, list) and ids and all(isinstance(t, int) for t in ids)):
-                raise ConfigError(f"{path}:{number}: \"input_ids\" must be a non-empty list of token ids")
-            yield str(row.get("id", number)), ids
+        yield p.id, list(p.input_ids) or list(p.messages)

@@ -12,13 +12,14 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
-from trtspec.errors import ServerError
-from trtspec.runtime.generator import GenerateOptions
+from trtspec.errors import ConfigError, ServerError
+from trtspec.runtime.loop import GenerationConfig
 
 MODEL = "ensemble"
 
@@ -51,7 +52,7 @@ class RemoteGeneration:
                 "finish_reason": self.finish_reason, "stats": stats}
 
 
-def build_inputs(prompt: str, options: GenerateOptions, *, stream: bool, stop_words: list[str] = (),
+def build_inputs(prompt: str, options: GenerationConfig, *, stream: bool, stop_words: list[str] = (),
                  accepted: set[str] | None = None) -> list:
     """The request tensors of the client contract for one prompt (batch 1).
 
@@ -59,6 +60,8 @@ def build_inputs(prompt: str, options: GenerateOptions, *, stream: bool, stop_wo
     has no `random_seed` (TensorRT-LLM ≥ 1.0), `return_perf_metrics` where it exists (GPU acceptance counters),
     and `use_speculation` only where the ensemble takes it (trtspec's CPU flavour)."""
     import tritonclient.grpc as grpcclient
+
+    _check_sendable(options)
 
     def has(name: str) -> bool:
         return accepted is None or name in accepted
@@ -72,14 +75,14 @@ def build_inputs(prompt: str, options: GenerateOptions, *, stream: bool, stop_wo
               tensor("max_tokens", np.array([[options.max_tokens]], np.int32)),
               tensor("stream", np.array([[stream]], np.bool_)),
               tensor("exclude_input_in_output", np.array([[True]], np.bool_)),
-              tensor("temperature", np.array([[options.temperature]], np.float32)),
-              tensor("top_k", np.array([[options.top_k]], np.int32)),
-              tensor("top_p", np.array([[options.top_p]], np.float32))]
+              tensor("temperature", np.array([[options.sampling.temperature]], np.float32)),
+              tensor("top_k", np.array([[options.sampling.top_k]], np.int32)),
+              tensor("top_p", np.array([[options.sampling.top_p]], np.float32))]
     if has("apply_chat_template"):  # as in-process generate renders a text prompt (trtspec's CPU flavour)
         inputs.append(tensor("apply_chat_template", np.array([[True]], np.bool_)))
-    if options.seed is not None:
+    if options.sampling.seed is not None:
         name = "random_seed" if has("random_seed") else "seed"
-        inputs.append(tensor(name, np.array([[options.seed]], np.uint64)))
+        inputs.append(tensor(name, np.array([[options.sampling.seed]], np.uint64)))
     if options.no_spec:
         if not has("use_speculation"):
             raise ServerError("this deployment has no use_speculation input (TensorRT-LLM engines always decode "
@@ -105,6 +108,20 @@ def build_inputs(prompt: str, options: GenerateOptions, *, stream: bool, stop_wo
     if stop_words:
         inputs.append(tensor("stop_words", np.array([[w.encode() for w in stop_words]], np.object_)))
     return inputs
+
+
+# GenerationConfig fields the client contract has no tensor for (text stop words go as build_inputs' stop_words)
+UNSENT_FIELDS = ("end_id", "stop_words", "bad_words", "min_tokens", "return_log_probs", "logit_bias", "acceptance",
+                 "posterior_threshold", "posterior_alpha", "ngram")
+
+
+def _check_sendable(options: GenerationConfig) -> None:
+    """ConfigError naming the first field of options set away from its default that a request cannot carry."""
+    default = GenerationConfig()
+    for name in UNSENT_FIELDS:
+        if getattr(options, name) != getattr(default, name):
+            raise ConfigError(f"{name}={getattr(options, name)!r}: the gRPC client does not send it (the server "
+                              "uses its own); leave it at its default")
 
 
 def _wire_type(array: np.ndarray) -> str:
@@ -170,7 +187,7 @@ class TritonClient:
             self._client.start_stream(callback=self._callback)
             self._streaming = True
 
-    def generate(self, prompt: str, options: GenerateOptions = GenerateOptions(), *, index: int = 0,
+    def generate(self, prompt: str, options: GenerationConfig = GenerationConfig(), *, index: int = 0,
                  stream: bool = True, on_text: Callable[[str], None] | None = None,
                  stop_words: list[str] = ()) -> RemoteGeneration:
         """Send one prompt on the bidirectional stream; collect (and pass on) text until the final response."""
@@ -245,9 +262,32 @@ class TritonClient:
         self.close()
 
 
-def generate_concurrently(url: str, prompts: list[str], options: GenerateOptions = GenerateOptions(), *,
+def generate_remote(url: str, prompts: list, options: GenerationConfig = GenerationConfig(), *,
+                    model: str = MODEL, stream: bool = True, concurrency: int = 1, wait_s: float = 0.0,
+                    on_text: Callable[[int, str], None] | None = None) -> Iterator[RemoteGeneration]:
+    """Each prompt's reply from the server at `url` (waiting up to wait_s for it to be ready), in prompt order: one
+    request at a time, a streamed reply's text passed to on_text(prompt index, piece) as it arrives, or
+    `concurrency` at once (each on its own gRPC stream)."""
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str):
+            raise ConfigError(f"prompt {i}: --url sends text prompts (\"prompt\"); chat messages and token ids "
+                              "need a local ENGINE")
+    with TritonClient(url, model=model) as client:
+        client.check_ready(wait_s=wait_s)
+        if concurrency == 1:
+            for i, p in enumerate(prompts):
+                yield client.generate(p, options, index=i, stream=stream,
+                                      on_text=None if on_text is None else partial(on_text, i))
+            return
+    for result in generate_concurrently(url, prompts, options, concurrency=concurrency, stream=stream, model=model):
+        if isinstance(result, BaseException):
+            raise result
+        yield result
+
+
+def generate_concurrently(url: str, prompts: list[str], options: GenerationConfig = GenerationConfig(), *,
                           concurrency: int = 8, stream: bool = True, model: str = MODEL,
-                          options_for: Callable[[int], GenerateOptions] | None = None) -> list[RemoteGeneration]:
+                          options_for: Callable[[int], GenerationConfig] | None = None) -> list[RemoteGeneration]:
     """Send every prompt with `concurrency` clients at once (each its own connection); results in prompt order."""
     results: list[RemoteGeneration | BaseException | None] = [None] * len(prompts)
     next_index = iter(range(len(prompts)))

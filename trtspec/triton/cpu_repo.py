@@ -19,8 +19,8 @@ from trtspec.errors import RepositoryError
 from trtspec.triton.contract import (CLIENT_TO_LLM, CLIENT_TO_PRE, LOOKAHEAD_INPUTS, NEVER_FILLED_OUTPUTS,
                                      PERF_METRIC_OUTPUTS, PRE_TO_LLM, cpu_ensemble_inputs, cpu_ensemble_outputs,
                                      tensor as _t)
-from trtspec.triton.deploy import DeployOptions, check_options
-from trtspec.triton.pbtxt import ModelConfig, Step, render
+from trtspec.triton.deploy_options import DeployOptions
+from trtspec.triton.pbtxt import TritonModelConfig, Step, render
 
 MODEL_SOURCES = Path(__file__).parent / "python_models"
 ENGINE_MODEL = "tensorrt_llm"
@@ -158,7 +158,7 @@ def preprocessing_config(batch: int, options: DeployOptions, end_id: int | None,
         params["end_id"] = str(end_id)
     if pad_id is not None:
         params["pad_id"] = str(pad_id)
-    return render(ModelConfig(name="preprocessing", backend="python", max_batch_size=batch, dynamic_batching={},
+    return render(TritonModelConfig(name="preprocessing", backend="python", max_batch_size=batch, dynamic_batching={},
                               inputs=PRE_INPUTS, outputs=PRE_OUTPUTS, instance_count=1, parameters=params))
 
 
@@ -172,7 +172,7 @@ def engine_config(batch: int, options: DeployOptions, engine_path: str, datastor
     params = {"engine_dir": engine_path, "threads": str(options.threads or 0), "exclude_input_in_output": "false",
               "spin": {None: "auto", True: "true", False: "false"}[options.spin],
               "method": options.method or "auto", "datastore": datastore_path}
-    return render(ModelConfig(name=engine_model_name(options), backend="python", max_batch_size=batch,
+    return render(TritonModelConfig(name=engine_model_name(options), backend="python", max_batch_size=batch,
                               decoupled=True, dynamic_batching={}, inputs=ENGINE_INPUTS, outputs=ENGINE_OUTPUTS,
                               instance_count=options.instances, parameters=params))
 
@@ -180,7 +180,7 @@ def engine_config(batch: int, options: DeployOptions, engine_path: str, datastor
 def unary_forwarder_config(batch: int) -> str:
     """`tensorrt_llm` of a --no-decoupled repository: one instance per batch row (each waits for its request while
     the engine batches them all), no dynamic batcher (one request per execute)."""
-    return render(ModelConfig(name=ENGINE_MODEL, backend="python", max_batch_size=batch, inputs=ENGINE_INPUTS,
+    return render(TritonModelConfig(name=ENGINE_MODEL, backend="python", max_batch_size=batch, inputs=ENGINE_INPUTS,
                               outputs=ENGINE_OUTPUTS, instance_count=batch,
                               parameters={"engine_model": UNARY_ENGINE_MODEL}))
 
@@ -191,13 +191,13 @@ def postprocessing_config(batch: int) -> str:
     # batcher drops those (core src/scheduler_utils.cc), which in Triton before core#466 (2026) leaves the ensemble
     # in flight for ever. Without one, the cancelled postprocessing request reaches the model, which answers it and
     # forwards a stop request for its engine request (python_models/postprocessing.py).
-    return render(ModelConfig(name="postprocessing", backend="python", max_batch_size=batch,
+    return render(TritonModelConfig(name="postprocessing", backend="python", max_batch_size=batch,
                               inputs=POST_INPUTS, outputs=POST_OUTPUTS, instance_count=1,
                               parameters={"tokenizer_dir": "1/tokenizer", "skip_special_tokens": "true"}))
 
 
 def ensemble_config(batch: int) -> str:
-    return render(ModelConfig(name="ensemble", platform="ensemble", max_batch_size=batch,
+    return render(TritonModelConfig(name="ensemble", platform="ensemble", max_batch_size=batch,
                               inputs=cpu_ensemble_inputs(), outputs=cpu_ensemble_outputs(), steps=ensemble_steps()))
 
 
@@ -208,7 +208,7 @@ def bls_config(batch: int, options: DeployOptions) -> str:
     """tensorrtllm_backend's BLS interface (tensorrt_llm_bls/config.pbtxt: the ensemble's tensors plus num_draft_tokens
     and use_draft_logits), relaying to the ensemble: decoupled with it, else one instance per batch row."""
     inputs = cpu_ensemble_inputs() + (_t("num_draft_tokens", "TYPE_INT32"), _t("use_draft_logits", "TYPE_BOOL"))
-    return render(ModelConfig(name=BLS_MODEL, backend="python", max_batch_size=batch, decoupled=options.decoupled,
+    return render(TritonModelConfig(name=BLS_MODEL, backend="python", max_batch_size=batch, decoupled=options.decoupled,
                               inputs=inputs, outputs=cpu_ensemble_outputs(),
                               instance_count=1 if options.decoupled else batch,
                               parameters={"ensemble_model": "ensemble"}))
@@ -227,9 +227,8 @@ def _path_from_repo(path: Path, options: DeployOptions) -> str:
     return str(path) if relative.startswith(".." + os.sep + ".." + os.sep + ".." + os.sep) else relative
 
 
-def write_cpu_repository(manifest: Manifest, options: DeployOptions, staging: Path) -> None:
-    """Write the four models into the empty staging directory."""
-    batch = check_options(manifest, options)
+def write_cpu_repository(manifest: Manifest, options: DeployOptions, staging: Path, batch: int) -> None:
+    """Write the four models into the empty staging directory (options checked, batch: Triton's max_batch_size)."""
     engine_dir = Path(options.engine_dir).resolve()
     if manifest.tokenizer is None:
         raise RepositoryError(f"{engine_dir / 'manifest.json'}: the engine has no tokenizer (field 'tokenizer' is "

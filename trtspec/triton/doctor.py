@@ -40,7 +40,9 @@ class Finding:
 
 
 @dataclass
-class Engine:
+class TrtllmEngineConfig:
+    """A built TensorRT-LLM engine as doctor reads it: the folder and its config.json."""
+
     path: Path
     config: dict  # the engine's config.json: version, pretrained_config, build_config
 
@@ -127,7 +129,7 @@ def _set(value: str | None) -> bool:
     return bool(value) and not PLACEHOLDER.fullmatch(value.strip())
 
 
-def _engine(name: str, model: dict, engine_dir: Path | None, findings: list[Finding]) -> Engine | None:
+def _engine(name: str, model: dict, engine_dir: Path | None, findings: list[Finding]) -> TrtllmEngineConfig | None:
     path_param = _params(model).get("gpt_model_path", "")
     path = Path(engine_dir) if engine_dir is not None else Path(path_param) if _set(path_param) else None
     if path is None:
@@ -145,12 +147,12 @@ def _engine(name: str, model: dict, engine_dir: Path | None, findings: list[Find
     except (OSError, json.JSONDecodeError) as e:
         findings.append(Finding("error", name, "gpt_model_path", f"{config_path} is unreadable ({e})"))
         return None
-    return Engine(path, config)
+    return TrtllmEngineConfig(path, config)
 
 
 # ---- the engine model ---------------------------------------------------------------------------------
 
-def check_llm(name: str, model: dict, engine: Engine | None) -> list[Finding]:
+def check_llm(name: str, model: dict, engine: TrtllmEngineConfig | None) -> list[Finding]:
     params, out = _params(model), []
     add = lambda sev, field, msg: out.append(Finding(sev, name, field, msg))  # noqa: E731
     strategy = params.get("gpt_model_type")
@@ -182,7 +184,7 @@ def _check_decoding_mode(name: str, mode: SpecMode, decoding: str) -> list[Findi
     return []
 
 
-def _check_tree(name: str, params: dict, engine: Engine) -> list[Finding]:
+def _check_tree(name: str, params: dict, engine: TrtllmEngineConfig) -> list[Finding]:
     if engine.mode not in (SpecMode.MEDUSA, SpecMode.EAGLE):
         return []
     key = "medusa_choices" if engine.mode is SpecMode.MEDUSA else "eagle_choices"
@@ -205,7 +207,7 @@ def _check_tree(name: str, params: dict, engine: Engine) -> list[Finding]:
     return []
 
 
-def _check_lookahead(name: str, params: dict, engine: Engine) -> list[Finding]:
+def _check_lookahead(name: str, params: dict, engine: TrtllmEngineConfig) -> list[Finding]:
     keys = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
     values = [params.get(k, "") for k in keys]
     if engine.mode is not SpecMode.LOOKAHEAD:
@@ -224,7 +226,7 @@ def _check_lookahead(name: str, params: dict, engine: Engine) -> list[Finding]:
     return []
 
 
-def _check_engine_limits(name: str, model: dict, params: dict, engine: Engine) -> list[Finding]:
+def _check_engine_limits(name: str, model: dict, params: dict, engine: TrtllmEngineConfig) -> list[Finding]:
     out = []
     add = lambda sev, field, msg: out.append(Finding(sev, name, field, msg))  # noqa: E731
     build, pre = engine.build, engine.pretrained
@@ -254,7 +256,7 @@ def _check_engine_limits(name: str, model: dict, params: dict, engine: Engine) -
     return out
 
 
-def _check_version(name: str, engine: Engine) -> list[Finding]:
+def _check_version(name: str, engine: TrtllmEngineConfig) -> list[Finding]:
     version, installed = engine.config.get("version"), installed_version()
     manifest = engine.path / "manifest.json"
     out = []

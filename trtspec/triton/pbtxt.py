@@ -30,7 +30,9 @@ class Step:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelConfig:
+class TritonModelConfig:
+    """One model's config.pbtxt as data: the fields of Triton's `ModelConfig` protobuf that trtspec writes."""
+
     name: str
     max_batch_size: int
     backend: str | None = None
@@ -44,7 +46,7 @@ class ModelConfig:
     steps: tuple[Step, ...] = ()  # ensemble_scheduling
 
 
-def render(config: ModelConfig) -> str:
+def render(config: TritonModelConfig) -> str:
     """The config.pbtxt text, sections in the order tensorrtllm_backend's templates use."""
     parts = [f"name: {_q(config.name)}"]
     if config.backend:

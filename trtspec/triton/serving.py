@@ -37,10 +37,7 @@ class ItemRequest:
     """One prompt of a request, ready for the loop."""
 
     prompt_ids: list[int]
-    config: GenerationConfig
-    use_speculation: bool = True
-    method: str | None = None  # draft_method: the drafter for this request (None: the deployment's)
-    lookahead: LookaheadConfig | None = None  # lookahead_*: method lookahead's (W, N, G) for this request
+    config: GenerationConfig  # use_speculation, draft_method and lookahead_* are its no_spec, method and lookahead
     streaming: bool = False
     exclude_input_in_output: bool = False
     echo_ids: list[int] | None = None  # what an echo shows in place of prompt_ids (the client's text, not the template)
@@ -187,22 +184,22 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
                                        _first(inputs, ("runtime_top_k", "top_k"), b, None),
                                        _first(inputs, ("runtime_top_p", "top_p"), b, None),
                                        None if seed is None else int(seed))
-            config = GenerationConfig(max_tokens=max_tokens, sampling=sampling, end_id=end_id, stop_words=stop_words,
-                                      return_log_probs=bool(_scalar(inputs, "return_log_probs", b, False)),
-                                      min_tokens=min_tokens, bad_words=bad_words,
-                                      logit_bias=_logit_bias(inputs, b, manifest.model.vocab_size))
         except ConfigError as e:
             raise ConfigError(f"{e}") from None
         method = _scalar(inputs, "draft_method", b, None)
         method = method.decode(errors="replace") if isinstance(method, bytes) else method
         if method:
-            from trtspec.triton.deploy import check_method
+            from trtspec.triton.deploy_options import check_method
 
             check_method(manifest, method, what="draft_method")
-        lookahead = _lookahead(inputs, b, manifest, method or default_method)
+        config = GenerationConfig(max_tokens=max_tokens, sampling=sampling, end_id=end_id, stop_words=stop_words,
+                                  return_log_probs=bool(_scalar(inputs, "return_log_probs", b, False)),
+                                  min_tokens=min_tokens, bad_words=bad_words,
+                                  logit_bias=_logit_bias(inputs, b, manifest.model.vocab_size),
+                                  no_spec=not _scalar(inputs, "use_speculation", b, True), method=method or None,
+                                  lookahead=_lookahead(inputs, b, manifest, method or default_method))
         items.append(ItemRequest(
-            prompt, config, use_speculation=bool(_scalar(inputs, "use_speculation", b, True)), method=method or None,
-            lookahead=lookahead,
+            prompt, config,
             streaming=bool(_first(inputs, ("streaming", "stream"), b, False)),
             exclude_input_in_output=bool(_scalar(inputs, "exclude_input_in_output", b, default_exclude_input)),
             echo_ids=_echo_ids(inputs, b),
@@ -361,7 +358,7 @@ class EngineService:
     factories) and stops it; the scheduler drops a stopped job's sequences before the next step, frees their KV
     rows and reports them finished with reason "cancelled", and a stopped job still queued never starts."""
 
-    def __init__(self, engine, make_proposer: Callable[[bool, str | None, LookaheadConfig | None], Proposer],
+    def __init__(self, engine, make_proposer: Callable[[GenerationConfig], Proposer],
                  max_batch_size: int,
                  cancel_poll_s: float = CANCEL_POLL_S, drain: DrainSignal | None = None):
         self.engine, self.make_proposer = engine, make_proposer
@@ -520,9 +517,7 @@ class EngineService:
             except Exception:  # a response that cannot be sent must not stop the other sequences
                 log.exception("sending a response failed")
 
-        request = Request(item.prompt_ids, self.make_proposer(item.use_speculation, item.method, item.lookahead),
-                          item.config,
-                          cancelled=job.cancelled, on_progress=progress)
+        request = Request(item.prompt_ids, self.make_proposer(item.config), item.config, cancelled=job.cancelled, on_progress=progress)
         try:
             self.batch.add((job, index), request)
         except TrtspecError as e:

@@ -20,7 +20,8 @@ from trtspec.engine.trtllm_versions import TrtllmVersion, parse_version
 from trtspec.errors import RepositoryError
 from trtspec.speculative.tree_presets import preset
 from trtspec.triton import trtllm_tensors as tt
-from trtspec.triton.pbtxt import ModelConfig, Step, render
+from trtspec.triton.deploy_options import DeployOptions
+from trtspec.triton.pbtxt import TritonModelConfig, Step, render
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +49,10 @@ class Context:
     draft: tuple[Manifest, Path] | None  # draft-target: the draft engine's manifest and absolute path
 
 
-def write_trtllm_repository(manifest: Manifest, options, staging: Path) -> None:
-    """Write every model of the repository (and the launch script) into `staging`."""
-    ctx = _context(manifest, options)
+def write_trtllm_repository(manifest: Manifest, options: DeployOptions, staging: Path, batch: int) -> None:
+    """Write every model of the repository (and the launch script) into `staging` (options checked by
+    check_options, batch: Triton's max_batch_size)."""
+    ctx = _context(manifest, options, batch)
     configs = [preprocessing(ctx), tensorrt_llm(ctx), postprocessing(ctx), ensemble(ctx), bls(ctx)]
     if ctx.draft is not None:
         configs.append(tensorrt_llm(ctx, draft=True))
@@ -69,9 +71,7 @@ def write_trtllm_repository(manifest: Manifest, options, staging: Path) -> None:
 
 # ---- validation ---------------------------------------------------------------------------------------
 
-def _context(manifest: Manifest, options) -> Context:
-    from trtspec.triton.deploy import check_options
-
+def _context(manifest: Manifest, options: DeployOptions, batch: int) -> Context:
     where = Path(options.engine_dir) / "manifest.json"
     version = parse_version(manifest.versions.get("tensorrt_llm", ""))
     if manifest.tokenizer is None:
@@ -93,7 +93,7 @@ def _context(manifest: Manifest, options) -> Context:
                     "tensorrt_llm_draft and tensorrt_llm_bls")
         decoupled = False
     engine_dir = Path(options.engine_dir).resolve()
-    return Context(manifest=manifest, version=version, batch=check_options(manifest, options), decoupled=decoupled,
+    return Context(manifest=manifest, version=version, batch=batch, decoupled=decoupled,
                    engine_dir=engine_dir, tokenizer_dir=engine_dir / manifest.tokenizer,
                    logits_type=tt.LOGITS_TYPES.get(manifest.model.logits_dtype, "TYPE_FP32"),
                    instances=options.instances, batching_strategy=options.batching_strategy,
@@ -148,7 +148,7 @@ def _draft(manifest: Manifest, options, version: TrtllmVersion) -> tuple[Manifes
 
 # ---- the models ---------------------------------------------------------------------------------------
 
-def preprocessing(ctx: Context) -> ModelConfig:
+def preprocessing(ctx: Context) -> TritonModelConfig:
     model = ctx.manifest.model
     # vocab_size: EMBEDDING_BIAS must be [vocab] of the engine's logits (TensorRT-LLM's decoder checks "Expected last
     # dimension to be same as vocab size"), which the tokenizer's own size need not be
@@ -157,19 +157,19 @@ def preprocessing(ctx: Context) -> ModelConfig:
     params.update({k: str(v) for k, v in (("end_id", model.end_id), ("pad_id", model.pad_id)) if v is not None})
     batching = {"preferred_batch_size": [ctx.batch], "max_queue_delay_microseconds": ctx.queue_delay} \
         if ctx.version.has_preprocessing_batching else None
-    return ModelConfig(name="preprocessing", backend="python", max_batch_size=ctx.batch,
+    return TritonModelConfig(name="preprocessing", backend="python", max_batch_size=ctx.batch,
                        inputs=tt.preprocessing_inputs(), outputs=tt.preprocessing_outputs(),
                        dynamic_batching=batching, instance_count=ctx.instances, parameters=params)
 
 
-def postprocessing(ctx: Context) -> ModelConfig:
-    return ModelConfig(name="postprocessing", backend="python", max_batch_size=ctx.batch,
+def postprocessing(ctx: Context) -> TritonModelConfig:
+    return TritonModelConfig(name="postprocessing", backend="python", max_batch_size=ctx.batch,
                        inputs=tt.postprocessing_inputs(), outputs=tt.postprocessing_outputs(), dynamic_batching={},
                        instance_count=ctx.instances,
                        parameters={"tokenizer_dir": str(ctx.tokenizer_dir), "skip_special_tokens": "true"})
 
 
-def tensorrt_llm(ctx: Context, *, draft: bool = False) -> ModelConfig:
+def tensorrt_llm(ctx: Context, *, draft: bool = False) -> TritonModelConfig:
     """The engine model (C++ backend); with draft=True the draft-target pair's draft engine."""
     manifest, engine_dir = ctx.draft if draft else (ctx.manifest, ctx.engine_dir)
     batch = min(ctx.batch, manifest.profile.max_batch_size)
@@ -181,7 +181,7 @@ def tensorrt_llm(ctx: Context, *, draft: bool = False) -> ModelConfig:
     params.update(_speculative_parameters(manifest, ctx.version))
     if ctx.draft is not None:  # both models of the pair resend the whole sequence each step (tensorrtllm_backend docs/medusa.md, docs/eagle.md, docs/lookahead.md)
         params["enable_kv_cache_reuse"] = "true"
-    return ModelConfig(name="tensorrt_llm_draft" if draft else "tensorrt_llm", backend="tensorrtllm",
+    return TritonModelConfig(name="tensorrt_llm_draft" if draft else "tensorrt_llm", backend="tensorrtllm",
                        max_batch_size=batch, decoupled=ctx.decoupled,
                        dynamic_batching={"preferred_batch_size": [batch],
                                          "max_queue_delay_microseconds": ctx.queue_delay},
@@ -206,7 +206,7 @@ def _speculative_parameters(manifest: Manifest, version: TrtllmVersion) -> dict[
     return {}
 
 
-def ensemble(ctx: Context) -> ModelConfig:
+def ensemble(ctx: Context) -> TritonModelConfig:
     inputs, outputs = tt.ensemble_inputs(ctx.version), tt.ensemble_outputs(ctx.version, ctx.logits_type)
     # upstream's wiring (tensorrtllm_backend ensemble/config.pbtxt): embedding bias words / weights, the decoder
     # query and the prompt-table extra id through preprocessing; LoRA, prompt tuning and guided decoding straight
@@ -226,17 +226,17 @@ def ensemble(ctx: Context) -> ModelConfig:
     # decoupled (tensorrtllm_backend ensemble/config.pbtxt, server#7275)
     post = Step("postprocessing", {"TOKENS_BATCH": "output_ids", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"},
                 {"OUTPUT": "text_output"})
-    return ModelConfig(name="ensemble", platform="ensemble", max_batch_size=ctx.batch, inputs=inputs,
+    return TritonModelConfig(name="ensemble", platform="ensemble", max_batch_size=ctx.batch, inputs=inputs,
                        outputs=outputs, steps=(pre, Step("tensorrt_llm", llm_in, llm_out), post))
 
 
-def bls(ctx: Context) -> ModelConfig:
+def bls(ctx: Context) -> TritonModelConfig:
     params = {"tensorrt_llm_model_name": "tensorrt_llm", "tensorrt_llm_decoupled": _bool(ctx.decoupled),
               "max_draft_len": str(ctx.manifest.profile.max_draft_len)}
     if ctx.draft is not None:
         params["tensorrt_llm_draft_model_name"] = "tensorrt_llm_draft"
     # one request at a time per instance: as many instances as the batch (tensorrtllm_backend tensorrt_llm_bls/config.pbtxt)
-    return ModelConfig(name="tensorrt_llm_bls", backend="python", max_batch_size=ctx.batch, decoupled=ctx.decoupled,
+    return TritonModelConfig(name="tensorrt_llm_bls", backend="python", max_batch_size=ctx.batch, decoupled=ctx.decoupled,
                        inputs=tt.bls_inputs(ctx.version), outputs=tt.bls_outputs(ctx.version, ctx.logits_type),
                        instance_count=ctx.batch, parameters=params)
 

@@ -83,7 +83,10 @@ class TritonPythonModel:
         datastore = parameter(config, "datastore", "")  # method suffix's corpus (`deploy --datastore`)
         if datastore and not Path(datastore).is_absolute():
             datastore = (repo / datastore).resolve()
-        self.generator = LocalGenerator(engine_dir, threads=threads, spin=spin, datastore=datastore or None)
+        method = parameter(config, "method", "auto")  # auto: the manifest's method
+        self.method = None if method == "auto" else method
+        self.generator = LocalGenerator(engine_dir, threads=threads, spin=spin, datastore=datastore or None,
+                                        method=self.method)
         self.manifest = self.generator.manifest
         batch = int(config.get("max_batch_size") or self.manifest.profile.max_batch_size)
         self._metrics = self._make_metrics(args["model_name"])
@@ -91,14 +94,10 @@ class TritonPythonModel:
         self._metrics_lock = threading.Lock()
         self._stop_publishing = threading.Event()
         self._keys = (f"trtspec-{os.getpid()}-{n}" for n in itertools.count())
-        method = parameter(config, "method", "auto")  # auto: the manifest's method
-        self.method = None if method == "auto" else method
-        self.generator.proposer(method=self.method)  # an unknown method or one the engine cannot run fails here
+        self.generator.proposer()  # an unknown method or one the engine cannot run fails here
         # `trtspec serve --drain-seconds`: before it stops Triton, no new requests, then what is left ends in an error
         drain_file = os.environ.get("TRTSPEC_DRAIN_FILE")
-        self.service = EngineService(self.generator.engine,
-                                     lambda spec, method, lookahead: self.generator.proposer(
-                                         no_spec=not spec, method=method or self.method, lookahead=lookahead),
+        self.service = EngineService(self.generator.engine, self.generator.proposer,
                                      max_batch_size=min(batch, self.manifest.profile.max_batch_size),
                                      drain=DrainSignal(drain_file) if drain_file else None)
         self._logged_steps = 0

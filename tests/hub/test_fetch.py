@@ -13,8 +13,8 @@ import torch
 from safetensors import safe_open
 
 from trtspec.errors import ConfigError
-from trtspec.models import KNOWN_MODELS, cache_dir, fetch_model
-from trtspec.models import fetch as F
+from trtspec.hub import KNOWN_MODELS, cache_dir, fetch_model
+from trtspec.hub import fetch as F
 
 
 @pytest.fixture(scope="module")
