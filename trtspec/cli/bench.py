@@ -4,15 +4,88 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
-from trtspec.cli.app import DIR, EXISTING_DIR, cli, user_errors
+from trtspec.cli.app import DIR, EXISTING_DIR, SPIN_HELP, _sampling_flag, cli, user_errors
 
 
-@cli.group()
+class DefaultCommandGroup(click.Group):
+    """A group whose first argument, when it names no subcommand, goes to its default command:
+    `trtspec bench ENGINE ...` is `trtspec bench run ENGINE ...`, while `trtspec bench soak ...` stays itself."""
+
+    def __init__(self, *args, default_command: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.default_command = default_command
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in self.get_help_option_names(ctx):
+            args = [self.default_command, *args]
+        return super().parse_args(ctx, args)
+
+
+@cli.group(cls=DefaultCommandGroup, default_command="run")
 def bench() -> None:
-    """Benchmarks that measure side by side in one run and print ratios."""
+    """Benchmarks that measure side by side in one run and print ratios.
+
+    `trtspec bench ENGINE_DIR ...` (or `--url HOST:PORT ...`) is `trtspec bench run`: plain decoding and each
+    method on the same engine, TTFT / TPOT / ITL / throughput / τ / speedup per category and concurrency."""
+
+
+def _csv(kind):
+    """A click callback: a comma-separated list of `kind` values (None stays None)."""
+
+    def parse(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            return tuple(kind(x.strip()) for x in value.split(",") if x.strip())
+        except ValueError:
+            raise click.BadParameter(f"expected a comma-separated list, got {value!r}") from None
+
+    return parse
+
+
+@bench.command("run")
+@click.argument("engine", type=EXISTING_DIR, required=False)
+@click.option("--url", help="HOST:PORT of a served ensemble's gRPC endpoint (`trtspec serve`) instead of ENGINE.")
+@click.option("--prompt-set", default="mt-bench", show_default=True,
+              help="mt-bench, mt-bench-2turn (in process), humaneval, sharegpt, champ, sharegpt-grounded, code-edit "
+                   "(their measure split) or a .jsonl file.")
+@click.option("--limit", type=click.IntRange(min=1), default=8, show_default=True, help="The set's first N prompts.")
+@click.option("--method", "methods", callback=_csv(str), metavar="A,B",
+              help="Drafters measured beside plain decoding (default: the engine's own; served: the deployment's).")
+@click.option("--concurrency", callback=_csv(int), default="1", show_default=True, metavar="1,4,16",
+              help="Closed-loop users per level (in process: the in-flight batch, at most max_batch_size).")
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="0 = greedy (outputs checked identical to plain decoding).",
+              callback=lambda ctx, param, value: _sampling_flag(param, value))
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed of every request (T > 0).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Tokens to generate per prompt.")
+@click.option("--threads", type=int, default=2, show_default=True, help="In process: ONNX Runtime intra-op threads.")
+@click.option("--spin/--no-spin", default=None, help=SPIN_HELP)
+@click.option("--model", default="ensemble", show_default=True, help="--url: the model to call.")
+@click.option("--out", type=DIR, help="Write summary.json, requests.csv and PNG plots here.")
+@click.option("--json", "as_json", is_flag=True, help="Print summary.json instead of the table.")
+@click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
+@user_errors
+def bench_run(engine: Path | None, url: str | None, methods, concurrency, out: Path | None, as_json: bool,
+              no_progress: bool, **flags) -> None:
+    """Plain decoding and each --method on one engine, in process (ENGINE) or served (--url), interleaved:
+    TTFT, TPOT, ITL, tokens/s (per user), request throughput, τ, acceptance (per position), speedup and
+    p50/p90/p99 per category and concurrency, and how many outputs equal plain decoding's at T = 0."""
+    from trtspec.bench.bench_outputs import format_table, write_outputs
+    from trtspec.bench.runner import BenchOptions, run_bench
+
+    options = BenchOptions(engine=engine, url=url, methods=methods or (), concurrency=concurrency,
+                           show_progress=not no_progress, **flags)
+    run = run_bench(options, show=lambda line: click.echo(line, err=True))
+    click.echo(json.dumps(run.report, indent=1) if as_json else "\n".join(format_table(run.report)))
+    if out is not None:
+        written = write_outputs(run, out)
+        click.echo(f"wrote {', '.join(str(p) for p in written.values())}", err=True)
 
 
 @bench.command("cpu-engine", context_settings={"ignore_unknown_options": True, "help_option_names": []})
