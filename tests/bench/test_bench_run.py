@@ -113,10 +113,21 @@ def test_cli_routes_engine_to_run_and_writes_outputs(engine, prompt_file, tmp_pa
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_transformers_peer_in_the_same_run(engine, prompt_file, tmp_path):
+    pytest.importorskip("transformers")
+    options = BenchOptions(engine=engine, prompt_set=str(prompt_file), limit=2, max_tokens=8, threads=1,
+                           peers=("transformers",), hf=engine.parent / "base", peer_limit=2, work=tmp_path,
+                           show_progress=False)
+    run = run_bench(options, show=lambda line: None)
+    peer = run.report["peers"]["transformers"]
+    assert peer["prompts"] == 2 and peer["identical"] == "2/2" and peer["speedup"] > 0
+
+
 @pytest.mark.parametrize("args, message", [
     (["bench", "--prompt-set", "x.jsonl"], "pass ENGINE_DIR or --url"),
     (["bench", "run", "{engine}", "--concurrency", "1,x"], "comma-separated"),
     (["bench", "{engine}", "--method", "none"], "plain decoding always runs"),
+    (["bench", "{engine}", "--peers", "transformers"], "--peers needs ENGINE_DIR and --hf"),
     (["bench", "{engine}", "--prompt-set", "{prompts}", "--concurrency", "8"], "exceeds the engine's max_batch_size"),
 ])
 def test_cli_errors_are_one_line(engine, prompt_file, args, message):

@@ -73,23 +73,11 @@ class Cell:
 
 def set_prompts(generator, name: str, limit: int, max_tokens: int) -> list[tuple[str, list[int]]]:
     """(id, token ids) of a set's measured prompts; mt-bench-2turn's second turns carry the engine's first answer."""
-    from trtspec.data.prompts import PROMPT_SETS, load_prompts, second_turn
-    from trtspec.runtime.generator import GenerateOptions
+    from trtspec.bench.workload import load_bench_prompts
 
-    source = PROMPT_SETS[name]
-    split = "measure" if source.measure_size else None
-    prompts = load_prompts(name, limit=limit, split=split)
-    out = []
-    for p in prompts:
-        messages = list(p.messages)
-        if source.two_turn:
-            first = generator.generate(messages, GenerateOptions(max_tokens=max_tokens, no_spec=True))
-            messages = list(second_turn(p, first.text))
-        ids = generator.encode(messages)
-        limit_in = generator.manifest.profile.max_input_len
-        if len(ids) + max_tokens <= generator.manifest.profile.max_seq_len and len(ids) <= limit_in:
-            out.append((p.id, ids))
-    return out
+    prompts = load_bench_prompts(name, limit=limit, generator=generator, max_tokens=max_tokens,
+                                 show=lambda line: None)
+    return [(p.id, list(p.ids)) for p in prompts]
 
 
 def run_benchmark(args: argparse.Namespace, show=print) -> dict:
@@ -169,26 +157,34 @@ PEERS = ("transformers", "onnxruntime-genai")
 
 
 def _peer(args, peer: str, prompts: list[list[int]]) -> dict:
+    return peer_speculation(peer, prompts, hf=args.hf, max_tokens=args.max_tokens, threads=args.threads,
+                            work=Path(args.work), prompt_lookup=args.prompt_lookup, genai_lookup=args.genai_lookup)
+
+
+def peer_speculation(peer: str, prompts: list[list[int]], *, hf: Path, max_tokens: int, threads: int | None,
+                     work: Path, prompt_lookup: int = 10, genai_lookup: tuple[int, int] = (3, 4)) -> dict:
     """A peer's greedy decoding with and without its own speculation on the same ids, alternating per prompt, in a
     child process: transformers' prompt lookup, onnxruntime-genai's n-gram lookup (its fp32 build of the same HF
-    model, made once under --work)."""
+    model, made once under `work`)."""
     from trtspec.bench.peers import build_genai_model, run_child
 
-    work = Path(args.work)
+    if peer not in PEERS:
+        from trtspec.errors import ConfigError
+
+        raise ConfigError(f"--peers {peer}: unknown peer (known: {', '.join(PEERS)})")
     work.mkdir(parents=True, exist_ok=True)
     log = work / f"{peer}-peer.log"
-    common = {"prompts": prompts, "max_tokens": args.max_tokens, "threads": args.threads}
+    common = {"prompts": prompts, "max_tokens": max_tokens, "threads": threads}
     if peer == "transformers":
-        settings = {"prompt_lookup_num_tokens": args.prompt_lookup}
+        settings = {"prompt_lookup_num_tokens": prompt_lookup}
         rows = run_child("trtspec.bench.peers:run_transformers_lookup",
-                         {**common, "model": str(args.hf), "prompt_lookup": args.prompt_lookup}, log=log,
-                         threads=args.threads)
+                         {**common, "model": str(hf), "prompt_lookup": prompt_lookup}, log=log, threads=threads)
     else:
-        ngram_size, draft = args.genai_lookup
+        ngram_size, draft = genai_lookup
         settings = {"ngram_size": ngram_size, "max_draft_tokens": draft}
-        model = build_genai_model(args.hf, work / "genai-fp32", log=work / "genai-build.log")
+        model = build_genai_model(hf, work / "genai-fp32", log=work / "genai-build.log")
         rows = run_child("trtspec.bench.peers:run_genai_lookup", {**common, "model": str(model), **settings}, log=log,
-                         threads=args.threads)
+                         threads=threads)
     plain = sum(r["plain_s"] for r in rows)
     spec = sum(r["lookup_s"] for r in rows)
     tokens = sum(r["tokens"] for r in rows)

@@ -35,6 +35,10 @@ class BenchOptions:
     threads: int | None = 2
     spin: bool | None = None
     model: str = "ensemble"
+    peers: tuple[str, ...] = ()  # in process: peers' own speculation on the same ids (`drafting.PEERS`)
+    hf: Path | None = None  # the engine's Hugging Face model folder, for the peers
+    peer_limit: int = 3  # prompts the peers decode (slow)
+    work: Path | None = None  # the peers' logs and builds (default: the cache's bench/peers)
     show_progress: bool = True
 
     def __post_init__(self):
@@ -44,6 +48,8 @@ class BenchOptions:
             raise ConfigError(f"--concurrency must be positive integers, got {self.concurrency}")
         if self.max_tokens < 1:
             raise ConfigError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        if self.peers and (self.hf is None or self.engine is None):
+            raise ConfigError("--peers needs ENGINE_DIR and --hf DIR (the engine's Hugging Face model folder)")
         if PLAIN in self.methods:
             raise ConfigError("--method none: plain decoding always runs beside the methods; name drafters only")
 
@@ -69,6 +75,8 @@ def run_bench(options: BenchOptions, show=print, target=None) -> BenchRun:
     local = isinstance(target, LocalTarget)
     prompts = load_bench_prompts(options.prompt_set, limit=options.limit, max_tokens=options.max_tokens,
                                  generator=target.generator if local else None, show=show)
+    if not prompts:
+        raise ConfigError(f"--prompt-set {options.prompt_set}: no prompt to measure (--limit {options.limit})")
     methods = options.methods or ((target.own_method,) if local else ("spec",))
     if local and target.own_method == PLAIN and not options.methods:
         raise ConfigError(f"engine {options.engine} has no drafter of its own; name one with --method ngram (an "
@@ -98,7 +106,18 @@ def run_bench(options: BenchOptions, show=print, target=None) -> BenchRun:
         for r in records:
             r.identical = None
     report = _report(options, target, prompts, methods, records, walls, load_before)
+    report["peers"] = {peer: _peer(options, peer, prompts) for peer in options.peers}
     return BenchRun(report, records)
+
+
+def _peer(options: BenchOptions, peer: str, prompts: list[BenchPrompt]) -> dict:
+    """A peer's own speculation against its own plain decoding on the first --peer-limit prompts' ids."""
+    from trtspec.bench.drafting import peer_speculation
+    from trtspec.models.fetch import cache_dir
+
+    return peer_speculation(peer, [list(p.ids) for p in prompts[:options.peer_limit]], hf=options.hf,
+                            max_tokens=options.max_tokens, threads=options.threads,
+                            work=options.work or cache_dir() / "bench" / "peers")
 
 
 def _rotated(items: list, n: int) -> list:

@@ -59,7 +59,7 @@ def load_bench_prompts(name: str, *, limit: int | None, split: str | None = "mea
                        generator=None, max_tokens: int = 128, show=print) -> list[BenchPrompt]:
     """A set's measured prompts (its measurement split where it has one); with an in-process `generator`, their
     ids too, dropping those that do not fit the engine. Two-turn sets ask the second turn after the engine's own
-    plain, greedy first answer (in process only)."""
+    plain, greedy first answer (in process only). May be empty."""
     from trtspec.data.prompts import PROMPT_SETS, load_prompts, second_turn
 
     source = PROMPT_SETS.get(name)
@@ -84,8 +84,6 @@ def load_bench_prompts(name: str, *, limit: int | None, split: str | None = "mea
                  f"(max_input_len {profile.max_input_len}, max_seq_len {profile.max_seq_len}); skipped")
             continue
         out.append(BenchPrompt(p.id, p.category, messages, tuple(ids)))
-    if not out:
-        raise ConfigError(f"--prompt-set {name}: no prompt to measure (limit {limit})")
     return out
 
 

@@ -67,11 +67,17 @@ def _csv(kind):
 @click.option("--threads", type=int, default=2, show_default=True, help="In process: ONNX Runtime intra-op threads.")
 @click.option("--spin/--no-spin", default=None, help=SPIN_HELP)
 @click.option("--model", default="ensemble", show_default=True, help="--url: the model to call.")
+@click.option("--peers", callback=_csv(str), metavar="A,B",
+              help="In process: transformers and/or onnxruntime-genai, their own speculation against their own plain "
+                   "decoding on the same ids, in the same run (needs --hf).")
+@click.option("--hf", type=EXISTING_DIR, help="--peers: the engine's Hugging Face model folder.")
+@click.option("--peer-limit", type=click.IntRange(min=1), default=3, show_default=True,
+              help="--peers: prompts the peers decode.")
 @click.option("--out", type=DIR, help="Write summary.json, requests.csv and PNG plots here.")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json instead of the table.")
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
 @user_errors
-def bench_run(engine: Path | None, url: str | None, methods, concurrency, out: Path | None, as_json: bool,
+def bench_run(engine: Path | None, url: str | None, methods, concurrency, peers, out: Path | None, as_json: bool,
               no_progress: bool, **flags) -> None:
     """Plain decoding and each --method on one engine, in process (ENGINE) or served (--url), interleaved:
     TTFT, TPOT, ITL, tokens/s (per user), request throughput, τ, acceptance (per position), speedup and
@@ -80,7 +86,7 @@ def bench_run(engine: Path | None, url: str | None, methods, concurrency, out: P
     from trtspec.bench.runner import BenchOptions, run_bench
 
     options = BenchOptions(engine=engine, url=url, methods=methods or (), concurrency=concurrency,
-                           show_progress=not no_progress, **flags)
+                           peers=peers or (), show_progress=not no_progress, **flags)
     run = run_bench(options, show=lambda line: click.echo(line, err=True))
     click.echo(json.dumps(run.report, indent=1) if as_json else "\n".join(format_table(run.report)))
     if out is not None:
