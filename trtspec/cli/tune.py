@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from trtspec.cli.app import EXISTING_DIR, SPIN_HELP, cli, user_errors
+from trtspec.cli.app import EXISTING_DIR, SPIN_HELP, _sampling_flag, cli, user_errors
 from trtspec.cli.bench import _csv
 
 
@@ -44,3 +44,30 @@ def tune(engine: Path, write_recipe: Path | None, as_json: bool, no_progress: bo
     if write_recipe is not None:
         write_winner(report, write_recipe)
         click.echo(f"wrote {write_recipe}", err=True)
+
+
+@cli.command()
+@click.argument("engine", type=EXISTING_DIR)
+@click.option("--prompt-set", default="mt-bench", show_default=True,
+              help="Prompts like the traffic's: a known set (its measure split) or a .jsonl file.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="The traffic's temperature.",
+              callback=lambda ctx, param, value: _sampling_flag(param, value))
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
+              help="The traffic's concurrent requests (in process: at most the engine's max_batch_size).")
+@click.option("--method", "methods", callback=_csv(str), metavar="A,B",
+              help="Candidates (default: the engine's own drafter, ngram and suffix where it runs them).")
+@click.option("--limit", type=click.IntRange(min=1), default=4, show_default=True, help="Prompts measured.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens per prompt.")
+@click.option("--threads", type=int, default=2, show_default=True, help="ONNX Runtime intra-op threads.")
+@click.option("--spin/--no-spin", default=None, help=SPIN_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print the advice as JSON (with the bench report behind it).")
+@click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
+@user_errors
+def advise(engine: Path, methods, as_json: bool, no_progress: bool, **flags) -> None:
+    """Go / no-go for speculation on this engine and traffic, with the measured reasons (acceptance, output
+    length, temperature, concurrency on the batch verify curve, drafting overhead, TTFT) and the method to use."""
+    from trtspec.bench.advise import AdviseOptions, format_advice, run_advise
+
+    advice = run_advise(AdviseOptions(engine=engine, methods=methods or (), show_progress=not no_progress, **flags),
+                        show=lambda line: click.echo(line, err=True))
+    click.echo(json.dumps(advice, indent=1) if as_json else "\n".join(format_advice(advice)))
