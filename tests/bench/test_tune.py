@@ -160,6 +160,9 @@ def test_tune_predicts_measures_and_writes_the_winner(engine, prompt_file, tmp_p
     measured = [s for s in report["settings"] if s["measured"] is not None]
     assert "none" in [s["name"] for s in measured] and "medusa (shipped)" in [s["name"] for s in measured]
     assert all(s["measured"]["identical"] == "2/2" for s in measured)
+    # at T = 0 the replay over the evaluation prompts is the measured run, step for step
+    assert all(s["measured"]["replayed_tau"] == s["measured"]["tau"] for s in measured)
+    assert report["anchored_curve"]["scale"] > 0
     assert report["winner"]["name"] in report["measured"]
     assert yaml.safe_load(out.read_text())["tuned"]["method"] == report["winner"]["method"]
 

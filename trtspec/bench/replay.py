@@ -41,6 +41,9 @@ class Recording:
     # or past the end); None when the engine has no Medusa heads
     head_ranks: np.ndarray | None = None
     head_s: float = 0.0  # time spent running the heads over the recording (their cost per step, times steps)
+    # the plain decode's own time after the first token, the recorder's work left out: the plain step as the loop
+    # runs it on this machine now
+    plain_decode_s: float = 0.0
 
 
 class GreedyRecorder:
@@ -52,6 +55,7 @@ class GreedyRecorder:
         self.top: list[np.ndarray] = []
         self.head_top: list[np.ndarray] = []  # [heads, HEAD_RANKS] per row
         self.head_s = 0.0
+        self.record_s = 0.0  # all of the recorder's own work (top-k rows, heads)
 
     def start(self, engine, seq, prefill: StepOutput, prompt_ids, root) -> None:
         self.engine = engine
@@ -64,14 +68,16 @@ class GreedyRecorder:
         self._row(verify.logits[0], None if verify.hidden is None else verify.hidden[0])
 
     def _row(self, logits: np.ndarray, hidden) -> None:
+        start = time.perf_counter()
         self.top.append(top_ranked(logits, TOP_K))
         if self.heads:
-            start = time.perf_counter()
+            heads_start = time.perf_counter()
             heads = self.engine.medusa_logits(hidden)  # [heads, V]
-            self.head_s += time.perf_counter() - start
+            self.head_s += time.perf_counter() - heads_start
             self.head_top.append(np.stack([top_ranked(row, HEAD_RANKS) for row in heads]))
+        self.record_s += time.perf_counter() - start
 
-    def recording(self, prompt_ids: list[int], output_ids: list[int]) -> Recording:
+    def recording(self, prompt_ids: list[int], output_ids: list[int], decode_s: float = 0.0) -> Recording:
         n = len(output_ids)
         top = np.stack(self.top[:n])
         ranks = None
@@ -82,7 +88,10 @@ class GreedyRecorder:
                     if j + 1 + h < n:
                         hit = np.flatnonzero(candidates[h] == output_ids[j + 1 + h])
                         ranks[j, h] = hit[0] if hit.size else HEAD_RANKS
-        return Recording(list(prompt_ids), list(output_ids), top, ranks, self.head_s)
+        # the first row (the prefill's) is not decode time
+        first = self.record_s / max(1, len(self.top))
+        plain = max(0.0, decode_s - (self.record_s - first))
+        return Recording(list(prompt_ids), list(output_ids), top, ranks, self.head_s, plain)
 
 
 def record_greedy(generator, prompts: list[list[int]], max_tokens: int, *, heads: int = 0,
@@ -95,7 +104,7 @@ def record_greedy(generator, prompts: list[list[int]], max_tokens: int, *, heads
     for ids in prompts:
         recorder = GreedyRecorder(heads)
         result = generate(generator.engine, ids, recorder, config)
-        out.append(recorder.recording(ids, result.output_ids))
+        out.append(recorder.recording(ids, result.output_ids, result.total_s - result.ttft_s))
         advance()
     return out
 

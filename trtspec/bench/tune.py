@@ -6,10 +6,13 @@
 3. Per setting, τ predicted by replaying the drafter over those recordings: the training-free methods (ngram,
    suffix) per node budget; on a Medusa engine the Medusa paper's greedy tree per node budget (`medusa_tree`) and the
    shipped tree. Predicted decode tokens/s = tokens ÷ (Σ over the replayed steps of step_ms(profile) + the drafter's
-   own time), i.e. τ ÷ step time; plain = 1 ÷ step_ms(1 slot).
+   own time), i.e. τ ÷ step time; plain = 1 ÷ step_ms(1 slot). The curve's milliseconds are scaled so that its
+   plain step equals the plain decode step the calibration run itself took (`_anchored`): the curve gives the shape,
+   the loop as it runs now the level.
 4. The best predicted settings (and plain decoding, and the shipped tree) measured on the evaluation prompts at
    T = 0, interleaved prompt by prompt; the winner is the fastest measured decode. Predicted and measured stand side
-   by side in the report.
+   by side in the report, with τ replayed over the evaluation prompts themselves (recorded too): the replay's own
+   error is the gap between that and the measured τ, the rest is the calibration prompts differing.
 """
 
 from __future__ import annotations
@@ -113,11 +116,13 @@ def run_tune(options: TuneOptions, show=print) -> dict:
                                    heads=heads, advance=advance)
     budgets = sorted({b for b in options.budgets if b <= k})
     skipped = sorted(b for b in options.budgets if b > k)
-    plain_ms = costs.step_ms[0] if costs.step_ms else None
-    settings = [Setting(PLAIN, PLAIN, 0, predicted=_predicted_plain(plain_ms))]
+    curve = _anchored(costs, recordings)
+    settings = [Setting(PLAIN, PLAIN, 0, predicted=_predicted_plain(curve["step_ms"][0]))]
     for method in TRAINING_FREE if k >= 1 else ():
         for budget in budgets:
-            settings.append(_replayed_setting(generator, method, budget, recordings, costs, options.max_tokens))
+            setting = Setting(f"{method}/{budget}", method, budget)
+            setting.predicted = _prediction(*_replay(generator, setting, recordings, options.max_tokens, costs), curve)
+            settings.append(setting)
     accuracies = None
     if heads:
         from trtspec.bench.medusa_tree import greedy_tree, head_accuracies
@@ -133,19 +138,25 @@ def run_tune(options: TuneOptions, show=print) -> dict:
         if manifest.tree:
             trees.append(("medusa (shipped)", [list(c) for c in manifest.tree]))
         for name, choices in trees:
-            settings.append(_tree_setting(name, choices, recordings, costs, options.max_tokens, head_ms, accuracies))
+            settings.append(_tree_setting(name, choices, recordings, costs, curve, options.max_tokens, head_ms,
+                                          accuracies))
     base = next(s for s in settings if s.method == PLAIN).predicted["decode_tokens_per_s"]
     for s in settings:
         s.predicted["speedup"] = round(s.predicted["decode_tokens_per_s"] / base, 3) if base else None
     ranked = sorted((s for s in settings if s.method != PLAIN), key=lambda s: -s.predicted["decode_tokens_per_s"])
     chosen = [settings[0], *ranked[:options.candidates]]
     chosen += [s for s in settings if s.name == "medusa (shipped)" and s not in chosen]
+    with progress_bar("record evaluation", total=len(evaluation), enabled=options.show_progress) as advance:
+        held_out = record_greedy(generator, [list(p.ids) for p in evaluation], options.max_tokens + k, heads=heads,
+                                 advance=advance)
     _measure(generator, chosen, evaluation, options, show)
+    for s in chosen:  # the replay on the evaluation prompts themselves: how much of the error is the prompts'
+        s.measured["replayed_tau"] = _tau(*_replay(generator, s, held_out, options.max_tokens, costs))
     winner = max(chosen, key=lambda s: s.measured["decode_tokens_per_s"])
     return {
         "engine": str(options.engine), "method": manifest.method.value, "max_draft_len": k,
         "prompt_set": options.prompt_set, "split": split, "max_tokens": options.max_tokens, "temperature": 0,
-        "threads": options.threads, "spin": engine.spin, "verify_curve": costs.to_dict(),
+        "threads": options.threads, "spin": engine.spin, "verify_curve": costs.to_dict(), "anchored_curve": curve,
         "budgets": budgets, "budgets_over_k": skipped,
         "head_accuracies": None if accuracies is None else [[round(x, 4) for x in row] for row in accuracies],
         "settings": [s.to_dict() for s in settings], "measured": [s.name for s in chosen],
@@ -155,45 +166,66 @@ def run_tune(options: TuneOptions, show=print) -> dict:
     }
 
 
-def _predicted_plain(plain_ms: float | None) -> dict:
-    return {"tau": 1.0, "decode_tokens_per_s": round(1000 / plain_ms, 2) if plain_ms else 0.0, "step_ms": plain_ms,
+def _predicted_plain(plain_ms: float) -> dict:
+    return {"tau": 1.0, "acceptance_rate": 0.0, "decode_tokens_per_s": round(1000 / plain_ms, 2) if plain_ms else 0.0,
             "draft_ms_per_step": 0.0}
 
 
-def _step_ms(costs, profile_steps: dict[int, int]) -> float:
-    """Milliseconds of these verify steps on the measured curve."""
-    return sum(costs.step_ms[costs.profiles.index(slots)] * n for slots, n in profile_steps.items())
+def _anchored(costs, recordings) -> dict:
+    """The verify curve's milliseconds scaled so that its plain step equals the plain decode step the calibration
+    run measured (the curve's shape, the loop's level: a curve measured alone misses the loop's own work and the
+    machine's load of the moment)."""
+    tokens = sum(len(r.output_ids) - 1 for r in recordings)
+    plain_s = sum(r.plain_decode_s for r in recordings)
+    measured = 1000 * plain_s / tokens if tokens and plain_s else costs.step_ms[0]
+    scale = measured / costs.step_ms[0]
+    return {"profiles": list(costs.profiles), "step_ms": [round(ms * scale, 3) for ms in costs.step_ms],
+            "scale": round(scale, 4)}
 
 
-def _replayed_setting(generator, method: str, budget: int, recordings, costs, max_tokens: int) -> Setting:
-    """A training-free method with this node budget, replayed over the recordings in order, learning as a run."""
-    from trtspec.speculative.datastore import RecentOutputs
+def _replay(generator, setting: Setting, recordings, max_tokens: int, costs) -> tuple:
+    """(statistics, tokens after the first) of a setting replayed over recordings in order, learning as a run."""
     from trtspec.speculative.methods import make_proposer
-    from trtspec.speculative.ngram_proposer import AcceptanceModel, NgramConfig
+    from trtspec.speculative.ngram_proposer import NgramConfig
+    from trtspec.speculative.stats import SpecStats
 
-    config, model, recent = NgramConfig(max_draft_len=budget), AcceptanceModel(), RecentOutputs()
+    if setting.method == PLAIN:
+        tokens = sum(min(max_tokens, len(r.output_ids)) - 1 for r in recordings)
+        return SpecStats(steps=tokens), tokens
+    if setting.method == "medusa":
+        tokens = sum(min(max_tokens, len(r.output_ids)) - 1 for r in recordings)
+        return replay_tree(recordings, setting.choices, max_tokens, costs), tokens
+    model, recent = _learning_state()
     total = Replayed()
     for r in recordings:
-        proposer = make_proposer(method, generator.engine, ngram=config, acceptance=model, recent=recent)
+        proposer = make_proposer(setting.method, generator.engine, ngram=NgramConfig(max_draft_len=setting.budget),
+                                 acceptance=model, recent=recent)
         total = total.merge(replay_drafter(proposer, r, costs, generator.engine.vocab_size, max_tokens))
-    return Setting(f"{method}/{budget}", method, budget, predicted=_prediction(total.stats, total.tokens, costs))
+    return total.stats, total.tokens
 
 
-def _tree_setting(name: str, choices, recordings, costs, max_tokens: int, head_ms: float, accuracies) -> Setting:
+def _tau(stats, tokens: int) -> float:
+    return round(tokens / stats.steps, 3) if stats.steps else 1.0
+
+
+def _tree_setting(name: str, choices, recordings, costs, curve: dict, max_tokens: int, head_ms: float,
+                  accuracies) -> Setting:
     from trtspec.bench.medusa_tree import expected_length
 
-    stats = replay_tree(recordings, choices, max_tokens, costs)
-    tokens = sum(min(max_tokens, len(r.output_ids)) - 1 for r in recordings)
+    setting = Setting(name, "medusa", len(choices), choices)
+    stats, tokens = _replay(None, setting, recordings, max_tokens, costs)
     stats.draft_s = stats.steps * head_ms / 1000  # the heads run once per step
-    predicted = _prediction(stats, tokens, costs)
-    predicted["expected_tau_independent_heads"] = round(expected_length(accuracies, choices), 3)
-    return Setting(name, "medusa", len(choices), choices, predicted)
+    setting.predicted = _prediction(stats, tokens, curve)
+    setting.predicted["expected_tau_independent_heads"] = round(expected_length(accuracies, choices), 3)
+    return setting
 
 
-def _prediction(stats, tokens: int, costs) -> dict:
-    ms = _step_ms(costs, stats.profile_steps) + 1000 * stats.draft_s
-    return {"tau": round(tokens / stats.steps, 3) if stats.steps else 1.0,
-            "acceptance_rate": round(stats.acceptance_rate, 3),
+def _prediction(stats, tokens: int, curve: dict) -> dict:
+    """τ and decode tokens/s of replayed steps: each step's profile at the anchored curve's milliseconds, plus the
+    drafter's own time."""
+    step_ms = dict(zip(curve["profiles"], curve["step_ms"]))
+    ms = sum(step_ms[slots] * n for slots, n in stats.profile_steps.items()) + 1000 * stats.draft_s
+    return {"tau": _tau(stats, tokens), "acceptance_rate": round(stats.acceptance_rate, 3),
             "decode_tokens_per_s": round(1000 * tokens / ms, 2) if ms else 0.0,
             "draft_ms_per_step": round(1000 * stats.draft_s / stats.steps, 3) if stats.steps else 0.0,
             "steps_per_profile": {str(s): n for s, n in sorted(stats.profile_steps.items())}}
@@ -270,18 +302,19 @@ def format_tune(report: dict) -> list[str]:
              f"{report['load_average']['after'][0]}",
              f"calibration: {split['calibration']}; evaluation: {split['evaluation']}",
              "verify curve: " + ", ".join(f"{p} slots {ms:.1f} ms" for p, ms in
-                                          zip(report["verify_curve"]["profiles"], report["verify_curve"]["step_ms"]))]
+                                          zip(report["verify_curve"]["profiles"], report["verify_curve"]["step_ms"]))
+             + f"; scaled x{report['anchored_curve']['scale']:.2f} to the calibration run's plain step"]
     if report["budgets_over_k"]:
         lines.append(f"budgets over K = {report['max_draft_len']} left out: {report['budgets_over_k']}")
     lines.append(f"{'setting':<20} {'pred τ':>6} {'pred tok/s':>10} {'pred x':>7} | {'meas τ':>6} {'meas tok/s':>10} "
-                 f"{'meas x':>7} {'error':>6} {'same':>5}")
+                 f"{'meas x':>7} {'error':>6} {'same':>5} {'replayed τ on eval':>18}")
     for s in report["settings"]:
         p, m = s["predicted"], s["measured"]
         row = f"{s['name']:<20} {p['tau']:>6.2f} {p['decode_tokens_per_s']:>10.1f} {_x(p.get('speedup')):>7} |"
         if m is not None:
             err = "-" if m["prediction_error"] is None else f"{m['prediction_error']:+.0%}"
             row += (f" {m['tau']:>6.2f} {m['decode_tokens_per_s']:>10.1f} {_x(m['speedup']):>7} {err:>6} "
-                    f"{m['identical']:>5}")
+                    f"{m['identical']:>5} {m.get('replayed_tau', 0):>18.2f}")
         lines.append(row)
     w = report["winner"]
     lines.append(f"winner: {w['name']}" + (f" (tree {w['choices']})" if w["choices"] else "")

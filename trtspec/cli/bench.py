@@ -94,6 +94,33 @@ def bench_run(engine: Path | None, url: str | None, methods, concurrency, peers,
         click.echo(f"wrote {', '.join(str(p) for p in written.values())}", err=True)
 
 
+@bench.command("perf-input")
+@click.option("--prompt-set", default="mt-bench", show_default=True,
+              help="A known set (its measure split; first turns) or a .jsonl file.")
+@click.option("--limit", type=click.IntRange(min=1), default=16, show_default=True, help="The set's first N prompts.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens per request.")
+@click.option("--method", help="trtspec's CPU flavour: the drafter every request asks for (draft_method).")
+@click.option("--no-spec", is_flag=True, help="trtspec's CPU flavour: speculation off (use_speculation false).")
+@click.option("--url", default="localhost:8001", show_default=True, help="The gRPC endpoint the printed command uses.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Write perf_analyzer's --input-data JSON here.")
+@user_errors
+def bench_perf_input(prompt_set: str, limit: int, max_tokens: int, method: str | None, no_spec: bool, url: str,
+                     out: Path) -> None:
+    """Write a prompt set as perf_analyzer's --input-data file and print the perf_analyzer command that measures the
+    served ensemble with it (gRPC streaming, concurrency 1 to 8)."""
+    import shlex
+
+    from trtspec.bench.perf_analyzer import command, input_data
+    from trtspec.bench.workload import load_bench_prompts
+    from trtspec.outdir import atomic_output_file
+
+    prompts = [p.text for p in load_bench_prompts(prompt_set, limit=limit, max_tokens=max_tokens)]
+    with atomic_output_file(out) as tmp:
+        tmp.write_text(json.dumps(input_data(prompts, max_tokens, method=method, speculation=not no_spec)) + "\n")
+    click.echo(shlex.join(command(url, out, requests=len(prompts))))
+
+
 @bench.command("cpu-engine", context_settings={"ignore_unknown_options": True, "help_option_names": []})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench_cpu_engine(args: tuple[str, ...]) -> None:
