@@ -88,6 +88,7 @@ def run_bench(options: BenchOptions, show=print, target=None) -> BenchRun:
     for label, opts in runs.items():  # warm-up: sessions, bindings, the drafters' first lookups
         _use_recent(target, recents, label)
         target.run(prompts[:1], replace(opts, max_tokens=WARMUP_TOKENS), 1)
+    recents = _own_recent_outputs(target, runs)  # what the warm-up taught is forgotten
     records, walls = [], {(c, label): 0.0 for c in options.concurrency for label in runs}
     total = len(prompts) * len(runs) * len(options.concurrency)
     with progress_bar("bench", total=total, enabled=options.show_progress) as advance:
@@ -126,18 +127,19 @@ def _rotated(items: list, n: int) -> list:
 
 
 def _own_recent_outputs(target, runs: dict) -> dict:
-    """In process, every method its own recent outputs (method suffix learns from them): never another method's
-    answer to the same prompt."""
+    """In process, every method its own recent outputs (method suffix learns from them: never another method's
+    answer to the same prompt) and its own acceptance model (ngram / suffix learn how much to draft)."""
     if not isinstance(target, LocalTarget):
         return {}
     from trtspec.speculative.datastore import RecentOutputs
+    from trtspec.speculative.ngram_proposer import AcceptanceModel
 
-    return {label: RecentOutputs() for label in runs}
+    return {label: (RecentOutputs(), AcceptanceModel()) for label in runs}
 
 
 def _use_recent(target, recents: dict, label: str) -> None:
     if recents:
-        target.generator.recent = recents[label]
+        target.generator.recent, target.generator.acceptance = recents[label]
 
 
 def _report(options: BenchOptions, target, prompts: list[BenchPrompt], methods, records, walls,
