@@ -8,7 +8,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from trtspec.bench.advise import GO_MARGIN, decide
+from trtspec.bench.advise import GO_MARGIN, GO_TAU, decide
 from trtspec.cli import cli
 from trtspec.speculative.step_costs import StepCosts
 
@@ -39,6 +39,7 @@ def test_go_when_the_method_beats_plain():
 
 @pytest.mark.parametrize("figures, concurrency, temperature, against", [
     (_figures(tps=51.0, speedup=1.02, tau=1.1), 1, 0.0, "acceptance"),
+    (_figures(tps=53.0, speedup=1.06, tau=1.0), 1, 0.0, "acceptance"),  # faster without accepted drafts: noise
     (_figures(tps=40.0, speedup=0.8, tau=2.0, tokens=40), 1, 0.0, "output length"),
     (_figures(tps=40.0, speedup=0.8, tau=1.3), 1, 0.7, "temperature"),
     (_figures(tps=40.0, speedup=0.8, tau=2.0), 8, 0.0, "concurrency"),
@@ -49,7 +50,7 @@ def test_no_go_names_what_goes_against_it(figures, concurrency, temperature, aga
     advice = decide(_report(concurrency, figures, temperature), concurrency, COSTS)
     assert advice["verdict"] == "no-go" and advice["recommendation"]["method"] == "none"
     assert against in [r["name"] for r in advice["reasons"] if not r["favours_speculation"]]
-    assert figures["speedup"] < GO_MARGIN
+    assert figures["speedup"] < GO_MARGIN or figures["tau"] < GO_TAU
 
 
 def test_concurrency_reads_the_batch_curve():

@@ -12,7 +12,8 @@ and gives the verdict with its measured reasons:
 - drafting overhead: the share of the decode spent proposing and observing;
 - TTFT: the first token's latency with the method against plain decoding.
 
-GO when the best method's measured tokens/s at C beats plain decoding's by GO_MARGIN; else "turn it off".
+GO when the best method's measured tokens/s at C beats plain decoding's by GO_MARGIN and its τ reaches GO_TAU (a
+gain without accepted drafts is the machine's noise); else "turn it off".
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from trtspec.bench.runner import BenchOptions, open_target, run_bench
 from trtspec.errors import ConfigError
 
 GO_MARGIN = 1.05  # speedups within 5% of plain decoding are noise on a shared machine, and cost a drafter to run
+GO_TAU = 1.1  # tokens per step: below it the drafts hardly ever land
 SHORT_REPLY = 32  # tokens: below this a reply is mostly its first token's latency
 
 
@@ -76,7 +78,7 @@ def decide(report: dict, concurrency: int, costs) -> dict:
     drafters = {m: f["overall"] for m, f in at_c.items() if m != "none"}
     best_name = max(drafters, key=lambda m: drafters[m]["output_tokens_per_s"])
     best = drafters[best_name]
-    go = (best["speedup"] or 0) >= GO_MARGIN
+    go = (best["speedup"] or 0) >= GO_MARGIN and best["tau"] >= GO_TAU
     slots = _usual_profile(best)
     reply = best["output_tokens"] / best["requests"]
     reasons = [
@@ -95,7 +97,7 @@ def decide(report: dict, concurrency: int, costs) -> dict:
         _ttft_reason(best, plain),
         _reason("measured", f"{best_name} {best['output_tokens_per_s']:.1f} tok/s vs plain "
                             f"{plain['output_tokens_per_s']:.1f} tok/s at concurrency {concurrency}: "
-                            f"{best['speedup']:.2f}x (go at >= {GO_MARGIN:.2f}x)", go),
+                            f"{best['speedup']:.2f}x (go at >= {GO_MARGIN:.2f}x with τ >= {GO_TAU})", go),
     ]
     others = {m: round(f["speedup"] or 0, 3) for m, f in drafters.items()}
     return {
@@ -117,9 +119,9 @@ def _reason(name: str, text: str, favours: bool) -> dict:
 
 
 def _usual_profile(figures: dict) -> int:
-    """The slot profile the method's steps ran over most often."""
-    steps = figures["steps_per_profile"]
-    return int(max(steps, key=steps.get)) if steps else 1
+    """The slot profile the method's drafting steps ran over most often (1 when it never drafted)."""
+    steps = {int(k): v for k, v in figures["steps_per_profile"].items() if int(k) > 1}
+    return max(steps, key=steps.get) if steps else 1
 
 
 def _concurrency_reason(costs, concurrency: int, slots: int) -> dict:
@@ -141,7 +143,7 @@ def _ttft_reason(best: dict, plain: dict) -> dict:
 
 def format_advice(advice: dict) -> list[str]:
     rec = advice["recommendation"]
-    head = (f"GO: speculate with {rec['method']} ({rec['slot_profile']}-slot steps most often)" if
+    head = (f"GO: speculate with {rec['method']} (its drafting steps mostly {rec['slot_profile']} slots)" if
             advice["verdict"] == "go" else "NO-GO: turn speculation off for this traffic")
     lines = [f"{advice['engine']} on {advice['prompt_set']} ({advice['prompts']} prompts), T = "
              f"{advice['temperature']:g}, concurrency {advice['concurrency']}", head]

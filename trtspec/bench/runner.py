@@ -88,11 +88,13 @@ def run_bench(options: BenchOptions, show=print, target=None) -> BenchRun:
     for label, opts in runs.items():  # warm-up: sessions, bindings, the drafters' first lookups
         _use_recent(target, recents, label)
         target.run(prompts[:1], replace(opts, max_tokens=WARMUP_TOKENS), 1)
-    recents = _own_recent_outputs(target, runs)  # what the warm-up taught is forgotten
     records, walls = [], {(c, label): 0.0 for c in options.concurrency for label in runs}
     total = len(prompts) * len(runs) * len(options.concurrency)
     with progress_bar("bench", total=total, enabled=options.show_progress) as advance:
         for c_index, concurrency in enumerate(options.concurrency):
+            # each level a fresh pass over the same prompts: what the drafters learnt at the last level (suffix: its
+            # answers to these very prompts) is forgotten
+            recents = _own_recent_outputs(target, runs)
             groups = [[p] for p in prompts] if concurrency == 1 else [prompts]
             for g_index, group in enumerate(groups):
                 order = _rotated(list(runs), c_index + g_index)

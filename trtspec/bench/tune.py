@@ -1,6 +1,7 @@
 """`trtspec tune`: pick the drafting setting for an engine on this machine, predicted first, then measured.
 
-1. The verify curve (a step's milliseconds per slot profile, `runtime.verify_curve`, cached beside the engine).
+1. The verify curve (a step's milliseconds per slot profile, `runtime.verify_curve`), measured at the calibration
+   prompts' context length (their median + half of max_tokens: a longer past flattens it).
 2. Calibration prompts, never the evaluation ones (`split_prompts` says which are which), decoded plainly once and
    recorded (`replay.record_greedy`).
 3. Per setting, τ predicted by replaying the drafter over those recordings: the training-free methods (ngram,
@@ -22,11 +23,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from trtspec.bench.replay import HEAD_RANKS, Replayed, record_greedy, replay_drafter, replay_tree
 from trtspec.errors import ConfigError
 from trtspec.progress import progress_bar
+from trtspec.runtime.generator import GenerateOptions
+from trtspec.runtime.verify_curve import measure as measure_curve
 
 TRAINING_FREE = ("ngram", "suffix")
+CURVE_ROUNDS = 5  # the verify curve at the calibration context: rounds per profile (the cached curve's are 15)
 PLAIN = "none"
 
 
@@ -110,13 +116,16 @@ def run_tune(options: TuneOptions, show=print) -> dict:
     calibration, evaluation, split = split_prompts(options, generator, show)
     heads = engine.num_medusa_heads if manifest.method.value == "medusa" else 0
     k = engine.max_draft_len
+    generator.generate(list(calibration[0].ids), GenerateOptions(max_tokens=8, no_spec=True))  # warm up
+    context = int(np.median([len(p.ids) for p in calibration])) + options.max_tokens // 2
+    timed = measure_curve(engine, rounds=CURVE_ROUNDS, past=context)  # at the calibration prompts' context length
     with progress_bar("record calibration", total=len(calibration), enabled=options.show_progress) as advance:
         # K tokens past max_tokens: the last replayed step may accept past the end, as a run counts it
         recordings = record_greedy(generator, [list(p.ids) for p in calibration], options.max_tokens + k,
                                    heads=heads, advance=advance)
     budgets = sorted({b for b in options.budgets if b <= k})
     skipped = sorted(b for b in options.budgets if b > k)
-    curve = _anchored(costs, recordings)
+    curve = _anchored(timed, recordings)
     settings = [Setting(PLAIN, PLAIN, 0, predicted=_predicted_plain(curve["step_ms"][0]))]
     for method in TRAINING_FREE if k >= 1 else ():
         for budget in budgets:
@@ -156,7 +165,8 @@ def run_tune(options: TuneOptions, show=print) -> dict:
     return {
         "engine": str(options.engine), "method": manifest.method.value, "max_draft_len": k,
         "prompt_set": options.prompt_set, "split": split, "max_tokens": options.max_tokens, "temperature": 0,
-        "threads": options.threads, "spin": engine.spin, "verify_curve": costs.to_dict(), "anchored_curve": curve,
+        "threads": options.threads, "spin": engine.spin, "verify_curve": timed.to_dict(), "curve_past": context,
+        "cached_verify_curve": costs.to_dict(), "anchored_curve": curve,
         "budgets": budgets, "budgets_over_k": skipped,
         "head_accuracies": None if accuracies is None else [[round(x, 4) for x in row] for row in accuracies],
         "settings": [s.to_dict() for s in settings], "measured": [s.name for s in chosen],
@@ -301,7 +311,7 @@ def format_tune(report: dict) -> list[str]:
              f"{report['max_tokens']} tokens, T = 0, load average {report['load_average']['before'][0]} / "
              f"{report['load_average']['after'][0]}",
              f"calibration: {split['calibration']}; evaluation: {split['evaluation']}",
-             "verify curve: " + ", ".join(f"{p} slots {ms:.1f} ms" for p, ms in
+             f"verify curve after {report['curve_past']} tokens: " + ", ".join(f"{p} slots {ms:.1f} ms" for p, ms in
                                           zip(report["verify_curve"]["profiles"], report["verify_curve"]["step_ms"]))
              + f"; scaled x{report['anchored_curve']['scale']:.2f} to the calibration run's plain step"]
     if report["budgets_over_k"]:

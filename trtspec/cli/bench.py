@@ -108,7 +108,7 @@ def bench_run(engine: Path | None, url: str | None, methods, concurrency, peers,
 def bench_perf_input(prompt_set: str, limit: int, max_tokens: int, method: str | None, no_spec: bool, url: str,
                      out: Path) -> None:
     """Write a prompt set as perf_analyzer's --input-data file and print the perf_analyzer command that measures the
-    served ensemble with it (gRPC streaming, concurrency 1 to 8)."""
+    served ensemble with it (gRPC streaming, concurrency 1 to 4; `scripts/setup-load-tools.sh` installs the tool)."""
     import shlex
 
     from trtspec.bench.perf_analyzer import command, input_data
