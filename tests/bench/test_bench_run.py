@@ -140,10 +140,32 @@ def test_cli_errors_are_one_line(engine, prompt_file, args, message):
     (["bench", "--help"], "soak"),
     (["bench", "run", "--help"], "--concurrency"),
     (["bench", "soak", "--help"], "--users"),
+    (["bench", "drafting", "--help"], "--genai-lookup"),
+    (["bench", "serving", "--help"], "--unary"),
+    (["bench", "perf-input", "--help"], "--input-data"),
 ])
 def test_bench_group_help(args, expected):
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0 and expected in result.output, result.output
+
+
+def test_drafting_command_and_measure_keep_their_shape(engine, prompt_file, tmp_path):
+    """`bench drafting` as a Click command; `measure()`'s cells keep the keys the recipe gate reads."""
+    from trtspec.bench.drafting import measure
+
+    out = tmp_path / "d.json"
+    result = CliRunner().invoke(cli, ["bench", "drafting", str(engine), "--sets", str(prompt_file), "--methods",
+                                      "ngram,medusa", "--limit", "2", "--max-tokens", "8", "--threads", "1",
+                                      "--no-spin", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    cells = json.loads(out.read_text())["sets"][str(prompt_file)]
+    assert cells["medusa"]["identical"] == "2/2" and cells["prompt_ids"] == ["a", "b"]
+    report, prompts = measure([engine], sets=(str(prompt_file),), methods=("ngram",), limit=2, max_tokens=8,
+                              threads=1, show=lambda line: None)
+    cell = report["sets"][str(prompt_file)]["ngram"]
+    assert {"tau", "acceptance_rate", "speedup", "decode_speedup", "tokens_per_s", "plain_tokens_per_s",
+            "identical", "prompts"} <= set(cell)
+    assert len(prompts[str(prompt_file)]) == 2
 
 
 def test_two_turn_set_needs_an_engine():
@@ -151,6 +173,15 @@ def test_two_turn_set_needs_an_engine():
         from trtspec.bench.workload import load_bench_prompts
 
         load_bench_prompts("mt-bench-2turn", limit=1)
+
+
+@pytest.mark.slow
+def test_serving_command_compares_grpc_with_in_process(engine, prompt_file):
+    result = CliRunner().invoke(cli, ["bench", "serving", str(engine), "--prompt-set", str(prompt_file), "--limit",
+                                      "2", "--max-tokens", "8", "--concurrency", "2", "--threads", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["concurrency_1"]["outputs_identical"] and report["concurrency_2"]["outputs_identical"]
 
 
 @pytest.mark.slow

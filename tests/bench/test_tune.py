@@ -173,3 +173,16 @@ def test_tune_errors(engine, prompt_file):
     with pytest.raises(ConfigError, match="calibration"):
         run_tune(TuneOptions(engine=engine, prompt_set=str(prompt_file), evaluation=6, calibration=1,
                              show_progress=False), show=lambda line: None)
+
+
+def test_tune_runs_an_eagle_engines_own_drafter_on_the_calibration_prompts(prompt_file, tmp_path_factory):
+    root = tmp_path_factory.mktemp("tune-eagle")
+    vocab = write_tiny_tokenizer(root / "tokenizer")
+    ckpt = tiny_trtllm_checkpoints(root, TinyModel(vocab_size=vocab), ("eagle",))["eagle"]
+    build(BuildOptions(source=ckpt, out=root / "engine", max_input_len=96, max_seq_len=192, max_batch_size=2,
+                       tokenizer=root / "tokenizer"))
+    report = run_tune(TuneOptions(engine=root / "engine", prompt_set=str(prompt_file), calibration=2, evaluation=1,
+                                  max_tokens=16, budgets=(4,), threads=1, show_progress=False), show=lambda line: None)
+    eagle = next(s for s in report["settings"] if s["name"] == "eagle (shipped)")
+    assert eagle["predicted"]["calibration"] == "run, not replayed" and eagle["predicted"]["per_position_acceptance"]
+    assert eagle["measured"]["identical"] == "1/1" and eagle["measured"]["replayed_tau"] is None

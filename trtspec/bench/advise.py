@@ -7,8 +7,9 @@ and gives the verdict with its measured reasons:
 - acceptance: τ and acceptance rate of the best method at C;
 - output length: short replies spend most of their time before the first token, where drafting does nothing;
 - temperature: T > 0 accepts by rejection sampling (lossless), fewer drafts survive than at T = 0;
-- concurrency: what a step of K + 1 slots costs over C sequences against a plain step over C (at 1 sequence the
-  extra slots are nearly free; across a batch they are not);
+- concurrency: what a step of the method's usual slot profile costs over C sequences against a plain step over C
+  (at 1 sequence the extra slots are nearly free; across a batch they are not), on the verify curve measured at the
+  requests' context length;
 - drafting overhead: the share of the decode spent proposing and observing;
 - TTFT: the first token's latency with the method against plain decoding.
 
@@ -68,7 +69,19 @@ def run_advise(options: AdviseOptions, show=print) -> dict:
         raise ConfigError(f"engine {options.engine} has no drafter and K = 0: nothing to speculate with; rebuild with "
                           "--max-draft-len K >= 1 for ngram / suffix")
     run = run_bench(replace(bench_options, methods=methods), show=show, target=target)
-    return decide(run.report, options.concurrency, target.generator.engine.step_costs())
+    return decide(run.report, options.concurrency, _context_curve(target.generator, run.records, options))
+
+
+def _context_curve(generator, records, options: AdviseOptions):
+    """The verify curve (one sequence and the batch) after as many tokens as the measured requests' median context
+    (prompt + half the reply): a longer past flattens it, so the cached 256-token curve would overstate it."""
+    import numpy as np
+
+    from trtspec.bench.tune import CURVE_ROUNDS
+    from trtspec.runtime.verify_curve import measure
+
+    past = int(np.median([r.input_tokens + r.output_tokens // 2 for r in records]))
+    return measure(generator.engine, rounds=CURVE_ROUNDS, past=past)
 
 
 def decide(report: dict, concurrency: int, costs) -> dict:

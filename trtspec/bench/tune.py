@@ -6,7 +6,8 @@
    recorded (`replay.record_greedy`).
 3. Per setting, τ predicted by replaying the drafter over those recordings: the training-free methods (ngram,
    suffix) per node budget; on a Medusa engine the Medusa paper's greedy tree per node budget (`medusa_tree`) and the
-   shipped tree. Predicted decode tokens/s = tokens ÷ (Σ over the replayed steps of step_ms(profile) + the drafter's
+   shipped tree; an EAGLE engine's own drafter (its draft depends on its own tokens: no offline replay) is run on the
+   calibration prompts instead, its per-depth acceptance reported. Predicted decode tokens/s = tokens ÷ (Σ over the replayed steps of step_ms(profile) + the drafter's
    own time), i.e. τ ÷ step time; plain = 1 ÷ step_ms(1 slot). The curve's milliseconds are scaled so that its
    plain step equals the plain decode step the calibration run itself took (`_anchored`): the curve gives the shape,
    the loop as it runs now the level.
@@ -149,18 +150,23 @@ def run_tune(options: TuneOptions, show=print) -> dict:
         for name, choices in trees:
             settings.append(_tree_setting(name, choices, recordings, costs, curve, options.max_tokens, head_ms,
                                           accuracies))
+    own = manifest.method.value
+    if own not in (PLAIN, "medusa"):  # EAGLE's draft depends on its own tokens: run on the calibration prompts
+        settings.append(_calibrated_setting(generator, own, calibration, options.max_tokens, curve))
     base = next(s for s in settings if s.method == PLAIN).predicted["decode_tokens_per_s"]
     for s in settings:
         s.predicted["speedup"] = round(s.predicted["decode_tokens_per_s"] / base, 3) if base else None
     ranked = sorted((s for s in settings if s.method != PLAIN), key=lambda s: -s.predicted["decode_tokens_per_s"])
     chosen = [settings[0], *ranked[:options.candidates]]
-    chosen += [s for s in settings if s.name == "medusa (shipped)" and s not in chosen]
+    chosen += [s for s in settings if s.name.endswith("(shipped)") and s not in chosen]
     with progress_bar("record evaluation", total=len(evaluation), enabled=options.show_progress) as advance:
         held_out = record_greedy(generator, [list(p.ids) for p in evaluation], options.max_tokens + k, heads=heads,
                                  advance=advance)
     _measure(generator, chosen, evaluation, options, show)
     for s in chosen:  # the replay on the evaluation prompts themselves: how much of the error is the prompts'
-        s.measured["replayed_tau"] = _tau(*_replay(generator, s, held_out, options.max_tokens, costs))
+        replayable = s.method in (PLAIN, "medusa", *TRAINING_FREE)
+        s.measured["replayed_tau"] = _tau(*_replay(generator, s, held_out, options.max_tokens, costs)) \
+            if replayable else None
     winner = max(chosen, key=lambda s: s.measured["decode_tokens_per_s"])
     return {
         "engine": str(options.engine), "method": manifest.method.value, "max_draft_len": k,
@@ -214,6 +220,22 @@ def _replay(generator, setting: Setting, recordings, max_tokens: int, costs) -> 
     return total.stats, total.tokens
 
 
+def _calibrated_setting(generator, method: str, prompts, max_tokens: int, curve: dict) -> Setting:
+    """The engine's own trained drafter (EAGLE), not replayable offline: run for real on the calibration prompts,
+    its steps and drafting time then costed on the curve as the replayed ones are."""
+    from trtspec.runtime.loop import GenerationConfig, generate
+    from trtspec.speculative.stats import SpecStats
+
+    config = GenerationConfig(max_tokens=max_tokens, end_id=generator.manifest.model.end_id)
+    stats, tokens = SpecStats(), 0
+    for p in prompts:
+        result = generate(generator.engine, list(p.ids), generator.proposer(method=method), config)
+        stats, tokens = stats.merge(result.stats), tokens + len(result.output_ids) - 1
+    setting = Setting(f"{method} (shipped)", method, generator.engine.max_draft_len)
+    setting.predicted = {**_prediction(stats, tokens, curve), "calibration": "run, not replayed"}
+    return setting
+
+
 def _tau(stats, tokens: int) -> float:
     return round(tokens / stats.steps, 3) if stats.steps else 1.0
 
@@ -238,6 +260,7 @@ def _prediction(stats, tokens: int, curve: dict) -> dict:
     return {"tau": _tau(stats, tokens), "acceptance_rate": round(stats.acceptance_rate, 3),
             "decode_tokens_per_s": round(1000 * tokens / ms, 2) if ms else 0.0,
             "draft_ms_per_step": round(1000 * stats.draft_s / stats.steps, 3) if stats.steps else 0.0,
+            "per_position_acceptance": [round(x, 3) for x in stats.per_position_acceptance],
             "steps_per_profile": {str(s): n for s, n in sorted(stats.profile_steps.items())}}
 
 
@@ -299,6 +322,8 @@ def _proposer(generator, setting: Setting, state):
         return make_proposer(PLAIN, engine)
     if setting.method == "medusa":
         return make_proposer("medusa", engine, tree=build_tree(setting.choices))
+    if setting.method not in TRAINING_FREE:  # the engine's own trained drafter, as it ships
+        return generator.proposer(method=setting.method)
     model, recent = state
     return make_proposer(setting.method, engine, ngram=NgramConfig(max_draft_len=setting.budget), acceptance=model,
                          recent=recent)
@@ -324,12 +349,16 @@ def format_tune(report: dict) -> list[str]:
         if m is not None:
             err = "-" if m["prediction_error"] is None else f"{m['prediction_error']:+.0%}"
             row += (f" {m['tau']:>6.2f} {m['decode_tokens_per_s']:>10.1f} {_x(m['speedup']):>7} {err:>6} "
-                    f"{m['identical']:>5} {m.get('replayed_tau', 0):>18.2f}")
+                    f"{m['identical']:>5} {_num(m.get('replayed_tau')):>18}")
         lines.append(row)
     w = report["winner"]
     lines.append(f"winner: {w['name']}" + (f" (tree {w['choices']})" if w["choices"] else "")
                  + f", measured {_x(w['measured']['speedup'])} decode speedup on the evaluation prompts")
     return lines
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _x(value) -> str:

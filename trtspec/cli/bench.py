@@ -132,24 +132,93 @@ def bench_cpu_engine(args: tuple[str, ...]) -> None:
 
 
 
-@bench.command("drafting", context_settings={"ignore_unknown_options": True, "help_option_names": []})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def bench_drafting(args: tuple[str, ...]) -> None:
-    """Drafters against plain decoding on real prompt sets (grounded, MT-Bench 2-turn), alternating, with the
-    peers' own speculation (`trtspec bench drafting --help` for its options)."""
-    from trtspec.bench.drafting import main as run
+def _pair(ctx, param, value):
+    """N,K → (N, K)."""
+    try:
+        n, k = (int(x) for x in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected two integers N,K, got {value!r}") from None
+    return n, k
 
-    run(list(args))
+
+@bench.command("drafting")
+@click.argument("engines", nargs=-1, required=True, type=EXISTING_DIR)
+@click.option("--sets", callback=_csv(str), default="sharegpt-grounded,code-edit,mt-bench-2turn,mt-bench",
+              show_default=True, help="Prompt sets (their measure splits where they have one).")
+@click.option("--methods", callback=_csv(str), default="ngram", show_default=True, help="Drafters.")
+@click.option("--datastore", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Method suffix: the corpus it looks up (`trtspec datastore build`); it also learns from its own "
+                   "earlier outputs.")
+@click.option("--limit", type=click.IntRange(min=1), default=8, show_default=True, help="Prompts per set.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
+              help="New tokens per prompt.")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
+              help="ONNX Runtime intra-op threads.")
+@click.option("--spin/--no-spin", default=True, show_default=True,
+              help="Workers spin between ops (pass --no-spin with several engines in one process).")
+@click.option("--peers", callback=_csv(str), default="", help="Peers' own speculation beside ours: transformers, "
+                                                             "onnxruntime-genai (needs --hf).")
+@click.option("--hf", type=EXISTING_DIR, help="The Hugging Face folder of the engine's model (for --peers).")
+@click.option("--peer-limit", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Prompts per set for the peers (slow).")
+@click.option("--prompt-lookup", type=click.IntRange(min=1), default=10, show_default=True,
+              help="transformers' prompt_lookup_num_tokens.")
+@click.option("--genai-lookup", callback=_pair, default="3,4", show_default=True, metavar="N,K",
+              help="onnxruntime-genai n-gram speculation: ngram_size, max_draft_tokens.")
+@click.option("--work", type=DIR, help="Logs and builds of the peers (default: the cache's bench/drafting).")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the report as JSON here.")
+@user_errors
+def bench_drafting(engines: tuple[Path, ...], peers, hf: Path | None, json_file: Path | None, **options) -> None:
+    """Drafters against plain decoding on real prompt sets (grounded, MT-Bench 2-turn), alternating prompt by
+    prompt, several engines of one model side by side, with the peers' own speculation.
+
+    Method suffix looks up --datastore and its own earlier outputs in the same set; mt-bench-2turn measures the second
+    turn after the engine's own plain first answer. `trtspec bench ENGINE --method ...` measures latency
+    percentiles and concurrency on one set; this command the drafters across sets and engines."""
+    from trtspec.bench.drafting import PEERS, format_report, run_benchmark
+
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:
+        raise click.BadParameter(f"unknown peer {unknown[0]} (known: {', '.join(PEERS)})", param_hint="--peers")
+    if peers and hf is None:
+        raise click.UsageError("--peers needs --hf DIR (the model's Hugging Face folder)")
+    report = run_benchmark(list(engines), peers=peers, hf=hf, show=lambda line: click.echo(line, err=True),
+                           **options)
+    click.echo(format_report(report))
+    if json_file is not None:
+        json_file.write_text(json.dumps(report, indent=2) + "\n")
 
 
-@bench.command("serving", context_settings={"ignore_unknown_options": True, "help_option_names": []})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def bench_serving(args: tuple[str, ...]) -> None:
-    """Triton gRPC streaming vs in-process generate on one engine, at concurrency 1 and N
-    (`trtspec bench serving --help` for its options)."""
-    from trtspec.bench.serving import main as run
+@bench.command("serving")
+@click.argument("engine", type=EXISTING_DIR)
+@click.option("--prompt-set", "--prompts", "prompt_set", default="mt-bench", show_default=True,
+              help="A known prompt set or a .jsonl file.")
+@click.option("--limit", type=click.IntRange(min=1), default=16, show_default=True, help="Prompts.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens per prompt.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Concurrent gRPC streams beside in-process in-flight batching of the same prompts.")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
+              help="ONNX Runtime intra-op threads (in process and in the server).")
+@click.option("--no-spec", is_flag=True, help="Speculation off on both sides.")
+@click.option("--unary", is_flag=True,
+              help="Instead: --limit concurrent unary requests (a --no-decoupled deployment) against as many streams.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@user_errors
+def bench_serving(engine: Path, prompt_set: str, limit: int, max_tokens: int, concurrency: int, threads: int,
+                  no_spec: bool, unary: bool, as_json: bool) -> None:
+    """Serving overhead on one engine: Triton gRPC streaming against in-process generate, requests alternating,
+    at concurrency 1 (target ratio >= 0.9) and N (and how many sequences the engine batched per step)."""
+    from trtspec.bench import serving
 
-    run(list(args))
+    show = lambda line: click.echo(line, err=True)  # noqa: E731
+    common = {"prompt_set": prompt_set, "limit": limit, "max_tokens": max_tokens, "threads": threads, "show": show}
+    if unary:
+        report = serving.unary_vs_streaming(engine, **common)
+        click.echo(json.dumps(report, indent=2) if as_json else serving.format_unary(report))
+        return
+    report = serving.run(engine, concurrency=concurrency, no_spec=no_spec, **common)
+    click.echo(json.dumps(report, indent=2) if as_json else "\n".join(serving.format_report(report, concurrency)))
 
 
 @bench.command("soak")
