@@ -121,15 +121,32 @@ def bench_perf_input(prompt_set: str, limit: int, max_tokens: int, method: str |
     click.echo(shlex.join(command(url, out, requests=len(prompts))))
 
 
-@bench.command("cpu-engine", context_settings={"ignore_unknown_options": True, "help_option_names": []})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def bench_cpu_engine(args: tuple[str, ...]) -> None:
-    """SmolLM2 plain decoding vs onnxruntime-genai and transformers, verify cost curve, bandwidth floor
-    (`trtspec bench cpu-engine --help` for its options)."""
-    from trtspec.bench.cpu_engine import main as run
+@bench.command("cpu-engine")
+@click.option("--work", type=DIR, help="Checkpoints, engines and the onnxruntime-genai model, kept for reruns "
+                                       "(default: the cache's bench/cpu-engine).")
+@click.option("--prompts", type=int, default=10, show_default=True, help="MT-Bench writing prompts to decode.")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="New tokens per prompt.")
+@click.option("--threads", type=int, default=2, show_default=True, help="Intra-op threads of every system.")
+@click.option("--rounds", type=int, default=2, show_default=True,
+              help="Rounds over all systems, the order reversed each round.")
+@click.option("--past", type=int, default=256, show_default=True, help="Prefilled length of the verify curve.")
+@click.option("--repeats", type=int, default=20, show_default=True, help="Timed steps per point of the verify curve.")
+@click.option("--spin", type=click.Choice(["both", "on", "off"]), default="both", show_default=True,
+              help="trtspec's intra-op workers: off = as shipped (sleep between ops), on = spinning "
+                   "(TRTSPEC_ORT_SPIN=1, as onnxruntime-genai), both = one row each.")
+@click.option("--skip-peers", is_flag=True, help="Decode with trtspec only.")
+@click.option("--rebuild", is_flag=True, help="Rebuild checkpoints and engines.")
+@click.option("--png", type=click.Path(dir_okay=False, path_type=Path), help="Write the verify cost curve plot here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@user_errors
+def bench_cpu_engine(work: Path | None, as_json: bool, **options) -> None:
+    """SmolLM2 plain decoding against onnxruntime-genai and transformers, the verify cost curve (a step of K + 1
+    slots ÷ a 1-slot step) and decoding time per token ÷ the memory-bandwidth floor, all from one run."""
+    from trtspec.bench.cpu_engine import CpuBenchOptions, render_table, run_benchmark
+    from trtspec.models.fetch import cache_dir
 
-    run(list(args))
-
+    report = run_benchmark(CpuBenchOptions(work=work or cache_dir() / "bench" / "cpu-engine", **options))
+    click.echo(json.dumps(report, indent=2, default=str) if as_json else render_table(report))
 
 
 def _pair(ctx, param, value):
