@@ -135,30 +135,15 @@ def run_tune(options: TuneOptions, show=print) -> dict:
             settings.append(setting)
     accuracies = None
     if heads:
-        from trtspec.bench.medusa_tree import greedy_tree, head_accuracies
-
-        accuracies = head_accuracies([r.head_ranks for r in recordings], HEAD_RANKS)
+        accuracies, trees = _medusa_trees(recordings, budgets, manifest)
         head_ms = 1000 * sum(r.head_s for r in recordings) / max(1, sum(len(r.output_ids) for r in recordings))
-        trees, seen = [], []
-        for b in budgets:  # a budget the accuracies cannot fill gives an earlier budget's tree: measured once
-            choices = greedy_tree(accuracies, b)[0]
-            if choices and choices not in seen:
-                trees.append((f"medusa-tree/{len(choices)}", choices))
-                seen.append(choices)
-        if manifest.tree:
-            trees.append(("medusa (shipped)", [list(c) for c in manifest.tree]))
         for name, choices in trees:
             settings.append(_tree_setting(name, choices, recordings, costs, curve, options.max_tokens, head_ms,
                                           accuracies))
     own = manifest.method.value
     if own not in (PLAIN, "medusa"):  # EAGLE's draft depends on its own tokens: run on the calibration prompts
         settings.append(_calibrated_setting(generator, own, calibration, options.max_tokens, curve))
-    base = next(s for s in settings if s.method == PLAIN).predicted["decode_tokens_per_s"]
-    for s in settings:
-        s.predicted["speedup"] = round(s.predicted["decode_tokens_per_s"] / base, 3) if base else None
-    ranked = sorted((s for s in settings if s.method != PLAIN), key=lambda s: -s.predicted["decode_tokens_per_s"])
-    chosen = [settings[0], *ranked[:options.candidates]]
-    chosen += [s for s in settings if s.name.endswith("(shipped)") and s not in chosen]
+    chosen = _candidates(settings, options.candidates)
     with progress_bar("record evaluation", total=len(evaluation), enabled=options.show_progress) as advance:
         held_out = record_greedy(generator, [list(p.ids) for p in evaluation], options.max_tokens + k, heads=heads,
                                  advance=advance)
@@ -180,6 +165,34 @@ def run_tune(options: TuneOptions, show=print) -> dict:
         "load_average": {"before": [round(x, 2) for x in load_before],
                          "after": [round(x, 2) for x in os.getloadavg()]},
     }
+
+
+def _medusa_trees(recordings, budgets: list[int], manifest) -> tuple[list[list[float]], list]:
+    """The heads' top-k accuracies, the greedy tree of each budget (a budget the accuracies cannot fill gives an
+    earlier budget's tree: kept once) and the shipped tree."""
+    from trtspec.bench.medusa_tree import greedy_tree, head_accuracies
+
+    accuracies = head_accuracies([r.head_ranks for r in recordings], HEAD_RANKS)
+    trees, seen = [], []
+    for b in budgets:
+        choices = greedy_tree(accuracies, b)[0]
+        if choices and choices not in seen:
+            trees.append((f"medusa-tree/{len(choices)}", choices))
+            seen.append(choices)
+    if manifest.tree:
+        trees.append(("medusa (shipped)", [list(c) for c in manifest.tree]))
+    return accuracies, trees
+
+
+def _candidates(settings: list[Setting], count: int) -> list[Setting]:
+    """Plain decoding, the `count` best predicted settings and the shipped drafter (each setting's predicted
+    speedup set on the way)."""
+    base = settings[0].predicted["decode_tokens_per_s"]
+    for s in settings:
+        s.predicted["speedup"] = round(s.predicted["decode_tokens_per_s"] / base, 3) if base else None
+    ranked = sorted(settings[1:], key=lambda s: -s.predicted["decode_tokens_per_s"])
+    chosen = [settings[0], *ranked[:count]]
+    return chosen + [s for s in settings if s.name.endswith("(shipped)") and s not in chosen]
 
 
 def _predicted_plain(plain_ms: float) -> dict:
