@@ -238,6 +238,34 @@ def bench_serving(engine: Path, prompt_set: str, limit: int, max_tokens: int, co
     click.echo(json.dumps(report, indent=2) if as_json else "\n".join(serving.format_report(report, concurrency)))
 
 
+@bench.command("trees")
+@click.option("--base", type=EXISTING_DIR, required=True, help="The Hugging Face base folder.")
+@click.option("--medusa", type=EXISTING_DIR, help="Medusa heads folder (FasterDecoding layout).")
+@click.option("--eagle", type=EXISTING_DIR, help="EAGLE-1 draft folder.")
+@click.option("--tree", multiple=True, help="A tree preset or choices JSON, repeatable (default: chain_1 chain_2 "
+                                            "chain_3 [[0],[1],[0,0]] [[0],[1],[0,0],[0,0,0]]).")
+@click.option("--per-category", type=click.IntRange(min=1), help="The first N MT-Bench prompts of each category "
+                                                                 "(default: all 10).")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens per prompt.")
+@click.option("--max-input-len", type=int, default=512, show_default=True, help="The engines' max_input_len.")
+@click.option("--threads", type=int, help="ONNX Runtime intra-op threads (default: all cores).")
+@click.option("--batch", type=int, default=1, show_default=True,
+              help="> 1: all prompts in flight at once (τ and identity only; the speedup is measured at batch 1).")
+@click.option("--work", type=DIR, default=Path("/tmp/trtspec-spec-eval"), show_default=True,
+              help="Checkpoints and engines.")
+@click.option("--keep-engines", is_flag=True, help="Keep engines and checkpoints under --work (a rerun reuses them).")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False, path_type=Path), help="Write the results here.")
+@click.option("--write-tree", type=DIR, help="Write the fastest tree as tree.json into this folder.")
+@user_errors
+def bench_trees(tree: tuple[str, ...], json_file: Path | None, **options) -> None:
+    """A trained drafter's trees on MT-Bench at T = 0: per tree convert → build → generate with speculation and
+    without (prompt by prompt, the order alternating): τ per category, acceptance (per position), speedup, identity.
+    Each engine is deleted once measured unless --keep-engines."""
+    from trtspec.bench.spec_eval import SpecEvalOptions, run_spec_eval
+
+    run_spec_eval(SpecEvalOptions(tree=tree, json=json_file, **options))
+
+
 @bench.command("soak")
 @click.argument("url", required=False)
 @click.option("--repo", type=EXISTING_DIR,
