@@ -158,6 +158,11 @@ def test_tune_predicts_measures_and_writes_the_winner(engine, prompt_file, tmp_p
     names = [s["name"] for s in report["settings"]]
     assert names[:5] == ["none", "ngram/2", "ngram/4", "suffix/2", "suffix/4"] and "medusa (shipped)" in names
     measured = [s for s in report["settings"] if s["measured"] is not None]
+    # the best predicted tree stands beside the shipped one, whatever the other methods predict
+    assert {"none", "medusa (shipped)"} <= {s["name"] for s in measured}
+    assert any(s["name"].startswith("medusa-tree/") for s in measured) or not any(
+        s["name"].startswith("medusa-tree/") for s in report["settings"])
+    assert all(s["measured"]["speedup_error"] is not None for s in measured)
     assert "none" in [s["name"] for s in measured] and "medusa (shipped)" in [s["name"] for s in measured]
     assert all(s["measured"]["identical"] == "2/2" for s in measured)
     # at T = 0 the replay over the evaluation prompts is the measured run, step for step

@@ -185,14 +185,21 @@ def _medusa_trees(recordings, budgets: list[int], manifest) -> tuple[list[list[f
 
 
 def _candidates(settings: list[Setting], count: int) -> list[Setting]:
-    """Plain decoding, the `count` best predicted settings and the shipped drafter (each setting's predicted
-    speedup set on the way)."""
+    """Plain decoding, the `count` best predicted settings, the best of each method (a Medusa engine's best tree
+    stands beside its shipped one) and the shipped drafter (each setting's predicted speedup set on the way)."""
     base = settings[0].predicted["decode_tokens_per_s"]
     for s in settings:
         s.predicted["speedup"] = round(s.predicted["decode_tokens_per_s"] / base, 3) if base else None
     ranked = sorted(settings[1:], key=lambda s: -s.predicted["decode_tokens_per_s"])
-    chosen = [settings[0], *ranked[:count]]
-    return chosen + [s for s in settings if s.name.endswith("(shipped)") and s not in chosen]
+    best_of = {}
+    for s in ranked:
+        best_of.setdefault(s.method, s)
+    shipped = [s for s in settings if s.name.endswith("(shipped)")]
+    chosen = [settings[0]]
+    for s in [*ranked[:count], *best_of.values(), *shipped]:
+        if s not in chosen:
+            chosen.append(s)
+    return chosen
 
 
 def _predicted_plain(plain_ms: float) -> dict:
@@ -313,6 +320,9 @@ def _measure(generator, settings: list[Setting], prompts, options: TuneOptions, 
         s.measured["speedup"] = round(tps / base, 3) if base else None
         p = s.predicted["decode_tokens_per_s"]
         s.measured["prediction_error"] = round(p / tps - 1, 3) if tps else None
+        # the speedup's error: the ratio to plain decoding, free of the machine's level (the anchor's drift)
+        s.measured["speedup_error"] = round(s.predicted["speedup"] / s.measured["speedup"] - 1, 3) \
+            if s.measured["speedup"] and s.predicted.get("speedup") else None
         show(f"  {s.name}: predicted τ {s.predicted['tau']:.2f} {p:.1f} tok/s, measured τ {s.measured['tau']:.2f} "
              f"{tps:.1f} tok/s")
 
@@ -355,13 +365,14 @@ def format_tune(report: dict) -> list[str]:
     if report["budgets_over_k"]:
         lines.append(f"budgets over K = {report['max_draft_len']} left out: {report['budgets_over_k']}")
     lines.append(f"{'setting':<20} {'pred τ':>6} {'pred tok/s':>10} {'pred x':>7} | {'meas τ':>6} {'meas tok/s':>10} "
-                 f"{'meas x':>7} {'error':>6} {'same':>5} {'replayed τ on eval':>18}")
+                 f"{'meas x':>7} {'error':>6} {'x error':>7} {'same':>5} {'replayed τ on eval':>18}")
     for s in report["settings"]:
         p, m = s["predicted"], s["measured"]
         row = f"{s['name']:<20} {p['tau']:>6.2f} {p['decode_tokens_per_s']:>10.1f} {_x(p.get('speedup')):>7} |"
         if m is not None:
             err = "-" if m["prediction_error"] is None else f"{m['prediction_error']:+.0%}"
-            row += (f" {m['tau']:>6.2f} {m['decode_tokens_per_s']:>10.1f} {_x(m['speedup']):>7} {err:>6} "
+            x_err = "-" if m.get("speedup_error") is None else f"{m['speedup_error']:+.0%}"
+            row += (f" {m['tau']:>6.2f} {m['decode_tokens_per_s']:>10.1f} {_x(m['speedup']):>7} {err:>6} {x_err:>7} "
                     f"{m['identical']:>5} {_num(m.get('replayed_tau')):>18}")
         lines.append(row)
     w = report["winner"]
