@@ -31,7 +31,7 @@ def _report(concurrency: int, ngram: dict, temperature: float = 0.0) -> dict:
 def test_go_when_the_method_beats_plain():
     advice = decide(_report(1, _figures(tps=90.0, speedup=1.8, tau=2.4)), 1, COSTS)
     assert advice["verdict"] == "go" and advice["recommendation"]["method"] == "ngram"
-    assert advice["recommendation"]["slot_profile"] == 5
+    assert advice["recommendation"]["slot_profile"] == 5 and advice["recommendation"]["max_draft_len"] == 4
     reasons = {r["name"]: r for r in advice["reasons"]}
     assert reasons["acceptance"]["favours_speculation"] and "τ 2.40" in reasons["acceptance"]["text"]
     assert "1.10x a plain step for 1 sequence" in reasons["concurrency"]["text"]

@@ -117,7 +117,7 @@ def decide(report: dict, concurrency: int, costs) -> dict:
         "engine": report["target"], "prompt_set": report["prompt_set"], "prompts": report["prompts"],
         "temperature": report["temperature"], "concurrency": concurrency,
         "verdict": "go" if go else "no-go",
-        "recommendation": ({"method": best_name, "slot_profile": slots,
+        "recommendation": ({"method": best_name, "slot_profile": slots, "max_draft_len": _largest_draft(best),
                             "hint": "`trtspec tune` picks the node budget / tree per profile"} if go
                            else {"method": "none", "hint": "turn speculation off for this traffic "
                                                             "(`generate --no-spec`, deploy --method none)"}),
@@ -135,6 +135,11 @@ def _usual_profile(figures: dict) -> int:
     """The slot profile the method's drafting steps ran over most often (1 when it never drafted)."""
     steps = {int(k): v for k, v in figures["steps_per_profile"].items() if int(k) > 1}
     return max(steps, key=steps.get) if steps else 1
+
+
+def _largest_draft(figures: dict) -> int:
+    """K enough for what the method drafted: its largest slot profile used, less the root."""
+    return max((int(k) for k in figures["steps_per_profile"]), default=1) - 1
 
 
 def _concurrency_reason(costs, concurrency: int, slots: int) -> dict:
@@ -156,7 +161,8 @@ def _ttft_reason(best: dict, plain: dict) -> dict:
 
 def format_advice(advice: dict) -> list[str]:
     rec = advice["recommendation"]
-    head = (f"GO: speculate with {rec['method']} (its drafting steps mostly {rec['slot_profile']} slots)" if
+    head = (f"GO: speculate with {rec['method']}, K >= {rec['max_draft_len']} (it drafted up to "
+            f"{rec['max_draft_len']} tokens a step, mostly in {rec['slot_profile']}-slot steps)" if
             advice["verdict"] == "go" else "NO-GO: turn speculation off for this traffic")
     lines = [f"{advice['engine']} on {advice['prompt_set']} ({advice['prompts']} prompts), T = "
              f"{advice['temperature']:g}, concurrency {advice['concurrency']}", head]
