@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from trtspec.bench import cpu_engine, peers
-from trtspec.bench.cpu_engine import (build_engines, identical_outputs, parse_args, read_bandwidth, render_table,
+from trtspec.bench.cpu_engine import (CpuBenchOptions, build_engines, identical_outputs, read_bandwidth, render_table,
                                       summarize, verify_curve)
 from trtspec.bench.peers import run_child, run_trtspec
 from trtspec.engine.manifest import ONNX_GRAPH_FORMAT, read_manifest
@@ -133,7 +133,7 @@ def test_run_child_errors_name_the_function(tmp_path, function, message):
 
 def test_missing_peer_is_skipped_with_install_hint(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(cpu_engine, "missing_modules", lambda modules: list(modules)[:1])
-    args = parse_args(["--work", str(tmp_path)])
+    args = CpuBenchOptions(work=tmp_path)
     jobs, skipped = cpu_engine._decode_jobs(args, tiny[0], tiny[1][0], PROMPTS, tmp_path / "log")
     assert list(jobs) == ["trtspec", "trtspec spinning"]
     assert skipped["onnxruntime-genai"] == "onnxruntime_genai missing: pip install onnxruntime-genai onnx-ir"
@@ -143,7 +143,7 @@ def test_missing_peer_is_skipped_with_install_hint(tiny, tmp_path, monkeypatch):
 @pytest.mark.parametrize("spin,rows", [("both", {"trtspec": False, "trtspec spinning": True}),
                                        ("off", {"trtspec": False}), ("on", {"trtspec spinning": True})])
 def test_spin_chooses_the_trtspec_rows_and_their_thread_policy(tiny, tmp_path, spin, rows):
-    args = parse_args(["--work", str(tmp_path), "--skip-peers", "--spin", spin])
+    args = CpuBenchOptions(work=tmp_path, skip_peers=True, spin=spin)
     jobs, _ = cpu_engine._decode_jobs(args, tiny[0], tiny[1][0], PROMPTS, tmp_path / "log")
     assert {name: kwargs["spin"] for name, (_, kwargs) in jobs.items()} == rows
 
@@ -184,23 +184,24 @@ def test_identical_outputs_counts_prompts_where_every_system_agrees():
     assert identical_outputs(samples) == {"identical": 1, "prompts": 2, "differ": differ}
 
 
-@pytest.mark.parametrize("argv,expected", [
-    ([], {"prompts": 10, "max_tokens": 128, "threads": 2, "rounds": 2, "skip_peers": False, "json": False,
-          "png": None, "past": 256, "spin": "both"}),
-    (["--prompts", "3", "--max-tokens", "16", "--threads", "1", "--rounds", "1", "--skip-peers", "--json",
-      "--png", "c.png"], {"prompts": 3, "max_tokens": 16, "threads": 1, "rounds": 1, "skip_peers": True,
-                          "json": True, "png": Path("c.png")}),
+@pytest.mark.parametrize("argv, message", [
     (["--prompts", "0"], "--prompts must be >= 1"),
     (["--max-tokens", "-1"], "--max-tokens must be >= 1"),
+    (["--spin", "sometimes"], "'sometimes' is not one of"),
 ])
-def test_parse_args(argv, expected, capsys):
-    if isinstance(expected, str):
-        with pytest.raises(SystemExit):
-            parse_args(argv)
-        assert expected in capsys.readouterr().err
-        return
-    args = parse_args(argv)
-    assert {k: getattr(args, k) for k in expected} == expected
+def test_cli_refuses_bad_options_in_one_line(argv, message):
+    from click.testing import CliRunner
+
+    from trtspec.cli import cli
+
+    result = CliRunner().invoke(cli, ["bench", "cpu-engine", *argv])
+    assert result.exit_code != 0 and message in result.output, result.output
+
+
+def test_options_defaults():
+    args = CpuBenchOptions(work=Path("w"))
+    assert (args.prompts, args.max_tokens, args.threads, args.rounds, args.past, args.spin, args.skip_peers,
+            args.png) == (10, 128, 2, 2, 256, "both", False, None)
 
 
 def test_render_table_and_plot(tmp_path):

@@ -70,8 +70,27 @@ def test_engines_and_checkpoints_are_deleted_once_measured_unless_kept(tmp_path,
     monkeypatch.setattr(spec_eval, "select_prompts", lambda per_category: [])
     argv = ["--base", str(tmp_path), "--eagle", str(tmp_path), "--work", str(tmp_path / "work"), "--tree", "chain_1",
             "--tree", "chain_2", "--json", str(tmp_path / "r.json")] + (["--keep-engines"] if keep else [])
-    spec_eval.main(argv)
+    from click.testing import CliRunner
+
+    from trtspec.cli import cli
+
+    result = CliRunner().invoke(cli, ["bench", "trees", *argv])
+    assert result.exit_code == 0, result.output
     assert len(built) == 2 and all(e.is_dir() == keep for e in built)
     assert sorted(p.name for p in (tmp_path / "work").iterdir()) == (
         ["ckpt-eagle-1", "ckpt-eagle-2", "engine-0", "engine-1"] if keep else [])
     assert [r["tree"] for r in json.loads((tmp_path / "r.json").read_text())["results"]] == ["chain_1", "chain_2"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--base", "."], "pass --medusa DIR or --eagle DIR"),
+    (["--base", ".", "--eagle", ".", "--medusa", "."], "pass --medusa DIR or --eagle DIR"),
+    (["--base", ".", "--eagle", ".", "--batch", "0"], "--batch must be >= 1"),
+])
+def test_trees_command_refuses_bad_options_in_one_line(argv, message):
+    from click.testing import CliRunner
+
+    from trtspec.cli import cli
+
+    result = CliRunner().invoke(cli, ["bench", "trees", *argv])
+    assert result.exit_code == 1 and message in result.output, result.output

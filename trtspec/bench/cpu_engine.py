@@ -2,7 +2,7 @@
 plain decoding against onnxruntime-genai and transformers, the verify cost curve (a step of K + 1 slots ÷ a
 1-slot step), and decoding time per token ÷ the memory-bandwidth floor.
 
-    .venv/bin/python -m trtspec.bench.cpu_engine [--work DIR] [--prompts 10] [--max-tokens 128] [--threads 2]
+    trtspec bench cpu-engine [--work DIR] [--prompts 10] [--max-tokens 128] [--threads 2]
         [--rounds 2] [--spin both|on|off] [--skip-peers] [--json] [--png FILE]
 
 trtspec's workers sleep between ops by default; onnxruntime-genai's spin (ONNX Runtime's default). `--spin both`
@@ -12,18 +12,18 @@ peer's own thread policy is measured in the same run.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from trtspec.bench.peers import (GENAI_INSTALL, GENAI_MODULES, TRANSFORMERS_INSTALL, TRANSFORMERS_MODULES,
                                  build_genai_model, missing_modules, run_child)
+from trtspec.errors import ConfigError
 from trtspec.progress import progress_bar
 
 MODEL = "smollm2-135m"
@@ -277,33 +277,32 @@ def plot_curve(curve: list[dict], png: Path, *, past: int) -> None:
 
 # ---- command line -------------------------------------------------------------------------------------------
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from trtspec.hub.fetch import cache_dir
+@dataclass(frozen=True, kw_only=True)
+class CpuBenchOptions:
+    work: Path  # checkpoints, engines and the onnxruntime-genai model (kept for reruns)
+    prompts: int = 10  # MT-Bench writing prompts decoded
+    max_tokens: int = 128
+    threads: int = 2  # intra-op threads of every system
+    rounds: int = 2  # rounds over all systems, the order reversed each round
+    past: int = 256  # the verify curve's prefilled length
+    repeats: int = 20  # timed steps per point of the verify curve
+    spin: str = "both"  # trtspec's workers: off (as shipped), on (TRTSPEC_ORT_SPIN=1, as onnxruntime-genai), both
+    skip_peers: bool = False
+    rebuild: bool = False
+    png: Path | None = None  # the verify cost curve plot
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", type=Path, default=cache_dir() / "bench" / "cpu-engine",
-                        help="folder for checkpoints, engines and the onnxruntime-genai model (kept for reruns)")
-    parser.add_argument("--prompts", type=int, default=10, help="MT-Bench writing prompts to decode")
-    parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt")
-    parser.add_argument("--threads", type=int, default=2, help="intra-op threads of every system")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds over all systems, order reversed each round")
-    parser.add_argument("--past", type=int, default=256, help="prefilled length P of the verify curve")
-    parser.add_argument("--repeats", type=int, default=20, help="timed steps per point of the verify curve")
-    parser.add_argument("--spin", choices=("both", "on", "off"), default="both",
-                        help="trtspec's intra-op workers: off = as shipped (sleep between ops), on = spinning "
-                             "(TRTSPEC_ORT_SPIN=1, as onnxruntime-genai), both = one row each")
-    parser.add_argument("--skip-peers", action="store_true", help="decode with trtspec only")
-    parser.add_argument("--rebuild", action="store_true", help="rebuild checkpoints and engines")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--png", type=Path, help="write the verify cost curve plot here")
-    args = parser.parse_args(argv)
-    for name in ("prompts", "max_tokens", "threads", "rounds", "past", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    return args
+    def __post_init__(self):
+        for name in ("prompts", "max_tokens", "threads", "rounds", "past", "repeats"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.spin not in SPIN_CHOICES:
+            raise ConfigError(f"--spin must be one of {', '.join(SPIN_CHOICES)}, got {self.spin!r}")
 
 
-def run_benchmark(args: argparse.Namespace) -> dict:
+SPIN_CHOICES = ("both", "on", "off")
+
+
+def run_benchmark(args: CpuBenchOptions) -> dict:
     """Build what is missing, then measure decoding, the verify curve and the bandwidth, each in a child."""
     from trtspec.hub.fetch import fetch_model
 
@@ -326,7 +325,7 @@ def run_benchmark(args: argparse.Namespace) -> dict:
     load["after"] = os.getloadavg()
     if args.png:
         plot_curve(curve, args.png, past=args.past)
-    settings = {**{k: v for k, v in vars(args).items() if k not in ("json", "rebuild")}, "work": str(work),
+    settings = {**{k: v for k, v in asdict(args).items() if k != "rebuild"}, "work": str(work),
                 "png": str(args.png) if args.png else None, "bandwidth_repeats": BANDWIDTH_REPEATS,
                 "load_average": load, "cpus": os.cpu_count()}
     ours = "trtspec" if "trtspec" in decode else SPINNING  # the row the targets are judged on
@@ -375,16 +374,3 @@ def _decode_jobs(args, base: Path, engine: Path, prompts: list[list[int]], log: 
         else:
             jobs[name] = (function, {"model": str(sources[name]()), **kwargs})
     return jobs, skipped
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    report = run_benchmark(args)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(render_table(report))
-
-
-if __name__ == "__main__":
-    main()

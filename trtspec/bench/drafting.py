@@ -2,7 +2,7 @@
 
     trtspec bench drafting ENGINE [ENGINE ...] [--sets sharegpt-grounded,code-edit,mt-bench-2turn,mt-bench] [--methods ngram]
         [--limit 8] [--max-tokens 128] [--threads 2] [--no-spin] [--peers transformers,onnxruntime-genai --hf DIR --peer-limit 3]
-        [--json FILE] [--png FILE]
+        [--json FILE]
 
 For every prompt of every set, each method and plain decoding run on the same engine one after the other, the order
 rotating from prompt to prompt, so the machine's drift hits all alike. Reported per set and method: τ (tokens per
@@ -23,10 +23,7 @@ and after says how quiet the machine was.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,32 +70,26 @@ class Cell:
 
 def set_prompts(generator, name: str, limit: int, max_tokens: int) -> list[tuple[str, list[int]]]:
     """(id, token ids) of a set's measured prompts; mt-bench-2turn's second turns carry the engine's first answer."""
-    from trtspec.data.prompts import PROMPT_SETS, load_prompts, second_turn
-    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.bench.workload import load_bench_prompts
 
-    source = PROMPT_SETS[name]
-    split = "measure" if source.measure_size else None
-    prompts = load_prompts(name, limit=limit, split=split)
-    out = []
-    for p in prompts:
-        messages = list(p.messages)
-        if source.two_turn:
-            first = generator.generate(messages, GenerationConfig(max_tokens=max_tokens, no_spec=True))
-            messages = list(second_turn(p, first.text))
-        ids = generator.encode(messages)
-        limit_in = generator.manifest.profile.max_input_len
-        if len(ids) + max_tokens <= generator.manifest.profile.max_seq_len and len(ids) <= limit_in:
-            out.append((p.id, ids))
-    return out
+    prompts = load_bench_prompts(name, limit=limit, generator=generator, max_tokens=max_tokens,
+                                 show=lambda line: None)
+    return [(p.id, list(p.ids)) for p in prompts]
 
 
-def run_benchmark(args: argparse.Namespace, show=print) -> dict:
-    report, prompts = measure(args.engine, sets=args.sets, methods=args.methods, limit=args.limit,
-                              max_tokens=args.max_tokens, threads=args.threads, spin=args.spin,
-                              datastore=args.datastore, show=show)
+def run_benchmark(engines: list[Path], *, peers: tuple[str, ...] = (), hf: Path | None = None, peer_limit: int = 3,
+                  prompt_lookup: int = 10, genai_lookup: tuple[int, int] = (3, 4), work: Path | None = None,
+                  show=print, **measure_options) -> dict:
+    """`measure` and, on each set's first `peer_limit` measured prompts, the peers' own speculation."""
+    from trtspec.hub.fetch import cache_dir
+
+    report, prompts = measure(engines, show=show, **measure_options)
     for name, ids in prompts.items():
-        for peer in args.peers:
-            report["peers"].setdefault(peer, {})[name] = _peer(args, peer, ids[:args.peer_limit])
+        for peer in peers:
+            report["peers"].setdefault(peer, {})[name] = peer_speculation(
+                peer, ids[:peer_limit], hf=hf, max_tokens=measure_options.get("max_tokens", 128),
+                threads=measure_options.get("threads", 2), work=work or cache_dir() / "bench" / "drafting",
+                prompt_lookup=prompt_lookup, genai_lookup=genai_lookup)
     report["load_average"]["after"] = [round(x, 2) for x in os.getloadavg()]
     return report
 
@@ -172,27 +163,30 @@ def measure(engines: list[Path], *, sets=DEFAULT_SETS, methods=("ngram",), limit
 PEERS = ("transformers", "onnxruntime-genai")
 
 
-def _peer(args, peer: str, prompts: list[list[int]]) -> dict:
+def peer_speculation(peer: str, prompts: list[list[int]], *, hf: Path, max_tokens: int, threads: int | None,
+                     work: Path, prompt_lookup: int = 10, genai_lookup: tuple[int, int] = (3, 4)) -> dict:
     """A peer's greedy decoding with and without its own speculation on the same ids, alternating per prompt, in a
     child process: transformers' prompt lookup, onnxruntime-genai's n-gram lookup (its fp32 build of the same HF
-    model, made once under --work)."""
+    model, made once under `work`)."""
     from trtspec.bench.peers import build_genai_model, run_child
 
-    work = Path(args.work)
+    if peer not in PEERS:
+        from trtspec.errors import ConfigError
+
+        raise ConfigError(f"--peers {peer}: unknown peer (known: {', '.join(PEERS)})")
     work.mkdir(parents=True, exist_ok=True)
     log = work / f"{peer}-peer.log"
-    common = {"prompts": prompts, "max_tokens": args.max_tokens, "threads": args.threads}
+    common = {"prompts": prompts, "max_tokens": max_tokens, "threads": threads}
     if peer == "transformers":
-        settings = {"prompt_lookup_num_tokens": args.prompt_lookup}
+        settings = {"prompt_lookup_num_tokens": prompt_lookup}
         rows = run_child("trtspec.bench.peers:run_transformers_lookup",
-                         {**common, "model": str(args.hf), "prompt_lookup": args.prompt_lookup}, log=log,
-                         threads=args.threads)
+                         {**common, "model": str(hf), "prompt_lookup": prompt_lookup}, log=log, threads=threads)
     else:
-        ngram_size, draft = args.genai_lookup
+        ngram_size, draft = genai_lookup
         settings = {"ngram_size": ngram_size, "max_draft_tokens": draft}
-        model = build_genai_model(args.hf, work / "genai-fp32", log=work / "genai-build.log")
+        model = build_genai_model(hf, work / "genai-fp32", log=work / "genai-build.log")
         rows = run_child("trtspec.bench.peers:run_genai_lookup", {**common, "model": str(model), **settings}, log=log,
-                         threads=args.threads)
+                         threads=threads)
     plain = sum(r["plain_s"] for r in rows)
     spec = sum(r["lookup_s"] for r in rows)
     tokens = sum(r["tokens"] for r in rows)
@@ -222,64 +216,3 @@ def format_report(report: dict) -> str:
                              f"{p['plain_tokens_per_s']:>7.1f} {p['speedup']:>7.2f}x {'':>7} {p['identical']:>6}  "
                              f"({p['prompts']} prompts)")
     return "\n".join(lines)
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from trtspec.hub.fetch import cache_dir
-
-    parser = argparse.ArgumentParser(prog="trtspec bench drafting", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("engine", type=Path, nargs="+", help="engine folder(s) of one model (built with "
-                                                            "--max-draft-len K >= 1); plain decoding runs on the first")
-    parser.add_argument("--sets", type=lambda s: tuple(s.split(",")), default=DEFAULT_SETS, help="prompt sets")
-    parser.add_argument("--methods", type=lambda s: tuple(s.split(",")), default=("ngram",), help="drafters")
-    parser.add_argument("--datastore", type=Path, help="method suffix: the corpus it looks up (`trtspec datastore "
-                                                       "build`); it also learns from its own earlier outputs")
-    parser.add_argument("--limit", type=int, default=8, help="prompts per set")
-    parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt")
-    parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
-    parser.add_argument("--no-spin", dest="spin", action="store_false", default=None,
-                        help="workers sleep between ops (default: the engine's: spin, unless its drafter runs in a "
-                             "second session)")
-    parser.add_argument("--peers", type=lambda s: tuple(s.split(",")) if s else (), default=(),
-                        help=f"peers' own speculation beside ours: {', '.join(PEERS)}")
-    parser.add_argument("--hf", type=Path, help="the Hugging Face folder of the engine's model (for peers)")
-    parser.add_argument("--peer-limit", type=int, default=3, help="prompts per set for the peers (slow)")
-    parser.add_argument("--prompt-lookup", type=int, default=10, help="transformers prompt_lookup_num_tokens")
-    parser.add_argument("--genai-lookup", type=_pair, default=(3, 4), metavar="N,K",
-                        help="onnxruntime-genai n-gram speculation: ngram_size, max_draft_tokens (default 3,4)")
-    parser.add_argument("--work", type=Path, default=cache_dir() / "bench" / "drafting", help="logs of the peers")
-    parser.add_argument("--json", type=Path, help="write the report as JSON here")
-    args = parser.parse_args(argv)
-    if args.peers and args.hf is None:
-        parser.error("--peers needs --hf DIR (the model's Hugging Face folder)")
-    for peer in args.peers:
-        if peer not in PEERS:
-            parser.error(f"--peers {peer}: unknown peer (known: {', '.join(PEERS)})")
-    return args
-
-
-def _pair(text: str) -> tuple[int, int]:
-    try:
-        n, k = (int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected two integers N,K, got {text!r}") from None
-    return n, k
-
-
-def main(argv: list[str] | None = None) -> None:
-    from trtspec.errors import TrtspecError
-
-    args = parse_args(argv)
-    try:
-        report = run_benchmark(args, show=lambda line: print(line, file=sys.stderr, flush=True))
-    except TrtspecError as e:
-        sys.exit(f"error: {e}")
-    print(format_report(report))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    return None
-
-
-if __name__ == "__main__":
-    main()

@@ -6,14 +6,12 @@ real tritonserver over gRPC streaming.
 2. concurrency N: aggregate tokens/s of N concurrent gRPC streams, next to in-process in-flight batching of
    the same prompts, and how many sequences the engine batched per step.
 
-    trtspec bench serving ENGINE [--prompts mt-bench] [--limit 16] [--max-tokens 128] [--concurrency 8]
-        [--threads 2] [--no-spec] [--json]
+    trtspec bench serving ENGINE [--prompt-set mt-bench] [--limit 16] [--max-tokens 128] [--concurrency 8]
+        [--threads 2] [--no-spec] [--unary] [--json]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
 import tempfile
 import time
@@ -193,42 +191,17 @@ def unary_vs_streaming(engine: Path, *, prompt_set: str = "mt-bench", limit: int
     return report
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="trtspec bench serving", description=__doc__.split("\n\n")[0])
-    parser.add_argument("engine", type=Path)
-    parser.add_argument("--prompts", default="mt-bench")
-    parser.add_argument("--limit", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--no-spec", action="store_true")
-    parser.add_argument("--unary", action="store_true",
-                        help="compare --limit concurrent unary requests (--no-decoupled) with as many streams")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    if args.unary:
-        report = unary_vs_streaming(args.engine, prompt_set=args.prompts, limit=args.limit,
-                                    max_tokens=args.max_tokens, threads=args.threads)
-        if args.json:
-            print(json.dumps(report, indent=2))
-            return
-        print(f"{report['requests']} concurrent requests: streaming {report['streaming']['wall_s']} s "
-              f"({report['streaming']['tok_s']} tok/s), unary {report['unary']['wall_s']} s "
-              f"({report['unary']['tok_s']} tok/s), unary / streaming = {report['unary_over_streaming']}; "
-              f"outputs identical: {report['outputs_identical']}")
-        return
-    report = run(args.engine, prompt_set=args.prompts, limit=args.limit, max_tokens=args.max_tokens,
-                 concurrency=args.concurrency, threads=args.threads, no_spec=args.no_spec)
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
-    c1, cn = report["concurrency_1"], report[f"concurrency_{args.concurrency}"]
-    print(f"concurrency 1: gRPC streaming {c1['grpc_streaming_tok_s']} tok/s ÷ in-process {c1['in_process_tok_s']} "
-          f"tok/s = {c1['ratio']}× (target ≥ {TARGET_OVERHEAD}); outputs identical: {c1['outputs_identical']}")
-    print(f"concurrency {args.concurrency}: gRPC {cn['grpc_tok_s']} tok/s, in-process batched "
-          f"{cn['in_process_batched_tok_s']} tok/s; outputs identical: {cn['outputs_identical']}; "
-          f"engine batching: {cn['engine_batching']}")
+def format_report(report: dict, concurrency: int) -> list[str]:
+    c1, cn = report["concurrency_1"], report[f"concurrency_{concurrency}"]
+    return [f"concurrency 1: gRPC streaming {c1['grpc_streaming_tok_s']} tok/s ÷ in-process {c1['in_process_tok_s']} "
+            f"tok/s = {c1['ratio']}× (target ≥ {TARGET_OVERHEAD}); outputs identical: {c1['outputs_identical']}",
+            f"concurrency {concurrency}: gRPC {cn['grpc_tok_s']} tok/s, in-process batched "
+            f"{cn['in_process_batched_tok_s']} tok/s; outputs identical: {cn['outputs_identical']}; "
+            f"engine batching: {cn['engine_batching']}"]
 
 
-if __name__ == "__main__":
-    main()
+def format_unary(report: dict) -> str:
+    return (f"{report['requests']} concurrent requests: streaming {report['streaming']['wall_s']} s "
+            f"({report['streaming']['tok_s']} tok/s), unary {report['unary']['wall_s']} s "
+            f"({report['unary']['tok_s']} tok/s), unary / streaming = {report['unary_over_streaming']}; "
+            f"outputs identical: {report['outputs_identical']}")

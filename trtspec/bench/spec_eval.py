@@ -2,7 +2,7 @@
 speculation and without (the same engine, the same run, prompt by prompt alternating the order), and report
 τ per category, acceptance rate, per-position acceptance, wall-clock speedup and token-identity.
 
-    .venv/bin/python -m trtspec.bench.spec_eval --base BASE (--medusa DIR | --eagle DIR) [--tree chain_2 ...]
+    trtspec bench trees --base BASE (--medusa DIR | --eagle DIR) [--tree chain_2 ...]
         [--per-category 10] [--max-tokens 128] [--threads 2] [--work DIR] [--keep-engines] [--json FILE]
         [--write-tree DIR]
 
@@ -13,7 +13,6 @@ deep (every head costs one lm_head product per step); EAGLE checkpoints with num
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -21,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtspec.errors import ConfigError
 from trtspec.speculative.stats import SpecStats
 
 DEFAULT_TREES = ("chain_1", "chain_2", "chain_3", "[[0],[1],[0,0]]", "[[0],[1],[0,0],[0,0,0]]")
@@ -167,29 +167,32 @@ def select_prompts(per_category: int | None):
     return prompts
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base", type=Path, required=True, help="HF base folder")
-    drafter = parser.add_mutually_exclusive_group(required=True)
-    drafter.add_argument("--medusa", type=Path, help="Medusa heads folder (FasterDecoding layout)")
-    drafter.add_argument("--eagle", type=Path, help="EAGLE-1 draft folder")
-    parser.add_argument("--tree", action="append", help=f"tree preset or choices JSON (repeatable; default "
-                                                        f"{' '.join(DEFAULT_TREES)})")
-    parser.add_argument("--per-category", type=int, help="first N MT-Bench prompts of each category (default all 10)")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--max-input-len", type=int, default=512)
-    parser.add_argument("--threads", type=int)
-    parser.add_argument("--batch", type=int, default=1, help="> 1: all prompts in flight at once (τ and identity "
-                                                              "only; the speedup is measured at batch 1)")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/trtspec-spec-eval"))
-    parser.add_argument("--keep-engines", action="store_true", help="keep engines and checkpoints under --work")
-    parser.add_argument("--json", type=Path, help="write the results here")
-    parser.add_argument("--write-tree", type=Path, help="write the fastest tree as tree.json into this folder")
-    return parser.parse_args(argv)
+@dataclass(frozen=True, kw_only=True)
+class SpecEvalOptions:
+    base: Path  # the Hugging Face base folder
+    medusa: Path | None = None  # Medusa heads folder (FasterDecoding layout), or
+    eagle: Path | None = None  # an EAGLE-1 draft folder
+    tree: tuple[str, ...] = ()  # tree presets or choices JSON (default DEFAULT_TREES)
+    per_category: int | None = None  # the first N MT-Bench prompts of each category (None: all 10)
+    max_tokens: int = 128
+    max_input_len: int = 512
+    threads: int | None = None
+    batch: int = 1  # > 1: all prompts in flight at once (τ and identity only; the speedup is measured at batch 1)
+    work: Path = Path("/tmp/trtspec-spec-eval")
+    keep_engines: bool = False  # keep engines and checkpoints under work
+    json: Path | None = None  # write the results here
+    write_tree: Path | None = None  # write the fastest tree as tree.json into this folder
+
+    def __post_init__(self):
+        if (self.medusa is None) == (self.eagle is None):
+            raise ConfigError("pass --medusa DIR or --eagle DIR (one of them)")
+        for name in ("max_tokens", "max_input_len", "batch"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def run_spec_eval(args: SpecEvalOptions) -> list[dict]:
+    """Measure every tree (module docstring), printing each tree's line as it is measured; their summaries."""
     args.work.mkdir(parents=True, exist_ok=True)
     prompts = select_prompts(args.per_category)
     results, trees = [], args.tree or DEFAULT_TREES
@@ -203,6 +206,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.write_tree:
         report, best = _report(args, results)
         write_tree(args.write_tree, report, best)
+    return results
 
 
 def _report_tree(args, tree: str, prompts, results: list[dict]) -> dict:
@@ -236,5 +240,7 @@ def write_tree(folder: Path, report: dict, best: dict) -> None:
     (folder / "tree.json").write_text(json.dumps(tree, indent=2) + "\n")
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # the command line is `trtspec bench trees`; this spelling still runs it
+    from trtspec.cli.bench import bench_trees
+
+    bench_trees(prog_name="python -m trtspec.bench.spec_eval")

@@ -236,7 +236,7 @@ def _remove(path: Path) -> None:
 def _base_folder(recipe: Recipe, opts: RunOptions) -> str | None:
     if recipe.base.fetch is None:
         return None
-    from trtspec.models.fetch import fetch_model
+    from trtspec.hub.fetch import fetch_model
 
     return str(fetch_model(recipe.base.fetch))
 

@@ -1,0 +1,83 @@
+"""`trtspec advise`: the verdict and its reasons from a bench report and a verify curve, and the command on a tiny
+engine (its verdict is whatever the tiny engine measures: only its shape is asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from trtspec.bench.advise import GO_MARGIN, GO_TAU, decide
+from trtspec.cli import cli
+from trtspec.speculative.step_costs import StepCosts
+
+COSTS = StepCosts((1, 5, 9), (1.0, 1.1, 1.3), (20.0, 22.0, 26.0), 8, (4.0, 9.0, 14.0))
+
+
+def _figures(*, tps: float, speedup: float | None, tau: float = 1.0, tokens: int = 512, draft_share: float = 0.02,
+             ttft: float = 50.0, steps=None) -> dict:
+    return {"requests": 4, "output_tokens": tokens, "output_tokens_per_s": tps, "speedup": speedup, "tau": tau,
+            "acceptance_rate": (tau - 1) / 4, "identical": "4/4", "draft_share": draft_share,
+            "ttft_ms": {"p50": ttft}, "steps_per_profile": steps or {"5": 10}}
+
+
+def _report(concurrency: int, ngram: dict, temperature: float = 0.0) -> dict:
+    results = {str(c): {"none": {"overall": _figures(tps=50.0, speedup=1.0)}, "ngram": {"overall": ngram}}
+               for c in sorted({1, concurrency})}
+    return {"target": "e", "prompt_set": "mt-bench", "prompts": 4, "temperature": temperature, "results": results}
+
+
+def test_go_when_the_method_beats_plain():
+    advice = decide(_report(1, _figures(tps=90.0, speedup=1.8, tau=2.4)), 1, COSTS)
+    assert advice["verdict"] == "go" and advice["recommendation"]["method"] == "ngram"
+    assert advice["recommendation"]["slot_profile"] == 5 and advice["recommendation"]["max_draft_len"] == 4
+    reasons = {r["name"]: r for r in advice["reasons"]}
+    assert reasons["acceptance"]["favours_speculation"] and "τ 2.40" in reasons["acceptance"]["text"]
+    assert "1.10x a plain step for 1 sequence" in reasons["concurrency"]["text"]
+
+
+@pytest.mark.parametrize("figures, concurrency, temperature, against", [
+    (_figures(tps=51.0, speedup=1.02, tau=1.1), 1, 0.0, "acceptance"),
+    (_figures(tps=53.0, speedup=1.06, tau=1.0), 1, 0.0, "acceptance"),  # faster without accepted drafts: noise
+    (_figures(tps=40.0, speedup=0.8, tau=2.0, tokens=40), 1, 0.0, "output length"),
+    (_figures(tps=40.0, speedup=0.8, tau=1.3), 1, 0.7, "temperature"),
+    (_figures(tps=40.0, speedup=0.8, tau=2.0), 8, 0.0, "concurrency"),
+    (_figures(tps=40.0, speedup=0.8, tau=2.0, draft_share=0.3), 1, 0.0, "drafting overhead"),
+    (_figures(tps=40.0, speedup=0.8, tau=2.0, ttft=80.0), 1, 0.0, "ttft"),
+])
+def test_no_go_names_what_goes_against_it(figures, concurrency, temperature, against):
+    advice = decide(_report(concurrency, figures, temperature), concurrency, COSTS)
+    assert advice["verdict"] == "no-go" and advice["recommendation"]["method"] == "none"
+    assert against in [r["name"] for r in advice["reasons"] if not r["favours_speculation"]]
+    assert figures["speedup"] < GO_MARGIN or figures["tau"] < GO_TAU
+
+
+def test_concurrency_reads_the_batch_curve():
+    advice = decide(_report(8, _figures(tps=40.0, speedup=0.8, tau=2.0)), 8, COSTS)
+    text = next(r["text"] for r in advice["reasons"] if r["name"] == "concurrency")
+    assert f"{9.0 / 4.0:.2f}x for 8" in text  # 5 slots over 8 sequences ÷ 1 slot over 8
+
+
+def test_advise_command_on_a_tiny_engine(tmp_path_factory):
+    from trtspec.engine.onnx_builder import BuildOptions, build
+    from trtspec.testing import TinyModel, tiny_trtllm_checkpoints, write_tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("advise")
+    vocab = write_tiny_tokenizer(root / "tokenizer")
+    ckpt = tiny_trtllm_checkpoints(root, TinyModel(vocab_size=vocab), ("none",))["none"]
+    build(BuildOptions(source=ckpt, out=root / "engine", max_input_len=96, max_seq_len=160, max_batch_size=2,
+                       tokenizer=root / "tokenizer", max_draft_len=4))
+    prompts = root / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in ("abc abc abc", "Hello world")))
+    result = CliRunner().invoke(cli, ["advise", str(root / "engine"), "--prompt-set", str(prompts), "--concurrency",
+                                      "2", "--max-tokens", "16", "--threads", "1", "--no-progress", "--json"])
+    assert result.exit_code == 0, result.output
+    advice = json.loads(result.stdout)
+    assert advice["verdict"] in ("go", "no-go") and set(advice["speedups"]) == {"ngram", "suffix"}
+    assert [r["name"] for r in advice["reasons"]] == ["acceptance", "output length", "temperature", "concurrency",
+                                                     "drafting overhead", "ttft", "measured"]
+    assert advice["bench"]["concurrency"] == [1, 2]
+    text = CliRunner().invoke(cli, ["advise", str(root / "engine"), "--prompt-set", str(prompts), "--max-tokens", "8",
+                                    "--threads", "1", "--no-progress"])
+    assert text.exit_code == 0 and ("GO:" in text.stdout or "NO-GO:" in text.stdout), text.output

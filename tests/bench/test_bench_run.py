@@ -1,0 +1,210 @@
+"""`trtspec bench ENGINE` on a tiny Medusa engine with a tiny tokenizer: the figures, files and table, that they
+agree with `generate --json` on the same prompts, the routing of the bench group, and a served run (slow).
+No speed is asserted."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from trtspec.bench.runner import BenchOptions, run_bench
+from trtspec.bench.summary import PLAIN
+from trtspec.cli import cli
+from trtspec.engine.onnx_builder import BuildOptions, build
+from trtspec.errors import ConfigError
+from trtspec.testing import TinyModel, tiny_trtllm_checkpoints, write_tiny_tokenizer
+
+PROMPTS = [("a", "code", "def add(a, b): return a + b. Rewrite add so that it adds three numbers."),
+           ("b", "text", "The quick brown fox jumps over the lazy dog. Repeat the sentence twice."),
+           ("c", "text", "Hello world"),
+           ("d", "code", "print('Hello world') print('Hello world') print")]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-run")
+    vocab = write_tiny_tokenizer(root / "tokenizer")
+    ckpt = tiny_trtllm_checkpoints(root, TinyModel(vocab_size=vocab), ("medusa",))["medusa"]
+    build(BuildOptions(source=ckpt, out=root / "engine", max_input_len=128, max_seq_len=192, max_batch_size=4,
+                       tokenizer=root / "tokenizer"))
+    return root / "engine"
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "category": c, "prompt": p}) + "\n" for i, c, p in PROMPTS))
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(engine, prompt_file):
+    options = BenchOptions(engine=engine, prompt_set=str(prompt_file), limit=None, methods=("medusa", "ngram"),
+                           concurrency=(1, 4), max_tokens=24, threads=1, show_progress=False)
+    return run_bench(options, show=lambda line: None)
+
+
+def test_every_method_and_concurrency_is_measured_and_lossless(run):
+    report = run.report
+    assert report["methods"] == [PLAIN, "medusa", "ngram"] and report["concurrency"] == [1, 4]
+    assert len(run.records) == len(PROMPTS) * 3 * 2
+    for concurrency in ("1", "4"):
+        methods = report["results"][concurrency]
+        assert set(methods) == {PLAIN, "medusa", "ngram"}
+        for method, figures in methods.items():
+            overall = figures["overall"]
+            assert overall["requests"] == len(PROMPTS)
+            assert overall["identical"] == f"{len(PROMPTS)}/{len(PROMPTS)}"
+            assert set(figures["categories"]) == {"code", "text"}
+            assert sum(g["requests"] for g in figures["categories"].values()) == len(PROMPTS)
+            for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+                dist = overall[key]
+                assert 0 < dist["p50"] <= dist["p90"] <= dist["p99"], (method, key, dist)
+            assert overall["output_tokens_per_s"] > 0 and overall["request_throughput"] > 0
+            assert overall["speedup"] > 0
+        assert methods[PLAIN]["overall"]["tau"] == 1.0 and methods[PLAIN]["overall"]["draft_tokens"] == 0
+        assert methods[PLAIN]["overall"]["speedup"] == 1.0
+        medusa = methods["medusa"]["overall"]
+        assert medusa["draft_tokens"] > 0 and 1.0 <= medusa["tau"]
+        assert medusa["tau"] == pytest.approx(1 + medusa["accepted_tokens"] / medusa["steps"], abs=1e-3)
+        assert len(medusa["per_position_acceptance"]) >= 1
+
+
+def test_records_agree_with_generate_json(run, engine, prompt_file):
+    """The same prompts through `trtspec generate --json`: the same outputs, and the same τ and steps per prompt."""
+    for method in ("medusa", PLAIN):
+        extra = ("--no-spec",) if method == PLAIN else ("--method", method)
+        result = CliRunner().invoke(cli, ["generate", str(engine), "--prompts", str(prompt_file), "--max-tokens", "24",
+                                          "--threads", "1", "--json", *extra])
+        assert result.exit_code == 0, result.output
+        rows = [json.loads(line) for line in result.output.splitlines()]
+        mine = [r for r in run.records if r.method == method and r.concurrency == 1]
+        assert [r.prompt_id for r in mine] == [i for i, _, _ in PROMPTS]
+        assert [list(r.output_ids) for r in mine] == [row["output_ids"] for row in rows]
+        assert [r.steps for r in mine] == [row["stats"]["steps"] for row in rows]
+        assert [round(r.tau, 4) for r in mine] == [row["stats"]["acceptance_length"] for row in rows]
+        assert [r.accepted_tokens for r in mine] == [row["stats"]["accepted_tokens"] for row in rows]
+
+
+def test_chunks_are_steps(run):
+    """In process the prefill and each verify step stream one chunk: an ITL sample per step; TPOT is the decode
+    time per token after the first."""
+    for r in run.records:
+        assert len(r.itl_ms) == r.steps
+        if r.output_tokens > 1:
+            assert r.tpot_ms == pytest.approx((r.e2e_ms - r.ttft_ms) / (r.output_tokens - 1), rel=1e-3, abs=1e-3)
+
+
+def test_cli_routes_engine_to_run_and_writes_outputs(engine, prompt_file, tmp_path):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["bench", str(engine), "--prompt-set", str(prompt_file), "--limit", "2",
+                                      "--method", "ngram", "--max-tokens", "8", "--threads", "1", "--no-progress",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "trtspec bench" in result.output and "ngram" in result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["methods"] == [PLAIN, "ngram"] and summary["prompts"] == 2
+    rows = list(csv.DictReader((out / "requests.csv").open()))
+    assert len(rows) == 4 and {r["method"] for r in rows} == {PLAIN, "ngram"}
+    for png in ("categories.png", "acceptance.png", "concurrency.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_transformers_peer_in_the_same_run(engine, prompt_file, tmp_path):
+    pytest.importorskip("transformers")
+    options = BenchOptions(engine=engine, prompt_set=str(prompt_file), limit=2, max_tokens=8, threads=1,
+                           peers=("transformers",), hf=engine.parent / "base", peer_limit=2, work=tmp_path,
+                           show_progress=False)
+    run = run_bench(options, show=lambda line: None)
+    peer = run.report["peers"]["transformers"]
+    assert peer["prompts"] == 2 and peer["identical"] == "2/2" and peer["speedup"] > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["bench", "--prompt-set", "x.jsonl"], "pass ENGINE_DIR or --url"),
+    (["bench", "run", "{engine}", "--concurrency", "1,x"], "comma-separated"),
+    (["bench", "{engine}", "--method", "none"], "plain decoding always runs"),
+    (["bench", "{engine}", "--peers", "transformers"], "--peers needs ENGINE_DIR and --hf"),
+    (["bench", "{engine}", "--prompt-set", "{prompts}", "--concurrency", "8"], "exceeds the engine's max_batch_size"),
+])
+def test_cli_errors_are_one_line(engine, prompt_file, args, message):
+    args = [a.format(engine=engine, prompts=prompt_file) for a in args]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code != 0 and message in result.output, result.output
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["bench", "--help"], "soak"),
+    (["bench", "run", "--help"], "--concurrency"),
+    (["bench", "soak", "--help"], "--users"),
+    (["bench", "drafting", "--help"], "--genai-lookup"),
+    (["bench", "serving", "--help"], "--unary"),
+    (["bench", "perf-input", "--help"], "--input-data"),
+])
+def test_bench_group_help(args, expected):
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0 and expected in result.output, result.output
+
+
+def test_drafting_command_and_measure_keep_their_shape(engine, prompt_file, tmp_path):
+    """`bench drafting` as a Click command; `measure()`'s cells keep the keys the recipe gate reads."""
+    from trtspec.bench.drafting import measure
+
+    out = tmp_path / "d.json"
+    result = CliRunner().invoke(cli, ["bench", "drafting", str(engine), "--sets", str(prompt_file), "--methods",
+                                      "ngram,medusa", "--limit", "2", "--max-tokens", "8", "--threads", "1",
+                                      "--no-spin", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    cells = json.loads(out.read_text())["sets"][str(prompt_file)]
+    assert cells["medusa"]["identical"] == "2/2" and cells["prompt_ids"] == ["a", "b"]
+    report, prompts = measure([engine], sets=(str(prompt_file),), methods=("ngram",), limit=2, max_tokens=8,
+                              threads=1, show=lambda line: None)
+    cell = report["sets"][str(prompt_file)]["ngram"]
+    assert {"tau", "acceptance_rate", "speedup", "decode_speedup", "tokens_per_s", "plain_tokens_per_s",
+            "identical", "prompts"} <= set(cell)
+    assert len(prompts[str(prompt_file)]) == 2
+
+
+def test_two_turn_set_needs_an_engine():
+    with pytest.raises(ConfigError, match="two-turn"):
+        from trtspec.bench.workload import load_bench_prompts
+
+        load_bench_prompts("mt-bench-2turn", limit=1)
+
+
+@pytest.mark.slow
+def test_serving_command_compares_grpc_with_in_process(engine, prompt_file):
+    result = CliRunner().invoke(cli, ["bench", "serving", str(engine), "--prompt-set", str(prompt_file), "--limit",
+                                      "2", "--max-tokens", "8", "--concurrency", "2", "--threads", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["concurrency_1"]["outputs_identical"] and report["concurrency_2"]["outputs_identical"]
+
+
+@pytest.mark.slow
+def test_served_engine_figures_match_in_process(engine, prompt_file, run, tmp_path):
+    """--url against a real tritonserver serving the same engine: the same outputs and acceptance per prompt."""
+    from trtspec.triton.deploy import DeployOptions, deploy
+    from trtspec.triton.server import ServerOptions, TritonServer, free_port
+
+    repo = deploy(DeployOptions(engine_dir=engine, out=tmp_path / "repo", threads=1))
+    server = TritonServer(ServerOptions(repository=repo, grpc_port=free_port(), http_port=free_port(),
+                                        metrics_port=free_port(), exit_timeout_s=5), on_log=lambda line: None)
+    with server:
+        served = run_bench(BenchOptions(url=server.grpc_url, prompt_set=str(prompt_file), limit=None,
+                                        methods=("medusa", "ngram"), concurrency=(1, 2), max_tokens=24,
+                                        show_progress=False), show=lambda line: None)
+    assert served.report["mode"] == "served"
+    for method in ("medusa", PLAIN):
+        local = [r for r in run.records if r.method == method and r.concurrency == 1]
+        remote = [r for r in served.records if r.method == method and r.concurrency == 1]
+        assert [r.output_ids for r in remote] == [r.output_ids for r in local]
+        assert [r.accepted_tokens for r in remote] == [r.accepted_tokens for r in local]
+        assert [r.steps for r in remote] == [r.steps for r in local]
+    for concurrency in ("1", "2"):
+        for figures in served.report["results"][concurrency].values():
+            assert figures["overall"]["identical"] == f"{len(PROMPTS)}/{len(PROMPTS)}"
+            assert figures["overall"]["ttft_ms"]["p50"] > 0

@@ -1,0 +1,151 @@
+"""What a `trtspec bench` run leaves: the compact table it prints (after `vllm bench serve`'s), and in --out
+summary.json, requests.csv and the plots (τ and speedup per category, per-position acceptance, latency and
+throughput against concurrency)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from trtspec.bench.runner import BenchRun
+from trtspec.bench.summary import CSV_FIELDS, PLAIN
+
+RULE = 50
+
+
+def format_table(report: dict) -> list[str]:
+    """The run's header, one row per concurrency and method, then τ and speedup per category."""
+    lines = [f"{' trtspec bench ':=^{RULE}}",
+             f"{'Target:':<28}{report['target']} ({report['mode']})",
+             f"{'Prompts:':<28}{report['prompt_set']}" + (f" ({report['split']} split)" if report["split"] else "")
+             + f", {report['prompts']}",
+             f"{'Max tokens, temperature:':<28}{report['max_tokens']}, {report['temperature']:g}",
+             f"{'Load average before/after:':<28}{report['load_average']['before'][0]} / "
+             f"{report['load_average']['after'][0]}",
+             "-" * RULE,
+             f"{'conc':>4} {'method':<10} {'req/s':>6} {'tok/s':>7} {'tok/s/u':>7} {'TTFT p50':>8} {'p99':>7} "
+             f"{'TPOT p50':>8} {'p99':>6} {'ITL p50':>7} {'τ':>5} {'acc':>5} {'speedup':>7} {'same':>5}"]
+    for concurrency, methods in report["results"].items():
+        for method, figures in methods.items():
+            g = figures["overall"]
+            lines.append(f"{concurrency:>4} {method:<10} {g['request_throughput']:>6.2f} "
+                         f"{g['output_tokens_per_s']:>7.1f} {g['tokens_per_s_per_user']:>7.1f} "
+                         f"{_ms(g['ttft_ms'], 'p50'):>8} {_ms(g['ttft_ms'], 'p99'):>7} "
+                         f"{_ms(g['tpot_ms'], 'p50'):>8} {_ms(g['tpot_ms'], 'p99'):>6} {_ms(g['itl_ms'], 'p50'):>7} "
+                         f"{g['tau']:>5.2f} {g['acceptance_rate']:>5.2f} {_x(g['speedup']):>7} "
+                         f"{g['identical'] or '-':>5}")
+    lines += ["-" * RULE, f"{'conc':>4} {'method':<10} {'category':<16} {'τ':>5} {'speedup':>7}  per-position acceptance"]
+    for concurrency, methods in report["results"].items():
+        for method, figures in methods.items():
+            if method == PLAIN:
+                continue
+            for category, g in figures["categories"].items():
+                lines.append(f"{concurrency:>4} {method:<10} {category:<16} {g['tau']:>5.2f} {_x(g['speedup']):>7}  "
+                             + " ".join(f"{x:.2f}" for x in g["per_position_acceptance"]))
+    for peer, p in report.get("peers", {}).items():
+        lines.append(f"peer {peer} (its own speculation, {p['prompts']} prompts): {p['tokens_per_s']:.1f} vs "
+                     f"{p['plain_tokens_per_s']:.1f} tok/s plain, {_x(p['speedup'])}, identical {p['identical']}")
+    lines.append("=" * RULE)
+    return lines
+
+
+def _ms(dist: dict | None, key: str) -> str:
+    return "-" if dist is None else f"{dist[key]:.1f}"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def write_outputs(run: BenchRun, out: Path) -> dict[str, Path]:
+    """summary.json, requests.csv and the PNG plots into `out` (an existing or new folder), each file atomically."""
+    from trtspec.outdir import atomic_output_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = {"summary": out / "summary.json", "requests": out / "requests.csv"}
+    with atomic_output_file(written["summary"]) as tmp:
+        tmp.write_text(json.dumps(run.report, indent=1) + "\n")
+    with atomic_output_file(written["requests"]) as tmp, tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for r in run.records:
+            writer.writerow(r.csv_row())
+    for name, draw in PLOTS.items():
+        with atomic_output_file(out / name) as tmp:
+            draw(run.report, tmp)
+        written[name] = out / name
+    return written
+
+
+def _figure(columns: int):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, columns, figsize=(5.5 * columns, 4))
+    return plt, fig, axes if columns > 1 else [axes]
+
+
+def _save(plt, fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100, format="png")
+    plt.close(fig)
+
+
+def plot_categories(report: dict, path: Path) -> None:
+    """τ and speedup per category, one bar per method, at the lowest concurrency."""
+    plt, fig, (tau_ax, speed_ax) = _figure(2)
+    concurrency, methods = next(iter(report["results"].items()))
+    drafters = [m for m in methods if m != PLAIN]
+    categories = [*report["categories"], "overall"]
+    width = 0.8 / max(1, len(drafters))
+    for i, method in enumerate(drafters):
+        groups = {**methods[method]["categories"], "overall": methods[method]["overall"]}
+        xs = [j + i * width for j in range(len(categories))]
+        tau_ax.bar(xs, [groups.get(c, {}).get("tau", 0) for c in categories], width, label=method)
+        speed_ax.bar(xs, [groups.get(c, {}).get("speedup") or 0 for c in categories], width, label=method)
+    for ax, title in ((tau_ax, "τ (tokens per verify step)"), (speed_ax, "speedup over plain decoding")):
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(categories))], categories, rotation=30, ha="right")
+        ax.set_title(f"{title}, concurrency {concurrency}")
+        ax.legend()
+    speed_ax.axhline(1.0, color="grey", lw=0.8)
+    _save(plt, fig, path)
+
+
+def plot_positions(report: dict, path: Path) -> None:
+    """Per-position acceptance (P(depth d accepted | depth d − 1 was)) of each method, at the lowest concurrency."""
+    plt, fig, (ax,) = _figure(1)
+    _, methods = next(iter(report["results"].items()))
+    for method, figures in methods.items():
+        rates = figures["overall"]["per_position_acceptance"]
+        if method != PLAIN and rates:
+            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=method)
+    ax.set_xlabel("draft depth")
+    ax.set_ylabel("acceptance given the parent's")
+    ax.set_ylim(0, 1)
+    ax.set_title("per-position acceptance")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
+    _save(plt, fig, path)
+
+
+def plot_concurrency(report: dict, path: Path) -> None:
+    """Output tokens/s, TPOT p50 and TTFT p50 against concurrency, one line per method."""
+    plt, fig, axes = _figure(3)
+    levels = [int(c) for c in report["results"]]
+    for method in report["methods"]:
+        rows = [report["results"][str(c)].get(method, {}).get("overall") for c in levels]
+        for ax, value in zip(axes, (lambda g: g["output_tokens_per_s"], lambda g: (g["tpot_ms"] or {}).get("p50"),
+                                    lambda g: (g["ttft_ms"] or {}).get("p50"))):
+            ax.plot(levels, [value(g) if g else None for g in rows], marker="o", label=method)
+    for ax, title in zip(axes, ("output tokens/s", "TPOT p50 (ms)", "TTFT p50 (ms)")):
+        ax.set_xlabel("concurrency")
+        ax.set_title(title)
+        ax.set_xscale("log", base=2)
+        ax.legend()
+    _save(plt, fig, path)
+
+
+PLOTS = {"categories.png": plot_categories, "acceptance.png": plot_positions, "concurrency.png": plot_concurrency}

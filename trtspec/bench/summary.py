@@ -1,0 +1,139 @@
+"""The figures of a `trtspec bench` run, from its per-request records: latency percentiles (TTFT, TPOT, ITL,
+end to end), throughputs, the drafter's acceptance and the speedup over plain decoding of the same engine.
+
+Definitions (vLLM's `bench serve` where it has one): TTFT = first token's arrival; TPOT = (end to end − TTFT) ÷
+(output tokens − 1); ITL = the gaps between streamed chunks (a speculative step's chunk carries τ tokens, so ITL
+grows with τ while TPOT falls); request throughput and output tokens/s over the group's duration (its wall time;
+a category's share of it is its requests' summed latency ÷ the concurrency); tokens/s per user = the mean of each
+request's tokens ÷ its latency; speedup = output tokens/s ÷ plain decoding's on the same prompts at the same
+concurrency; τ, acceptance rate and per-position acceptance as `trtspec.speculative.stats` defines them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from trtspec.speculative.stats import SpecStats
+
+PLAIN = "none"
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class RequestRecord:
+    """One request of the run: a row of requests.csv (`stats` and `output_ids` stay in memory)."""
+
+    concurrency: int
+    method: str
+    prompt_id: str
+    category: str
+    input_tokens: int
+    output_tokens: int
+    ttft_ms: float
+    tpot_ms: float | None
+    itl_ms_mean: float | None
+    e2e_ms: float
+    steps: int
+    draft_tokens: int
+    accepted_tokens: int
+    tau: float
+    finish_reason: str
+    identical: bool | None  # its output equals plain decoding's of the same prompt (T = 0 only)
+    itl_ms: tuple[float, ...] = ()
+    stats: SpecStats | None = None
+    output_ids: tuple[int, ...] = ()
+
+    def csv_row(self) -> dict:
+        row = asdict(self)
+        for key in ("itl_ms", "stats", "output_ids"):
+            row.pop(key)
+        return row
+
+
+CSV_FIELDS = [name for name in RequestRecord.__dataclass_fields__ if name not in ("itl_ms", "stats", "output_ids")]
+
+
+def record(concurrency: int, method: str, prompt, timed) -> RequestRecord:
+    """A request's row from its prompt and what the target timed (`workload.Timed`)."""
+    itl = [1000 * x for x in timed.itl_s]
+    tpot = timed.tpot_s
+    return RequestRecord(concurrency, method, prompt.id, prompt.category, len(prompt.ids), len(timed.output_ids),
+                         round(1000 * timed.ttft_s, 3), None if tpot is None else round(1000 * tpot, 3),
+                         round(float(np.mean(itl)), 3) if itl else None, round(1000 * timed.total_s, 3),
+                         timed.stats.steps, timed.stats.draft_tokens, timed.stats.accepted_tokens,
+                         round(timed.stats.acceptance_length, 4), timed.finish_reason, None,
+                         tuple(round(x, 3) for x in itl), timed.stats, tuple(timed.output_ids))
+
+
+def mark_identical(records: list[RequestRecord]) -> None:
+    """Set `identical` on every record: its output equals plain decoding's of the same prompt and concurrency."""
+    plain = {(r.concurrency, r.prompt_id): r.output_ids for r in records if r.method == PLAIN}
+    for r in records:
+        key = (r.concurrency, r.prompt_id)
+        r.identical = r.output_ids == plain[key] if key in plain else None
+
+
+def distribution(values: list[float]) -> dict | None:
+    """Mean and p50 / p90 / p99 of a list of milliseconds (None when empty)."""
+    if not values:
+        return None
+    out = {"mean": round(float(np.mean(values)), 3)}
+    for p in PERCENTILES:
+        out[f"p{p}"] = round(float(np.percentile(values, p)), 3)
+    return out
+
+
+def group_figures(records: list[RequestRecord], duration_s: float) -> dict:
+    """Every figure of one group of requests (a method at a concurrency, overall or one category)."""
+    stats = SpecStats()
+    for r in records:
+        stats = stats.merge(r.stats or SpecStats())
+    tokens = sum(r.output_tokens for r in records)
+    decode_s = sum(r.e2e_ms - r.ttft_ms for r in records) / 1000
+    checked = [r.identical for r in records if r.identical is not None]
+    return {
+        "requests": len(records), "input_tokens": sum(r.input_tokens for r in records), "output_tokens": tokens,
+        "duration_s": round(duration_s, 3),
+        "request_throughput": round(len(records) / duration_s, 3) if duration_s else 0.0,
+        "output_tokens_per_s": round(tokens / duration_s, 2) if duration_s else 0.0,
+        "tokens_per_s_per_user": round(float(np.mean([1000 * r.output_tokens / r.e2e_ms for r in records])), 2),
+        "decode_tokens_per_s": round((tokens - len(records)) / decode_s, 2) if decode_s > 0 else 0.0,
+        "ttft_ms": distribution([r.ttft_ms for r in records]),
+        "tpot_ms": distribution([r.tpot_ms for r in records if r.tpot_ms is not None]),
+        "itl_ms": distribution([x for r in records for x in r.itl_ms]),
+        "e2e_ms": distribution([r.e2e_ms for r in records]),
+        "tau": round(stats.acceptance_length, 3), "acceptance_rate": round(stats.acceptance_rate, 3),
+        "per_position_acceptance": [round(x, 3) for x in stats.per_position_acceptance],
+        "draft_tokens": stats.draft_tokens, "accepted_tokens": stats.accepted_tokens, "steps": stats.steps,
+        "draft_share": round(stats.draft_s / decode_s, 4) if decode_s > 0 else 0.0,
+        "steps_per_profile": {str(k): v for k, v in sorted(stats.profile_steps.items())},
+        "identical": f"{sum(checked)}/{len(checked)}" if checked else None,
+    }
+
+
+def summarize(records: list[RequestRecord], walls: dict[tuple[int, str], float]) -> dict:
+    """{concurrency: {method: {"overall": figures, "categories": {category: figures}}}}, with speedups over plain.
+
+    `walls[(concurrency, method)]` is the summed wall time of that method's groups at that concurrency."""
+    out: dict = {}
+    for (concurrency, method), wall in walls.items():
+        mine = [r for r in records if r.concurrency == concurrency and r.method == method]
+        categories = {}
+        for category in dict.fromkeys(r.category for r in mine):
+            group = [r for r in mine if r.category == category]
+            categories[category] = group_figures(group, sum(r.e2e_ms for r in group) / 1000 / concurrency)
+        out.setdefault(concurrency, {})[method] = {"overall": group_figures(mine, wall), "categories": categories}
+    for methods in out.values():
+        plain = methods.get(PLAIN)
+        for figures in methods.values():
+            for name, group in [("overall", figures["overall"]), *figures["categories"].items()]:
+                base = plain["overall"] if name == "overall" else plain["categories"].get(name) if plain else None
+                group["speedup"] = _ratio(group["output_tokens_per_s"], base and base["output_tokens_per_s"])
+                group["decode_speedup"] = _ratio(group["decode_tokens_per_s"], base and base["decode_tokens_per_s"])
+    return out
+
+
+def _ratio(a: float, b: float | None) -> float | None:
+    return round(a / b, 3) if b else None

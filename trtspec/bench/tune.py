@@ -1,0 +1,420 @@
+"""`trtspec tune`: pick the drafting setting for an engine on this machine, predicted first, then measured.
+
+1. The verify curve (a step's milliseconds per slot profile, `runtime.verify_curve`), measured at the calibration
+   prompts' context length (their median + half of max_tokens: a longer past flattens it).
+2. Calibration prompts, never the evaluation ones (`split_prompts` says which are which), decoded plainly once and
+   recorded (`replay.record_greedy`).
+3. Per setting, τ predicted by replaying the drafter over those recordings: the training-free methods (ngram,
+   suffix) per node budget; on a Medusa engine the Medusa paper's greedy tree per node budget (`medusa_tree`) and the
+   shipped tree; an EAGLE engine's own drafter (its draft depends on its own tokens: no offline replay) is run on the
+   calibration prompts instead, its per-depth acceptance reported. Predicted decode tokens/s = tokens ÷ (Σ over the replayed steps of step_ms(profile) + the drafter's
+   own time), i.e. τ ÷ step time; plain = 1 ÷ step_ms(1 slot). The curve's milliseconds are scaled so that its
+   plain step equals the plain decode step the calibration run itself took (`_anchored`): the curve gives the shape,
+   the loop as it runs now the level.
+4. The best predicted settings (and plain decoding, and the shipped tree) measured on the evaluation prompts at
+   T = 0, interleaved prompt by prompt; the winner is the fastest measured decode. Predicted and measured stand side
+   by side in the report, with τ replayed over the evaluation prompts themselves (recorded too): the replay's own
+   error is the gap between that and the measured τ, the rest is the calibration prompts differing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from trtspec.bench.replay import HEAD_RANKS, Replayed, record_greedy, replay_drafter, replay_tree
+from trtspec.errors import ConfigError
+from trtspec.progress import progress_bar
+from trtspec.runtime.loop import GenerationConfig
+from trtspec.runtime.verify_curve import measure as measure_curve
+
+TRAINING_FREE = ("ngram", "suffix")
+CURVE_ROUNDS = 5  # the verify curve at the calibration context: rounds per profile (the cached curve's are 15)
+PLAIN = "none"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TuneOptions:
+    engine: Path
+    prompt_set: str = "sharegpt-grounded"
+    budgets: tuple[int, ...] = (4, 8, 16, 32)  # draft nodes per step (capped by the engine's K)
+    calibration: int = 8  # calibration prompts (replayed)
+    evaluation: int = 4  # held-out prompts the best candidates are measured on
+    candidates: int = 3  # the best predicted settings measured
+    max_tokens: int = 128
+    threads: int | None = 2
+    spin: bool | None = None
+    show_progress: bool = True
+
+    def __post_init__(self):
+        if not self.budgets or min(self.budgets) < 1:
+            raise ConfigError(f"--budget must be positive integers, got {self.budgets}")
+        for name in ("calibration", "evaluation", "candidates", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass
+class Setting:
+    """One drafting setting: a method with a node budget, or a Medusa tree."""
+
+    name: str
+    method: str
+    budget: int  # draft nodes per step at most
+    choices: list[list[int]] | None = None  # Medusa: the tree
+    predicted: dict = field(default_factory=dict)
+    measured: dict | None = None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "method": self.method, "budget": self.budget, "choices": self.choices,
+                "predicted": self.predicted, "measured": self.measured}
+
+
+def split_prompts(options: TuneOptions, generator, show=print) -> tuple[list, list, dict]:
+    """(calibration prompts, evaluation prompts, how they were split): a set's tune and measure splits where it has
+    them, else its first `evaluation` prompts for evaluation (what `trtspec bench --limit N` measures) and the next
+    `calibration` for calibration."""
+    from trtspec.bench.workload import load_bench_prompts
+    from trtspec.data.prompts import PROMPT_SETS
+
+    source = PROMPT_SETS.get(options.prompt_set)
+    common = {"generator": generator, "max_tokens": options.max_tokens, "show": show}
+    if source is not None and source.measure_size:
+        calibration = load_bench_prompts(options.prompt_set, limit=options.calibration, split="tune", **common)
+        evaluation = load_bench_prompts(options.prompt_set, limit=options.evaluation, split="measure", **common)
+        how = {"calibration": f"{options.prompt_set} tune split (after its first {source.measure_size}), first "
+                              f"{options.calibration}",
+               "evaluation": f"{options.prompt_set} measure split (its first {source.measure_size}), first "
+                             f"{options.evaluation}"}
+    else:
+        both = load_bench_prompts(options.prompt_set, limit=options.evaluation + options.calibration, split=None,
+                                  **common)
+        evaluation, calibration = both[:options.evaluation], both[options.evaluation:]
+        how = {"evaluation": f"{options.prompt_set} prompts 1-{options.evaluation} (what `trtspec bench --limit "
+                             f"{options.evaluation}` measures)",
+               "calibration": f"{options.prompt_set} prompts {options.evaluation + 1}-"
+                              f"{options.evaluation + options.calibration}"}
+    if not calibration or not evaluation:
+        raise ConfigError(f"--prompt-set {options.prompt_set}: {len(calibration)} calibration and {len(evaluation)} "
+                          "evaluation prompts fit the engine; both need at least one (raise the limits)")
+    how["calibration_ids"] = [p.id for p in calibration]
+    how["evaluation_ids"] = [p.id for p in evaluation]
+    return calibration, evaluation, how
+
+
+def run_tune(options: TuneOptions, show=print) -> dict:
+    """Predict, measure, pick (module docstring); the report."""
+    from trtspec.runtime.generator import LocalGenerator
+
+    load_before = os.getloadavg()
+    generator = LocalGenerator(options.engine, threads=options.threads, spin=options.spin)
+    engine, manifest = generator.engine, generator.manifest
+    costs = engine.step_costs()
+    calibration, evaluation, split = split_prompts(options, generator, show)
+    heads = engine.num_medusa_heads if manifest.method.value == "medusa" else 0
+    k = engine.max_draft_len
+    generator.generate(list(calibration[0].ids), GenerationConfig(max_tokens=8, no_spec=True))  # warm up
+    context = int(np.median([len(p.ids) for p in calibration])) + options.max_tokens // 2
+    timed = measure_curve(engine, rounds=CURVE_ROUNDS, past=context)  # at the calibration prompts' context length
+    with progress_bar("record calibration", total=len(calibration), enabled=options.show_progress) as advance:
+        # K tokens past max_tokens: the last replayed step may accept past the end, as a run counts it
+        recordings = record_greedy(generator, [list(p.ids) for p in calibration], options.max_tokens + k,
+                                   heads=heads, advance=advance)
+    budgets = sorted({b for b in options.budgets if b <= k})
+    skipped = sorted(b for b in options.budgets if b > k)
+    curve = _anchored(timed, recordings)
+    settings = [Setting(PLAIN, PLAIN, 0, predicted=_predicted_plain(curve["step_ms"][0]))]
+    for method in TRAINING_FREE if k >= 1 else ():
+        for budget in budgets:
+            setting = Setting(f"{method}/{budget}", method, budget)
+            setting.predicted = _prediction(*_replay(generator, setting, recordings, options.max_tokens, costs), curve)
+            settings.append(setting)
+    accuracies = None
+    if heads:
+        accuracies, trees = _medusa_trees(recordings, budgets, manifest)
+        head_ms = 1000 * sum(r.head_s for r in recordings) / max(1, sum(len(r.output_ids) for r in recordings))
+        for name, choices in trees:
+            settings.append(_tree_setting(name, choices, recordings, costs, curve, options.max_tokens, head_ms,
+                                          accuracies))
+    own = manifest.method.value
+    if own not in (PLAIN, "medusa"):  # EAGLE's draft depends on its own tokens: run on the calibration prompts
+        settings.append(_calibrated_setting(generator, own, calibration, options.max_tokens, curve))
+    chosen = _candidates(settings, options.candidates)
+    with progress_bar("record evaluation", total=len(evaluation), enabled=options.show_progress) as advance:
+        held_out = record_greedy(generator, [list(p.ids) for p in evaluation], options.max_tokens + k, heads=heads,
+                                 advance=advance)
+    _measure(generator, chosen, evaluation, options, show)
+    for s in chosen:  # the replay on the evaluation prompts themselves: how much of the error is the prompts'
+        replayable = s.method in (PLAIN, "medusa", *TRAINING_FREE)
+        s.measured["replayed_tau"] = _tau(*_replay(generator, s, held_out, options.max_tokens, costs)) \
+            if replayable else None
+    winner = max(chosen, key=lambda s: s.measured["decode_tokens_per_s"])
+    return {
+        "engine": str(options.engine), "method": manifest.method.value, "max_draft_len": k,
+        "prompt_set": options.prompt_set, "split": split, "max_tokens": options.max_tokens, "temperature": 0,
+        "threads": options.threads, "spin": engine.spin, "verify_curve": timed.to_dict(), "curve_past": context,
+        "cached_verify_curve": costs.to_dict(), "anchored_curve": curve,
+        "budgets": budgets, "budgets_over_k": skipped,
+        "head_accuracies": None if accuracies is None else [[round(x, 4) for x in row] for row in accuracies],
+        "settings": [s.to_dict() for s in settings], "measured": [s.name for s in chosen],
+        "winner": winner.to_dict(),
+        "load_average": {"before": [round(x, 2) for x in load_before],
+                         "after": [round(x, 2) for x in os.getloadavg()]},
+    }
+
+
+def _medusa_trees(recordings, budgets: list[int], manifest) -> tuple[list[list[float]], list]:
+    """The heads' top-k accuracies, the greedy tree of each budget (a budget the accuracies cannot fill gives an
+    earlier budget's tree: kept once) and the shipped tree."""
+    from trtspec.bench.medusa_tree import greedy_tree, head_accuracies
+
+    accuracies = head_accuracies([r.head_ranks for r in recordings], HEAD_RANKS)
+    trees, seen = [], []
+    for b in budgets:
+        choices = greedy_tree(accuracies, b)[0]
+        if choices and choices not in seen:
+            trees.append((f"medusa-tree/{len(choices)}", choices))
+            seen.append(choices)
+    if manifest.tree:
+        trees.append(("medusa (shipped)", [list(c) for c in manifest.tree]))
+    return accuracies, trees
+
+
+def _candidates(settings: list[Setting], count: int) -> list[Setting]:
+    """Plain decoding, the `count` best predicted settings, the best of each method (a Medusa engine's best tree
+    stands beside its shipped one) and the shipped drafter (each setting's predicted speedup set on the way)."""
+    base = settings[0].predicted["decode_tokens_per_s"]
+    for s in settings:
+        s.predicted["speedup"] = round(s.predicted["decode_tokens_per_s"] / base, 3) if base else None
+    ranked = sorted(settings[1:], key=lambda s: -s.predicted["decode_tokens_per_s"])
+    best_of = {}
+    for s in ranked:
+        best_of.setdefault(s.method, s)
+    shipped = [s for s in settings if s.name.endswith("(shipped)")]
+    chosen = [settings[0]]
+    for s in [*ranked[:count], *best_of.values(), *shipped]:
+        if s not in chosen:
+            chosen.append(s)
+    return chosen
+
+
+def _predicted_plain(plain_ms: float) -> dict:
+    return {"tau": 1.0, "acceptance_rate": 0.0, "decode_tokens_per_s": round(1000 / plain_ms, 2) if plain_ms else 0.0,
+            "draft_ms_per_step": 0.0}
+
+
+def _anchored(costs, recordings) -> dict:
+    """The verify curve's milliseconds scaled so that its plain step equals the plain decode step the calibration
+    run measured (the curve's shape, the loop's level: a curve measured alone misses the loop's own work and the
+    machine's load of the moment)."""
+    tokens = sum(len(r.output_ids) - 1 for r in recordings)
+    plain_s = sum(r.plain_decode_s for r in recordings)
+    measured = 1000 * plain_s / tokens if tokens and plain_s else costs.step_ms[0]
+    scale = measured / costs.step_ms[0]
+    return {"profiles": list(costs.profiles), "step_ms": [round(ms * scale, 3) for ms in costs.step_ms],
+            "scale": round(scale, 4)}
+
+
+def _replay(generator, setting: Setting, recordings, max_tokens: int, costs) -> tuple:
+    """(statistics, tokens after the first) of a setting replayed over recordings in order, learning as a run."""
+    from trtspec.speculative.methods import make_proposer
+    from trtspec.speculative.ngram_proposer import NgramConfig
+    from trtspec.speculative.stats import SpecStats
+
+    if setting.method == PLAIN:
+        tokens = sum(min(max_tokens, len(r.output_ids)) - 1 for r in recordings)
+        return SpecStats(steps=tokens), tokens
+    if setting.method == "medusa":
+        tokens = sum(min(max_tokens, len(r.output_ids)) - 1 for r in recordings)
+        return replay_tree(recordings, setting.choices, max_tokens, costs), tokens
+    model, recent = _learning_state()
+    total = Replayed()
+    for r in recordings:
+        proposer = make_proposer(setting.method, generator.engine, ngram=NgramConfig(max_draft_len=setting.budget),
+                                 acceptance=model, recent=recent)
+        total = total.merge(replay_drafter(proposer, r, costs, generator.engine.vocab_size, max_tokens))
+    return total.stats, total.tokens
+
+
+def _calibrated_setting(generator, method: str, prompts, max_tokens: int, curve: dict) -> Setting:
+    """The engine's own trained drafter (EAGLE), not replayable offline: run for real on the calibration prompts,
+    its steps and drafting time then costed on the curve as the replayed ones are."""
+    from trtspec.runtime.loop import GenerationConfig, generate
+    from trtspec.speculative.stats import SpecStats
+
+    config = GenerationConfig(max_tokens=max_tokens, end_id=generator.manifest.model.end_id)
+    stats, tokens = SpecStats(), 0
+    for p in prompts:
+        result = generate(generator.engine, list(p.ids), generator.proposer(method=method), config)
+        stats, tokens = stats.merge(result.stats), tokens + len(result.output_ids) - 1
+    setting = Setting(f"{method} (shipped)", method, generator.engine.max_draft_len)
+    setting.predicted = {**_prediction(stats, tokens, curve), "calibration": "run, not replayed"}
+    return setting
+
+
+def _tau(stats, tokens: int) -> float:
+    return round(tokens / stats.steps, 3) if stats.steps else 1.0
+
+
+def _tree_setting(name: str, choices, recordings, costs, curve: dict, max_tokens: int, head_ms: float,
+                  accuracies) -> Setting:
+    from trtspec.bench.medusa_tree import expected_length
+
+    setting = Setting(name, "medusa", len(choices), choices)
+    stats, tokens = _replay(None, setting, recordings, max_tokens, costs)
+    stats.draft_s = stats.steps * head_ms / 1000  # the heads run once per step
+    setting.predicted = _prediction(stats, tokens, curve)
+    setting.predicted["expected_tau_independent_heads"] = round(expected_length(accuracies, choices), 3)
+    return setting
+
+
+def _prediction(stats, tokens: int, curve: dict) -> dict:
+    """τ and decode tokens/s of replayed steps: each step's profile at the anchored curve's milliseconds, plus the
+    drafter's own time."""
+    step_ms = dict(zip(curve["profiles"], curve["step_ms"]))
+    ms = sum(step_ms[slots] * n for slots, n in stats.profile_steps.items()) + 1000 * stats.draft_s
+    return {"tau": _tau(stats, tokens), "acceptance_rate": round(stats.acceptance_rate, 3),
+            "decode_tokens_per_s": round(1000 * tokens / ms, 2) if ms else 0.0,
+            "draft_ms_per_step": round(1000 * stats.draft_s / stats.steps, 3) if stats.steps else 0.0,
+            "per_position_acceptance": [round(x, 3) for x in stats.per_position_acceptance],
+            "steps_per_profile": {str(s): n for s, n in sorted(stats.profile_steps.items())}}
+
+
+def _measure(generator, settings: list[Setting], prompts, options: TuneOptions, show) -> None:
+    """Every setting on every evaluation prompt, T = 0, the order rotating per prompt; decode tokens/s and τ."""
+    from trtspec.runtime.loop import GenerationConfig, generate
+    from trtspec.speculative.stats import SpecStats
+
+    config = GenerationConfig(max_tokens=options.max_tokens, end_id=generator.manifest.model.end_id)
+    learnt = {s.name: _learning_state() for s in settings}
+    sums = {s.name: {"tokens": 0, "decode_s": 0.0, "stats": SpecStats(), "outputs": []} for s in settings}
+    for s in settings:  # warm-up
+        generate(generator.engine, list(prompts[0].ids), _proposer(generator, s, learnt[s.name]),
+                 GenerationConfig(max_tokens=8, end_id=config.end_id))
+    learnt = {s.name: _learning_state() for s in settings}
+    with progress_bar("measure candidates", total=len(prompts) * len(settings),
+                      enabled=options.show_progress) as advance:
+        for i, prompt in enumerate(prompts):
+            order = settings[i % len(settings):] + settings[:i % len(settings)]
+            for s in order:
+                result = generate(generator.engine, list(prompt.ids), _proposer(generator, s, learnt[s.name]), config)
+                acc = sums[s.name]
+                acc["tokens"] += len(result.output_ids) - 1
+                acc["decode_s"] += result.total_s - result.ttft_s
+                acc["stats"] = acc["stats"].merge(result.stats)
+                acc["outputs"].append(result.output_ids)
+                advance()
+    plain = sums[PLAIN]
+    for s in settings:
+        acc = sums[s.name]
+        tps = acc["tokens"] / acc["decode_s"] if acc["decode_s"] else 0.0
+        s.measured = {"tau": round(acc["tokens"] / acc["stats"].steps, 3) if acc["stats"].steps else 1.0,
+                      "acceptance_rate": round(acc["stats"].acceptance_rate, 3),
+                      "decode_tokens_per_s": round(tps, 2),
+                      "identical": f"{sum(a == b for a, b in zip(acc['outputs'], plain['outputs']))}/{len(prompts)}"}
+        base = plain["tokens"] / plain["decode_s"] if plain["decode_s"] else 0.0
+        s.measured["speedup"] = round(tps / base, 3) if base else None
+        p = s.predicted["decode_tokens_per_s"]
+        s.measured["prediction_error"] = round(p / tps - 1, 3) if tps else None
+        # the speedup's error: the ratio to plain decoding, free of the machine's level (the anchor's drift)
+        s.measured["speedup_error"] = round(s.predicted["speedup"] / s.measured["speedup"] - 1, 3) \
+            if s.measured["speedup"] and s.predicted.get("speedup") else None
+        show(f"  {s.name}: predicted τ {s.predicted['tau']:.2f} {p:.1f} tok/s, measured τ {s.measured['tau']:.2f} "
+             f"{tps:.1f} tok/s")
+
+
+def _learning_state():
+    """A setting's own acceptance model and recent outputs (what ngram / suffix learn across requests)."""
+    from trtspec.speculative.datastore import RecentOutputs
+    from trtspec.speculative.ngram_proposer import AcceptanceModel
+
+    return AcceptanceModel(), RecentOutputs()
+
+
+def _proposer(generator, setting: Setting, state):
+    from trtspec.speculative.methods import make_proposer
+    from trtspec.speculative.ngram_proposer import NgramConfig
+    from trtspec.speculative.tree import build_tree
+
+    engine = generator.engine
+    if setting.method == PLAIN:
+        return make_proposer(PLAIN, engine)
+    if setting.method == "medusa":
+        return make_proposer("medusa", engine, tree=build_tree(setting.choices))
+    if setting.method not in TRAINING_FREE:  # the engine's own trained drafter, as it ships
+        return generator.proposer(method=setting.method)
+    model, recent = state
+    return make_proposer(setting.method, engine, ngram=NgramConfig(max_draft_len=setting.budget), acceptance=model,
+                         recent=recent)
+
+
+def format_tune(report: dict) -> list[str]:
+    """The settings, predicted beside measured, and the winner."""
+    split = report["split"]
+    lines = [f"engine {report['engine']} (method {report['method']}, K {report['max_draft_len']}), "
+             f"{report['max_tokens']} tokens, T = 0, load average {report['load_average']['before'][0]} / "
+             f"{report['load_average']['after'][0]}",
+             f"calibration: {split['calibration']}; evaluation: {split['evaluation']}",
+             f"verify curve after {report['curve_past']} tokens: " + ", ".join(f"{p} slots {ms:.1f} ms" for p, ms in
+                                          zip(report["verify_curve"]["profiles"], report["verify_curve"]["step_ms"]))
+             + f"; scaled x{report['anchored_curve']['scale']:.2f} to the calibration run's plain step"]
+    if report["budgets_over_k"]:
+        lines.append(f"budgets over K = {report['max_draft_len']} left out: {report['budgets_over_k']}")
+    lines.append(f"{'setting':<20} {'pred τ':>6} {'pred tok/s':>10} {'pred x':>7} | {'meas τ':>6} {'meas tok/s':>10} "
+                 f"{'meas x':>7} {'error':>6} {'x error':>7} {'same':>5} {'replayed τ on eval':>18}")
+    for s in report["settings"]:
+        p, m = s["predicted"], s["measured"]
+        row = f"{s['name']:<20} {p['tau']:>6.2f} {p['decode_tokens_per_s']:>10.1f} {_x(p.get('speedup')):>7} |"
+        if m is not None:
+            err = "-" if m["prediction_error"] is None else f"{m['prediction_error']:+.0%}"
+            x_err = "-" if m.get("speedup_error") is None else f"{m['speedup_error']:+.0%}"
+            row += (f" {m['tau']:>6.2f} {m['decode_tokens_per_s']:>10.1f} {_x(m['speedup']):>7} {err:>6} {x_err:>7} "
+                    f"{m['identical']:>5} {_num(m.get('replayed_tau')):>18}")
+        lines.append(row)
+    w = report["winner"]
+    lines.append(f"winner: {w['name']}" + (f" (tree {w['choices']})" if w["choices"] else "")
+                 + f", measured {_x(w['measured']['speedup'])} decode speedup on the evaluation prompts")
+    return lines
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _x(value) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def write_winner(report: dict, path: Path) -> None:
+    """The winner as recipe settings: on an existing recipe with a Medusa tree winner, its build.choices (and
+    build.max_draft_len) replaced; otherwise a YAML file of the winner (method, K, tree, ngram budget) and the figures
+    behind it (recipes have no field for a training-free method yet)."""
+    import json
+
+    import yaml
+
+    from trtspec.outdir import atomic_output_file
+
+    w = report["winner"]
+    if path.is_file() and w["choices"]:
+        recipe = yaml.safe_load(path.read_text())
+        build = recipe.setdefault("build", {})
+        build.pop("preset", None)
+        build["choices"] = json.dumps(w["choices"])
+        build["max_draft_len"] = max(build.get("max_draft_len") or 0, len(w["choices"]))
+        text = yaml.safe_dump(recipe, sort_keys=False)
+    else:
+        tuned = {"method": w["method"], "max_draft_len": report["max_draft_len"],
+                 "choices": json.dumps(w["choices"]) if w["choices"] else None,
+                 "ngram": {"max_draft_len": w["budget"]} if w["method"] in TRAINING_FREE else None,
+                 "predicted": w["predicted"], "measured": w["measured"],
+                 "engine": report["engine"], "prompt_set": report["prompt_set"], "split": {
+                     k: v for k, v in report["split"].items() if not k.endswith("_ids")},
+                 "measured_on": time.strftime("%Y-%m-%d")}
+        text = "# trtspec tune's winner\n" + yaml.safe_dump({"tuned": tuned}, sort_keys=False)
+    with atomic_output_file(path) as tmp:
+        tmp.write_text(text)

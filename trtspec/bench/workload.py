@@ -1,0 +1,196 @@
+"""What `trtspec bench` sends and how: a prompt set's measured prompts, and the two targets that run a group of
+them at a concurrency, in process (`LocalTarget`, over `LocalGenerator`) or through a served ensemble
+(`ServedTarget`, over the Triton client), each returning one `Timed` record per request.
+
+Concurrency C is a closed loop of C users: a user sends its next prompt when its last reply has finished. In
+process that is the in-flight batch of up to C sequences (a sequence joins when another leaves); served, C client
+threads, each its own gRPC connection and stream.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from trtspec.errors import ConfigError
+from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.stats import SpecStats
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    """One measured prompt: chat messages (served targets send the last one as text) and, in process, its ids."""
+
+    id: str
+    category: str
+    messages: tuple[dict, ...]
+    ids: tuple[int, ...] = ()
+
+    @property
+    def text(self) -> str:
+        return self.messages[-1]["content"]
+
+
+@dataclass
+class Timed:
+    """One request as a client sees it: its tokens, when they arrived, and the drafter's counters."""
+
+    output_ids: list[int]
+    ttft_s: float
+    total_s: float
+    chunk_s: list[float] = field(default_factory=list)  # arrival of each streamed chunk, from the request's start
+    stats: SpecStats = field(default_factory=SpecStats)
+    finish_reason: str = ""
+
+    @property
+    def itl_s(self) -> list[float]:
+        """Inter-token latency: the gaps between streamed chunks (a speculative step's chunk holds τ tokens)."""
+        return [b - a for a, b in zip(self.chunk_s, self.chunk_s[1:])]
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first; None for a one-token reply."""
+        n = len(self.output_ids)
+        return (self.total_s - self.ttft_s) / (n - 1) if n > 1 else None
+
+
+def load_bench_prompts(name: str, *, limit: int | None, split: str | None = "measure",
+                       generator=None, max_tokens: int = 128, show=print) -> list[BenchPrompt]:
+    """A set's measured prompts (its measurement split where it has one); with an in-process `generator`, their
+    ids too, dropping those that do not fit the engine. Two-turn sets ask the second turn after the engine's own
+    plain, greedy first answer (in process only). May be empty."""
+    from trtspec.data.prompts import PROMPT_SETS, load_prompts, second_turn
+
+    source = PROMPT_SETS.get(name)
+    use_split = split if source is not None and source.measure_size else None
+    prompts = load_prompts(name, limit=limit, split=use_split)
+    out = []
+    for p in prompts:
+        messages = tuple(p.messages)
+        if source is not None and source.two_turn:
+            if generator is None:
+                raise ConfigError(f"--prompt-set {name}: a two-turn set needs the engine's own first answers; "
+                                  "measure it in process (ENGINE_DIR), or use its first turns (mt-bench)")
+            first = generator.generate(list(messages), GenerationConfig(max_tokens=max_tokens, no_spec=True))
+            messages = tuple(second_turn(p, first.text))
+        if generator is None:
+            out.append(BenchPrompt(p.id, p.category, messages))
+            continue
+        ids = generator.encode(list(messages))
+        profile = generator.manifest.profile
+        if len(ids) > profile.max_input_len or len(ids) + max_tokens > profile.max_seq_len:
+            show(f"  {p.id}: {len(ids)} prompt tokens + {max_tokens} do not fit the engine "
+                 f"(max_input_len {profile.max_input_len}, max_seq_len {profile.max_seq_len}); skipped")
+            continue
+        out.append(BenchPrompt(p.id, p.category, messages, tuple(ids)))
+    return out
+
+
+class LocalTarget:
+    """An engine folder opened in this process."""
+
+    def __init__(self, generator):
+        self.generator = generator
+        self.own_method = generator.manifest.method.value
+        self.max_batch_size = generator.manifest.profile.max_batch_size
+
+    def describe(self) -> str:
+        return str(self.generator.engine.engine_dir)
+
+    def run(self, prompts: list[BenchPrompt], options: GenerationConfig, concurrency: int) -> tuple[list[Timed], float]:
+        """Every prompt through the in-flight batch of `concurrency` sequences; (one record each, wall seconds)."""
+        from trtspec.runtime.loop import GenerationConfig, Request, generate_batch
+        from trtspec.speculative.sampling import SamplingParams
+
+        if concurrency > self.max_batch_size:
+            raise ConfigError(f"--concurrency {concurrency} exceeds the engine's max_batch_size "
+                              f"{self.max_batch_size}; rebuild with --max-batch-size {concurrency}")
+        config = GenerationConfig(max_tokens=options.max_tokens, end_id=self.generator.manifest.model.end_id,
+                                  sampling=SamplingParams(temperature=options.temperature, top_k=options.top_k,
+                                                          top_p=options.top_p, seed=options.seed))
+        clocks = [_ChunkClock() for _ in prompts]
+        requests = [Request(list(p.ids), self.generator.proposer(options.no_spec, options.method, options.ngram,
+                                                                 options.lookahead), config, clock.tick)
+                    for p, clock in zip(prompts, clocks)]
+        start = time.perf_counter()
+        results = generate_batch(self.generator.engine, requests, max_batch_size=concurrency)
+        wall = time.perf_counter() - start
+        return [Timed(r.output_ids, r.ttft_s, r.total_s, clock.since(r.ttft_s), r.stats, r.finish_reason)
+                for r, clock in zip(results, clocks)], wall
+
+
+class _ChunkClock:
+    """The arrival times of a request's streamed chunks (`on_tokens`), the first being its first token."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def tick(self, tokens) -> None:
+        self.times.append(time.perf_counter())
+
+    def since(self, ttft_s: float) -> list[float]:
+        """The times relative to the request's start, given that the first chunk came at ttft_s."""
+        if not self.times:
+            return []
+        start = self.times[0] - ttft_s
+        return [t - start for t in self.times]
+
+
+class ServedTarget:
+    """A deployed ensemble over gRPC streaming (trtspec's CPU flavour takes --method and speculation off)."""
+
+    def __init__(self, url: str, *, model: str = "ensemble", timeout_s: float = 600.0):
+        from trtspec.triton.client import TritonClient
+
+        self.url, self.model, self.timeout_s = url, model, timeout_s
+        with TritonClient(url, model=model, timeout_s=timeout_s) as client:
+            client.check_ready(wait_s=5.0)
+        self.own_method = None  # what the deployment runs when no method is asked for
+        self.max_batch_size = None
+
+    def describe(self) -> str:
+        return f"{self.url} ({self.model})"
+
+    def run(self, prompts: list[BenchPrompt], options: GenerationConfig, concurrency: int) -> tuple[list[Timed], float]:
+        """Every prompt by `concurrency` client threads, each its own connection; (one record each, wall seconds)."""
+        from trtspec.triton.client import TritonClient
+
+        out: list[Timed | BaseException | None] = [None] * len(prompts)
+        order = iter(range(len(prompts)))
+        lock = threading.Lock()
+
+        def user():
+            with TritonClient(self.url, model=self.model, timeout_s=self.timeout_s) as client:
+                while True:
+                    with lock:
+                        i = next(order, None)
+                    if i is None:
+                        return
+                    try:
+                        out[i] = _served_one(client, prompts[i], options)
+                    except BaseException as e:  # raised below, in the caller's thread
+                        out[i] = e
+
+        users = [threading.Thread(target=user) for _ in range(min(concurrency, len(prompts)))]
+        start = time.perf_counter()
+        for u in users:
+            u.start()
+        for u in users:
+            u.join()
+        wall = time.perf_counter() - start
+        for r in out:
+            if isinstance(r, BaseException):
+                raise r
+        return out, wall
+
+
+def _served_one(client, prompt: BenchPrompt, options: GenerationConfig) -> Timed:
+    chunks: list[float] = []
+    start = time.perf_counter()
+    remote = client.generate(prompt.text, options, on_text=lambda piece: chunks.append(time.perf_counter() - start))
+    stats = SpecStats(steps=remote.steps, draft_tokens=remote.draft_tokens, accepted_tokens=remote.accepted_tokens,
+                      profile_steps={int(k): v for k, v in remote.steps_per_profile.items()})
+    if chunks and remote.ttft_s:
+        chunks[0] = remote.ttft_s  # the first token's arrival, as the client measured it (its text may come later)
+    return Timed(remote.output_ids, remote.ttft_s, remote.total_s, chunks, stats, remote.finish_reason)

@@ -1,0 +1,73 @@
+"""tune and advise: pick a drafting setting for an engine on this machine, and say whether speculation pays."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from trtspec.cli.app import EXISTING_DIR, SPIN_HELP, _sampling_flag, cli, user_errors
+from trtspec.cli.bench import _csv
+
+
+@cli.command()
+@click.argument("engine", type=EXISTING_DIR)
+@click.option("--prompt-set", default="sharegpt-grounded", show_default=True,
+              help="Calibrate on its tune split, measure on its measure split (sets without splits: the first "
+                   "--evaluation prompts are measured, the next --calibration calibrate).")
+@click.option("--budget", "budgets", callback=_csv(int), default="4,8,16,32", show_default=True, metavar="4,8,16,32",
+              help="Draft nodes per step to try (those over the engine's K are left out).")
+@click.option("--calibration", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Calibration prompts, decoded once and replayed.")
+@click.option("--evaluation", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Held-out prompts the best candidates are measured on.")
+@click.option("--candidates", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Best predicted settings measured (with plain decoding and the shipped tree).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens per prompt.")
+@click.option("--threads", type=int, default=2, show_default=True, help="ONNX Runtime intra-op threads.")
+@click.option("--spin/--no-spin", default=None, help=SPIN_HELP)
+@click.option("--write-recipe", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the winner: into an existing recipe's build.choices (a Medusa tree), else as a YAML file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--no-progress", is_flag=True, help="No progress bars on stderr.")
+@user_errors
+def tune(engine: Path, write_recipe: Path | None, as_json: bool, no_progress: bool, **flags) -> None:
+    """Predict each drafting setting's tokens/s from the verify curve and τ replayed over calibration prompts
+    (ngram / suffix per node budget; Medusa engines: the paper's greedy tree per budget), measure the best on
+    held-out prompts, print predicted beside measured and the winner."""
+    from trtspec.bench.tune import TuneOptions, format_tune, run_tune, write_winner
+
+    report = run_tune(TuneOptions(engine=engine, show_progress=not no_progress, **flags),
+                      show=lambda line: click.echo(line, err=True))
+    click.echo(json.dumps(report, indent=1) if as_json else "\n".join(format_tune(report)))
+    if write_recipe is not None:
+        write_winner(report, write_recipe)
+        click.echo(f"wrote {write_recipe}", err=True)
+
+
+@cli.command()
+@click.argument("engine", type=EXISTING_DIR)
+@click.option("--prompt-set", default="mt-bench", show_default=True,
+              help="Prompts like the traffic's: a known set (its measure split) or a .jsonl file.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="The traffic's temperature.",
+              callback=lambda ctx, param, value: _sampling_flag(param, value))
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True,
+              help="The traffic's concurrent requests (in process: at most the engine's max_batch_size).")
+@click.option("--method", "methods", callback=_csv(str), metavar="A,B",
+              help="Candidates (default: the engine's own drafter, ngram and suffix where it runs them).")
+@click.option("--limit", type=click.IntRange(min=1), default=4, show_default=True, help="Prompts measured.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens per prompt.")
+@click.option("--threads", type=int, default=2, show_default=True, help="ONNX Runtime intra-op threads.")
+@click.option("--spin/--no-spin", default=None, help=SPIN_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print the advice as JSON (with the bench report behind it).")
+@click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
+@user_errors
+def advise(engine: Path, methods, as_json: bool, no_progress: bool, **flags) -> None:
+    """Go / no-go for speculation on this engine and traffic, with the measured reasons (acceptance, output
+    length, temperature, concurrency on the batch verify curve, drafting overhead, TTFT) and the method to use."""
+    from trtspec.bench.advise import AdviseOptions, format_advice, run_advise
+
+    advice = run_advise(AdviseOptions(engine=engine, methods=methods or (), show_progress=not no_progress, **flags),
+                        show=lambda line: click.echo(line, err=True))
+    click.echo(json.dumps(advice, indent=1) if as_json else "\n".join(format_advice(advice)))
