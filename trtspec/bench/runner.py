@@ -17,6 +17,7 @@ from trtspec.bench.workload import BenchPrompt, LocalTarget, ServedTarget, load_
 from trtspec.errors import ConfigError
 from trtspec.progress import progress_bar
 from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.sampling import SamplingParams
 
 WARMUP_TOKENS = 8
 
@@ -81,7 +82,8 @@ def run_bench(options: BenchOptions, show=print, target=None) -> BenchRun:
     if local and target.own_method == PLAIN and not options.methods:
         raise ConfigError(f"engine {options.engine} has no drafter of its own; name one with --method ngram (an "
                           "engine built with --max-draft-len K >= 1 runs ngram and suffix)")
-    base = GenerationConfig(max_tokens=options.max_tokens, temperature=options.temperature, seed=options.seed)
+    base = GenerationConfig(max_tokens=options.max_tokens,
+                            sampling=SamplingParams(temperature=options.temperature, seed=options.seed))
     runs = {PLAIN: replace(base, no_spec=True),
             **{m: replace(base, method=None if m == "spec" else m) for m in methods}}
     recents = _own_recent_outputs(target, runs)

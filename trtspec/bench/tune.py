@@ -249,7 +249,7 @@ def _calibrated_setting(generator, method: str, prompts, max_tokens: int, curve:
     config = GenerationConfig(max_tokens=max_tokens, end_id=generator.manifest.model.end_id)
     stats, tokens = SpecStats(), 0
     for p in prompts:
-        result = generate(generator.engine, list(p.ids), generator.proposer(method=method), config)
+        result = generate(generator.engine, list(p.ids), generator.proposer(GenerationConfig(method=method)), config)
         stats, tokens = stats.merge(result.stats), tokens + len(result.output_ids) - 1
     setting = Setting(f"{method} (shipped)", method, generator.engine.max_draft_len)
     setting.predicted = {**_prediction(stats, tokens, curve), "calibration": "run, not replayed"}
@@ -346,7 +346,7 @@ def _proposer(generator, setting: Setting, state):
     if setting.method == "medusa":
         return make_proposer("medusa", engine, tree=build_tree(setting.choices))
     if setting.method not in TRAINING_FREE:  # the engine's own trained drafter, as it ships
-        return generator.proposer(method=setting.method)
+        return generator.proposer(GenerationConfig(method=setting.method))
     model, recent = state
     return make_proposer(setting.method, engine, ngram=NgramConfig(max_draft_len=setting.budget), acceptance=model,
                          recent=recent)

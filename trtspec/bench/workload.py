@@ -100,18 +100,16 @@ class LocalTarget:
 
     def run(self, prompts: list[BenchPrompt], options: GenerationConfig, concurrency: int) -> tuple[list[Timed], float]:
         """Every prompt through the in-flight batch of `concurrency` sequences; (one record each, wall seconds)."""
-        from trtspec.runtime.loop import GenerationConfig, Request, generate_batch
-        from trtspec.speculative.sampling import SamplingParams
+        from dataclasses import replace
+
+        from trtspec.runtime.loop import Request, generate_batch
 
         if concurrency > self.max_batch_size:
             raise ConfigError(f"--concurrency {concurrency} exceeds the engine's max_batch_size "
                               f"{self.max_batch_size}; rebuild with --max-batch-size {concurrency}")
-        config = GenerationConfig(max_tokens=options.max_tokens, end_id=self.generator.manifest.model.end_id,
-                                  sampling=SamplingParams(temperature=options.temperature, top_k=options.top_k,
-                                                          top_p=options.top_p, seed=options.seed))
+        config = replace(options, end_id=self.generator.manifest.model.end_id)
         clocks = [_ChunkClock() for _ in prompts]
-        requests = [Request(list(p.ids), self.generator.proposer(options.no_spec, options.method, options.ngram,
-                                                                 options.lookahead), config, clock.tick)
+        requests = [Request(list(p.ids), self.generator.proposer(options), config, clock.tick)
                     for p, clock in zip(prompts, clocks)]
         start = time.perf_counter()
         results = generate_batch(self.generator.engine, requests, max_batch_size=concurrency)

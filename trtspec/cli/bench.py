@@ -171,8 +171,9 @@ def _pair(ctx, param, value):
               help="New tokens per prompt.")
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
               help="ONNX Runtime intra-op threads.")
-@click.option("--spin/--no-spin", default=True, show_default=True,
-              help="Workers spin between ops (pass --no-spin with several engines in one process).")
+@click.option("--spin/--no-spin", default=None,
+              help="Workers spin between ops (default: the engine's: spin, unless its drafter runs in a second "
+                   "session; pass --no-spin with several engines in one process).")
 @click.option("--peers", callback=_csv(str), default="", help="Peers' own speculation beside ours: transformers, "
                                                              "onnxruntime-genai (needs --hf).")
 @click.option("--hf", type=EXISTING_DIR, help="The Hugging Face folder of the engine's model (for --peers).")
