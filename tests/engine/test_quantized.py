@@ -208,6 +208,9 @@ def test_a_plain_step_computes_a_slot_exactly_as_a_verify_step(engines, weights)
     (["--weights", "int4", "--block-size", "48"], "--block-size 48: unsupported block size; choose one of 32, 64, 128"),
     (["--weights", "int3"], "--weights int3: unknown weight format; choose one of fp32, int8, int4"),
     (["--block-size", "64"], "--block-size 64: applies to --weights int8 or int4, not fp32"),
+    (["--weights", "int4", "--lm-head-weights", "int2"],
+     "--lm-head-weights int2: unknown weight format; choose one of fp32, int8, int4"),
+    (["--weights", "int4", "--block-size", "16"], "--block-size 16: unsupported block size; choose one of 32, 64, 128"),
 ])
 def test_bad_quantization_flags_are_one_line_errors(ckpts, tmp_path, args, message):
     result = CliRunner().invoke(cli, ["build", str(ckpts["none"]), "--out", str(tmp_path / "e"), *args])
@@ -308,3 +311,33 @@ def test_an_eagle_draft_with_a_reduced_vocabulary_quantizes_too(tmp_path):
         spec = generate(engine, prompt, make_proposer("eagle", engine, tree=build_tree([[0], [0, 0], [0, 0, 0]])),
                         config)
         assert spec.output_ids == plain
+
+
+@pytest.mark.parametrize("weights,head", [("int4", "int8"), ("int4", "fp32"), ("fp32", "int8")])
+def test_lm_head_weights_apart_from_the_linear_layers(ckpts, tmp_path, weights, head):
+    """--lm-head-weights: the lm_head (and the tied embedding gathering its rows) in its own format; the numerics
+    check against the reference with the same mixed dequantized weights passes, plain steps stay padded to 2 slots
+    where any target matrix is quantized, and ngram speculation equals plain greedy output."""
+    m = build(BuildOptions(source=ckpts["medusa"], out=tmp_path / "e", max_input_len=64, max_seq_len=160,
+                           weights=weights, lm_head_weights=head, choices=TREE))
+    quantized = lambda dtype: WeightFormat(dtype=dtype, block_size=32, accuracy_level=4)  # noqa: E731
+    fmt = lambda dtype: WeightFormat() if dtype == "fp32" else quantized(dtype)  # noqa: E731
+    assert (m.weights.linear, m.weights.lm_head, m.weights.embedding) == (fmt(weights), fmt(head), fmt(head))
+    assert m.weights.drafter == fmt(weights) and m.weights.min_step_slots == 2
+    assert max(m.numerics.values()) < NUMERICS_TOLERANCE
+    engine = OrtEngine(tmp_path / "e", threads=1)
+    config = GenerationConfig(max_tokens=20)
+    for prompt in _prompts(4, seed=7):
+        plain = generate(engine, prompt, make_proposer("none", engine), config).output_ids
+        assert generate(engine, prompt, _proposer("medusa", engine), config).output_ids == plain
+
+
+def test_the_lm_head_format_changes_only_the_lm_head(ckpts, engines, tmp_path):
+    """int4 with an int8 lm_head: the layers' bytes are those of the int4 engine, the lm_head's those of int8."""
+    build(BuildOptions(source=ckpts["none"], out=tmp_path / "e", max_input_len=64, max_seq_len=160, max_draft_len=8,
+                       weights="int4", lm_head_weights="int8"))
+    size = lambda e: (e / "weights.bin").stat().st_size  # noqa: E731
+    assert size(engines["int4", "none"]) < size(tmp_path / "e") < size(engines["int8", "none"])
+    result = CliRunner().invoke(cli, ["inspect", str(tmp_path / "e")])
+    assert "lm_head: int8 (block 32, accuracy level 4)" in result.output
+    assert "linear: int4 (block 32, accuracy level 4)" in result.output

@@ -131,6 +131,8 @@ def tree(choices: str | None, preset: str | None, as_json: bool, png: Path | Non
 @click.option("--weights", default="fp32", show_default=True,
               help="onnx: fp32, int8 or int4: weight-only quantization of the linear layers and lm_head "
                    "(ONNX Runtime MatMulNBits).")
+@click.option("--lm-head-weights", help="onnx: fp32, int8 or int4 for the lm_head (and the tied embedding that "
+                                        "gathers its rows) apart from --weights (default: as --weights).")
 @click.option("--block-size", type=int, help="onnx, int8 / int4: values per scale, 32, 64 or 128 (default 32).")
 @click.option("--quantize-heads/--no-quantize-heads", default=True, show_default=True,
               help="onnx: the Medusa heads / EAGLE draft in the --weights format too (else fp32).")
@@ -155,6 +157,7 @@ def build(source: Path, backend: str, eagle2: str | None, dry_run: bool, **flags
     if backend == "trtllm":
         return _build_trtllm(source, eagle2, dry_run, **flags)
     _reject_trtllm_flags(flags)
+    from trtspec.engine.manifest import WeightFormat
     from trtspec.engine.onnx_builder import BuildOptions, build as build_engine, plan_build, plan_summary
     from trtspec.speculative.tree import DynamicTree
 
@@ -165,7 +168,9 @@ def build(source: Path, backend: str, eagle2: str | None, dry_run: bool, **flags
     manifest = build_engine(opts)
     worst = max(manifest.numerics.values(), default=0.0)
     slots = ", ".join(map(str, manifest.profile.slots)) or "none (plain)"
-    weights = "" if opts.weights == "fp32" else f", {manifest.weights.linear} weights"
+    w = manifest.weights
+    weights = "" if w.linear == w.lm_head == WeightFormat() else f", {w.linear} weights"
+    weights += "" if w.lm_head == w.linear else f" (lm_head {w.lm_head})"
     click.echo(f"wrote {opts.out}: {manifest.method.value} engine{weights}, K={manifest.profile.max_draft_len} "
                f"(slot profiles {slots}), max ORT vs reference error {worst:.1e} of scale")
 
@@ -183,8 +188,8 @@ def _reject_trtllm_flags(flags: dict) -> None:
 def _build_trtllm(source: Path, eagle2: str | None, dry_run: bool, *, as_json: bool, lookahead: str | None,
                   **flags) -> None:
     weights, block_size, _ = flags.pop("weights"), flags.pop("block_size"), flags.pop("quantize_heads")
-    if weights != "fp32" or block_size is not None:
-        raise click.UsageError("--weights / --block-size apply to --backend onnx only")
+    if weights != "fp32" or block_size is not None or flags.pop("lm_head_weights") is not None:
+        raise click.UsageError("--weights / --block-size / --lm-head-weights apply to --backend onnx only")
     if flags.pop("profiles", None) is not None:
         raise click.UsageError("--profiles applies to --backend onnx only: a TensorRT-LLM engine keeps one "
                                "max_draft_len (a GPU's verify step costs about the same at any slot count)")

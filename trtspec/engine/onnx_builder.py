@@ -25,7 +25,7 @@ from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, Backend, EngineWeights, 
                                      WeightFormat, default_slot_profiles, parse_slot_profiles)
 from trtspec.errors import BuildError, ConfigError
 from trtspec.model.config import ModelConfig
-from trtspec.model.quantize import DEFAULT_BLOCK_SIZE, QuantSpec, WeightDtype, check_block_size
+from trtspec.model.quantize import ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, QuantSpec, WeightDtype, check_block_size
 from trtspec.engine.integrity import record_files
 from trtspec.outdir import atomic_output_dir, check_output_dir
 from trtspec.speculative.tree import DynamicTree
@@ -53,6 +53,7 @@ class BuildOptions(EngineBuildOptions):
     dynamic_tree: DynamicTree | None = None  # EAGLE-2 instead of a static tree
     profiles: str | None = None  # `--profiles 2,4,8,16`: verify-step slot counts (default: 2, 3, 5, 9, ... K + 1)
     weights: str = "fp32"  # `--weights fp32|int8|int4`: the target's linear layers and lm_head
+    lm_head_weights: str | None = None  # `--lm-head-weights fp32|int8|int4`: the lm_head (+ tied embedding) apart
     block_size: int | None = None  # `--block-size 32|64|128` (quantized weights; default 32)
     quantize_heads: bool = True  # the Medusa heads / EAGLE draft in the --weights format too (else fp32)
 
@@ -101,14 +102,16 @@ def weight_plan(opts: BuildOptions, raw_config: dict):
         raise BuildError(f"{Path(opts.source) / 'config.json'}: quant_algo={algo}: the onnx backend cannot run this "
                          "quantization mode; build from the fp16 / fp32 checkpoint with --weights int8 or int4")
     dtype = WeightDtype.parse(opts.weights) if isinstance(opts.weights, str) else WeightDtype(opts.weights)
-    if dtype is WeightDtype.FP32:
+    head = dtype if opts.lm_head_weights is None else WeightDtype.parse(opts.lm_head_weights, "--lm-head-weights")
+    if dtype is WeightDtype.FP32 and head is WeightDtype.FP32:
         if opts.block_size is not None:
             raise ConfigError(f"--block-size {opts.block_size}: applies to --weights int8 or int4, not fp32")
         return WeightPlan()
-    spec = QuantSpec(dtype, check_block_size(opts.block_size if opts.block_size is not None else DEFAULT_BLOCK_SIZE))
+    block_size = check_block_size(opts.block_size if opts.block_size is not None else DEFAULT_BLOCK_SIZE)
+    spec = lambda d: None if d is WeightDtype.FP32 else QuantSpec(d, block_size)  # noqa: E731
     if not opts.quantize_heads:
         log.info("--no-quantize-heads: the Medusa heads / EAGLE draft keep fp32 weights")
-    return WeightPlan(base=spec, drafter=spec if opts.quantize_heads else None)
+    return WeightPlan(base=spec(dtype), drafter=spec(dtype) if opts.quantize_heads else None, lm_head=spec(head))
 
 
 def _gathers_embedding(plan, cfg: ModelConfig, raw_config: dict) -> bool:
@@ -116,7 +119,7 @@ def _gathers_embedding(plan, cfg: ModelConfig, raw_config: dict) -> bool:
     blocks per row. The writer decides from the tensors themselves (onnx_ops.tie_quantized); `build` records what
     the written graph does."""
     tied = bool(raw_config.get("tie_word_embeddings"))
-    return tied and plan.base is not None and cfg.hidden_size % plan.base.block_size == 0
+    return tied and plan.lm_head is not None and cfg.hidden_size % plan.lm_head.block_size == 0
 
 
 def _engine_weights(plan, cfg: ModelConfig, *, embedding_gathered: bool) -> EngineWeights:
@@ -125,8 +128,8 @@ def _engine_weights(plan, cfg: ModelConfig, *, embedding_gathered: bool) -> Engi
                                                                 accuracy_level=spec.accuracy_level)
 
     has_drafter = cfg.num_medusa_heads > 0 or cfg.eagle is not None
-    return EngineWeights(linear=fmt(plan.base), lm_head=fmt(plan.base),
-                         embedding=fmt(plan.base) if embedding_gathered else WeightFormat(),
+    return EngineWeights(linear=fmt(plan.base), lm_head=fmt(plan.lm_head),
+                         embedding=fmt(plan.lm_head) if embedding_gathered else WeightFormat(),
                          drafter=fmt(plan.drafter) if has_drafter else None)
 
 
@@ -149,7 +152,7 @@ def build(opts: BuildOptions) -> Manifest:
             check_graph(graph.path)
         numerics = _numerics(opts, tmp, graphs, plan, generation_tokens=max(p.tokens_per_step, 2))
         worst = max(numerics.items(), key=lambda kv: kv[1])
-        what = "" if plan.base is None else " with the same dequantized weights"
+        what = "" if not plan.quantizes else " with the same dequantized weights"
         if worst[1] > NUMERICS_TOLERANCE:
             raise BuildError(f"exported graph output {worst[0]} differs from the torch reference{what} by "
                              f"{worst[1]:.2e} of its scale (tolerance {NUMERICS_TOLERANCE:.0e}); this is a trtspec "
@@ -168,7 +171,7 @@ def _numerics(opts: BuildOptions, tmp: Path, graphs: dict, plan, *, generation_t
     (CHECK_ACCURACY_LEVEL, deleted after), the shipped graphs' own deviation logged."""
     from trtspec.model.onnx_check import compare_with_reference, with_accuracy_level
 
-    if plan.base is None and plan.drafter is None:
+    if not plan.quantizes:
         return compare_with_reference(opts.source, tmp, graphs, generation_tokens=generation_tokens)
     twins = with_accuracy_level(graphs, CHECK_ACCURACY_LEVEL, ".check")
     try:
@@ -179,7 +182,7 @@ def _numerics(opts: BuildOptions, tmp: Path, graphs: dict, plan, *, generation_t
     shipped = compare_with_reference(opts.source, tmp, graphs, generation_tokens=generation_tokens, weights=plan)
     role, worst = max(shipped.items(), key=lambda kv: kv[1])
     log.info("quantized graphs at accuracy level %d (int8 activations) vs the dequantized reference on a random step: "
-             "at most %.1e of scale (%s); at accuracy level %d: %.1e", plan.base.accuracy_level, worst, role,
+             "at most %.1e of scale (%s); at accuracy level %d: %.1e", ACCURACY_LEVEL, worst, role,
              CHECK_ACCURACY_LEVEL, max(numerics.values()))
     return numerics
 

@@ -52,11 +52,17 @@ class ExportedGraph:
 
 @dataclass(frozen=True)
 class WeightPlan:
-    """Which matrices a build quantizes: the target's linear layers and lm_head (`base`), the Medusa heads / EAGLE
-    draft (`drafter`); None: fp32. Norms, biases and untied embedding tables stay fp32 (a Gather reads few rows)."""
+    """Which matrices a build quantizes: the target's linear layers (`base`), its lm_head (`lm_head`; a tied embedding
+    gathers its rows), the Medusa heads / EAGLE draft (`drafter`); None: fp32. Norms, biases and untied embedding
+    tables stay fp32 (a Gather reads few rows)."""
 
     base: QuantSpec | None = None
     drafter: QuantSpec | None = None
+    lm_head: QuantSpec | None = None
+
+    @property
+    def quantizes(self) -> bool:
+        return any(spec is not None for spec in (self.base, self.drafter, self.lm_head))
 
 
 @dataclass(frozen=True)
@@ -151,7 +157,7 @@ def _write_head(src: _Source, wf: WeightFile, embedding: str, lm_head: str, shap
 
 def _write_base(src: _Source, wf: WeightFile, c: ModelConfig, plan: WeightPlan = WeightPlan()) -> _Layout:
     H, V = c.hidden_size, c.vocab_size
-    tied = _write_head(src, wf, "transformer.vocab_embedding.weight", "lm_head.weight", (V, H), plan.base)
+    tied = _write_head(src, wf, "transformer.vocab_embedding.weight", "lm_head.weight", (V, H), plan.lm_head)
     for layer in range(c.num_layers):
         _write_layer(src, wf, c, f"transformer.layers.{layer}", f"layers.{layer}", input_norm=True, spec=plan.base)
     wf.add("ln_f.weight", src.get("transformer.ln_f.weight", (H,)))
@@ -165,7 +171,7 @@ def _write_base(src: _Source, wf: WeightFile, c: ModelConfig, plan: WeightPlan =
             wf.add(f"medusa.{h}.{layer}.bias", src.get(f"{name}.bias", (H,)))
         head = src.get(f"medusa_heads.{h}.lm_head.weight", (V, H))
         if np.array_equal(head, base_head):  # heads-only Medusa: the base lm_head, stored once
-            shared = "lm_head.weight" if plan.drafter == plan.base else "medusa.lm_head.weight"  # in its own format
+            shared = "lm_head.weight" if plan.drafter == plan.lm_head else "medusa.lm_head.weight"  # in its own format
             if shared not in wf:
                 wf.add_matrix(shared, head, plan.drafter, fp32_layout="out_in")
             heads.append(shared)
@@ -344,7 +350,7 @@ def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, max_positions: int,
         _check_eagle_copies(ckpt, c)
         parts.append(("draft_", DRAFT_WEIGHTS, _write_draft, draft_graph))
     graphs = {}
-    quantizing = weights.base is not None or (weights.drafter is not None and (c.eagle or c.num_medusa_heads))
+    quantizing = weights.base is not None or weights.lm_head is not None or (weights.drafter is not None and (c.eagle or c.num_medusa_heads))
     total = c.num_layers + c.num_medusa_heads + (c.eagle.num_layers if c.eagle is not None else 0)
     with progress_bar("quantizing weights", total=total, enabled=bool(quantizing)) as advance:
         for role_prefix, file_name, write, build in parts:
