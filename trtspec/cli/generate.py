@@ -88,22 +88,24 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
     from trtspec.runtime.generator import LocalGenerator
 
     generator = LocalGenerator(engine, threads=threads, spin=spin, datastore=datastore)
+    engine_facts = {"weights": generator.manifest.weights.summary()}  # --json: the weight format per component
     if not stream:  # all prompts at once, with in-flight batching
         for i, result in enumerate(generator.generate_many(prompts, options)):
-            _echo_reply(result, i, as_json)
+            _echo_reply(result, i, as_json, engine_facts)
         return
     for i, p in enumerate(prompts):
         if i and not as_json:
             click.echo("")
         on_text = None if as_json else (lambda piece: click.echo(piece, nl=False))
-        _echo_reply(generator.generate(p, options, index=i, on_text=on_text), 0, as_json, streamed=True)
+        _echo_reply(generator.generate(p, options, index=i, on_text=on_text), 0, as_json, engine_facts, streamed=True)
 
 
-def _echo_reply(result, index: int, as_json: bool, *, streamed: bool = False) -> None:
-    """One reply: a JSON line, or its text (unless it was streamed) and its stats line on stderr, a blank line
-    between replies."""
+def _echo_reply(result, index: int, as_json: bool, engine_facts: dict | None = None, *,
+                streamed: bool = False) -> None:
+    """One reply: a JSON line (with `engine_facts`, a local engine's), or its text (unless it was streamed) and its
+    stats line on stderr, a blank line between replies."""
     if as_json:
-        click.echo(json.dumps(result.to_dict()))
+        click.echo(json.dumps({**result.to_dict(), **(engine_facts or {})}))
         return
     if index:
         click.echo("")
