@@ -44,6 +44,14 @@ class TrtllmCheckpoint:
         """The full (unsharded) tensor; for attention.qkv the concatenation [q; k; v]."""
         return torch.cat(self.tensor_parts(name), dim=0) if split_of(name) is Split.QKV else self.tensor_parts(name)[0]
 
+    def dtype(self, name: str) -> torch.dtype:
+        """The stored dtype of a tensor (from the file header; nothing is read)."""
+        locs = self._locations.get(name)
+        if locs is None:
+            raise CheckpointError(f"{self.directory}: no tensor {name}")
+        rank, key = locs[0]
+        return self.ranks[rank].infos[key].dtype
+
     def tensor_parts(self, name: str) -> tuple[torch.Tensor, ...]:
         locs = self._locations.get(name)
         if locs is None:

@@ -128,9 +128,9 @@ def tree(choices: str | None, preset: str | None, as_json: bool, png: Path | Non
 @click.option("--no-spec", is_flag=True, help="Build a plain engine (no drafter) from any checkpoint.")
 @click.option("--profiles", help="onnx: verify-step slot counts, e.g. 2,4,8 (K + 1 is always one; default "
                                  "2,3,5,9,17,... up to K + 1): a step runs the smallest that holds its draft.")
-@click.option("--weights", default="fp32", show_default=True,
+@click.option("--weights",
               help="onnx: fp32, int8 or int4: weight-only quantization of the linear layers and lm_head "
-                   "(ONNX Runtime MatMulNBits).")
+                   "(ONNX Runtime MatMulNBits; default fp32, or what a W8A16 / W4A16 checkpoint asks for).")
 @click.option("--lm-head-weights", help="onnx: fp32, int8 or int4 for the lm_head (and the tied embedding that "
                                         "gathers its rows) apart from --weights (default: as --weights).")
 @click.option("--block-size", type=int, help="onnx, int8 / int4: values per scale, 32, 64 or 128 (default 32).")
@@ -188,7 +188,7 @@ def _reject_trtllm_flags(flags: dict) -> None:
 def _build_trtllm(source: Path, eagle2: str | None, dry_run: bool, *, as_json: bool, lookahead: str | None,
                   **flags) -> None:
     weights, block_size, _ = flags.pop("weights"), flags.pop("block_size"), flags.pop("quantize_heads")
-    if weights != "fp32" or block_size is not None or flags.pop("lm_head_weights") is not None:
+    if weights is not None or block_size is not None or flags.pop("lm_head_weights") is not None:
         raise click.UsageError("--weights / --block-size / --lm-head-weights apply to --backend onnx only")
     if flags.pop("profiles", None) is not None:
         raise click.UsageError("--profiles applies to --backend onnx only: a TensorRT-LLM engine keeps one "

@@ -19,6 +19,7 @@ from trtspec import __version__
 from trtspec.checkpoint.convert import PROVENANCE_FILE
 from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
 from trtspec.checkpoint.hf_config import read_json
+from trtspec.checkpoint.quantization import checkpoint_weight_format
 from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
 from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, Backend, EngineWeights, Manifest, Method, ModelInfo, Profile,
@@ -52,7 +53,9 @@ DEFAULT_PRESET = "medusa_small_8"
 class BuildOptions(EngineBuildOptions):
     dynamic_tree: DynamicTree | None = None  # EAGLE-2 instead of a static tree
     profiles: str | None = None  # `--profiles 2,4,8,16`: verify-step slot counts (default: 2, 3, 5, 9, ... K + 1)
-    weights: str = "fp32"  # `--weights fp32|int8|int4`: the target's linear layers and lm_head
+    # `--weights fp32|int8|int4`: the target's linear layers and lm_head (None: fp32, or the format a W8A16 / W4A16
+    # checkpoint asks for)
+    weights: str | None = None
     lm_head_weights: str | None = None  # `--lm-head-weights fp32|int8|int4`: the lm_head (+ tied embedding) apart
     block_size: int | None = None  # `--block-size 32|64|128` (quantized weights; default 32)
     quantize_heads: bool = True  # the Medusa heads / EAGLE draft in the --weights format too (else fp32)
@@ -97,11 +100,13 @@ def weight_plan(opts: BuildOptions, raw_config: dict):
     refusing a checkpoint that is quantized already (the onnx backend quantizes from fp32 / fp16 / bf16 only)."""
     from trtspec.model.onnx_graph import WeightPlan
 
-    algo = (raw_config.get("quantization") or {}).get("quant_algo")
-    if algo is not None:
-        raise BuildError(f"{Path(opts.source) / 'config.json'}: quant_algo={algo}: the onnx backend cannot run this "
-                         "quantization mode; build from the fp16 / fp32 checkpoint with --weights int8 or int4")
-    dtype = WeightDtype.parse(opts.weights) if isinstance(opts.weights, str) else WeightDtype(opts.weights)
+    asked = checkpoint_weight_format(opts.source, raw_config)  # refuses what the onnx backend cannot run
+    weights = opts.weights if opts.weights is not None else asked or "fp32"
+    dtype = WeightDtype.parse(weights) if isinstance(weights, str) else WeightDtype(weights)
+    if asked is not None and dtype is not WeightDtype(asked):
+        algo = (raw_config.get("quantization") or {}).get("quant_algo")
+        raise ConfigError(f"--weights {dtype.value}: {Path(opts.source) / 'config.json'} asks for quant_algo={algo} "
+                          f"({asked} weights); pass --weights {asked} or build from a checkpoint without quant_algo")
     head = dtype if opts.lm_head_weights is None else WeightDtype.parse(opts.lm_head_weights, "--lm-head-weights")
     if dtype is WeightDtype.FP32 and head is WeightDtype.FP32:
         if opts.block_size is not None:

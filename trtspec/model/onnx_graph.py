@@ -100,6 +100,10 @@ class _Source:
                              "place in the exported graph; config.json does not describe it (attn_bias / mlp_bias?)")
 
     def _check(self, name: str, tensor, shape: tuple[int, ...]) -> np.ndarray:
+        if not tensor.dtype.is_floating_point:  # e.g. Medusa heads quantized by ModelOpt: read as floats, garbage
+            raise BuildError(f"{self.ckpt.directory}: tensor {name} is {str(tensor.dtype).replace('torch.', '')}: "
+                             "quantized weights the onnx backend cannot read (it quantizes floating-point weights "
+                             "itself: --weights, --quantize-heads)")
         if tuple(tensor.shape) != tuple(shape):
             raise BuildError(f"{self.ckpt.directory}: tensor {name} has shape {list(tensor.shape)}, but config.json "
                              f"implies {list(shape)}")
