@@ -237,7 +237,7 @@ def _retype(ckpt, name, dtype):
 
 
 @pytest.mark.parametrize("quantization,message", [
-    ({"quant_algo": "W4A16_AWQ"}, "quant_algo=W4A16_AWQ: the onnx backend cannot run this quantization mode"),
+    ({"quant_algo": "W4A8_AWQ"}, "quant_algo=W4A8_AWQ: the onnx backend cannot run this quantization mode"),
     ({"quant_algo": "FP8"}, "quant_algo=FP8: the onnx backend cannot run this quantization mode"),
     ({"quant_algo": "W8A8_SQ_PER_CHANNEL"}, "quant_algo=W8A8_SQ_PER_CHANNEL: the onnx backend cannot run"),
     ({"quant_algo": "NVFP4"}, "quant_algo=NVFP4: the onnx backend cannot run this quantization mode"),

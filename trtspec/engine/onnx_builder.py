@@ -19,7 +19,8 @@ from trtspec import __version__
 from trtspec.checkpoint.convert import PROVENANCE_FILE
 from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
 from trtspec.checkpoint.hf_config import read_json
-from trtspec.checkpoint.quantization import checkpoint_weight_format
+from trtspec.checkpoint.awq import W4A16_AWQ
+from trtspec.checkpoint.quantization import CheckpointQuantization, awq_group_size, checkpoint_weight_format
 from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
 from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, Backend, EngineWeights, Manifest, Method, ModelInfo, Profile,
@@ -114,9 +115,14 @@ def weight_plan(opts: BuildOptions, raw_config: dict):
         return WeightPlan()
     block_size = check_block_size(opts.block_size if opts.block_size is not None else DEFAULT_BLOCK_SIZE)
     spec = lambda d: None if d is WeightDtype.FP32 else QuantSpec(d, block_size)  # noqa: E731
+    base = spec(dtype)
+    if CheckpointQuantization.from_config(raw_config).quant_algo == W4A16_AWQ:  # the layers' codes as stored
+        base = QuantSpec(dtype, awq_group_size(opts.source, raw_config), prequantized=W4A16_AWQ)
+        log.info("W4A16_AWQ checkpoint: the linear layers keep its int4 codes, group scales and pre-quant scales; "
+                 "the lm_head and drafter are quantized here (--lm-head-weights, --block-size %d)", block_size)
     if not opts.quantize_heads:
         log.info("--no-quantize-heads: the Medusa heads / EAGLE draft keep fp32 weights")
-    return WeightPlan(base=spec(dtype), drafter=spec(dtype) if opts.quantize_heads else None, lm_head=spec(head))
+    return WeightPlan(base=base, drafter=spec(dtype) if opts.quantize_heads else None, lm_head=spec(head))
 
 
 def _gathers_embedding(plan, cfg: ModelConfig, raw_config: dict) -> bool:
@@ -130,7 +136,8 @@ def _gathers_embedding(plan, cfg: ModelConfig, raw_config: dict) -> bool:
 def _engine_weights(plan, cfg: ModelConfig, *, embedding_gathered: bool) -> EngineWeights:
     def fmt(spec: QuantSpec | None) -> WeightFormat:
         return WeightFormat() if spec is None else WeightFormat(dtype=spec.dtype, block_size=spec.block_size,
-                                                                accuracy_level=spec.accuracy_level)
+                                                                accuracy_level=spec.accuracy_level,
+                                                                prequantized=spec.prequantized)
 
     has_drafter = cfg.num_medusa_heads > 0 or cfg.eagle is not None
     return EngineWeights(linear=fmt(plan.base), lm_head=fmt(plan.lm_head),

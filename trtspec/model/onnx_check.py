@@ -106,6 +106,8 @@ def dequantize_reference(model, spec: QuantSpec | None, heads: QuantSpec | None,
         tied = torch.equal(model.vocab_embedding.weight, model.lm_head.weight)
         for name, module in model.named_modules():
             use = heads if name.startswith("medusa_heads.") else lm_head if name == "lm_head" else spec
+            if use is not None and use.prequantized:  # the checkpoint's codes: the reference read them dequantized
+                continue
             if isinstance(module, nn.Linear) and use is not None:
                 w = module.weight.detach().float().numpy()
                 module.weight.copy_(torch.from_numpy(fake_quantize(w, use.bits, use.block_size)))

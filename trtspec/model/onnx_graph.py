@@ -26,7 +26,7 @@ from trtspec.errors import BuildError
 from trtspec.model.config import ModelConfig
 from trtspec.model.onnx_ops import (HEAD_DIM_MULTIPLE, Dims, Graph, Residual, WeightFile, decoder_layer, embed,
                                     linear, logits, prelude, tie_quantized)
-from trtspec.model.quantize import QuantSpec
+from trtspec.model.quantize import QuantSpec, pack
 from trtspec.progress import progress_bar
 
 if TYPE_CHECKING:
@@ -88,6 +88,23 @@ class _Source:
         self.used.add(name)
         return self._check(name, self.ckpt.tensor(name), shape)
 
+    def awq(self, name: str, shape: tuple[int, int], group_size: int):
+        """A W4A16_AWQ layer as stored (checkpoint.awq.AwqMatrix), its shape and group size checked."""
+        if name not in self.ckpt:
+            raise BuildError(f"{self.ckpt.directory}: no tensor {name}; config.json implies it (shape {list(shape)})")
+        if not self.ckpt.is_awq_weight(name):
+            raise BuildError(f"{self.ckpt.directory}: tensor {name} has no weights_scaling_factor beside it; "
+                             "quant_algo=W4A16_AWQ expects every linear layer quantized (exclude_modules?)")
+        m = self.ckpt.awq_matrix(name)
+        if m.shape != tuple(shape):
+            raise BuildError(f"{self.ckpt.directory}: tensor {name} unpacks to {list(m.shape)}, but config.json "
+                             f"implies {list(shape)}")
+        if m.group_size != group_size:
+            raise BuildError(f"{self.ckpt.directory}: tensor {name} has groups of {m.group_size} inputs; config.json "
+                             f"quantization.group_size says {group_size}")
+        self.used.add(name)
+        return m
+
     def qkv(self, name: str, shapes: tuple[tuple[int, ...], ...]) -> list[np.ndarray]:
         self.get(name, (sum(s[0] for s in shapes), *shapes[0][1:]))  # presence and whole shape
         parts = zip("qkv", self.ckpt.split_qkv(name), shapes)
@@ -118,17 +135,22 @@ def _write_layer(src: _Source, wf: WeightFile, c: ModelConfig, prefix: str, dst:
     H, I = c.hidden_size, c.intermediate_size
     q_out, kv_out = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     scale, rows = np.float32(1 / math.sqrt(c.head_dim)), (q_out, kv_out, kv_out)
-    q, k, v = src.qkv(f"{prefix}.attention.qkv.weight", tuple((n, H) for n in rows))
-    if spec is None:
+    if spec is not None and spec.prequantized:
+        _write_awq_layer(src, wf, c, prefix, dst, spec, np.concatenate([np.full(q_out, scale, np.float32),
+                                                                      np.ones(2 * kv_out, np.float32)]))
+    elif spec is None:
+        q, k, v = src.qkv(f"{prefix}.attention.qkv.weight", tuple((n, H) for n in rows))
         wf.add(f"{dst}.qkv.weight", np.concatenate([q * scale, k, v]).T)
     else:
+        q, k, v = src.qkv(f"{prefix}.attention.qkv.weight", tuple((n, H) for n in rows))
         row_scale = np.concatenate([np.full(q_out, scale, np.float32), np.ones(2 * kv_out, np.float32)])
         wf.add_matrix(f"{dst}.qkv.weight", np.concatenate([q, k, v]), spec, fp32_layout="in_out", row_scale=row_scale)
     if c.qkv_bias:
         q, k, v = src.qkv(f"{prefix}.attention.qkv.bias", tuple((n,) for n in rows))
         wf.add(f"{dst}.qkv.bias", np.concatenate([q * scale, k, v]))
-    wf.add_matrix(f"{dst}.gate_up.weight", np.concatenate([src.get(f"{prefix}.mlp.{n}.weight", (I, H))
-                                                           for n in ("fc", "gate")]), spec, fp32_layout="in_out")
+    if spec is None or not spec.prequantized:
+        wf.add_matrix(f"{dst}.gate_up.weight", np.concatenate([src.get(f"{prefix}.mlp.{n}.weight", (I, H))
+                                                               for n in ("fc", "gate")]), spec, fp32_layout="in_out")
     if c.mlp_bias:
         wf.add(f"{dst}.gate_up.bias", np.concatenate([src.get(f"{prefix}.mlp.{n}.bias", (I,)) for n in ("fc", "gate")]))
     shapes = {"input_norm.weight": (H,), "post_norm.weight": (H,), "o.weight": (H, q_out), "o.bias": (H,),
@@ -136,12 +158,37 @@ def _write_layer(src: _Source, wf: WeightFile, c: ModelConfig, prefix: str, dst:
     present = {"input_norm.weight": input_norm, "o.bias": c.o_bias, "down.bias": c.mlp_bias}
     for name, trt in LAYER_TENSORS.items():
         if present.get(name, True):
-            tensor = src.get(f"{prefix}.{trt}", shapes[name])
             if name in ("o.weight", "down.weight"):
-                wf.add_matrix(f"{dst}.{name}", tensor, spec, fp32_layout="in_out")
+                if spec is None or not spec.prequantized:
+                    wf.add_matrix(f"{dst}.{name}", src.get(f"{prefix}.{trt}", shapes[name]), spec, fp32_layout="in_out")
             else:
+                tensor = src.get(f"{prefix}.{trt}", shapes[name])
                 wf.add(f"{dst}.{name}", tensor.T)  # .T: no-op on vectors
     src.advance()
+
+
+def _write_awq_layer(src: _Source, wf: WeightFile, c: ModelConfig, prefix: str, dst: str, spec: QuantSpec,
+                     qkv_row_scale: np.ndarray) -> None:
+    """A W4A16_AWQ layer's qkv, gate/up (fc; gate rows, one shared pre-quant scale), o and down matrices from the
+    checkpoint's codes and scales as stored (checkpoint/awq.py); the q rows' scales carry 1/sqrt(hd)."""
+    H, I = c.hidden_size, c.intermediate_size
+    qkv_rows = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+    parts = {"qkv": ["attention.qkv"], "gate_up": ["mlp.fc", "mlp.gate"], "o": ["attention.dense"],
+             "down": ["mlp.proj"]}
+    shapes = {"attention.qkv": (qkv_rows, H), "mlp.fc": (I, H), "mlp.gate": (I, H),
+              "attention.dense": (H, c.num_heads * c.head_dim), "mlp.proj": (H, I)}
+    for name, trt_names in parts.items():
+        ms = [src.awq(f"{prefix}.{t}.weight", shapes[t], spec.block_size) for t in trt_names]
+        pre = ms[0].pre_scale
+        if any((m.pre_scale is None) != (pre is None) or (pre is not None and not np.array_equal(m.pre_scale, pre))
+               for m in ms[1:]):
+            raise BuildError(f"{src.ckpt.directory}: {prefix}.mlp.fc and .mlp.gate have different "
+                             "prequant_scaling_factor; TensorRT-LLM's fused gate MLP needs them equal, and so does "
+                             "trtspec's fused gate/up product")
+        packed = pack(np.concatenate([m.codes for m in ms]), np.concatenate([m.scales for m in ms]), 4,
+                      spec.block_size)
+        wf.add_prequantized(f"{dst}.{name}.weight", packed, spec.accuracy_level, pre_scale=pre,
+                            row_scale=qkv_row_scale if name == "qkv" else None)
 
 
 def _write_head(src: _Source, wf: WeightFile, embedding: str, lm_head: str, shape: tuple[int, int],
