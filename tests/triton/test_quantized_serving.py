@@ -59,3 +59,11 @@ def test_a_served_int4_engine_answers_as_in_process(int4_engine, tmp_path):
         medusa = client.generate(PROMPTS[2], GenerateOptions(max_tokens=24), index=0)
         plain = local.generate(PROMPTS[2], GenerateOptions(max_tokens=24, no_spec=True))
         assert medusa.output_ids == plain.output_ids  # lossless over the wire too
+
+
+def test_doctor_shows_a_cpu_engines_weight_format(int4_engine, tmp_path):
+    from trtspec.triton.doctor import doctor
+
+    repo = deploy(DeployOptions(engine_dir=int4_engine, out=tmp_path / "repo", threads=1))
+    assert [(f.severity, f.field, f.message) for f in doctor(repo)] == [
+        ("info", "weights", f"linear {INT4}, lm_head {INT4}, embedding {INT4}, drafter {INT4}")]

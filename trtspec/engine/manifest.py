@@ -243,6 +243,8 @@ class Manifest:
     weights: EngineWeights = EngineWeights()  # the weight format per component (fp32 in earlier manifests)
     # every file of the engine dir: {relative path: {"size", "blake2b"}} (engine.integrity; {} in earlier manifests)
     checksums: dict[str, dict] = field(default_factory=dict)
+    # trtllm backend: the TensorRT-LLM quantization it was planned with (engine.trtllm_quant; None: float weights)
+    quantization: dict | None = None
 
     @property
     def world_size(self) -> int:
@@ -253,6 +255,8 @@ class Manifest:
         d["backend"], d["method"] = self.backend.value, self.method.value
         d["tree"] = [list(c) for c in self.tree] if self.tree is not None else None
         d["weights"] = self.weights.to_dict()
+        if self.quantization is None:
+            del d["quantization"]  # as earlier manifests read
         return d
 
     @classmethod
