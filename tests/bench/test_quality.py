@@ -113,8 +113,8 @@ def test_sharegpt_slice_is_fixed_and_held_out(engines):
 def test_bench_quality_command(engines, tmp_path):
     result = CliRunner().invoke(cli, ["bench", "quality", str(engines["int4"]), "--reference", str(engines["fp32"]),
                                       "--corpus", "humaneval", "--samples", "2", "--max-target", "8",
-                                      "--greedy-prompts", "1", "--greedy-tokens", "4", "--threads", "1", "--max-context", "384",
-                                      "--out", str(tmp_path / "q")])
+                                      "--greedy-prompts", "1", "--greedy-tokens", "4", "--threads", "1",
+                                      "--max-context", "384", "--out", str(tmp_path / "q")])
     assert result.exit_code == 0, result.output
     assert "| int4 | int4 b32 |" in result.output
     report = json.loads((tmp_path / "q" / "report.json").read_text())
@@ -131,4 +131,5 @@ def test_bench_quality_bad_input(engines, tmp_path):
     manifest["model"]["vocab_size"] += 1
     (other / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ConfigError, match="vocabulary of .* tokens; the reference .* compare engines of the same"):
-        measure_quality([other], engines["fp32"], QualityOptions(samples=1, max_context=384, corpora=("humaneval",)), progress=False)
+        measure_quality([other], engines["fp32"], QualityOptions(samples=1, max_context=384, corpora=("humaneval",)),
+                        progress=False)

@@ -171,3 +171,9 @@ def test_awq_with_tensor_parallel_ranks_is_refused(ckpts, tmp_path):
     with pytest.raises(CheckpointError, match="quant_algo=W4A16_AWQ with tp_size=2: trtspec reads AWQ checkpoints "
                                               "exported with tp_size 1"):
         read_trtllm_checkpoint(tmp_path / "a")
+
+
+def test_inspect_names_the_checkpoints_quantization(ckpts, tmp_path):
+    write_awq_checkpoint(ckpts["none"], tmp_path / "awq", group=32)
+    result = CliRunner().invoke(cli, ["inspect", str(tmp_path / "awq")])
+    assert result.exit_code == 0 and "quantization               W4A16_AWQ, group_size 32" in result.output

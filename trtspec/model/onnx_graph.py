@@ -401,7 +401,8 @@ def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, max_positions: int,
         _check_eagle_copies(ckpt, c)
         parts.append(("draft_", DRAFT_WEIGHTS, _write_draft, draft_graph))
     graphs = {}
-    quantizing = weights.base is not None or weights.lm_head is not None or (weights.drafter is not None and (c.eagle or c.num_medusa_heads))
+    quantizing = (weights.base is not None or weights.lm_head is not None
+                  or (weights.drafter is not None and (c.eagle or c.num_medusa_heads)))
     total = c.num_layers + c.num_medusa_heads + (c.eagle.num_layers if c.eagle is not None else 0)
     with progress_bar("quantizing weights", total=total, enabled=bool(quantizing)) as advance:
         for role_prefix, file_name, write, build in parts:
