@@ -208,6 +208,9 @@ def test_a_plain_step_computes_a_slot_exactly_as_a_verify_step(engines, weights)
     (["--weights", "int4", "--block-size", "48"], "--block-size 48: unsupported block size; choose one of 32, 64, 128"),
     (["--weights", "int3"], "--weights int3: unknown weight format; choose one of fp32, int8, int4"),
     (["--block-size", "64"], "--block-size 64: applies to --weights int8 or int4, not fp32"),
+    (["--weights", "int4", "--lm-head-weights", "int2"],
+     "--lm-head-weights int2: unknown weight format; choose one of fp32, int8, int4"),
+    (["--weights", "int4", "--block-size", "16"], "--block-size 16: unsupported block size; choose one of 32, 64, 128"),
 ])
 def test_bad_quantization_flags_are_one_line_errors(ckpts, tmp_path, args, message):
     result = CliRunner().invoke(cli, ["build", str(ckpts["none"]), "--out", str(tmp_path / "e"), *args])
@@ -216,16 +219,83 @@ def test_bad_quantization_flags_are_one_line_errors(ckpts, tmp_path, args, messa
     assert "Traceback" not in result.output and not (tmp_path / "e").exists()
 
 
-def test_an_already_quantized_checkpoint_is_refused_naming_its_mode(ckpts, tmp_path):
-    ckpt = tmp_path / "awq"
-    shutil.copytree(ckpts["none"], ckpt)
-    config = json.loads((ckpt / "config.json").read_text())
-    config["quantization"] = {"quant_algo": "W4A16_AWQ", "kv_cache_quant_algo": None}
-    (ckpt / "config.json").write_text(json.dumps(config))
-    with pytest.raises(BuildError, match="quant_algo=W4A16_AWQ: the onnx backend cannot run this quantization mode"):
-        plan_build(BuildOptions(source=ckpt, out=tmp_path / "e", max_input_len=64, weights="int4"))
+def _with_quantization(src, dst, **quantization):
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config["quantization"] = {"quant_algo": None, "kv_cache_quant_algo": None, **quantization}
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def _retype(ckpt, name, dtype):
+    """Rewrite one tensor of rank0.safetensors in another dtype (what a quantizing converter would have stored)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(ckpt / "rank0.safetensors")
+    tensors[name] = tensors[name].to(dtype)
+    save_file(tensors, ckpt / "rank0.safetensors")
+
+
+@pytest.mark.parametrize("quantization,message", [
+    ({"quant_algo": "W4A8_AWQ"}, "quant_algo=W4A8_AWQ: the onnx backend cannot run this quantization mode"),
+    ({"quant_algo": "FP8"}, "quant_algo=FP8: the onnx backend cannot run this quantization mode"),
+    ({"quant_algo": "W8A8_SQ_PER_CHANNEL"}, "quant_algo=W8A8_SQ_PER_CHANNEL: the onnx backend cannot run"),
+    ({"quant_algo": "NVFP4"}, "quant_algo=NVFP4: the onnx backend cannot run this quantization mode"),
+    ({"quant_algo": "SOMETHING_NEW"}, "quant_algo=SOMETHING_NEW: the onnx backend cannot run this quantization mode"),
+    ({"kv_cache_quant_algo": "FP8"}, "kv_cache_quant_algo=FP8: the onnx backend keeps the KV cache in fp32"),
+    ({"quant_algo": "W8A16", "kv_cache_quant_algo": "INT8"}, "kv_cache_quant_algo=INT8"),
+])
+def test_a_checkpoint_with_an_unknown_quantization_is_refused_naming_its_mode(ckpts, tmp_path, quantization, message):
+    ckpt = _with_quantization(ckpts["none"], tmp_path / "q", **quantization)
+    with pytest.raises(BuildError, match=message):
+        plan_build(BuildOptions(source=ckpt, out=tmp_path / "e", max_input_len=64))
     result = CliRunner().invoke(cli, ["build", str(ckpt), "--out", str(tmp_path / "e")])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert message.split(":")[0] in result.output and str(ckpt / "config.json") in result.output
+    assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize("algo,weights", [("W8A16", "int8"), ("W4A16", "int4")])
+def test_a_weight_only_checkpoint_with_float_weights_builds_in_its_format(ckpts, tmp_path, algo, weights):
+    """W8A16 / W4A16 with floating-point tensors (trtllm-build quantizes those at build time): the onnx build
+    quantizes them too, in the format the mode names, unless --weights says otherwise (an error)."""
+    ckpt = _with_quantization(ckpts["none"], tmp_path / "q", quant_algo=algo)
+    m = build(BuildOptions(source=ckpt, out=tmp_path / "e", max_input_len=64, max_seq_len=160))
+    assert m.weights.linear.dtype.value == weights and max(m.numerics.values()) < NUMERICS_TOLERANCE
+    other = "int4" if weights == "int8" else "int8"
+    result = CliRunner().invoke(cli, ["build", str(ckpt), "--out", str(tmp_path / "f"), "--weights", other])
+    assert result.exit_code == 1 and result.output.strip().splitlines() == [
+        f"error: --weights {other}: {ckpt / 'config.json'} asks for quant_algo={algo} ({weights} weights); pass "
+        f"--weights {weights} or build from a checkpoint without quant_algo"]
+
+
+def test_a_weight_only_checkpoint_with_gpu_layout_int8_tensors_is_refused(ckpts, tmp_path):
+    import torch
+
+    ckpt = _with_quantization(ckpts["none"], tmp_path / "q", quant_algo="W8A16")
+    _retype(ckpt, "transformer.layers.0.mlp.fc.weight", torch.int8)
+    result = CliRunner().invoke(cli, ["build", str(ckpt), "--out", str(tmp_path / "e")])
+    assert result.exit_code == 1 and result.output.strip().splitlines() == [
+        f"error: {ckpt / 'config.json'}: quant_algo=W8A16: tensor transformer.layers.0.mlp.fc.weight is already "
+        "quantized in TensorRT-LLM's GPU kernel layout (convert_checkpoint.py --use_weight_only), which the onnx "
+        "backend cannot read; convert without --use_weight_only and build with --weights int8"]
+
+
+@pytest.mark.parametrize("name", ["medusa_heads.1.medusa_layers.0.linear.weight", "medusa_heads.0.lm_head.weight"])
+def test_heads_stored_in_a_format_the_engine_cannot_run_are_refused(ckpts, tmp_path, name):
+    """Medusa heads a quantizer left as int8 tensors (no quant_algo says so) would be read as floats; the build
+    names the tensor and its dtype instead."""
+    import torch
+
+    ckpt = tmp_path / "q"
+    shutil.copytree(ckpts["medusa"], ckpt)
+    _retype(ckpt, name, torch.int8)
+    result = CliRunner().invoke(cli, ["build", str(ckpt), "--out", str(tmp_path / "e"), "--weights", "int4",
+                                      "--choices", TREE, "--max-input-len", "64", "--max-seq-len", "160"])
+    assert result.exit_code == 1 and result.output.strip().splitlines()[-1:] == [  # after the progress bar
+        f"error: {ckpt}: tensor {name} is int8: quantized weights the onnx backend cannot read (it quantizes "
+        "floating-point weights itself: --weights, --quantize-heads)"]
+    assert not (tmp_path / "e").exists()
 
 
 def test_heads_kept_fp32_with_no_quantize_heads(ckpts, tmp_path):
@@ -309,3 +379,33 @@ def test_an_eagle_draft_with_a_reduced_vocabulary_quantizes_too(tmp_path):
         spec = generate(engine, prompt, make_proposer("eagle", engine, tree=build_tree([[0], [0, 0], [0, 0, 0]])),
                         config)
         assert spec.output_ids == plain
+
+
+@pytest.mark.parametrize("weights,head", [("int4", "int8"), ("int4", "fp32"), ("fp32", "int8")])
+def test_lm_head_weights_apart_from_the_linear_layers(ckpts, tmp_path, weights, head):
+    """--lm-head-weights: the lm_head (and the tied embedding gathering its rows) in its own format; the numerics
+    check against the reference with the same mixed dequantized weights passes, plain steps stay padded to 2 slots
+    where any target matrix is quantized, and ngram speculation equals plain greedy output."""
+    m = build(BuildOptions(source=ckpts["medusa"], out=tmp_path / "e", max_input_len=64, max_seq_len=160,
+                           weights=weights, lm_head_weights=head, choices=TREE))
+    quantized = lambda dtype: WeightFormat(dtype=dtype, block_size=32, accuracy_level=4)  # noqa: E731
+    fmt = lambda dtype: WeightFormat() if dtype == "fp32" else quantized(dtype)  # noqa: E731
+    assert (m.weights.linear, m.weights.lm_head, m.weights.embedding) == (fmt(weights), fmt(head), fmt(head))
+    assert m.weights.drafter == fmt(weights) and m.weights.min_step_slots == 2
+    assert max(m.numerics.values()) < NUMERICS_TOLERANCE
+    engine = OrtEngine(tmp_path / "e", threads=1)
+    config = GenerationConfig(max_tokens=20)
+    for prompt in _prompts(4, seed=7):
+        plain = generate(engine, prompt, make_proposer("none", engine), config).output_ids
+        assert generate(engine, prompt, _proposer("medusa", engine), config).output_ids == plain
+
+
+def test_the_lm_head_format_changes_only_the_lm_head(ckpts, engines, tmp_path):
+    """int4 with an int8 lm_head: the layers' bytes are those of the int4 engine, the lm_head's those of int8."""
+    build(BuildOptions(source=ckpts["none"], out=tmp_path / "e", max_input_len=64, max_seq_len=160, max_draft_len=8,
+                       weights="int4", lm_head_weights="int8"))
+    size = lambda e: (e / "weights.bin").stat().st_size  # noqa: E731
+    assert size(engines["int4", "none"]) < size(tmp_path / "e") < size(engines["int8", "none"])
+    result = CliRunner().invoke(cli, ["inspect", str(tmp_path / "e")])
+    assert "lm_head: int8 (block 32, accuracy level 4)" in result.output
+    assert "linear: int4 (block 32, accuracy level 4)" in result.output

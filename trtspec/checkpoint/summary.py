@@ -115,6 +115,10 @@ def _trtllm(directory: Path) -> CheckpointSummary:
             "max_non_leaves_per_layer")
     details = {k: cfg[k] for k in keys if k in cfg}
     details.update(tp_size=ckpt.mapping.tp_size, pp_size=ckpt.mapping.pp_size, tensors=len(ckpt.names()))
+    q = cfg.get("quantization") or {}
+    if q.get("quant_algo") or q.get("kv_cache_quant_algo"):  # e.g. "W4A16_AWQ, group_size 128"
+        details["quantization"] = ", ".join([str(q.get("quant_algo"))] + [f"{k} {q[k]}" for k in (
+            "group_size", "kv_cache_quant_algo") if q.get(k) is not None])
     if "eagle_net_config" in cfg:
         details["eagle_draft_layers"] = cfg["eagle_net_config"]["num_hidden_layers"]
     files = {f.path.name: f.path.stat().st_size for f in ckpt.ranks}

@@ -29,6 +29,30 @@ class TrtllmCheckpoint:
     mapping: Mapping
     ranks: list[SafetensorsFile]
     _locations: dict[str, list[tuple[int, str]]] = field(default_factory=dict, repr=False)  # name → [(rank, key)]
+    # W4A16_AWQ: the scale tensors beside each packed weight (not listed by names(): the weights read dequantized)
+    _awq_scales: dict[str, list[tuple[int, str]]] = field(default_factory=dict, repr=False)
+
+    @property
+    def quant_algo(self) -> str | None:
+        return (self.config.get("quantization") or {}).get("quant_algo")
+
+    def is_awq_weight(self, name: str) -> bool:
+        """A W4A16_AWQ packed weight (int8 [out / 2, in]); `tensor` reads it dequantized, `awq_matrix` as stored."""
+        from trtspec.checkpoint.awq import LINEAR_SUFFIXES
+
+        scales = f"{name[:-len('weight')]}weights_scaling_factor"
+        return bool(self._awq_scales) and name.endswith(LINEAR_SUFFIXES) and scales in self._awq_scales
+
+    def awq_matrix(self, name: str):
+        """A W4A16_AWQ layer's codes, scales and pre-quant scale (checkpoint.awq.AwqMatrix), as stored."""
+        from trtspec.checkpoint.awq import read_awq_matrix
+
+        load = lambda locs: self.ranks[locs[0][0]].load(locs[0][1])  # noqa: E731 (tp_size 1: one piece)
+        base = name[:-len("weight")]
+        scales = self._awq_scales[f"{base}weights_scaling_factor"]
+        pre = self._awq_scales.get(f"{base}prequant_scaling_factor")
+        return read_awq_matrix(name, load(self._locations[name]), load(scales), None if pre is None else load(pre),
+                               self.directory)
 
     @property
     def architecture(self) -> str:
@@ -44,11 +68,24 @@ class TrtllmCheckpoint:
         """The full (unsharded) tensor; for attention.qkv the concatenation [q; k; v]."""
         return torch.cat(self.tensor_parts(name), dim=0) if split_of(name) is Split.QKV else self.tensor_parts(name)[0]
 
+    def dtype(self, name: str) -> torch.dtype:
+        """The stored dtype of a tensor (from the file header; nothing is read)."""
+        locs = self._locations.get(name)
+        if locs is None:
+            raise CheckpointError(f"{self.directory}: no tensor {name}")
+        if self.is_awq_weight(name):
+            return torch.float32  # read dequantized
+        rank, key = locs[0]
+        return self.ranks[rank].infos[key].dtype
+
     def tensor_parts(self, name: str) -> tuple[torch.Tensor, ...]:
         locs = self._locations.get(name)
         if locs is None:
             raise CheckpointError(f"{self.directory}: no tensor {name}")
-        pieces = [self.ranks[rank].load(key) for rank, key in locs]
+        if self.is_awq_weight(name):
+            pieces = [torch.from_numpy(self.awq_matrix(name).dequantized())]
+        else:
+            pieces = [self.ranks[rank].load(key) for rank, key in locs]
         return unshard(pieces, split_of(name), self._qkv_layout(name), self.config.get("vocab_size"))
 
     def split_qkv(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -76,6 +113,8 @@ class TrtllmCheckpoint:
 
 
 def read_trtllm_checkpoint(directory: Path) -> TrtllmCheckpoint:
+    from trtspec.checkpoint.awq import SCALE_SUFFIXES, W4A16_AWQ
+
     """Open `directory` (config.json + rank*.safetensors) and index where each tensor's shards live."""
     directory = Path(directory)
     config = read_json(directory / "config.json")
@@ -93,6 +132,11 @@ def read_trtllm_checkpoint(directory: Path) -> TrtllmCheckpoint:
         ranks.append(SafetensorsFile(path))
     ckpt = TrtllmCheckpoint(directory, config, mapping, ranks)
     ckpt._locations = _index(ckpt)
+    if ckpt.quant_algo == W4A16_AWQ:
+        if mapping.tp_size != 1:
+            raise CheckpointError(f"{directory / 'config.json'}: quant_algo=W4A16_AWQ with tp_size={mapping.tp_size}: "
+                                  "trtspec reads AWQ checkpoints exported with tp_size 1")
+        ckpt._awq_scales = {n: ckpt._locations.pop(n) for n in list(ckpt._locations) if n.endswith(SCALE_SUFFIXES)}
     return ckpt
 
 

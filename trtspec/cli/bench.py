@@ -323,3 +323,40 @@ def bench_soak(url: str | None, as_json: bool, check: bool, **flags) -> None:
         missed = ", ".join(t["name"] for t in report.targets if not t["ok"])
         click.echo(f"error: targets missed: {missed}", err=True)
         sys.exit(1)
+
+
+@bench.command("quality")
+@click.argument("engines", nargs=-1, required=True, type=EXISTING_DIR)
+@click.option("--reference", required=True, type=EXISTING_DIR,
+              help="The engine to compare with (the fp32 build of the same model).")
+@click.option("--corpus", "corpora", multiple=True, type=click.Choice(["sharegpt", "humaneval"]),
+              help="Corpora to score (default both): held-out ShareGPT replies, HumanEval solutions.")
+@click.option("--samples", type=click.IntRange(min=1), default=32, show_default=True, help="Texts per corpus.")
+@click.option("--max-target", type=click.IntRange(min=2), default=128, show_default=True,
+              help="Tokens scored per text.")
+@click.option("--max-context", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Skip texts whose context is longer (tokens).")
+@click.option("--greedy-prompts", type=click.IntRange(min=0), default=4, show_default=True,
+              help="Contexts per corpus decoded free-running (greedy) by every engine.")
+@click.option("--greedy-tokens", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Tokens each free-running decode generates.")
+@click.option("--threads", type=click.IntRange(min=1), help="ONNX Runtime threads (default: the cores).")
+@click.option("--out", type=DIR, help="Also write report.json here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@user_errors
+def bench_quality(engines: tuple, reference, corpora: tuple[str, ...], out, as_json: bool, **flags) -> None:
+    """Perplexity, top-1 agreement and free-running greedy divergence of ENGINES against --reference on the same
+    held-out text (quantized builds against fp32)."""
+    from trtspec.bench.quality import QualityOptions, format_report, measure_quality
+    from trtspec.outdir import atomic_output_file
+
+    options = QualityOptions(corpora=corpora or ("sharegpt", "humaneval"), **flags)
+    report = measure_quality(list(engines), reference, options, show=lambda line: click.echo(line, err=True))
+    if out is not None:
+        with atomic_output_file(out / "report.json") as tmp:
+            tmp.write_text(json.dumps(report.to_dict(), indent=2))
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        for line in format_report(report):
+            click.echo(line)

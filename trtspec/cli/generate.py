@@ -83,22 +83,25 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
         streamed = stream is not False and concurrency == 1  # concurrent replies print when they are complete
         replies = generate_remote(url, prompts, config, model=model_name, stream=stream is not False,
                                   concurrency=concurrency, wait_s=wait_s, on_text=on_text if streamed else None)
+        engine_facts = {}
     else:
         from trtspec.runtime.generator import LocalGenerator
 
         streamed = bool(stream)  # else all prompts at once, with in-flight batching
         generator = LocalGenerator(engine, threads=threads, spin=spin, datastore=datastore)
+        engine_facts = {"weights": generator.manifest.weights.summary()}  # --json: the weight format per component
         replies = generator.replies(prompts, config, stream=streamed, on_text=on_text)
     for i, reply in enumerate(replies):
-        _echo_reply(reply, as_json, streamed=streamed)
+        _echo_reply(reply, as_json, engine_facts, streamed=streamed)
         if not as_json and i < len(prompts) - 1:
             click.echo("")  # a blank line between replies
 
 
-def _echo_reply(reply, as_json: bool, *, streamed: bool) -> None:
-    """One reply: a JSON line, or its text (unless it was streamed) and its stats line on stderr."""
+def _echo_reply(reply, as_json: bool, engine_facts: dict, *, streamed: bool) -> None:
+    """One reply: a JSON line (with `engine_facts`, a local engine's), or its text (unless it was streamed) and its
+    stats line on stderr."""
     if as_json:
-        click.echo(json.dumps(reply.to_dict()))
+        click.echo(json.dumps({**reply.to_dict(), **engine_facts}))
         return
     click.echo("" if streamed else _text(reply))
     click.echo(_stats_line(reply.to_dict()), err=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import click
@@ -128,12 +129,15 @@ def tree(choices: str | None, preset: str | None, as_json: bool, png: Path | Non
 @click.option("--no-spec", is_flag=True, help="Build a plain engine (no drafter) from any checkpoint.")
 @click.option("--profiles", help="onnx: verify-step slot counts, e.g. 2,4,8 (K + 1 is always one; default "
                                  "2,3,5,9,17,... up to K + 1): a step runs the smallest that holds its draft.")
-@click.option("--weights", default="fp32", show_default=True,
+@click.option("--weights",
               help="onnx: fp32, int8 or int4: weight-only quantization of the linear layers and lm_head "
-                   "(ONNX Runtime MatMulNBits).")
+                   "(ONNX Runtime MatMulNBits; default fp32, or what a W8A16 / W4A16 checkpoint asks for).")
+@click.option("--lm-head-weights", help="onnx: fp32, int8 or int4 for the lm_head (and the tied embedding that "
+                                        "gathers its rows) apart from --weights (default: as --weights).")
 @click.option("--block-size", type=int, help="onnx, int8 / int4: values per scale, 32, 64 or 128 (default 32).")
-@click.option("--quantize-heads/--no-quantize-heads", default=True, show_default=True,
-              help="onnx: the Medusa heads / EAGLE draft in the --weights format too (else fp32).")
+@click.option("--quantize-heads/--no-quantize-heads", default=None,
+              help="The Medusa heads / EAGLE draft in the --weights format too (default: onnx yes, else fp32; "
+                   "trtllm no: kept in the base dtype, see TensorRT-LLM#2115, #1845).")
 @click.option("--max-batch-size", type=int, default=8, show_default=True, help="Most sequences per step.")
 @click.option("--max-input-len", type=int, default=1024, show_default=True, help="Longest prompt in tokens.")
 @click.option("--max-seq-len", type=int, help="Longest prompt + output (default 2 x max input).")
@@ -155,6 +159,8 @@ def build(source: Path, backend: str, eagle2: str | None, dry_run: bool, **flags
     if backend == "trtllm":
         return _build_trtllm(source, eagle2, dry_run, **flags)
     _reject_trtllm_flags(flags)
+    flags["quantize_heads"] = flags["quantize_heads"] is not False
+    from trtspec.engine.manifest import WeightFormat
     from trtspec.engine.onnx_builder import BuildOptions, build as build_engine, plan_build, plan_summary
     from trtspec.speculative.tree import DynamicTree
 
@@ -165,7 +171,9 @@ def build(source: Path, backend: str, eagle2: str | None, dry_run: bool, **flags
     manifest = build_engine(opts)
     worst = max(manifest.numerics.values(), default=0.0)
     slots = ", ".join(map(str, manifest.profile.slots)) or "none (plain)"
-    weights = "" if opts.weights == "fp32" else f", {manifest.weights.linear} weights"
+    w = manifest.weights
+    weights = "" if w.linear == w.lm_head == WeightFormat() else f", {w.linear} weights"
+    weights += "" if w.lm_head == w.linear else f" (lm_head {w.lm_head})"
     click.echo(f"wrote {opts.out}: {manifest.method.value} engine{weights}, K={manifest.profile.max_draft_len} "
                f"(slot profiles {slots}), max ORT vs reference error {worst:.1e} of scale")
 
@@ -182,9 +190,10 @@ def _reject_trtllm_flags(flags: dict) -> None:
 
 def _build_trtllm(source: Path, eagle2: str | None, dry_run: bool, *, as_json: bool, lookahead: str | None,
                   **flags) -> None:
-    weights, block_size, _ = flags.pop("weights"), flags.pop("block_size"), flags.pop("quantize_heads")
-    if weights != "fp32" or block_size is not None:
-        raise click.UsageError("--weights / --block-size apply to --backend onnx only")
+    if flags.pop("lm_head_weights") is not None:
+        raise click.UsageError("--lm-head-weights applies to --backend onnx only (quantize.py keeps lm_head in the "
+                               "base dtype unless --quantize_lm_head)")
+    flags["quantize_heads"] = bool(flags["quantize_heads"])
     if flags.pop("profiles", None) is not None:
         raise click.UsageError("--profiles applies to --backend onnx only: a TensorRT-LLM engine keeps one "
                                "max_draft_len (a GPU's verify step costs about the same at any slot count)")
@@ -206,7 +215,12 @@ def _build_trtllm(source: Path, eagle2: str | None, dry_run: bool, *, as_json: b
 
 
 def _plan_text(plan) -> str:
-    lines = [plan.command_line, ""]
+    q = plan.quantization
+    lines = [] if q is None or q.quantize_argv is None else [shlex.join(q.quantize_argv)]
+    lines += [plan.command_line, ""]
+    if q is not None:
+        detail = f"{q.quant_algo}" + (f", group {q.group_size}" if q.group_size else "")
+        lines.append(f"  {'quantization':<26} {detail}" + (f", drafter {q.drafter}" if q.drafter else ""))
     lines += [f"  {k:<26} {v}" for k, v in plan.runtime.items() if not isinstance(v, (dict, list))]
     lines.append(f"  {'engine max_seq_len':<26} {plan.build_config['max_seq_len']}")
     lines.append(f"  {'container':<26} {plan.version.container or 'see NGC release notes'}")

@@ -170,6 +170,7 @@ class WeightFormat:
     dtype: WeightDtype = WeightDtype.FP32
     block_size: int | None = None  # quantized: values per scale along the input dimension
     accuracy_level: int | None = None  # quantized: MatMulNBits accuracy_level (4: int8 activations)
+    prequantized: str | None = None  # codes and scales read from the checkpoint as stored (its quant_algo)
 
     def __post_init__(self):
         try:
@@ -181,7 +182,8 @@ class WeightFormat:
     def __str__(self) -> str:
         if self.dtype is WeightDtype.FP32:
             return "fp32"
-        return f"{self.dtype.value} (block {self.block_size}, accuracy level {self.accuracy_level})"
+        source = f", from {self.prequantized}" if self.prequantized else ""
+        return f"{self.dtype.value} (block {self.block_size}, accuracy level {self.accuracy_level}{source})"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,7 +203,11 @@ class EngineWeights:
         return max(min_step_slots(f.dtype) for f in (self.linear, self.lm_head))
 
     def to_dict(self) -> dict:
-        fmt = lambda f: None if f is None else {**dataclasses.asdict(f), "dtype": f.dtype.value}  # noqa: E731
+        def fmt(f: WeightFormat | None) -> dict | None:
+            if f is None:
+                return None
+            d = {**dataclasses.asdict(f), "dtype": f.dtype.value}
+            return d if f.prequantized else {k: v for k, v in d.items() if k != "prequantized"}  # earlier manifests
         return {name: fmt(getattr(self, name)) for name in ("linear", "lm_head", "embedding", "drafter")}
 
     @classmethod
@@ -237,6 +243,8 @@ class Manifest:
     weights: EngineWeights = EngineWeights()  # the weight format per component (fp32 in earlier manifests)
     # every file of the engine dir: {relative path: {"size", "blake2b"}} (engine.integrity; {} in earlier manifests)
     checksums: dict[str, dict] = field(default_factory=dict)
+    # trtllm backend: the TensorRT-LLM quantization it was planned with (engine.trtllm_quant; None: float weights)
+    quantization: dict | None = None
 
     @property
     def world_size(self) -> int:
@@ -247,6 +255,8 @@ class Manifest:
         d["backend"], d["method"] = self.backend.value, self.method.value
         d["tree"] = [list(c) for c in self.tree] if self.tree is not None else None
         d["weights"] = self.weights.to_dict()
+        if self.quantization is None:
+            del d["quantization"]  # as earlier manifests read
         return d
 
     @classmethod

@@ -19,13 +19,15 @@ from trtspec import __version__
 from trtspec.checkpoint.convert import PROVENANCE_FILE
 from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
 from trtspec.checkpoint.hf_config import read_json
+from trtspec.checkpoint.awq import W4A16_AWQ
+from trtspec.checkpoint.quantization import CheckpointQuantization, awq_group_size, checkpoint_weight_format
 from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
 from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, Backend, EngineWeights, Manifest, Method, ModelInfo, Profile,
                                      WeightFormat, default_slot_profiles, parse_slot_profiles)
 from trtspec.errors import BuildError, ConfigError
 from trtspec.model.config import ModelConfig
-from trtspec.model.quantize import DEFAULT_BLOCK_SIZE, QuantSpec, WeightDtype, check_block_size
+from trtspec.model.quantize import ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, QuantSpec, WeightDtype, check_block_size
 from trtspec.engine.integrity import record_files
 from trtspec.outdir import atomic_output_dir, check_output_dir
 from trtspec.speculative.tree import DynamicTree
@@ -52,7 +54,10 @@ DEFAULT_PRESET = "medusa_small_8"
 class BuildOptions(EngineBuildOptions):
     dynamic_tree: DynamicTree | None = None  # EAGLE-2 instead of a static tree
     profiles: str | None = None  # `--profiles 2,4,8,16`: verify-step slot counts (default: 2, 3, 5, 9, ... K + 1)
-    weights: str = "fp32"  # `--weights fp32|int8|int4`: the target's linear layers and lm_head
+    # `--weights fp32|int8|int4`: the target's linear layers and lm_head (None: fp32, or the format a W8A16 / W4A16
+    # checkpoint asks for)
+    weights: str | None = None
+    lm_head_weights: str | None = None  # `--lm-head-weights fp32|int8|int4`: the lm_head (+ tied embedding) apart
     block_size: int | None = None  # `--block-size 32|64|128` (quantized weights; default 32)
     quantize_heads: bool = True  # the Medusa heads / EAGLE draft in the --weights format too (else fp32)
 
@@ -96,19 +101,28 @@ def weight_plan(opts: BuildOptions, raw_config: dict):
     refusing a checkpoint that is quantized already (the onnx backend quantizes from fp32 / fp16 / bf16 only)."""
     from trtspec.model.onnx_graph import WeightPlan
 
-    algo = (raw_config.get("quantization") or {}).get("quant_algo")
-    if algo is not None:
-        raise BuildError(f"{Path(opts.source) / 'config.json'}: quant_algo={algo}: the onnx backend cannot run this "
-                         "quantization mode; build from the fp16 / fp32 checkpoint with --weights int8 or int4")
-    dtype = WeightDtype.parse(opts.weights) if isinstance(opts.weights, str) else WeightDtype(opts.weights)
-    if dtype is WeightDtype.FP32:
+    asked = checkpoint_weight_format(opts.source, raw_config)  # refuses what the onnx backend cannot run
+    weights = opts.weights if opts.weights is not None else asked or "fp32"
+    dtype = WeightDtype.parse(weights) if isinstance(weights, str) else WeightDtype(weights)
+    if asked is not None and dtype is not WeightDtype(asked):
+        algo = (raw_config.get("quantization") or {}).get("quant_algo")
+        raise ConfigError(f"--weights {dtype.value}: {Path(opts.source) / 'config.json'} asks for quant_algo={algo} "
+                          f"({asked} weights); pass --weights {asked} or build from a checkpoint without quant_algo")
+    head = dtype if opts.lm_head_weights is None else WeightDtype.parse(opts.lm_head_weights, "--lm-head-weights")
+    if dtype is WeightDtype.FP32 and head is WeightDtype.FP32:
         if opts.block_size is not None:
             raise ConfigError(f"--block-size {opts.block_size}: applies to --weights int8 or int4, not fp32")
         return WeightPlan()
-    spec = QuantSpec(dtype, check_block_size(opts.block_size if opts.block_size is not None else DEFAULT_BLOCK_SIZE))
+    block_size = check_block_size(opts.block_size if opts.block_size is not None else DEFAULT_BLOCK_SIZE)
+    spec = lambda d: None if d is WeightDtype.FP32 else QuantSpec(d, block_size)  # noqa: E731
+    base = spec(dtype)
+    if CheckpointQuantization.from_config(raw_config).quant_algo == W4A16_AWQ:  # the layers' codes as stored
+        base = QuantSpec(dtype, awq_group_size(opts.source, raw_config), prequantized=W4A16_AWQ)
+        log.info("W4A16_AWQ checkpoint: the linear layers keep its int4 codes, group scales and pre-quant scales; "
+                 "the lm_head and drafter are quantized here (--lm-head-weights, --block-size %d)", block_size)
     if not opts.quantize_heads:
         log.info("--no-quantize-heads: the Medusa heads / EAGLE draft keep fp32 weights")
-    return WeightPlan(base=spec, drafter=spec if opts.quantize_heads else None)
+    return WeightPlan(base=base, drafter=spec(dtype) if opts.quantize_heads else None, lm_head=spec(head))
 
 
 def _gathers_embedding(plan, cfg: ModelConfig, raw_config: dict) -> bool:
@@ -116,17 +130,18 @@ def _gathers_embedding(plan, cfg: ModelConfig, raw_config: dict) -> bool:
     blocks per row. The writer decides from the tensors themselves (onnx_ops.tie_quantized); `build` records what
     the written graph does."""
     tied = bool(raw_config.get("tie_word_embeddings"))
-    return tied and plan.base is not None and cfg.hidden_size % plan.base.block_size == 0
+    return tied and plan.lm_head is not None and cfg.hidden_size % plan.lm_head.block_size == 0
 
 
 def _engine_weights(plan, cfg: ModelConfig, *, embedding_gathered: bool) -> EngineWeights:
     def fmt(spec: QuantSpec | None) -> WeightFormat:
         return WeightFormat() if spec is None else WeightFormat(dtype=spec.dtype, block_size=spec.block_size,
-                                                                accuracy_level=spec.accuracy_level)
+                                                                accuracy_level=spec.accuracy_level,
+                                                                prequantized=spec.prequantized)
 
     has_drafter = cfg.num_medusa_heads > 0 or cfg.eagle is not None
-    return EngineWeights(linear=fmt(plan.base), lm_head=fmt(plan.base),
-                         embedding=fmt(plan.base) if embedding_gathered else WeightFormat(),
+    return EngineWeights(linear=fmt(plan.base), lm_head=fmt(plan.lm_head),
+                         embedding=fmt(plan.lm_head) if embedding_gathered else WeightFormat(),
                          drafter=fmt(plan.drafter) if has_drafter else None)
 
 
@@ -149,7 +164,7 @@ def build(opts: BuildOptions) -> Manifest:
             check_graph(graph.path)
         numerics = _numerics(opts, tmp, graphs, plan, generation_tokens=max(p.tokens_per_step, 2))
         worst = max(numerics.items(), key=lambda kv: kv[1])
-        what = "" if plan.base is None else " with the same dequantized weights"
+        what = "" if not plan.quantizes else " with the same dequantized weights"
         if worst[1] > NUMERICS_TOLERANCE:
             raise BuildError(f"exported graph output {worst[0]} differs from the torch reference{what} by "
                              f"{worst[1]:.2e} of its scale (tolerance {NUMERICS_TOLERANCE:.0e}); this is a trtspec "
@@ -168,7 +183,7 @@ def _numerics(opts: BuildOptions, tmp: Path, graphs: dict, plan, *, generation_t
     (CHECK_ACCURACY_LEVEL, deleted after), the shipped graphs' own deviation logged."""
     from trtspec.model.onnx_check import compare_with_reference, with_accuracy_level
 
-    if plan.base is None and plan.drafter is None:
+    if not plan.quantizes:
         return compare_with_reference(opts.source, tmp, graphs, generation_tokens=generation_tokens)
     twins = with_accuracy_level(graphs, CHECK_ACCURACY_LEVEL, ".check")
     try:
@@ -179,7 +194,7 @@ def _numerics(opts: BuildOptions, tmp: Path, graphs: dict, plan, *, generation_t
     shipped = compare_with_reference(opts.source, tmp, graphs, generation_tokens=generation_tokens, weights=plan)
     role, worst = max(shipped.items(), key=lambda kv: kv[1])
     log.info("quantized graphs at accuracy level %d (int8 activations) vs the dequantized reference on a random step: "
-             "at most %.1e of scale (%s); at accuracy level %d: %.1e", plan.base.accuracy_level, worst, role,
+             "at most %.1e of scale (%s); at accuracy level %d: %.1e", ACCURACY_LEVEL, worst, role,
              CHECK_ACCURACY_LEVEL, max(numerics.values()))
     return numerics
 

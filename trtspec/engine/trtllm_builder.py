@@ -45,7 +45,11 @@ def build(opts: TrtllmBuildOptions, *, runner: Runner | None = None) -> Manifest
         _check_installed(plan)
         runner = run_trtllm_build
     check_output_dir(Path(opts.out), force=opts.force)
-    _check_rank_files(opts.source, plan.manifest.world_size)
+    quant = plan.quantization
+    if quant is not None and quant.quantize_argv is not None and not (quant.checkpoint / "config.json").is_file():
+        raise BuildError(f"--weights {quant.weights}: no quantized checkpoint at {quant.checkpoint} yet; run "
+                         f"`{' '.join(quant.quantize_argv)}` first (the plan's quantize step), then this build again")
+    _check_rank_files(opts.source if quant is None else quant.checkpoint, plan.manifest.world_size)
     with atomic_output_dir(Path(opts.out), force=opts.force) as staging:
         argv = _with_output_dir(plan.argv, staging)
         runner(argv, staging)
@@ -76,6 +80,9 @@ def check_engine_config(engine_dir: Path, plan: TrtllmPlan) -> dict:
             _expect(path, f"build_config.{key}", built.get(key), want)
     for key, want in plan.pretrained_config.items():
         _expect(path, f"pretrained_config.{key}", config["pretrained_config"].get(key), want)
+    if plan.quantization is not None:
+        got = (config["pretrained_config"].get("quantization") or {}).get("quant_algo")
+        _expect(path, "pretrained_config.quantization.quant_algo", got, plan.quantization.quant_algo)
     engine_version = config.get("version")
     if isinstance(engine_version, str) and parse_version(engine_version).key != plan.version.key:
         raise BuildError(f"{path}: the engine was built by TensorRT-LLM {engine_version}, the plan targets "

@@ -11,12 +11,13 @@ from __future__ import annotations
 import enum
 import math
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trtspec import __version__
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
 from trtspec.engine.manifest import Backend, Manifest, Method, ModelInfo, Profile
+from trtspec.engine.trtllm_quant import TrtllmQuantization, plan_quantization, quantization_notes
 from trtspec.engine.trtllm_versions import TrtllmVersion, installed_version, newest, parse_version
 from trtspec.errors import BuildError, CheckpointError, ConfigError
 from trtspec.model.config import ModelConfig
@@ -99,6 +100,9 @@ class TrtllmBuildOptions(EngineBuildOptions):
     lookahead: Lookahead | None = None  # plain checkpoint → lookahead decoding
     draft_target: bool = False  # plain checkpoint → a target that verifies an external draft model's tokens
     max_num_tokens: int | None = None
+    weights: str | None = None  # int8 | int4 | fp8: TensorRT-LLM weight-only INT8, INT4-AWQ, FP8 (trtllm_quant)
+    block_size: int | None = None  # INT4-AWQ group (quantize.py --awq_block_size)
+    quantize_heads: bool = False  # the Medusa heads quantized too (--quant_medusa_head); see trtllm_quant.HEADS_NOTE
 
     def __post_init__(self):
         super().__post_init__()
@@ -117,6 +121,7 @@ class TrtllmPlan:
     runtime: dict  # what the server side needs: decoding_mode, the C++ choices string, lookahead, ...
     manifest: Manifest  # written last by build (files and tokenizer filled in then)
     notes: tuple[str, ...] = ()  # what the engine will not do that the checkpoint asks for (printed, logged)
+    quantization: TrtllmQuantization | None = None  # None: the checkpoint's float dtype
 
     @property
     def command_line(self) -> str:
@@ -126,7 +131,8 @@ class TrtllmPlan:
         return {"trtllm_version": self.version.text, "container": self.version.container,
                 "command": list(self.argv), "command_line": self.command_line,
                 "build_config": self.build_config, "pretrained_config": self.pretrained_config,
-                "runtime_config": self.runtime, "notes": list(self.notes), "manifest": self.manifest.to_dict()}
+                "runtime_config": self.runtime, "notes": list(self.notes), "manifest": self.manifest.to_dict(),
+                "quantization": None if self.quantization is None else self.quantization.to_dict()}
 
 
 def plan_trtllm_build(opts: TrtllmBuildOptions) -> TrtllmPlan:
@@ -142,12 +148,24 @@ def plan_trtllm_build(opts: TrtllmBuildOptions) -> TrtllmPlan:
     _check_limits(method, k, tree, opts, pp)
     max_seq_len = _max_seq_len(cfg, opts, config_path)
     max_num_tokens = _max_num_tokens(opts, k, max_seq_len, method)
+    quant = plan_quantization(opts, raw, cfg, method, k, tp, pp)
     manifest = _manifest(opts, cfg, raw, method, tree, k, max_seq_len, tp, pp, version)
-    return TrtllmPlan(version=version, argv=_argv(opts, cfg, method, k, max_seq_len, max_num_tokens),
+    if quant is not None:
+        manifest = replace(manifest, quantization=quant.to_dict())
+    argv = _argv(opts, cfg, method, k, max_seq_len, max_num_tokens)
+    if quant is not None:
+        argv = _with_checkpoint(argv, quant.checkpoint)
+    return TrtllmPlan(version=version, argv=argv,
                       build_config=_expected_build_config(opts, cfg, method, k, max_seq_len, max_num_tokens),
                       pretrained_config=_expected_pretrained(cfg, method, k),
                       runtime=_runtime(method, tree, k, opts, tp, pp), manifest=manifest,
-                      notes=_notes(opts, method))
+                      notes=(*_notes(opts, method), *quantization_notes(quant, cfg.dtype)), quantization=quant)
+
+
+def _with_checkpoint(argv: tuple[str, ...], checkpoint: Path) -> tuple[str, ...]:
+    out = list(argv)
+    out[out.index("--checkpoint_dir") + 1] = str(checkpoint)
+    return tuple(out)
 
 
 def _notes(opts: TrtllmBuildOptions, method: Method) -> tuple[str, ...]:

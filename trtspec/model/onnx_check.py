@@ -65,11 +65,11 @@ def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], 
 
     rng = np.random.default_rng(seed)
     models = {"": ReferenceModel.from_checkpoint(Path(ckpt_dir))}
-    dequantize_reference(models[""], weights.base, weights.drafter)
+    dequantize_reference(models[""], weights.base, weights.drafter, weights.lm_head)
     draft_vocab = None
     if any(role.startswith("draft_") for role in graphs):
         models["draft_"] = EagleDraftModel.from_checkpoint(Path(ckpt_dir))
-        dequantize_reference(models["draft_"], weights.drafter, None)
+        dequantize_reference(models["draft_"], weights.drafter, None, weights.drafter)
         draft_vocab = read_checkpoint_vocab(Path(ckpt_dir), models["draft_"].config.vocab_size)
     diffs = {}
     for role, graph in graphs.items():
@@ -93,21 +93,25 @@ def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], 
     return diffs
 
 
-def dequantize_reference(model, spec: QuantSpec | None, heads: QuantSpec | None) -> None:
+def dequantize_reference(model, spec: QuantSpec | None, heads: QuantSpec | None,
+                         lm_head: QuantSpec | None) -> None:
     """Give a ReferenceModel / EagleDraftModel the weights a quantized engine computes with: every nn.Linear
-    fake-quantized (the Medusa heads' with `heads`, the others' with `spec`; None: fp32), in place. A tied embedding
-    becomes the dequantized lm_head, as the engine gathers its rows from the quantized lm_head."""
+    fake-quantized (the Medusa heads' with `heads`, the lm_head with `lm_head`, the others' with `spec`; None: fp32),
+    in place. A tied embedding becomes the dequantized lm_head, as the engine gathers its rows from the quantized
+    lm_head."""
     import torch
     from torch import nn
 
     with torch.no_grad():
         tied = torch.equal(model.vocab_embedding.weight, model.lm_head.weight)
         for name, module in model.named_modules():
-            use = heads if name.startswith("medusa_heads.") else spec
+            use = heads if name.startswith("medusa_heads.") else lm_head if name == "lm_head" else spec
+            if use is not None and use.prequantized:  # the checkpoint's codes: the reference read them dequantized
+                continue
             if isinstance(module, nn.Linear) and use is not None:
                 w = module.weight.detach().float().numpy()
                 module.weight.copy_(torch.from_numpy(fake_quantize(w, use.bits, use.block_size)))
-        if tied and spec is not None and model.config.hidden_size % spec.block_size == 0:
+        if tied and lm_head is not None and model.config.hidden_size % lm_head.block_size == 0:
             model.vocab_embedding.weight.copy_(model.lm_head.weight)
 
 

@@ -26,7 +26,7 @@ from trtspec.errors import BuildError
 from trtspec.model.config import ModelConfig
 from trtspec.model.onnx_ops import (HEAD_DIM_MULTIPLE, Dims, Graph, Residual, WeightFile, decoder_layer, embed,
                                     linear, logits, prelude, tie_quantized)
-from trtspec.model.quantize import QuantSpec
+from trtspec.model.quantize import QuantSpec, pack
 from trtspec.progress import progress_bar
 
 if TYPE_CHECKING:
@@ -52,11 +52,17 @@ class ExportedGraph:
 
 @dataclass(frozen=True)
 class WeightPlan:
-    """Which matrices a build quantizes: the target's linear layers and lm_head (`base`), the Medusa heads / EAGLE
-    draft (`drafter`); None: fp32. Norms, biases and untied embedding tables stay fp32 (a Gather reads few rows)."""
+    """Which matrices a build quantizes: the target's linear layers (`base`), its lm_head (`lm_head`; a tied embedding
+    gathers its rows), the Medusa heads / EAGLE draft (`drafter`); None: fp32. Norms, biases and untied embedding
+    tables stay fp32 (a Gather reads few rows)."""
 
     base: QuantSpec | None = None
     drafter: QuantSpec | None = None
+    lm_head: QuantSpec | None = None
+
+    @property
+    def quantizes(self) -> bool:
+        return any(spec is not None for spec in (self.base, self.drafter, self.lm_head))
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,23 @@ class _Source:
         self.used.add(name)
         return self._check(name, self.ckpt.tensor(name), shape)
 
+    def awq(self, name: str, shape: tuple[int, int], group_size: int):
+        """A W4A16_AWQ layer as stored (checkpoint.awq.AwqMatrix), its shape and group size checked."""
+        if name not in self.ckpt:
+            raise BuildError(f"{self.ckpt.directory}: no tensor {name}; config.json implies it (shape {list(shape)})")
+        if not self.ckpt.is_awq_weight(name):
+            raise BuildError(f"{self.ckpt.directory}: tensor {name} has no weights_scaling_factor beside it; "
+                             "quant_algo=W4A16_AWQ expects every linear layer quantized (exclude_modules?)")
+        m = self.ckpt.awq_matrix(name)
+        if m.shape != tuple(shape):
+            raise BuildError(f"{self.ckpt.directory}: tensor {name} unpacks to {list(m.shape)}, but config.json "
+                             f"implies {list(shape)}")
+        if m.group_size != group_size:
+            raise BuildError(f"{self.ckpt.directory}: tensor {name} has groups of {m.group_size} inputs; config.json "
+                             f"quantization.group_size says {group_size}")
+        self.used.add(name)
+        return m
+
     def qkv(self, name: str, shapes: tuple[tuple[int, ...], ...]) -> list[np.ndarray]:
         self.get(name, (sum(s[0] for s in shapes), *shapes[0][1:]))  # presence and whole shape
         parts = zip("qkv", self.ckpt.split_qkv(name), shapes)
@@ -94,6 +117,10 @@ class _Source:
                              "place in the exported graph; config.json does not describe it (attn_bias / mlp_bias?)")
 
     def _check(self, name: str, tensor, shape: tuple[int, ...]) -> np.ndarray:
+        if not tensor.dtype.is_floating_point:  # e.g. Medusa heads quantized by ModelOpt: read as floats, garbage
+            raise BuildError(f"{self.ckpt.directory}: tensor {name} is {str(tensor.dtype).replace('torch.', '')}: "
+                             "quantized weights the onnx backend cannot read (it quantizes floating-point weights "
+                             "itself: --weights, --quantize-heads)")
         if tuple(tensor.shape) != tuple(shape):
             raise BuildError(f"{self.ckpt.directory}: tensor {name} has shape {list(tensor.shape)}, but config.json "
                              f"implies {list(shape)}")
@@ -108,17 +135,22 @@ def _write_layer(src: _Source, wf: WeightFile, c: ModelConfig, prefix: str, dst:
     H, I = c.hidden_size, c.intermediate_size
     q_out, kv_out = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     scale, rows = np.float32(1 / math.sqrt(c.head_dim)), (q_out, kv_out, kv_out)
-    q, k, v = src.qkv(f"{prefix}.attention.qkv.weight", tuple((n, H) for n in rows))
-    if spec is None:
+    if spec is not None and spec.prequantized:
+        _write_awq_layer(src, wf, c, prefix, dst, spec, np.concatenate([np.full(q_out, scale, np.float32),
+                                                                      np.ones(2 * kv_out, np.float32)]))
+    elif spec is None:
+        q, k, v = src.qkv(f"{prefix}.attention.qkv.weight", tuple((n, H) for n in rows))
         wf.add(f"{dst}.qkv.weight", np.concatenate([q * scale, k, v]).T)
     else:
+        q, k, v = src.qkv(f"{prefix}.attention.qkv.weight", tuple((n, H) for n in rows))
         row_scale = np.concatenate([np.full(q_out, scale, np.float32), np.ones(2 * kv_out, np.float32)])
         wf.add_matrix(f"{dst}.qkv.weight", np.concatenate([q, k, v]), spec, fp32_layout="in_out", row_scale=row_scale)
     if c.qkv_bias:
         q, k, v = src.qkv(f"{prefix}.attention.qkv.bias", tuple((n,) for n in rows))
         wf.add(f"{dst}.qkv.bias", np.concatenate([q * scale, k, v]))
-    wf.add_matrix(f"{dst}.gate_up.weight", np.concatenate([src.get(f"{prefix}.mlp.{n}.weight", (I, H))
-                                                           for n in ("fc", "gate")]), spec, fp32_layout="in_out")
+    if spec is None or not spec.prequantized:
+        wf.add_matrix(f"{dst}.gate_up.weight", np.concatenate([src.get(f"{prefix}.mlp.{n}.weight", (I, H))
+                                                               for n in ("fc", "gate")]), spec, fp32_layout="in_out")
     if c.mlp_bias:
         wf.add(f"{dst}.gate_up.bias", np.concatenate([src.get(f"{prefix}.mlp.{n}.bias", (I,)) for n in ("fc", "gate")]))
     shapes = {"input_norm.weight": (H,), "post_norm.weight": (H,), "o.weight": (H, q_out), "o.bias": (H,),
@@ -126,12 +158,37 @@ def _write_layer(src: _Source, wf: WeightFile, c: ModelConfig, prefix: str, dst:
     present = {"input_norm.weight": input_norm, "o.bias": c.o_bias, "down.bias": c.mlp_bias}
     for name, trt in LAYER_TENSORS.items():
         if present.get(name, True):
-            tensor = src.get(f"{prefix}.{trt}", shapes[name])
             if name in ("o.weight", "down.weight"):
-                wf.add_matrix(f"{dst}.{name}", tensor, spec, fp32_layout="in_out")
+                if spec is None or not spec.prequantized:
+                    wf.add_matrix(f"{dst}.{name}", src.get(f"{prefix}.{trt}", shapes[name]), spec, fp32_layout="in_out")
             else:
+                tensor = src.get(f"{prefix}.{trt}", shapes[name])
                 wf.add(f"{dst}.{name}", tensor.T)  # .T: no-op on vectors
     src.advance()
+
+
+def _write_awq_layer(src: _Source, wf: WeightFile, c: ModelConfig, prefix: str, dst: str, spec: QuantSpec,
+                     qkv_row_scale: np.ndarray) -> None:
+    """A W4A16_AWQ layer's qkv, gate/up (fc; gate rows, one shared pre-quant scale), o and down matrices from the
+    checkpoint's codes and scales as stored (checkpoint/awq.py); the q rows' scales carry 1/sqrt(hd)."""
+    H, I = c.hidden_size, c.intermediate_size
+    qkv_rows = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+    parts = {"qkv": ["attention.qkv"], "gate_up": ["mlp.fc", "mlp.gate"], "o": ["attention.dense"],
+             "down": ["mlp.proj"]}
+    shapes = {"attention.qkv": (qkv_rows, H), "mlp.fc": (I, H), "mlp.gate": (I, H),
+              "attention.dense": (H, c.num_heads * c.head_dim), "mlp.proj": (H, I)}
+    for name, trt_names in parts.items():
+        ms = [src.awq(f"{prefix}.{t}.weight", shapes[t], spec.block_size) for t in trt_names]
+        pre = ms[0].pre_scale
+        if any((m.pre_scale is None) != (pre is None) or (pre is not None and not np.array_equal(m.pre_scale, pre))
+               for m in ms[1:]):
+            raise BuildError(f"{src.ckpt.directory}: {prefix}.mlp.fc and .mlp.gate have different "
+                             "prequant_scaling_factor; TensorRT-LLM's fused gate MLP needs them equal, and so does "
+                             "trtspec's fused gate/up product")
+        packed = pack(np.concatenate([m.codes for m in ms]), np.concatenate([m.scales for m in ms]), 4,
+                      spec.block_size)
+        wf.add_prequantized(f"{dst}.{name}.weight", packed, spec.accuracy_level, pre_scale=pre,
+                            row_scale=qkv_row_scale if name == "qkv" else None)
 
 
 def _write_head(src: _Source, wf: WeightFile, embedding: str, lm_head: str, shape: tuple[int, int],
@@ -151,7 +208,7 @@ def _write_head(src: _Source, wf: WeightFile, embedding: str, lm_head: str, shap
 
 def _write_base(src: _Source, wf: WeightFile, c: ModelConfig, plan: WeightPlan = WeightPlan()) -> _Layout:
     H, V = c.hidden_size, c.vocab_size
-    tied = _write_head(src, wf, "transformer.vocab_embedding.weight", "lm_head.weight", (V, H), plan.base)
+    tied = _write_head(src, wf, "transformer.vocab_embedding.weight", "lm_head.weight", (V, H), plan.lm_head)
     for layer in range(c.num_layers):
         _write_layer(src, wf, c, f"transformer.layers.{layer}", f"layers.{layer}", input_norm=True, spec=plan.base)
     wf.add("ln_f.weight", src.get("transformer.ln_f.weight", (H,)))
@@ -165,7 +222,7 @@ def _write_base(src: _Source, wf: WeightFile, c: ModelConfig, plan: WeightPlan =
             wf.add(f"medusa.{h}.{layer}.bias", src.get(f"{name}.bias", (H,)))
         head = src.get(f"medusa_heads.{h}.lm_head.weight", (V, H))
         if np.array_equal(head, base_head):  # heads-only Medusa: the base lm_head, stored once
-            shared = "lm_head.weight" if plan.drafter == plan.base else "medusa.lm_head.weight"  # in its own format
+            shared = "lm_head.weight" if plan.drafter == plan.lm_head else "medusa.lm_head.weight"  # in its own format
             if shared not in wf:
                 wf.add_matrix(shared, head, plan.drafter, fp32_layout="out_in")
             heads.append(shared)
@@ -344,7 +401,8 @@ def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, max_positions: int,
         _check_eagle_copies(ckpt, c)
         parts.append(("draft_", DRAFT_WEIGHTS, _write_draft, draft_graph))
     graphs = {}
-    quantizing = weights.base is not None or (weights.drafter is not None and (c.eagle or c.num_medusa_heads))
+    quantizing = (weights.base is not None or weights.lm_head is not None
+                  or (weights.drafter is not None and (c.eagle or c.num_medusa_heads)))
     total = c.num_layers + c.num_medusa_heads + (c.eagle.num_layers if c.eagle is not None else 0)
     with progress_bar("quantizing weights", total=total, enabled=bool(quantizing)) as advance:
         for role_prefix, file_name, write, build in parts:

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from trtspec.model.quantize import QuantSpec, quantize
+from trtspec.model.quantize import QuantizedMatrix, QuantSpec, quantize
 
 OPSET = 23  # RMSNormalization is standard from opset 23 (ONNX Runtime >= 1.22 runs it)
 IR_VERSION = 10
@@ -57,12 +57,22 @@ class WeightFile:
                 w = w * np.asarray(row_scale, np.float32)[:, None]
             self.add(name, w.T if fp32_layout == "in_out" else w)
             return
-        m = quantize(w, spec.bits, spec.block_size)
+        self._add_quantized(name, quantize(w, spec.bits, spec.block_size), spec.accuracy_level, row_scale)
+
+    def add_prequantized(self, name: str, m: QuantizedMatrix, accuracy_level: int, *,
+                         row_scale: np.ndarray | None = None, pre_scale: np.ndarray | None = None) -> None:
+        """A matrix quantized before the build (a checkpoint's codes and scales, quantize.pack), stored as given;
+        `pre_scale` [k]: multiplies the activation before the product (AWQ's pre-quant scale)."""
+        self._add_quantized(name, m, accuracy_level, row_scale)
+        if pre_scale is not None:
+            self.add(f"{name}.pre_scale", pre_scale)
+
+    def _add_quantized(self, name: str, m: QuantizedMatrix, accuracy_level: int, row_scale) -> None:
         scales = m.scales if row_scale is None else m.scales * np.asarray(row_scale, np.float32)[:, None]
         self._append(f"{name}.q", m.packed, TensorProto.UINT8)
         self._append(f"{name}.scales", np.ascontiguousarray(scales.reshape(-1), np.float32), TensorProto.FLOAT)
         self.quantized[name] = QuantizedInfo(k=m.k, n=m.n, blocks=m.blocks, bits=m.bits, block_size=m.block_size,
-                                             accuracy_level=spec.accuracy_level)
+                                             accuracy_level=accuracy_level)
 
     def alias(self, name: str, source: str, dims: tuple[int, ...]) -> None:
         """`name`: the bytes of weight `source` seen with other dims (written once, read by two ops)."""
@@ -219,6 +229,8 @@ def rms_norm(g: Graph, x: str, weight: str, eps: float, name: str) -> str:
 def matmul_nbits(g: Graph, x: str, weight: str, name: str | None = None) -> str:
     """x [..., k] @ W.T for a quantized W [n, k]: one MatMulNBits (com.microsoft) over its blocks and scales."""
     q = g.weights.quantized[weight]
+    if f"{weight}.pre_scale" in g.weights:  # AWQ: the activation times the pre-quant scale first
+        x = g.op("Mul", x, g.w(f"{weight}.pre_scale"), name=None if name is None else f"{name}_pre_scale")
     return g.ms("MatMulNBits", x, g.w(f"{weight}.q"), g.w(f"{weight}.scales"), name=name, K=q.k, N=q.n,
                 bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
 

@@ -82,6 +82,7 @@ class QuantSpec:
     dtype: WeightDtype
     block_size: int = DEFAULT_BLOCK_SIZE
     accuracy_level: int = ACCURACY_LEVEL
+    prequantized: str | None = None  # the checkpoint's quant_algo whose codes and scales are used as stored
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", WeightDtype(self.dtype))
@@ -126,13 +127,26 @@ def quantize(weight: np.ndarray, bits: int, block_size: int) -> QuantizedMatrix:
     top = (1 << (bits - 1)) - 1  # 7 or 127: ±top, the code 0 (−8 / −128) unused, so zero stays exact
     scales = np.abs(grouped).max(axis=2) / np.float32(top)
     safe = np.where(scales == 0, np.float32(1), scales)
-    q = np.clip(np.rint(grouped / safe[..., None]), -top, top).astype(np.int16) + (1 << (bits - 1))
-    q = q.astype(np.uint8)
+    q = np.clip(np.rint(grouped / safe[..., None]), -top, top).astype(np.int8)
+    return pack(q.reshape(n, -1)[:, :k], scales, bits, block_size)
+
+
+def pack(values: np.ndarray, scales: np.ndarray, bits: int, block_size: int) -> QuantizedMatrix:
+    """Signed integer codes [N, K] (−2^(bits-1) .. 2^(bits-1) − 1, the last block zero-padded here) and their block
+    scales [N, blocks] in MatMulNBits form: code + 2^(bits-1) as unsigned, two 4-bit codes a byte (low nibble first)."""
+    if bits not in (4, 8):
+        raise ValueError(f"bits must be 4 or 8, got {bits}")
+    values = np.asarray(values)
+    n, k = values.shape
+    blocks = -(-k // block_size)
+    if np.shape(scales) != (n, blocks):
+        raise ValueError(f"scales of shape {np.shape(scales)} for {n} rows of {blocks} blocks")
+    q = np.full((n, blocks * block_size), 1 << (bits - 1), np.uint8)
+    q[:, :k] = (values.astype(np.int16) + (1 << (bits - 1))).astype(np.uint8)
+    q = q.reshape(n, blocks, block_size)
     if bits == 4:
         q = q[..., 0::2] | (q[..., 1::2] << 4)
-    elif bits != 8:
-        raise ValueError(f"bits must be 4 or 8, got {bits}")
-    return QuantizedMatrix(np.ascontiguousarray(q), scales.astype(np.float32), bits, block_size, k)
+    return QuantizedMatrix(np.ascontiguousarray(q), np.asarray(scales, np.float32), bits, block_size, k)
 
 
 def dequantize(m: QuantizedMatrix) -> np.ndarray:

@@ -29,8 +29,9 @@ TRUE = ("true", "True", "TRUE", "1")
 
 @dataclass(frozen=True)
 class Finding:
-    severity: str  # "error": fails at load or request time, or silently wrong; "warning": likely not intended;
-    # "note": a fact a person needs (e.g. which request tensor names the repository expects), not a problem
+    # "error": fails at load or request time, or silently wrong; "warning": likely not intended; "note": a fact a
+    # person needs (the engine's quantization, which request tensor names the repository takes), not a problem
+    severity: str
     model: str
     field: str
     message: str  # what, and the fix
@@ -167,7 +168,41 @@ def check_llm(name: str, model: dict, engine: TrtllmEngineConfig | None) -> list
     out += _check_tree(name, params, engine)
     out += _check_lookahead(name, params, engine)
     out += _check_engine_limits(name, model, params, engine)
+    out += check_trtllm_quantization(name, engine)
     return out
+
+
+def check_trtllm_quantization(name: str, engine: TrtllmEngineConfig) -> list[Finding]:
+    """The engine's quantization (pretrained_config.quantization) as a note, checked against the trtspec
+    manifest beside it (engine.trtllm_quant), with a warning for quantized Medusa heads (TensorRT-LLM#2115, #1845)."""
+    q = engine.pretrained.get("quantization") or {}
+    algo = q.get("quant_algo")
+    planned = _manifest_field(engine.path, "quantization")
+    out = []
+    if planned is not None and planned.get("quant_algo") != algo:
+        out.append(Finding("error", name, "quantization", f"the engine was built with quant_algo={algo}, its "
+                                                          f"manifest planned {planned.get('quant_algo')}: rebuild it"))
+    if algo is None and q.get("kv_cache_quant_algo") is None:
+        return out
+    drafter = (planned or {}).get("drafter")
+    facts = [f"quant_algo={algo}"] + [f"{key}={q[key]}" for key in ("group_size", "kv_cache_quant_algo")
+                                       if q.get(key) is not None]
+    if drafter is not None:
+        facts.append(f"drafter {drafter}")
+    out.append(Finding("note", name, "quantization", ", ".join(facts)))
+    if engine.mode is SpecMode.MEDUSA and drafter == "quantized":
+        out.append(Finding("warning", name, "quantization", "the Medusa heads are quantized (--quant_medusa_head): "
+                                                            "upstream builds have failed on that (TensorRT-LLM#2115 "
+                                                            "FP8 heads, #1845 weight-only); keep them in the base dtype"))
+    return out
+
+
+def _manifest_field(engine_dir: Path, key: str):
+    path = Path(engine_dir) / "manifest.json"
+    try:
+        return json.loads(path.read_text()).get(key) if path.is_file() else None
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def _check_decoding_mode(name: str, mode: SpecMode, decoding: str) -> list[Finding]:
@@ -338,6 +373,9 @@ def check_cpu_engine(models: dict[str, dict], repo: Path, engine_dir: Path | Non
             continue
         if engine_dir is not None and Path(engine_dir).resolve() != path and not _same_engine(engine_dir, manifest):
             out.append(Finding("warning", name, "engine_dir", f"loads {path}, not the ENGINE given ({engine_dir})"))
+        w = manifest.weights
+        if any(f is not None and f.dtype.value != "fp32" for f in (w.linear, w.lm_head, w.embedding, w.drafter)):
+            out.append(Finding("note", name, "weights", ", ".join(f"{k} {v}" for k, v in w.summary().items())))
         method = params.get("method", "auto")
         methods = runnable_methods(manifest.method.value, manifest.profile.max_draft_len)
         if method not in ("", "auto") and method not in methods:
@@ -472,4 +510,5 @@ def _request_names(ensemble: dict) -> Finding:
 def report(findings: list[Finding]) -> dict:
     return {"errors": sum(f.severity == "error" for f in findings),
             "warnings": sum(f.severity == "warning" for f in findings),
+            "notes": sum(f.severity == "note" for f in findings),
             "findings": [asdict(f) for f in findings]}

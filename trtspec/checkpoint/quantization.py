@@ -1,0 +1,87 @@
+"""The quantization a TensorRT-LLM checkpoint declares (config.json `quantization`) and what the onnx backend does
+with it.
+
+TensorRT-LLM writes `{"quant_algo": ..., "kv_cache_quant_algo": ..., "group_size": ..., "exclude_modules": [...]}`
+(tensorrt_llm/models/modeling_utils.py `QuantConfig`; the modes: tensorrt_llm/quantization/mode.py `QuantAlgo`).
+The onnx backend computes in fp32 with fp32 KV caches and int8 / int4 MatMulNBits weights, so:
+
+- no quant_algo: build from the floating-point weights (`--weights` chooses the format);
+- `W8A16` / `W4A16` (weight-only, per channel) with floating-point weights: trtllm-build itself quantizes such
+  tensors at build time (modeling_utils.py `preprocess_perlayer_weights` → models/convert_utils.py
+  `weight_only_quantize_dict`, which skips tensors that are int8 already); trtspec does the same in its own
+  block-wise format (`--weights int8` / `int4`, blocks of `--block-size` along the input: finer than per channel);
+- `W4A16_AWQ` (TensorRT Model Optimizer's INT4-AWQ export): its codes, scales and pre-quant scales are read as they
+  are (checkpoint/awq.py), the group size becoming the MatMulNBits block size;
+- `W8A16` / `W4A16` with int8 tensors: `convert_checkpoint.py --use_weight_only` wrote them through
+  `torch.ops.trtllm.symmetric_quantize_last_axis_of_batched_matrix`, already interleaved for the GPU's mixed-GEMM
+  kernels (models/llama/convert.py `get_tllm_linear_weight`); refused, naming the mode;
+- anything else (FP8, INT8 SmoothQuant, W4A8_AWQ, NVFP4, a quantized KV cache, ...) is refused, naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from trtspec.checkpoint.awq import W4A16_AWQ
+from trtspec.errors import BuildError
+
+AWQ_DEFAULT_GROUP = 128  # TensorRT-LLM QuantConfig.group_size's default
+
+WEIGHT_ONLY = {"W8A16": "int8", "W4A16": "int4"}  # quant_algo → the --weights format it asks for
+QUANTIZED_TENSORS = (".attention.qkv.weight", ".attention.dense.weight", ".mlp.fc.weight", ".mlp.gate.weight",
+                     ".mlp.proj.weight")  # the matrices weight-only modes quantize (weight_only_quantize_dict)
+
+
+@dataclass(frozen=True)
+class CheckpointQuantization:
+    quant_algo: str | None = None
+    kv_cache_quant_algo: str | None = None
+    group_size: int | None = None
+
+    @classmethod
+    def from_config(cls, raw_config: dict) -> CheckpointQuantization:
+        q = raw_config.get("quantization") or {}
+        return cls(q.get("quant_algo"), q.get("kv_cache_quant_algo"), q.get("group_size"))
+
+
+def awq_group_size(source: Path, raw_config: dict) -> int:
+    """A W4A16_AWQ checkpoint's group size (config.json quantization.group_size), checked against what MatMulNBits'
+    CPU kernels take."""
+    from trtspec.model.quantize import BLOCK_SIZES
+
+    group = CheckpointQuantization.from_config(raw_config).group_size or AWQ_DEFAULT_GROUP
+    if group not in BLOCK_SIZES:
+        raise BuildError(f"{Path(source) / 'config.json'}: quantization.group_size={group}: W4A16_AWQ groups become "
+                         f"MatMulNBits blocks, which take {', '.join(map(str, BLOCK_SIZES))}; re-export with "
+                         "--awq_block_size 128 (or 64)")
+    return group
+
+
+def checkpoint_weight_format(source: Path, raw_config: dict) -> str | None:
+    """The --weights format a checkpoint's quantization asks for (None: it has none), after refusing, in one line
+    naming the mode, what the onnx backend cannot run."""
+    q = CheckpointQuantization.from_config(raw_config)
+    where = Path(source) / "config.json"
+    if q.kv_cache_quant_algo is not None:
+        raise BuildError(f"{where}: kv_cache_quant_algo={q.kv_cache_quant_algo}: the onnx backend keeps the KV cache "
+                         "in fp32; build from a checkpoint without a quantized KV cache")
+    if q.quant_algo is None:
+        return None
+    if q.quant_algo == W4A16_AWQ:
+        return "int4"
+    if q.quant_algo not in WEIGHT_ONLY:
+        raise BuildError(f"{where}: quant_algo={q.quant_algo}: the onnx backend cannot run this quantization mode "
+                         "(it reads W4A16_AWQ checkpoints, and W8A16 / W4A16 ones with floating-point weights); build "
+                         "from the fp16 / fp32 checkpoint with --weights int8 or int4")
+    from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint  # headers only
+
+    ckpt = read_trtllm_checkpoint(Path(source))
+    for name in ckpt.names():
+        if name.endswith(QUANTIZED_TENSORS):
+            if not ckpt.dtype(name).is_floating_point:
+                raise BuildError(f"{where}: quant_algo={q.quant_algo}: tensor {name} is already quantized in "
+                                 "TensorRT-LLM's GPU kernel layout (convert_checkpoint.py --use_weight_only), which "
+                                 "the onnx backend cannot read; convert without --use_weight_only and build with "
+                                 f"--weights {WEIGHT_ONLY[q.quant_algo]}")
+    return WEIGHT_ONLY[q.quant_algo]
