@@ -23,7 +23,8 @@ from trtspec.checkpoint.awq import W4A16_AWQ
 from trtspec.checkpoint.quantization import CheckpointQuantization, awq_group_size, checkpoint_weight_format
 from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
-from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, Backend, EngineWeights, Manifest, Method, ModelInfo, Profile,
+from trtspec.engine.resolve import MethodRequest, model_info, resolve_method, resolve_tree
+from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, Backend, EngineWeights, Manifest, Method, Profile,
                                      WeightFormat, default_slot_profiles, parse_slot_profiles)
 from trtspec.errors import BuildError, ConfigError
 from trtspec.model.config import ModelConfig
@@ -31,8 +32,6 @@ from trtspec.model.quantize import ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, QuantSpec
 from trtspec.engine.integrity import record_files
 from trtspec.outdir import atomic_output_dir, check_output_dir
 from trtspec.speculative.tree import DynamicTree
-from trtspec.speculative.tree import Tree, build_tree, parse_choices
-from trtspec.speculative.tree_presets import preset
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +46,6 @@ NUMERICS_TOLERANCE = 1e-3
 # SmolLM2-135M's logits by 0.05-0.4 of their scale (int8 / int4) and up to 1.3 over 17 tree slots, so their
 # deviation is logged, not bounded; quality is measured on real text instead (README).
 CHECK_ACCURACY_LEVEL = 1
-DEFAULT_PRESET = "medusa_small_8"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,8 +68,9 @@ def plan_build(opts: BuildOptions) -> Manifest:
     cfg = ModelConfig.from_trtllm(raw)
     check_supported(cfg)
     plan = weight_plan(opts, raw)
-    method = _method(cfg, opts)
-    tree = _tree(cfg, method, opts)
+    request = MethodRequest.of(opts)
+    method = resolve_method(cfg, request, Backend.ONNX)
+    tree = resolve_tree(cfg, method, request, Backend.ONNX)
     draft_tokens = opts.dynamic_tree.total_tokens if method is Method.EAGLE2 else tree.num_nodes if tree else 0
     k = opts.max_draft_len if opts.max_draft_len is not None else draft_tokens
     if k < draft_tokens:
@@ -87,7 +86,7 @@ def plan_build(opts: BuildOptions) -> Manifest:
                       max_seq_len=max_seq_len, max_draft_len=k, slot_profiles=slots)
     end_id, pad_id = _special_ids(_tokenizer_dir(opts))
     draft_vocab = read_checkpoint_vocab(opts.source, cfg.vocab_size) if cfg.eagle is not None else None
-    model = replace(_model_info(cfg, end_id, pad_id), draft_vocab_size=draft_vocab.size if draft_vocab else 0)
+    model = model_info(cfg, raw, end_id=end_id, pad_id=pad_id, draft_vocab_size=draft_vocab.size if draft_vocab else 0)
     return Manifest(name=opts.name or Path(opts.out).name, backend=Backend.ONNX, method=method,
                     model=model, profile=profile,
                     tree=tree.choices if tree is not None else None,
@@ -197,39 +196,6 @@ def _numerics(opts: BuildOptions, tmp: Path, graphs: dict, plan, *, generation_t
              "at most %.1e of scale (%s); at accuracy level %d: %.1e", ACCURACY_LEVEL, worst, role,
              CHECK_ACCURACY_LEVEL, max(numerics.values()))
     return numerics
-
-
-def _method(cfg: ModelConfig, opts: BuildOptions) -> Method:
-    if opts.no_spec or cfg.architecture not in ("MedusaForCausalLM", "EagleForCausalLM"):
-        if opts.dynamic_tree or opts.choices or opts.preset:
-            raise BuildError(f"{opts.source} has no drafter ({cfg.architecture}); tree options need a Medusa or "
-                             "EAGLE checkpoint")
-        return Method.NONE
-    if cfg.architecture == "MedusaForCausalLM":
-        if opts.dynamic_tree:
-            raise BuildError("a dynamic (EAGLE-2) tree needs an EAGLE checkpoint; Medusa trees are static")
-        return Method.MEDUSA
-    return Method.EAGLE2 if opts.dynamic_tree else Method.EAGLE
-
-
-def _tree(cfg: ModelConfig, method: Method, opts: BuildOptions) -> Tree | None:
-    if method in (Method.NONE, Method.EAGLE2):
-        return None
-    choices = parse_choices(opts.choices) if opts.choices is not None else preset(opts.preset or DEFAULT_PRESET)
-    heads = cfg.num_medusa_heads if method is Method.MEDUSA else None
-    if opts.choices is None and opts.preset is None and heads is not None and heads < 3:
-        choices = [[0] * d for d in range(1, heads + 1)]  # the default tree needs 3 heads; a chain fits any
-    return build_tree(choices, num_heads=heads, max_draft_len=opts.max_draft_len)
-
-
-def _model_info(cfg: ModelConfig, end_id: int | None, pad_id: int | None) -> ModelInfo:
-    d = cfg.eagle
-    return ModelInfo(architecture=cfg.architecture, dtype=cfg.dtype, vocab_size=cfg.vocab_size,
-                     hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
-                     num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, num_medusa_heads=cfg.num_medusa_heads,
-                     num_eagle_layers=cfg.num_eagle_layers, draft_layers=d.num_layers if d else 0,
-                     draft_num_kv_heads=d.num_kv_heads if d else 0, draft_head_dim=d.head_dim if d else 0,
-                     end_id=end_id, pad_id=pad_id)
 
 
 def _tokenizer_dir(opts: BuildOptions) -> Path | None:

@@ -16,16 +16,14 @@ from pathlib import Path
 
 from trtspec import __version__
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
-from trtspec.engine.manifest import Backend, Manifest, Method, ModelInfo, Profile
+from trtspec.engine.manifest import Backend, Manifest, Method, Profile
+from trtspec.engine.resolve import MethodRequest, model_info, resolve_method, resolve_tree
 from trtspec.engine.trtllm_quant import TrtllmQuantization, plan_quantization, quantization_notes
 from trtspec.engine.trtllm_versions import TrtllmVersion, installed_version, newest, parse_version
 from trtspec.errors import BuildError, CheckpointError, ConfigError
 from trtspec.model.config import ModelConfig
-from trtspec.speculative.tree import Tree, build_tree, parse_choices
-from trtspec.speculative.tree_presets import preset
+from trtspec.speculative.tree import Tree
 
-# TensorRT-LLM's own default tree for both Medusa and EAGLE-1 (TensorRT-LLM tensorrt_llm/llmapi/llm_args.py `mDefaultEagleChoices`, tensorrtllm_backend tensorrt_llm/config.pbtxt).
-DEFAULT_TREE = "mc_sim_7b_63"
 DEFAULT_MAX_NUM_TOKENS = 8192  # trtllm-build's default (TensorRT-LLM tensorrt_llm/commands/build.py)
 EAGLE_MAX_BATCH_SIZE = 512  # TensorRT-LLM tensorrt_llm/builder.py: asserted by builder.build() for EAGLE
 EAGLE_MAX_DRAFT_LEN = 256  # TensorRT-LLM tensorrt_llm/builder.py and the EAGLE converter's assert (TensorRT-LLM examples/eagle/convert_checkpoint.py)
@@ -141,8 +139,9 @@ def plan_trtllm_build(opts: TrtllmBuildOptions) -> TrtllmPlan:
     config_path = Path(opts.source) / "config.json"
     raw = read_checkpoint_config(opts.source)
     cfg = _model_config(raw, config_path)
-    method = _method(cfg, opts)
-    tree = _tree(cfg, method, opts)
+    request = MethodRequest.of(opts)
+    method = resolve_method(cfg, request, Backend.TRTLLM)
+    tree = resolve_tree(cfg, method, request, Backend.TRTLLM)
     k = _max_draft_len(cfg, method, tree, opts, config_path)
     tp, pp = _mapping(raw, config_path)
     _check_limits(method, k, tree, opts, pp)
@@ -205,40 +204,6 @@ def _mapping(raw: dict, path: Path) -> tuple[int, int]:
     if not all(isinstance(x, int) and x >= 1 for x in (tp, pp, world)) or world != tp * pp:
         raise CheckpointError(f"{path}: mapping {mapping} is inconsistent; world_size must equal tp_size * pp_size")
     return tp, pp
-
-
-def _method(cfg: ModelConfig, opts: TrtllmBuildOptions) -> Method:
-    drafter = cfg.architecture in ("MedusaForCausalLM", "EagleForCausalLM")
-    tree_flags = opts.choices is not None or opts.preset is not None
-    if opts.lookahead is not None or opts.draft_target:
-        what = "--lookahead" if opts.lookahead is not None else "--draft-target"
-        if drafter:
-            raise BuildError(f"{what} needs a plain checkpoint, but {opts.source} is a {cfg.architecture}; "
-                             f"convert the base alone (trtspec convert --base ...) for {what}")
-        if tree_flags:
-            raise BuildError(f"{what} drafts without a tree; drop --choices / --preset")
-        return Method.LOOKAHEAD if opts.lookahead is not None else Method.DRAFT_TARGET
-    if opts.no_spec or not drafter:
-        if tree_flags:
-            raise BuildError(f"{opts.source} has no drafter ({cfg.architecture}); tree options need a Medusa or "
-                             "EAGLE checkpoint (or pass --lookahead W,N,G / --draft-target)")
-        return Method.NONE
-    return Method.MEDUSA if cfg.architecture == "MedusaForCausalLM" else Method.EAGLE
-
-
-def _tree(cfg: ModelConfig, method: Method, opts: TrtllmBuildOptions) -> Tree | None:
-    if method not in (Method.MEDUSA, Method.EAGLE):
-        return None
-    choices = parse_choices(opts.choices) if opts.choices is not None else preset(opts.preset or DEFAULT_TREE)
-    where = "" if opts.choices is not None or opts.preset is not None else f" (the default tree {DEFAULT_TREE})"
-    try:
-        if method is Method.MEDUSA:  # depth <= heads (tensorrtllm_backend tensorrt_llm/config.pbtxt)
-            return build_tree(choices, num_heads=cfg.num_medusa_heads)
-        # EAGLE-1: depth == num_eagle_layers, non-leaves per level <= max_non_leaves_per_layer (TensorRT-LLM tensorrt_llm/llmapi/llm_args.py)
-        return build_tree(choices, exact_depth=cfg.num_eagle_layers,
-                          max_non_leaves_per_layer=cfg.max_non_leaves_per_layer)
-    except ConfigError as e:
-        raise BuildError(f"{opts.source / 'config.json'}{where}: {e}") from None
 
 
 def _max_draft_len(cfg: ModelConfig, method: Method, tree: Tree | None, opts: TrtllmBuildOptions,
@@ -395,14 +360,7 @@ def _manifest(opts: TrtllmBuildOptions, cfg: ModelConfig, raw: dict, method: Met
     # the engine's own (raised) max_seq_len: the KV capacity the static-K profile was built for
     profile = Profile(max_batch_size=opts.max_batch_size, max_input_len=opts.max_input_len,
                       max_seq_len=_engine_seq_len(cfg, method, k, max_seq_len), max_draft_len=k)
-    d = cfg.eagle
-    model = ModelInfo(architecture=cfg.architecture, dtype=cfg.dtype, vocab_size=cfg.vocab_size,
-                      hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
-                      num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, num_medusa_heads=cfg.num_medusa_heads,
-                      num_eagle_layers=cfg.num_eagle_layers, draft_layers=d.num_layers if d else 0,
-                      draft_num_kv_heads=d.num_kv_heads if d else 0, draft_head_dim=d.head_dim if d else 0,
-                      max_non_leaves_per_layer=cfg.max_non_leaves_per_layer,
-                      logits_dtype=raw.get("logits_dtype") or "float32")
+    model = model_info(cfg, raw)
     return Manifest(name=opts.name or Path(opts.out).name, backend=Backend.TRTLLM, method=method, model=model,
                     profile=profile, tree=tree.choices if tree is not None else None,
                     source=str(Path(opts.source).resolve()),

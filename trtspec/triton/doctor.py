@@ -13,6 +13,8 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trtspec.engine.manifest import Backend
+from trtspec.engine.resolve import DEFAULT_TREE
 from trtspec.engine.trtllm_plan import SpecMode, Lookahead, cpp_choices
 from trtspec.engine.trtllm_versions import installed_version, parse_version
 from trtspec.errors import ConfigError, TrtspecError
@@ -230,7 +232,7 @@ def _check_tree(name: str, params: dict, engine: TrtllmEngineConfig) -> list[Fin
                                             f"-style brace groups: {cpp_choices(parse_choices(text))[:60]}...")]
     source = f"{key} (the default mc_sim_7b_63, since it is unset)" if not _set(text) else key
     try:
-        choices = parse_choices(text) if _set(text) else preset("mc_sim_7b_63")
+        choices = parse_choices(text) if _set(text) else preset(DEFAULT_TREE[Backend.TRTLLM])
         pre = engine.pretrained
         if engine.mode is SpecMode.MEDUSA:
             build_tree(choices, num_heads=pre.get("num_medusa_heads"), max_draft_len=engine.max_draft_len)

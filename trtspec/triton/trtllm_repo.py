@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtspec.engine.manifest import Backend, Manifest, Method, read_manifest
-from trtspec.engine.trtllm_plan import DECODING_MODE, DEFAULT_TREE, cpp_choices
+from trtspec.engine.resolve import DEFAULT_TREE
+from trtspec.engine.trtllm_plan import DECODING_MODE, cpp_choices
 from trtspec.engine.trtllm_versions import TrtllmVersion, parse_version
 from trtspec.errors import RepositoryError
 from trtspec.speculative.tree_presets import preset
@@ -108,7 +109,7 @@ def _check_method_support(manifest: Manifest, version: TrtllmVersion, where: Pat
                               f"which TensorRT-LLM {version.text} lacks (added in 0.19); build for 0.19 or newer")
     if method is Method.EAGLE and not version.has_eagle_choices and manifest.tree != _default_tree():
         raise RepositoryError(f"{where}: TensorRT-LLM {version.text} has no eagle_choices parameter (0.16+), so the "
-                              f"server would run {DEFAULT_TREE}, not this engine's tree; build for 0.16 or newer")
+                              f"server would run {DEFAULT_TREE[Backend.TRTLLM]}, not this engine's tree; build for 0.16 or newer")
     if method in (Method.MEDUSA, Method.EAGLE) and not manifest.tree:
         raise RepositoryError(f"{where}: a {method.value} engine's manifest lists no tree")
     if method is Method.LOOKAHEAD and not manifest.lookahead:
@@ -118,7 +119,7 @@ def _check_method_support(manifest: Manifest, version: TrtllmVersion, where: Pat
 def _default_tree() -> tuple[tuple[int, ...], ...]:
     from trtspec.speculative.tree import build_tree
 
-    return build_tree(preset(DEFAULT_TREE)).choices
+    return build_tree(preset(DEFAULT_TREE[Backend.TRTLLM])).choices
 
 
 def _draft(manifest: Manifest, options, version: TrtllmVersion) -> tuple[Manifest, Path] | None:
