@@ -23,7 +23,12 @@ def engine_summary(directory: Path) -> dict:
            "architecture": m.model.architecture, "max_draft_len": p.max_draft_len,
            "slot_profiles": list(p.slots), "max_batch_size": p.max_batch_size, "max_input_len": p.max_input_len,
            "max_seq_len": p.max_seq_len}
-    out["weights"] = m.weights.summary()  # the weight format per component
+    if m.quantization is not None:  # trtllm: the TensorRT-LLM quantization it was planned with
+        q = m.quantization
+        out["quantization"] = ", ".join([q["quant_algo"]] + [f"{k} {q[k]}" for k in ("group_size", "drafter")
+                                                             if q.get(k) is not None])
+    else:
+        out["weights"] = m.weights.summary()  # the weight format per component (onnx)
     if m.tree:
         out["tree"] = [list(c) for c in m.tree]
     if m.backend.value == "onnx":  # the drafters `generate --method` / `draft_method` may ask for
