@@ -14,8 +14,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from trtspec.checkpoint.draft_vocab import DraftVocab
 from trtspec.checkpoint.hf_config import read_json
 from trtspec.checkpoint.tensorfile import TensorStore, open_hf_weights
