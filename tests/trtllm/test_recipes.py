@@ -58,7 +58,7 @@ BASE = {"name": "r", "base": {"path": "models/base"}}
     ({**BASE, "build": {"backend": "onnx"}, "deploy": {"flavour": "trtllm"}}, "does not serve build.backend onnx"),
     ({**BASE, "build": {"max_batch_size": "four"}}, "build.max_batch_size must be an integer"),
     ({**BASE, "build": {"preset": "mc_sim_7b_64"}}, "unknown tree preset"),
-    ({**BASE, "bulid": {}}, "unknown key 'bulid'; valid keys: base, build, convert, deploy, drafter, name"),
+    ({**BASE, "bulid": {}}, "unknown key 'bulid'; valid keys: base, baseline, bench, build, convert, deploy, drafter, name, serve"),
     ({"name": "r"}, "needs a base section"),
     (["name", "r"], "recipe: expected a mapping, found list"),
     ({**BASE, "build": 3}, "recipe build: expected a mapping, found int"),

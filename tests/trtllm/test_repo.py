@@ -64,7 +64,7 @@ def test_every_config_parses_and_nothing_is_left_unfilled(engines, tmp_path, nam
     for model in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
         assert "TritonPythonModel" in (repo / model / "1" / "model.py").read_text()
     assert (repo / "ensemble" / "1").is_dir() and (repo / "tensorrt_llm" / "1").is_dir()
-    assert doctor(repo) == []
+    assert _problems(doctor(repo)) == []
 
 
 def test_medusa_placeholders_come_from_the_manifest(engines, tmp_path):
@@ -108,8 +108,8 @@ def test_draft_target_models_for_the_bls(engines, tmp_path):
 
 
 # The request tensors of upstream's ensemble/config.pbtxt, by release (tensorrtllm_backend tags v0.15.0-v0.19.0,
-# all_models/inflight_batcher_llm/; TensorRT-LLM triton_backend/all_models/inflight_batcher_llm/ from 1.0, which renames
-# min_length / random_seed to min_tokens / seed). Its newest copy also has return_num_input_tokens /
+# all_models/inflight_batcher_llm/; TensorRT-LLM triton_backend/all_models/inflight_batcher_llm/ from 0.20, whose copy
+# renames min_length / random_seed to min_tokens / seed: tensorrtllm_backend c2e65b8, not on the 0.19 branch). Its newest copy also has return_num_input_tokens /
 # return_num_output_tokens, which trtspec does not declare (docs/triton-contract.md says why).
 _V015 = {"text_input", "decoder_text_input", "max_tokens", "num_return_sequences", "bad_words", "stop_words", "end_id",
          "pad_id", "top_k", "top_p", "temperature", "length_penalty", "repetition_penalty", "min_length",
@@ -122,7 +122,7 @@ _V019 = _V016 - {"return_kv_cache_reuse_stats"} | {"return_perf_metrics", "guide
                                                    "guided_decoding_guide"}
 _V1 = _V019 - {"min_length", "random_seed"} | {"min_tokens", "seed"}
 # v0.15's ensemble lacks exclude_input_in_output, which its tensorrt_llm takes: trtspec declares it for every version
-UPSTREAM_ENSEMBLE_INPUTS = {"1.2.1": _V1, "1.0.0": _V1, "0.19.0": _V019, "0.17.0": _V016,
+UPSTREAM_ENSEMBLE_INPUTS = {"1.2.1": _V1, "1.0.0": _V1, "0.20.0": _V1, "0.19.0": _V019, "0.17.0": _V016,
                             "0.15.0": _V015 | {"exclude_input_in_output"}}
 # what the wiring hands tensorrt_llm for each of upstream's extra inputs (tensorrtllm_backend ensemble/config.pbtxt)
 THROUGH_PREPROCESSING = {"embedding_bias_words": ("EMBEDDING_BIAS_WORDS", "EMBEDDING_BIAS", "embedding_bias"),
@@ -159,7 +159,7 @@ def test_gpu_and_cpu_flavours_expose_the_same_request_tensors(engines, tmp_path,
     ensemble = found["ensemble"]
     gpu = {t["name"]: (t["data_type"], tuple(int(d) for d in t["dims"])) for t in ensemble["input"]}
     assert set(gpu) == UPSTREAM_ENSEMBLE_INPUTS[version]
-    newest = version.startswith("1.")
+    newest = not version.startswith(("0.15", "0.16", "0.17", "0.18", "0.19"))
     client = {t.name: (t.data_type, t.dims) for t in contract.client_inputs(newest_names=newest)}
     assert {k: gpu[k] for k in client} == client  # every client tensor, same type and dims
     cpu = {t.name: (t.data_type, t.dims) for t in contract.cpu_ensemble_inputs()}
@@ -192,7 +192,7 @@ def test_gpu_and_cpu_flavours_expose_the_same_request_tensors(engines, tmp_path,
             (data_type, dims, scalar, True), llm_name
     bls = {t["name"] for t in found["tensorrt_llm_bls"]["input"]}
     assert bls == set(gpu) | {"num_draft_tokens", "use_draft_logits"}  # upstream's BLS takes them too
-    assert doctor(repo) == []
+    assert _problems(doctor(repo)) == []
 
 
 def test_renamed_inputs_follow_the_engine_version(engines, tmp_path):
@@ -243,3 +243,18 @@ def test_multi_gpu_launch_script(write_ckpt, tokenizer_dir, tmp_path, engine_bui
     assert "--model-control-mode=explicit --load-model=tensorrt_llm" in ranks[1]
     assert "shm-region-prefix-name=prefix1_" in ranks[1] and f"--model-repository={repo}" in ranks[1]
     assert (repo / "launch_triton.sh").stat().st_mode & 0o111
+
+
+def _problems(findings):
+    """The errors and warnings (a note is a fact, e.g. which request tensor names the ensemble takes)."""
+    return [f for f in findings if f.severity != "note"]
+
+
+@pytest.mark.parametrize("name,names", [("lookahead", "min_length / random_seed"), ("draft-0.21", "min_tokens / seed"),
+                                        ("medusa", "min_tokens / seed")])
+def test_doctor_says_which_request_names_the_ensemble_takes(engines, tmp_path, name, names):
+    """0.19 takes the old names, 0.21 and 1.2 the new: the rename shipped with 0.20 (tensorrtllm_backend c2e65b8 is
+    not on the 0.19 release branch)."""
+    repo = write(engines, tmp_path, name)
+    notes = [f for f in doctor(repo) if f.severity == "note"]
+    assert len(notes) == 1 and notes[0].message.startswith(f"takes {names} (TensorRT-LLM")

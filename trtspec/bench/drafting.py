@@ -104,10 +104,11 @@ def run_benchmark(args: argparse.Namespace, show=print) -> dict:
 
 
 def measure(engines: list[Path], *, sets=DEFAULT_SETS, methods=("ngram",), limit: int = 8, max_tokens: int = 128,
-            threads: int | None = 2, spin: bool | None = True, datastore: Path | None = None,
-            show=print) -> tuple[dict, dict[str, list[list[int]]]]:
+            threads: int | None = 2, spin: bool | None = None, datastore: Path | None = None,
+            step_costs=None, show=print) -> tuple[dict, dict[str, list[list[int]]]]:
     """Each method against plain decoding on the same engine, prompt by prompt, the order rotating: the report
-    (per set and method, `Cell.to_dict()`'s figures) and the token ids of each set's measured prompts."""
+    (per set and method, `Cell.to_dict()`'s figures) and the token ids of each set's measured prompts.
+    `step_costs` (a StepCosts) replaces the engines' measured verify curve in the drafters' budgets."""
     from trtspec.runtime.generator import LocalGenerator
     from trtspec.runtime.loop import GenerationConfig
     from trtspec.speculative.datastore import RecentOutputs
@@ -117,6 +118,8 @@ def measure(engines: list[Path], *, sets=DEFAULT_SETS, methods=("ngram",), limit
     generator = generators[0]
     curves = {}
     for path, g in zip(engines, generators):
+        if step_costs is not None:
+            g.engine.use_step_costs(step_costs)
         costs = g.engine.step_costs()
         curves[str(path)] = costs.to_dict()
         show(f"verify curve ({path}): " + ", ".join(f"{p} slots {ms:.1f} ms ({c:.2f}x)" for p, ms, c in
@@ -235,7 +238,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--limit", type=int, default=8, help="prompts per set")
     parser.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt")
     parser.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads")
-    parser.add_argument("--no-spin", dest="spin", action="store_false", help="workers sleep between ops")
+    parser.add_argument("--no-spin", dest="spin", action="store_false", default=None,
+                        help="workers sleep between ops (default: the engine's: spin, unless its drafter runs in a "
+                             "second session)")
     parser.add_argument("--peers", type=lambda s: tuple(s.split(",")) if s else (), default=(),
                         help=f"peers' own speculation beside ours: {', '.join(PEERS)}")
     parser.add_argument("--hf", type=Path, help="the Hugging Face folder of the engine's model (for peers)")

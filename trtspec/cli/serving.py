@@ -66,7 +66,7 @@ def doctor(repository: Path, engine: Path | None, as_json: bool) -> None:
         click.echo(json.dumps(report(findings), indent=2))
     for finding in [] if as_json else findings:
         click.echo(str(finding))
-    if not as_json and not findings:
+    if not as_json and all(f.severity == "note" for f in findings):
         click.echo(f"{repository}: no problems found")
     if any(f.severity == "error" for f in findings):
         sys.exit(1)

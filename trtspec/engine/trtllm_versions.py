@@ -78,14 +78,19 @@ class TrtllmVersion:
 
     @property
     def newest_input_names(self) -> bool:
-        """`min_tokens` / `seed` instead of `min_length` / `random_seed` (TensorRT-LLM triton_backend/all_models/).
+        """`min_tokens` / `seed` instead of `min_length` / `random_seed`, from 0.20 on.
 
-        v0.19 (the last tensorrtllm_backend tag with templates) has the old names, the newest TensorRT-LLM
-        `triton_backend/` copy the new ones. The templates moved into TensorRT-LLM at 0.20; trtspec assumes
-        the rename shipped with 1.0, the first release of the moved copy it pairs with a container (the NGC Triton release notes).
-        `trtspec doctor` reports a repository whose names disagree with its own tensorrt_llm model.
+        tensorrtllm_backend v0.19.0 (c1e1963) is the last tag whose templates it ships itself, with the old names
+        (`all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt`, `inflight_batcher_llm/src/utils.h`
+        `minLength = "min_length"`, `randomSeed = "random_seed"`). The rename is commit c2e65b8 ("Update
+        TensorRT-LLM backend (#749)", 2025-05-13), which renames both in utils.h and every template and keeps no
+        alias for the old names; it is not on the 0.19 release branch. From v0.20.0 on the backend's tags carry no
+        templates, only the TensorRT-LLM submodule (v0.20.0 → NVIDIA/TensorRT-LLM@7965842, whose
+        `triton_backend/all_models/` copy is the post-rename sync: TensorRT-LLM 0.20.0's release notes list
+        "Migrate Triton Backend to TensorRT LLM repo"). So 0.20 is the first release with the new names.
+        `trtspec doctor` says which names a repository expects and reports one whose steps disagree.
         """
-        return self.at_least(1, 0)
+        return self.at_least(0, 20)
 
 
 def parse_version(text: str) -> TrtllmVersion:

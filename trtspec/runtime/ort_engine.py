@@ -28,7 +28,7 @@ import numpy as np
 import onnxruntime as ort
 
 from trtspec.engine.manifest import Manifest, read_manifest
-from trtspec.errors import BuildError, RuntimeEngineError
+from trtspec.errors import BuildError, ConfigError, RuntimeEngineError
 from trtspec.speculative.engine import StepOutput
 from trtspec.runtime.ort_session import effective_spin, session_options
 
@@ -179,6 +179,14 @@ class OrtEngine:
     @property
     def profile(self):
         return self.manifest.profile
+
+    def use_step_costs(self, costs) -> None:
+        """Budget drafts against this curve instead of the measured one: a recipe gate replays the curve its
+        baseline was measured with, so τ depends on the code, not on how busy the machine is."""
+        if tuple(costs.profiles[1:]) != tuple(s for s in self.slot_profiles if s > 1):
+            raise ConfigError(f"a verify curve over slot profiles {list(costs.profiles[1:])} does not fit this engine's "
+                              f"{list(self.slot_profiles)}")
+        self._costs = costs
 
     def step_costs(self):
         """The verify step's cost per slot profile relative to a plain step (`verify_curve`): measured once on this

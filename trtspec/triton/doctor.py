@@ -29,7 +29,8 @@ TRUE = ("true", "True", "TRUE", "1")
 
 @dataclass(frozen=True)
 class Finding:
-    severity: str  # "error": fails at load or request time, or silently wrong; "warning": likely not intended
+    severity: str  # "error": fails at load or request time, or silently wrong; "warning": likely not intended;
+    # "note": a fact a person needs (e.g. which request tensor names the repository expects), not a problem
     model: str
     field: str
     message: str  # what, and the fix
@@ -360,7 +361,7 @@ def check_ensemble(models: dict[str, dict]) -> list[Finding]:
     ensemble = next((m for m in models.values() if m.get("platform") == "ensemble"), None)
     if ensemble is None:
         return []
-    name, out = ensemble["name"], []
+    name, out = ensemble["name"], [_request_names(ensemble)]
     origin: dict[str, tuple[str, bool] | None] = {t["name"]: None for t in ensemble.get("input", [])}
     for step in ensemble.get("ensemble_scheduling", {}).get("step", []):
         model = models.get(step["model_name"])
@@ -450,6 +451,22 @@ def check_bls(models: dict[str, dict], llms: dict[str, dict], repo: Path, engine
 def _trtspec_bls(repo: Path, name: str) -> bool:
     source = repo / name / "1" / "model.py"
     return source.is_file() and "trtspec BLS" in source.read_text(errors="replace")
+
+
+def _request_names(ensemble: dict) -> Finding:
+    """Which spelling of the two renamed request tensors the ensemble takes: min_length / random_seed up to
+    TensorRT-LLM 0.19, min_tokens / seed from 0.20 (trtllm_versions.TrtllmVersion.newest_input_names)."""
+    inputs = {t["name"] for t in ensemble.get("input", [])}
+    old, new = {"min_length", "random_seed"} & inputs, {"min_tokens", "seed"} & inputs
+    if old and new:
+        names = "both min_length / random_seed and min_tokens / seed (clients of any TensorRT-LLM release work)"
+    elif new:
+        names = "min_tokens / seed (TensorRT-LLM >= 0.20 clients; 0.15-0.19 clients send min_length / random_seed)"
+    elif old:
+        names = "min_length / random_seed (TensorRT-LLM 0.15-0.19 clients; >= 0.20 clients send min_tokens / seed)"
+    else:
+        names = "neither min_length / random_seed nor min_tokens / seed"
+    return Finding("note", ensemble["name"], "request tensors", f"takes {names}")
 
 
 def report(findings: list[Finding]) -> dict:
