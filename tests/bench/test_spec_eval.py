@@ -1,4 +1,4 @@
-"""bench/spec_eval: tree parsing, the per-tree summary (the DESIGN.md definitions) and tree.json."""
+"""bench/spec_eval: tree parsing, the per-tree summary (the metrics of docs/design.md) and tree.json."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The engine interface the speculative core drafts and verifies against; every backend (torch reference, ONNX
-Runtime) implements it in `trtspec.runtime`, and nothing here imports a backend.
+"""The engine interface the speculative core drafts and verifies against; the backends implement it (ONNX Runtime in
+`trtspec.runtime.ort_engine`, the torch reference in `trtspec.model.torch_engine`), and nothing here imports one.
 
 KV-cache convention: a sequence's committed cache holds every token except the last emitted one (the
 "root"). A verify step feeds the root in slot 0 and draft nodes in slots 1..n at positions

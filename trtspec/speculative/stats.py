@@ -1,4 +1,4 @@
-"""Acceptance statistics with the definitions every part of trtspec shares (DESIGN.md, "Definitions").
+"""Acceptance statistics with the definitions every part of trtspec shares (docs/design.md, "Metrics").
 
 acceptance rate = accepted draft tokens / drafted tokens; acceptance length τ = 1 + accepted / steps (the
 bonus token counts); per-position acceptance = P(draft token at depth d accepted | depth d − 1 accepted).
