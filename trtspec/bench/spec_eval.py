@@ -238,9 +238,3 @@ def write_tree(folder: Path, report: dict, best: dict) -> None:
         **{k: best[k] for k in ("acceptance_length", "acceptance_rate", "speedup", "decode_speedup",
                                 "identical_outputs", "tau_per_category")}}}
     (folder / "tree.json").write_text(json.dumps(tree, indent=2) + "\n")
-
-
-if __name__ == "__main__":  # the command line is `trtspec bench trees`; this spelling still runs it
-    from trtspec.cli.bench import bench_trees
-
-    bench_trees(prog_name="python -m trtspec.bench.spec_eval")

@@ -45,17 +45,6 @@ class CheckpointQuantization:
         return cls(q.get("quant_algo"), q.get("kv_cache_quant_algo"), q.get("group_size"))
 
 
-def awq_group_size(source: Path, raw_config: dict) -> int:
-    """A W4A16_AWQ checkpoint's group size (config.json quantization.group_size), checked against what MatMulNBits'
-    CPU kernels take."""
-    from trtspec.model.quantize import BLOCK_SIZES
-
-    group = CheckpointQuantization.from_config(raw_config).group_size or AWQ_DEFAULT_GROUP
-    if group not in BLOCK_SIZES:
-        raise BuildError(f"{Path(source) / 'config.json'}: quantization.group_size={group}: W4A16_AWQ groups become "
-                         f"MatMulNBits blocks, which take {', '.join(map(str, BLOCK_SIZES))}; re-export with "
-                         "--awq_block_size 128 (or 64)")
-    return group
 
 
 def checkpoint_weight_format(source: Path, raw_config: dict) -> str | None:

@@ -20,7 +20,7 @@ from trtspec.checkpoint.convert import PROVENANCE_FILE
 from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
 from trtspec.checkpoint.hf_config import read_json
 from trtspec.checkpoint.awq import W4A16_AWQ
-from trtspec.checkpoint.quantization import CheckpointQuantization, awq_group_size, checkpoint_weight_format
+from trtspec.checkpoint.quantization import AWQ_DEFAULT_GROUP, CheckpointQuantization, checkpoint_weight_format
 from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
 from trtspec.engine.resolve import MethodRequest, model_info, resolve_method, resolve_tree
@@ -95,6 +95,19 @@ def plan_build(opts: BuildOptions) -> Manifest:
                     weights=_engine_weights(plan, cfg, embedding_gathered=_gathers_embedding(plan, cfg, raw)))
 
 
+def _awq_group_size(source: Path, raw_config: dict) -> int:
+    """A W4A16_AWQ checkpoint's group size (config.json quantization.group_size), checked against what MatMulNBits'
+    CPU kernels take (its groups become MatMulNBits blocks)."""
+    from trtspec.model.quantize import BLOCK_SIZES
+
+    group = CheckpointQuantization.from_config(raw_config).group_size or AWQ_DEFAULT_GROUP
+    if group not in BLOCK_SIZES:
+        raise BuildError(f"{Path(source) / 'config.json'}: quantization.group_size={group}: W4A16_AWQ groups become "
+                         f"MatMulNBits blocks, which take {', '.join(map(str, BLOCK_SIZES))}; re-export with "
+                         "--awq_block_size 128 (or 64)")
+    return group
+
+
 def weight_plan(opts: BuildOptions, raw_config: dict):
     """The matrices to quantize (onnx_graph.WeightPlan) from --weights / --block-size / --quantize-heads, after
     refusing a checkpoint that is quantized already (the onnx backend quantizes from fp32 / fp16 / bf16 only)."""
@@ -116,7 +129,7 @@ def weight_plan(opts: BuildOptions, raw_config: dict):
     spec = lambda d: None if d is WeightDtype.FP32 else QuantSpec(d, block_size)  # noqa: E731
     base = spec(dtype)
     if CheckpointQuantization.from_config(raw_config).quant_algo == W4A16_AWQ:  # the layers' codes as stored
-        base = QuantSpec(dtype, awq_group_size(opts.source, raw_config), prequantized=W4A16_AWQ)
+        base = QuantSpec(dtype, _awq_group_size(opts.source, raw_config), prequantized=W4A16_AWQ)
         log.info("W4A16_AWQ checkpoint: the linear layers keep its int4 codes, group scales and pre-quant scales; "
                  "the lm_head and drafter are quantized here (--lm-head-weights, --block-size %d)", block_size)
     if not opts.quantize_heads:
