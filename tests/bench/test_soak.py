@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import mmap
 import os
 import subprocess
 import sys
@@ -81,8 +82,10 @@ def test_parse_metrics_reads_prometheus_text():
 def test_rss_and_process_tree_of_this_process():
     before = rss_kib(os.getpid())
     assert before is not None and before > 10_000  # a Python with numpy and click loaded
-    block = bytearray(64 * 2**20)  # touched: resident
-    block[::4096] = b"x" * len(block[::4096])
+    # fresh anonymous pages, touched: resident (a bytearray may reuse memory a long test session already holds)
+    block = mmap.mmap(-1, 64 * 2**20)
+    for offset in range(0, len(block), 4096):
+        block[offset] = 1
     assert rss_kib(os.getpid()) - before > 50_000
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
