@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
 from trtspec.cli import cli
-from trtspec.engine.inspect import engine_summary
+from trtspec.engine.summary import engine_summary
 from trtspec.engine.manifest import EngineWeights, Manifest, WeightFormat, read_manifest
 from trtspec.engine.onnx_builder import NUMERICS_TOLERANCE, BuildOptions, build, plan_build
 from trtspec.errors import BuildError, ConfigError

@@ -133,7 +133,7 @@ def test_build_waits_for_the_quantized_checkpoint_then_checks_its_mode(medusa_ck
     (tmp_path / "q" / "vicuna-7b-medusa").rename(tmp_path / "engine-int4_awq-ckpt")
     manifest = build(opts, runner=lambda argv, cwd: fake_build(argv, cwd))
     assert manifest.quantization["quant_algo"] == "W4A16_AWQ" and manifest.quantization["drafter"] == "float16"
-    from trtspec.engine.inspect import engine_summary
+    from trtspec.engine.summary import engine_summary
 
     summary = engine_summary(tmp_path / "engine")
     assert summary["quantization"] == "W4A16_AWQ, group_size 128, drafter float16" and "weights" not in summary

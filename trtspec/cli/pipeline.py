@@ -59,7 +59,7 @@ def _fact_text(key: str, value) -> str:
 def inspect(directory: Path, as_json: bool) -> None:
     """Summarise any HF / Medusa / EAGLE / TensorRT-LLM checkpoint folder, a built engine, or a Triton model
     repository (`trtspec deploy` output or upstream's layout)."""
-    from trtspec.engine.inspect import engine_summary, is_engine_dir
+    from trtspec.engine.summary import engine_summary, is_engine_dir
     from trtspec.triton.repo_summary import is_model_repository, repository_summary
 
     if is_model_repository(directory) or is_engine_dir(directory):

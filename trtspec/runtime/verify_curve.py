@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trtspec.engine.inspect import CURVE_FILE
+from trtspec.engine.summary import CURVE_FILE
 from trtspec.outdir import chmod_as_created
 from trtspec.speculative.engine import BatchedEngine
 from trtspec.speculative.step_costs import StepCosts
