@@ -272,3 +272,18 @@ def test_a_baseline_curve_that_does_not_fit_the_engine_is_one_line(built, tmp_pa
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "baseline.verify_curve: a verify curve over slot profiles [2, 17] does not fit this engine's [2, 3, 5, 9]" \
         in result.output and "--update-baseline" in result.output
+
+
+def test_the_bench_stage_runs_trtspec_bench_per_prompt_set(built, tmp_path):
+    """Without --gate the bench stage is `trtspec bench run` per prompt set: every method beside plain decoding at
+    every concurrency, summary.json / requests.csv / plots per set, outputs identical to plain decoding at T = 0."""
+    work, _ = _copy(built, tmp_path)
+    recipe = _recipe_file(tmp_path, bench={"concurrency": [1, 2], "limit": 2, "max_tokens": 16})
+    lines = []
+    report = run_recipe(RunOptions(recipe_file=recipe, workdir=work, stages=("bench",)), show=lines.append)
+    assert report.passed, lines
+    summary = json.loads((work / "tiny-ngram" / "bench" / "mt-bench" / "summary.json").read_text())
+    assert (work / "tiny-ngram" / "bench" / "mt-bench" / "requests.csv").is_file()
+    text = json.dumps(summary)
+    assert '"ngram"' in text and "identical" in text
+    assert any("ngram" in line for line in lines)

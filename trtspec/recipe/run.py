@@ -324,20 +324,21 @@ def _bench(recipe: Recipe, opts: RunOptions, engine: Path, folder: Path, show):
     from trtspec.outdir import atomic_output_dir
     from trtspec.recipe import gate
 
-    if not opts.gate:
-        from trtspec.bench.drafting import format_report, measure
+    if not opts.gate:  # `trtspec bench run` per prompt set: every method and concurrency, summary.json and plots
+        from trtspec.bench.bench_outputs import format_table, write_outputs
+        from trtspec.bench.runner import BenchOptions, run_bench
 
         b = recipe.bench
-        if not recipe.methods:
-            raise StageError("bench: no method to measure (bench.methods, deploy.method or drafter.kind none)")
-        report, _ = measure([engine], sets=b.prompt_sets, methods=recipe.methods, limit=b.limit,
-                            max_tokens=b.max_tokens, threads=b.threads, spin=b.spin,
-                            datastore=Path(b.datastore) if b.datastore else None, show=lambda line: log.info(line))
         with atomic_output_dir(folder, force=True) as tmp:
-            (tmp / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-        for line in format_report(report).splitlines():
-            show(f"  {line}")
-        return f"{folder}/report.json"
+            for name in b.prompt_sets:
+                run = run_bench(BenchOptions(engine=engine, prompt_set=name, limit=b.limit, methods=tuple(recipe.methods),
+                                             concurrency=tuple(b.concurrency), temperature=b.temperature,
+                                             max_tokens=b.max_tokens, threads=b.threads, spin=b.spin,
+                                             show_progress=False), show=lambda line: log.info(line))
+                write_outputs(run, tmp / name)
+                for line in format_table(run.report):
+                    show(f"  {line}")
+        return f"{folder}/<prompt set>/summary.json, requests.csv, plots"
     method = recipe.baseline.method or recipe.methods[0]
     measured, full = gate.measure_slice(recipe, engine, show=lambda line: log.info(line))
     result = gate.judge(recipe.baseline, method, measured, full.get("load_average"))

@@ -138,20 +138,26 @@ class ServeSection:
 
 @dataclass(frozen=True, kw_only=True)
 class BenchSection:
-    """The bench stage: each method against plain decoding on the same engine, alternating, on real prompt sets."""
+    """The bench stage (`trtspec bench` per prompt set): each method against plain decoding on the same engine,
+    interleaved, at each concurrency."""
 
     prompt_sets: list[str] = field(default_factory=lambda: ["mt-bench"])
     methods: list[str] = field(default_factory=list)  # default: the deploy method, else the engine's own / ngram
     limit: int = 4
     max_tokens: int = 64
+    concurrency: list[int] = field(default_factory=lambda: [1])  # in-flight sequences per run (one run each)
+    temperature: float = 0.0
     threads: int | None = None
     spin: bool | None = None  # None: the engine's default (spin, unless its drafter runs in a second session)
-    datastore: str | None = None  # method suffix: the corpus it looks up
+    datastore: str | None = None  # the gate's method suffix: the corpus it looks up
 
     def __post_init__(self):
         _check_prompt_sets(self.prompt_sets, "bench.prompt_sets")
         if not all(isinstance(m, str) for m in self.methods):
             raise ConfigError(f"recipe bench.methods must be a list of method names, got {self.methods!r}")
+        if (not isinstance(self.concurrency, list) or not self.concurrency
+                or not all(_is_int(c) and c is not None and c >= 1 for c in self.concurrency)):
+            raise ConfigError(f"recipe bench.concurrency must be a list of positive integers, got {self.concurrency!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -337,10 +343,12 @@ class Recipe:
                              "--json"]]
         if self.bench is not None:
             b = self.bench
-            out["bench"] = [["trtspec", "bench", "drafting", p["engine"], "--sets", ",".join(b.prompt_sets),
-                             "--methods", ",".join(self.methods), "--limit", str(b.limit), "--max-tokens",
-                             str(b.max_tokens), *(["--datastore", b.datastore] if b.datastore else []),
-                             *(["--threads", str(b.threads)] if b.threads else []), *([] if b.spin is not False else ["--no-spin"])]]
+            methods = ["--method", ",".join(self.methods)] if self.methods else []
+            out["bench"] = [["trtspec", "bench", "run", p["engine"], "--prompt-set", name, *methods, "--limit", str(b.limit), "--max-tokens", str(b.max_tokens),
+                             "--concurrency", ",".join(map(str, b.concurrency)), "--temperature", f"{b.temperature:g}",
+                             *(["--threads", str(b.threads)] if b.threads else []),
+                             *([] if b.spin is not False else ["--no-spin"]),
+                             "--out", str(Path(p["bench"]) / name)] for name in b.prompt_sets]
         return out
 
     def commands(self, workdir: str = ".") -> list[list[str]]:
