@@ -20,7 +20,8 @@ from trtspec.speculative.stats import SpecStats
 
 @dataclass(frozen=True)
 class BenchPrompt:
-    """One measured prompt: chat messages (served targets send the last one as text) and, in process, its ids."""
+    """One measured prompt: chat messages (served targets send the last one as text) and, in process, its ids (a
+    served run has none: its input token counts read 0)."""
 
     id: str
     category: str
