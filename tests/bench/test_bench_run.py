@@ -197,7 +197,8 @@ def test_served_engine_figures_match_in_process(engine, prompt_file, run, tmp_pa
         served = run_bench(BenchOptions(url=server.grpc_url, prompt_set=str(prompt_file), limit=None,
                                         methods=("medusa", "ngram"), concurrency=(1, 2), max_tokens=24,
                                         show_progress=False), show=lambda line: None)
-    assert served.report["mode"] == "served"
+    assert served.report["mode"] == "served" and served.report["notes"] == []  # no drafter that looks up answers
+    assert run.report["notes"] == []
     for method in ("medusa", PLAIN):
         local = [r for r in run.records if r.method == method and r.concurrency == 1]
         remote = [r for r in served.records if r.method == method and r.concurrency == 1]

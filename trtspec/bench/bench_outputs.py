@@ -46,6 +46,7 @@ def format_table(report: dict) -> list[str]:
     for peer, p in report.get("peers", {}).items():
         lines.append(f"peer {peer} (its own speculation, {p['prompts']} prompts): {p['tokens_per_s']:.1f} vs "
                      f"{p['plain_tokens_per_s']:.1f} tok/s plain, {_x(p['speedup'])}, identical {p['identical']}")
+    lines += [f"note: {note}" for note in report.get("notes", [])]
     lines.append("=" * RULE)
     return lines
 

@@ -20,6 +20,7 @@ from trtspec.runtime.loop import GenerationConfig
 from trtspec.speculative.sampling import SamplingParams
 
 WARMUP_TOKENS = 8
+LEARNING_METHODS = {"suffix", "hybrid"}  # drafters that look up earlier outputs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,6 +166,11 @@ def _report(options: BenchOptions, target, prompts: list[BenchPrompt], methods, 
         "load_average": {"before": [round(x, 2) for x in load_before],
                          "after": [round(x, 2) for x in os.getloadavg()]},
     }
+    report["notes"] = []
+    if not isinstance(target, LocalTarget) and (set(methods) & LEARNING_METHODS or "spec" in methods):
+        report["notes"].append("served: the deployment's drafters learn across requests (suffix's recent outputs "
+                               "hold every earlier answer, to these same prompts at earlier methods and levels): "
+                               "their τ past the first pass is what a server answering repeated prompts gets")
     if isinstance(target, LocalTarget):
         report["spin"] = target.generator.engine.spin
         report["verify_curve"] = target.generator.engine.step_costs().to_dict()
