@@ -201,7 +201,7 @@ def _write_stamp(path: Path, key: str, seconds: float) -> None:
 def _run_stage(recipe: Recipe, opts: RunOptions, stage: str, root: Path, show) -> tuple[str, object]:
     paths = recipe.paths(str(opts.workdir))
     if stage in CACHED:
-        base = _base_folder(recipe, opts) if stage == "convert" else None
+        base = _base_folder(recipe) if stage == "convert" else None
         commands = recipe.stage_commands(str(opts.workdir), base=base)[stage]
         key = stage_key(recipe, stage, root, commands)
         stamp = stamp_path(root, stage)
@@ -233,7 +233,7 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _base_folder(recipe: Recipe, opts: RunOptions) -> str | None:
+def _base_folder(recipe: Recipe) -> str | None:
     if recipe.base.fetch is None:
         return None
     from trtspec.hub.fetch import fetch_model
