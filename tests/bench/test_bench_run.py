@@ -13,9 +13,8 @@ from click.testing import CliRunner
 from trtspec.bench.runner import BenchOptions, run_bench
 from trtspec.bench.summary import PLAIN
 from trtspec.cli import cli
-from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.errors import ConfigError
-from trtspec.testing import TinyModel, tiny_trtllm_checkpoints, write_tiny_tokenizer
+from trtspec.testing import tiny_engine
 
 PROMPTS = [("a", "code", "def add(a, b): return a + b. Rewrite add so that it adds three numbers."),
            ("b", "text", "The quick brown fox jumps over the lazy dog. Repeat the sentence twice."),
@@ -25,12 +24,7 @@ PROMPTS = [("a", "code", "def add(a, b): return a + b. Rewrite add so that it ad
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    root = tmp_path_factory.mktemp("bench-run")
-    vocab = write_tiny_tokenizer(root / "tokenizer")
-    ckpt = tiny_trtllm_checkpoints(root, TinyModel(vocab_size=vocab), ("medusa",))["medusa"]
-    build(BuildOptions(source=ckpt, out=root / "engine", max_input_len=128, max_seq_len=192, max_batch_size=4,
-                       tokenizer=root / "tokenizer"))
-    return root / "engine"
+    return tiny_engine(tmp_path_factory.mktemp("bench-run"), max_input_len=128, max_seq_len=192, max_batch_size=4)
 
 
 @pytest.fixture(scope="module")

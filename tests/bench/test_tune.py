@@ -15,7 +15,6 @@ from trtspec.bench.medusa_tree import expected_length, greedy_tree, head_accurac
 from trtspec.bench.replay import record_greedy, replay_drafter, replay_tree
 from trtspec.bench.tune import TuneOptions, run_tune, split_prompts
 from trtspec.cli import cli
-from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.errors import ConfigError
 from trtspec.runtime.generator import LocalGenerator
 from trtspec.runtime.loop import GenerationConfig, generate
@@ -24,7 +23,7 @@ from trtspec.speculative.methods import make_proposer
 from trtspec.speculative.ngram_proposer import AcceptanceModel, NgramConfig
 from trtspec.speculative.stats import SpecStats
 from trtspec.speculative.tree import build_tree
-from trtspec.testing import TinyModel, tiny_trtllm_checkpoints, write_tiny_tokenizer
+from trtspec.testing import tiny_engine
 
 TEXTS = ["def add(a, b): return a + b. Rewrite add", "The quick brown fox. Repeat.", "Hello world",
          "print(1) print(1) print(1)", "abc abc abc abc", "Summarize: the cat sat on the mat. the cat sat."]
@@ -33,12 +32,8 @@ MAX_TOKENS = 40
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tune")
-    vocab = write_tiny_tokenizer(root / "tokenizer")
-    ckpt = tiny_trtllm_checkpoints(root, TinyModel(vocab_size=vocab), ("medusa",))["medusa"]
-    build(BuildOptions(source=ckpt, out=root / "engine", max_input_len=96, max_seq_len=192, max_batch_size=2,
-                       tokenizer=root / "tokenizer", max_draft_len=8, choices="[[0],[1],[0,0],[0,0,0]]"))
-    return root / "engine"
+    return tiny_engine(tmp_path_factory.mktemp("tune"), max_input_len=96, max_seq_len=192, max_batch_size=2,
+                       max_draft_len=8, choices="[[0],[1],[0,0],[0,0,0]]")
 
 
 @pytest.fixture(scope="module")
@@ -181,12 +176,9 @@ def test_tune_errors(engine, prompt_file):
 
 
 def test_tune_runs_an_eagle_engines_own_drafter_on_the_calibration_prompts(prompt_file, tmp_path_factory):
-    root = tmp_path_factory.mktemp("tune-eagle")
-    vocab = write_tiny_tokenizer(root / "tokenizer")
-    ckpt = tiny_trtllm_checkpoints(root, TinyModel(vocab_size=vocab), ("eagle",))["eagle"]
-    build(BuildOptions(source=ckpt, out=root / "engine", max_input_len=96, max_seq_len=192, max_batch_size=2,
-                       tokenizer=root / "tokenizer"))
-    report = run_tune(TuneOptions(engine=root / "engine", prompt_set=str(prompt_file), calibration=2, evaluation=1,
+    engine = tiny_engine(tmp_path_factory.mktemp("tune-eagle"), drafter="eagle", max_input_len=96, max_seq_len=192,
+                         max_batch_size=2)
+    report = run_tune(TuneOptions(engine=engine, prompt_set=str(prompt_file), calibration=2, evaluation=1,
                                   max_tokens=16, budgets=(4,), threads=1, show_progress=False), show=lambda line: None)
     eagle = next(s for s in report["settings"] if s["name"] == "eagle (shipped)")
     assert eagle["predicted"]["calibration"] == "run, not replayed" and eagle["predicted"]["per_position_acceptance"]

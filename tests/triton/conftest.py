@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trtspec.engine.onnx_builder import BuildOptions, build
-from trtspec.testing import TinyModel, tiny_trtllm_checkpoints, write_tiny_tokenizer
+from trtspec.testing import TinyModel
+from trtspec.testing import tiny_engine as build_tiny_engine
 from trtspec.triton.deploy import deploy
 from trtspec.triton.deploy_options import DeployOptions
 from trtspec.triton.server import ServerOptions, TritonServer, free_port
@@ -13,12 +13,7 @@ from trtspec.triton.server import ServerOptions, TritonServer, free_port
 
 @pytest.fixture(scope="session")
 def tiny_engine(tmp_path_factory):
-    root = tmp_path_factory.mktemp("triton-engine")
-    vocab = write_tiny_tokenizer(root / "tokenizer")
-    ckpt = tiny_trtllm_checkpoints(root, TinyModel(vocab_size=vocab), ("medusa",))["medusa"]
-    build(BuildOptions(source=ckpt, out=root / "engine", max_input_len=64, max_seq_len=160, max_batch_size=8,
-                       tokenizer=root / "tokenizer"))
-    return root / "engine"
+    return build_tiny_engine(tmp_path_factory.mktemp("triton-engine"), max_input_len=64, max_seq_len=160, max_batch_size=8)
 
 
 @pytest.fixture(scope="session")
@@ -27,12 +22,10 @@ def long_repo(tmp_path_factory):
     Its steps (~20 ms) are slower than the ensemble's per-response path (~2.6 ms on 2 cores), as a real model's are:
     with the tiny model the engine runs ahead of its streams and a cancellation is seen only after the backlog."""
     root = tmp_path_factory.mktemp("triton-long")
-    vocab = write_tiny_tokenizer(root / "tokenizer")
-    ckpt = tiny_trtllm_checkpoints(root, TinyModel(vocab_size=vocab, hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4,
-                                                    intermediate_size=2048, max_position_embeddings=2048), ("medusa",))["medusa"]
-    build(BuildOptions(source=ckpt, out=root / "engine", max_input_len=64, max_seq_len=1600, max_batch_size=8,
-                       tokenizer=root / "tokenizer"))
-    return deploy(DeployOptions(engine_dir=root / "engine", out=root / "repo", threads=1))
+    model = TinyModel(hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=2048,
+                      max_position_embeddings=2048)
+    engine = build_tiny_engine(root, model, max_input_len=64, max_seq_len=1600, max_batch_size=8)
+    return deploy(DeployOptions(engine_dir=engine, out=root / "repo", threads=1))
 
 
 CORPUS_PROMPTS = ("Medusa heads tokens", "quick brown fox the target model", "speculative decoding Hello world")

@@ -1,6 +1,6 @@
 """Test helpers: tiny random checkpoints in every released on-disk format."""
 
-from trtspec.testing.checkpoints import tiny_trtllm_checkpoints
+from trtspec.testing.checkpoints import tiny_engine, tiny_trtllm_checkpoints
 from trtspec.testing.tokenizers import write_tiny_tokenizer
 from trtspec.testing.factory import (
     add_llama_biases,
@@ -14,6 +14,7 @@ from trtspec.testing.factory import (
 
 __all__ = [
     "add_llama_biases",
+    "tiny_engine",
     "tiny_trtllm_checkpoints",
     "TinyModel",
     "write_eagle3_draft",

@@ -26,3 +26,19 @@ def tiny_trtllm_checkpoints(root: Path, model: TinyModel, drafters=DRAFTERS, *, 
         out[name] = root / f"ckpt-{name}"
         convert(ConvertOptions(base=base, out=out[name], **drafter, **convert_options), show_progress=False)
     return out
+
+
+def tiny_engine(root: Path, model: TinyModel | None = None, drafter: str = "medusa", **build_options) -> Path:
+    """A tiny tokenizer, a tiny random checkpoint (`drafter`: none / medusa / eagle) and its CPU engine under root;
+    the model's vocabulary is the tokenizer's. Returns the engine folder."""
+    from dataclasses import replace
+
+    from trtspec.engine.onnx_builder import BuildOptions, build
+    from trtspec.testing.tokenizers import write_tiny_tokenizer
+
+    root = Path(root)
+    vocab = write_tiny_tokenizer(root / "tokenizer")
+    model = replace(model or TinyModel(), vocab_size=vocab)
+    ckpt = tiny_trtllm_checkpoints(root, model, (drafter,))[drafter]
+    build(BuildOptions(source=ckpt, out=root / "engine", tokenizer=root / "tokenizer", **build_options))
+    return root / "engine"
