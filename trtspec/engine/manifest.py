@@ -202,6 +202,12 @@ class EngineWeights:
         verify steps compute a slot alike; see quantize.min_step_slots."""
         return max(min_step_slots(f.dtype) for f in (self.linear, self.lm_head))
 
+    @property
+    def chains_only(self) -> bool:
+        """Whether the engine's verify steps compute a slot exactly as a plain step only on a chain (quantized target
+        weights; see the note on quantize.PLAIN_STEP_SLOTS): drafters then draft chains."""
+        return self.min_step_slots > 1
+
     def to_dict(self) -> dict:
         def fmt(f: WeightFormat | None) -> dict | None:
             if f is None:
@@ -245,6 +251,12 @@ class Manifest:
     checksums: dict[str, dict] = field(default_factory=dict)
     # trtllm backend: the TensorRT-LLM quantization it was planned with (engine.trtllm_quant; None: float weights)
     quantization: dict | None = None
+
+    def runnable_methods(self) -> tuple[str, ...]:
+        """The methods a CPU engine with this manifest runs (`generate --method`, a deployment's `method`)."""
+        from trtspec.speculative.methods import runnable_methods
+
+        return runnable_methods(self.method.value, self.profile.max_draft_len, chains_only=self.weights.chains_only)
 
     @property
     def world_size(self) -> int:

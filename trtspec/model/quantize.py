@@ -57,6 +57,14 @@ ACCURACY_LEVEL = 4
 # engine runs every plain step as 2 slots per row (the second masked): T >= 2 and M >= 2 everywhere, and a slot's
 # logits are then bit-identical in plain and verify steps of any size (tests/engine/test_quantized.py).
 PLAIN_STEP_SLOTS = 2
+# That makes chains exact, not trees. GroupQueryAttention sums a row's softmax over the key columns with vector lanes,
+# so a key's column decides which partial sum it joins: a tree slot on a second branch sees its ancestors in other
+# columns than a plain step does (its parent is not the slot just before it), its attention differs in the last bits,
+# and int8 activation rounding magnifies that. Measured on SmolLM2-135M int8 (tree [[0],[1],[0,0],[1,0]] and others,
+# prefill 120 tokens): every slot whose ancestors fill the slots just before it (a chain, laid out first) was
+# bit-identical to plain steps; every other slot differed by 0.3-0.6 in the logits (fp32 engines: 2e-5). Greedy
+# ngram decoding then departed from plain decoding on 1 of 12 real prompts, at a near-tie. So quantized engines
+# draft chains only (speculative.engine's `chains_only`).
 
 
 def min_step_slots(dtype: WeightDtype) -> int:
