@@ -22,7 +22,7 @@ from trtspec.model.config import ModelConfig
 from trtspec.model.onnx_check import (check_graph, compare_with_reference, last_rows_like, max_diffs, new_rows,
                                       reference_outputs)
 from trtspec.model.onnx_graph import check_supported, export_graphs
-from trtspec.runtime.ort_session import session_options
+from trtspec.model.ort_session import session_options
 from trtspec.model.reference import ReferenceModel
 from trtspec.testing import add_llama_biases, TinyModel, write_eagle_draft, write_hf_base, write_medusa_heads
 
@@ -382,7 +382,7 @@ def test_module_imports_without_torch():
 
 
 def test_the_serving_path_needs_neither_onnx_nor_torch():
-    code = ("import sys, trtspec.runtime.generator, trtspec.runtime.ort_session as s; s.session_options(1); "
+    code = ("import sys, trtspec.runtime.generator, trtspec.model.ort_session as s; s.session_options(1); "
             "print(sorted({'onnx', 'torch'} & set(sys.modules)))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

@@ -13,7 +13,7 @@ from trtspec.errors import BuildError
 from trtspec.model.config import ModelConfig
 from trtspec.model.onnx_graph import ExportedGraph, WeightPlan
 from trtspec.model.quantize import QuantSpec, fake_quantize
-from trtspec.runtime.ort_session import ort_session
+from trtspec.model.ort_session import ort_session
 
 
 def check_graph(path: Path) -> None:
