@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from trtspec import BuildError, ConvertOptions, convert, read_trtllm_checkpoint
+from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.model.eagle_draft import EagleDraftModel
-from trtspec.model.config import ModelConfig
 from trtspec.model.onnx_check import (check_graph, compare_with_reference, last_rows_like, max_diffs, new_rows,
                                       reference_outputs)
 from trtspec.model.onnx_graph import check_supported, export_graphs
@@ -337,7 +337,7 @@ def test_generation_tokens_and_positions(tmp_path, exported, tokens, positions, 
 
 
 def test_head_dim_the_attention_kernel_cannot_run_is_a_build_error(exported):
-    c = ModelConfig.from_trtllm(read_trtllm_checkpoint(exported("llama_gqa").ckpt_dir).config)
+    c = ModelShape.from_trtllm(read_trtllm_checkpoint(exported("llama_gqa").ckpt_dir).config)
     check_supported(c)
     with pytest.raises(BuildError, match="the model's head_dim is 8; .* needs a multiple of 16"):
         check_supported(dataclasses.replace(c, head_dim=8))

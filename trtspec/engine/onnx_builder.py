@@ -27,7 +27,7 @@ from trtspec.engine.resolve import MethodRequest, model_info, resolve_method, re
 from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, Backend, EngineWeights, Manifest, Method, Profile,
                                      WeightFormat, default_slot_profiles, parse_slot_profiles)
 from trtspec.errors import BuildError, ConfigError
-from trtspec.model.config import ModelConfig
+from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.model.quantize import ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, QuantSpec, WeightDtype, check_block_size
 from trtspec.engine.integrity import record_files
 from trtspec.outdir import atomic_output_dir, check_output_dir
@@ -65,7 +65,7 @@ def plan_build(opts: BuildOptions) -> Manifest:
     from trtspec.model.onnx_graph import check_supported  # onnx, imported when a build is planned
 
     raw = read_checkpoint_config(opts.source)
-    cfg = ModelConfig.from_trtllm(raw)
+    cfg = ModelShape.from_trtllm(raw)
     check_supported(cfg)
     plan = weight_plan(opts, raw)
     request = MethodRequest.of(opts)
@@ -137,7 +137,7 @@ def weight_plan(opts: BuildOptions, raw_config: dict):
     return WeightPlan(base=base, drafter=spec(dtype) if opts.quantize_heads else None, lm_head=spec(head))
 
 
-def _gathers_embedding(plan, cfg: ModelConfig, raw_config: dict) -> bool:
+def _gathers_embedding(plan, cfg: ModelShape, raw_config: dict) -> bool:
     """The plan's guess whether the embedding reads the quantized lm_head's rows: tied (config.json) and whole
     blocks per row. The writer decides from the tensors themselves (onnx_ops.tie_quantized); `build` records what
     the written graph does."""
@@ -145,7 +145,7 @@ def _gathers_embedding(plan, cfg: ModelConfig, raw_config: dict) -> bool:
     return tied and plan.lm_head is not None and cfg.hidden_size % plan.lm_head.block_size == 0
 
 
-def _engine_weights(plan, cfg: ModelConfig, *, embedding_gathered: bool) -> EngineWeights:
+def _engine_weights(plan, cfg: ModelShape, *, embedding_gathered: bool) -> EngineWeights:
     def fmt(spec: QuantSpec | None) -> WeightFormat:
         return WeightFormat() if spec is None else WeightFormat(dtype=spec.dtype, block_size=spec.block_size,
                                                                 accuracy_level=spec.accuracy_level,
@@ -170,7 +170,7 @@ def build(opts: BuildOptions) -> Manifest:
         plan = weight_plan(opts, ckpt.config)
         graphs = export_graphs(ckpt, tmp, max_positions=p.max_seq_len + p.tokens_per_step, weights=plan)
         gathered = "GatherBlockQuantized" in graphs["context"].ops
-        manifest = replace(manifest, weights=_engine_weights(plan, ModelConfig.from_trtllm(ckpt.config),
+        manifest = replace(manifest, weights=_engine_weights(plan, ModelShape.from_trtllm(ckpt.config),
                                                              embedding_gathered=gathered))
         for graph in graphs.values():
             check_graph(graph.path)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from trtspec.engine.manifest import Backend, Method, ModelInfo
 from trtspec.errors import BuildError, ConfigError
-from trtspec.model.config import ModelConfig
+from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.speculative.tree import DynamicTree, Tree, build_tree, parse_choices
 from trtspec.speculative.tree_presets import preset
 
@@ -56,7 +56,7 @@ class MethodRequest:
         return self.choices is not None or self.preset is not None
 
 
-def resolve_method(cfg: ModelConfig, request: MethodRequest, backend: Backend) -> Method:
+def resolve_method(cfg: ModelShape, request: MethodRequest, backend: Backend) -> Method:
     """The engine's method: the checkpoint's drafter unless --no-spec; lookahead / draft-target (trtllm) on a plain
     checkpoint; EAGLE-2 (onnx) where a dynamic tree is asked for. Contradictions are one BuildError naming both."""
     drafter = cfg.architecture in DRAFTER_ARCHITECTURES
@@ -81,7 +81,7 @@ def resolve_method(cfg: ModelConfig, request: MethodRequest, backend: Backend) -
     return Method.EAGLE2 if request.dynamic_tree else Method.EAGLE
 
 
-def resolve_tree(cfg: ModelConfig, method: Method, request: MethodRequest, backend: Backend) -> Tree | None:
+def resolve_tree(cfg: ModelShape, method: Method, request: MethodRequest, backend: Backend) -> Tree | None:
     """The static tree of a Medusa / EAGLE-1 engine: --choices, --preset or the backend's default, checked against
     the checkpoint (Medusa: no deeper than its heads; TensorRT-LLM EAGLE-1: exactly its layers deep)."""
     if method not in (Method.MEDUSA, Method.EAGLE):
@@ -103,7 +103,7 @@ def resolve_tree(cfg: ModelConfig, method: Method, request: MethodRequest, backe
         raise BuildError(f"{request.source / 'config.json'}{where}: {e}") from None
 
 
-def model_info(cfg: ModelConfig, raw: dict | None = None, *, end_id: int | None = None, pad_id: int | None = None,
+def model_info(cfg: ModelShape, raw: dict | None = None, *, end_id: int | None = None, pad_id: int | None = None,
                draft_vocab_size: int = 0) -> ModelInfo:
     """The model facts an engine's manifest carries, read from the checkpoint's config (`raw`: its config.json, for
     the logits dtype TensorRT-LLM writes)."""
