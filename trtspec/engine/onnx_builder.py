@@ -20,6 +20,7 @@ from trtspec.checkpoint.convert import PROVENANCE_FILE
 from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
 from trtspec.checkpoint.hf_config import read_json
 from trtspec.checkpoint.awq import W4A16_AWQ
+from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.checkpoint.quantization import AWQ_DEFAULT_GROUP, CheckpointQuantization, checkpoint_weight_format
 from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
@@ -27,7 +28,6 @@ from trtspec.engine.resolve import MethodRequest, model_info, resolve_method, re
 from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, Backend, EngineWeights, Manifest, Method, Profile,
                                      WeightFormat, default_slot_profiles, parse_slot_profiles)
 from trtspec.errors import BuildError, ConfigError
-from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.model.quantize import ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, QuantSpec, WeightDtype, check_block_size
 from trtspec.engine.integrity import record_files
 from trtspec.outdir import atomic_output_dir, check_output_dir
@@ -86,13 +86,13 @@ def plan_build(opts: BuildOptions) -> Manifest:
                       max_seq_len=max_seq_len, max_draft_len=k, slot_profiles=slots)
     end_id, pad_id = _special_ids(_tokenizer_dir(opts))
     draft_vocab = read_checkpoint_vocab(opts.source, cfg.vocab_size) if cfg.eagle is not None else None
-    model = model_info(cfg, raw, end_id=end_id, pad_id=pad_id, draft_vocab_size=draft_vocab.size if draft_vocab else 0)
+    model = model_info(cfg, end_id=end_id, pad_id=pad_id, draft_vocab_size=draft_vocab.size if draft_vocab else 0)
     return Manifest(name=opts.name or Path(opts.out).name, backend=Backend.ONNX, method=method,
                     model=model, profile=profile,
                     tree=tree.choices if tree is not None else None,
                     dynamic_tree=vars(opts.dynamic_tree) if method is Method.EAGLE2 else None,
                     source=str(Path(opts.source).resolve()), versions=_versions(), graph_format=ONNX_GRAPH_FORMAT,
-                    weights=_engine_weights(plan, cfg, embedding_gathered=_gathers_embedding(plan, cfg, raw)))
+                    weights=_engine_weights(plan, cfg, embedding_gathered=_gathers_embedding(plan, cfg)))
 
 
 def _awq_group_size(source: Path, raw_config: dict) -> int:
@@ -137,12 +137,11 @@ def weight_plan(opts: BuildOptions, raw_config: dict):
     return WeightPlan(base=base, drafter=spec(dtype) if opts.quantize_heads else None, lm_head=spec(head))
 
 
-def _gathers_embedding(plan, cfg: ModelShape, raw_config: dict) -> bool:
+def _gathers_embedding(plan, cfg: ModelShape) -> bool:
     """The plan's guess whether the embedding reads the quantized lm_head's rows: tied (config.json) and whole
     blocks per row. The writer decides from the tensors themselves (onnx_ops.tie_quantized); `build` records what
     the written graph does."""
-    tied = bool(raw_config.get("tie_word_embeddings"))
-    return tied and plan.lm_head is not None and cfg.hidden_size % plan.lm_head.block_size == 0
+    return cfg.tie_word_embeddings and plan.lm_head is not None and cfg.hidden_size % plan.lm_head.block_size == 0
 
 
 def _engine_weights(plan, cfg: ModelShape, *, embedding_gathered: bool) -> EngineWeights:

@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.engine.manifest import Backend, Method, ModelInfo
 from trtspec.errors import BuildError, ConfigError
-from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.speculative.tree import DynamicTree, Tree, build_tree, parse_choices
 from trtspec.speculative.tree_presets import preset
 
@@ -103,16 +103,7 @@ def resolve_tree(cfg: ModelShape, method: Method, request: MethodRequest, backen
         raise BuildError(f"{request.source / 'config.json'}{where}: {e}") from None
 
 
-def model_info(cfg: ModelShape, raw: dict | None = None, *, end_id: int | None = None, pad_id: int | None = None,
+def model_info(cfg: ModelShape, *, end_id: int | None = None, pad_id: int | None = None,
                draft_vocab_size: int = 0) -> ModelInfo:
-    """The model facts an engine's manifest carries, read from the checkpoint's config (`raw`: its config.json, for
-    the logits dtype TensorRT-LLM writes)."""
-    d = cfg.eagle
-    return ModelInfo(architecture=cfg.architecture, dtype=cfg.dtype, vocab_size=cfg.vocab_size,
-                     hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
-                     num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, num_medusa_heads=cfg.num_medusa_heads,
-                     num_eagle_layers=cfg.num_eagle_layers, draft_layers=d.num_layers if d else 0,
-                     draft_num_kv_heads=d.num_kv_heads if d else 0, draft_head_dim=d.head_dim if d else 0,
-                     max_non_leaves_per_layer=cfg.max_non_leaves_per_layer,
-                     logits_dtype=(raw or {}).get("logits_dtype") or "float32", end_id=end_id, pad_id=pad_id,
-                     draft_vocab_size=draft_vocab_size)
+    """The model facts an engine's manifest carries: the checkpoint's shape and the ids read beside it."""
+    return ModelInfo.of(cfg, end_id=end_id, pad_id=pad_id, draft_vocab_size=draft_vocab_size)

@@ -15,13 +15,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trtspec import __version__
+from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
 from trtspec.engine.manifest import Backend, Manifest, Method, Profile
 from trtspec.engine.resolve import MethodRequest, model_info, resolve_method, resolve_tree
 from trtspec.engine.trtllm_quant import TrtllmQuantization, plan_quantization, quantization_notes
 from trtspec.engine.trtllm_versions import TrtllmVersion, installed_version, newest, parse_version
 from trtspec.errors import BuildError, CheckpointError, ConfigError
-from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.speculative.tree import Tree
 
 DEFAULT_MAX_NUM_TOKENS = 8192  # trtllm-build's default (TensorRT-LLM tensorrt_llm/commands/build.py)
@@ -148,7 +148,7 @@ def plan_trtllm_build(opts: TrtllmBuildOptions) -> TrtllmPlan:
     max_seq_len = _max_seq_len(cfg, opts, config_path)
     max_num_tokens = _max_num_tokens(opts, k, max_seq_len, method)
     quant = plan_quantization(opts, raw, cfg, method, k, tp, pp)
-    manifest = _manifest(opts, cfg, raw, method, tree, k, max_seq_len, tp, pp, version)
+    manifest = _manifest(opts, cfg, method, tree, k, max_seq_len, tp, pp, version)
     if quant is not None:
         manifest = replace(manifest, quantization=quant.to_dict())
     argv = _argv(opts, cfg, method, k, max_seq_len, max_num_tokens)
@@ -355,12 +355,12 @@ def _runtime(method: Method, tree: Tree | None, k: int, opts: TrtllmBuildOptions
     return out
 
 
-def _manifest(opts: TrtllmBuildOptions, cfg: ModelShape, raw: dict, method: Method, tree: Tree | None, k: int,
+def _manifest(opts: TrtllmBuildOptions, cfg: ModelShape, method: Method, tree: Tree | None, k: int,
               max_seq_len: int, tp: int, pp: int, version: TrtllmVersion) -> Manifest:
     # the engine's own (raised) max_seq_len: the KV capacity the static-K profile was built for
     profile = Profile(max_batch_size=opts.max_batch_size, max_input_len=opts.max_input_len,
                       max_seq_len=_engine_seq_len(cfg, method, k, max_seq_len), max_draft_len=k)
-    model = model_info(cfg, raw)
+    model = model_info(cfg)
     return Manifest(name=opts.name or Path(opts.out).name, backend=Backend.TRTLLM, method=method, model=model,
                     profile=profile, tree=tree.choices if tree is not None else None,
                     source=str(Path(opts.source).resolve()),
