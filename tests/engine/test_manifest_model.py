@@ -80,3 +80,11 @@ def test_a_model_section_with_an_unknown_key_names_it():
     data = {f: 1 for f in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")}
     with pytest.raises(ConfigError, match="manifest.json: model: unknown key 'colour'"):
         ModelInfo.from_dict({**data, "architecture": "LlamaForCausalLM", "colour": "red"}, "manifest.json: model")
+
+
+def test_an_earlier_model_section_with_an_unknown_key_names_it():
+    legacy = {"architecture": "LlamaForCausalLM", "dtype": "float32", "vocab_size": 320, "hidden_size": 64,
+              "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "draft_layers": 0}
+    assert ModelInfo.from_dict(legacy, "m").intermediate_size is None
+    with pytest.raises(ConfigError, match="m: unknown key 'zz_extra'"):
+        ModelInfo.from_dict({**legacy, "zz_extra": 1}, "m")

@@ -166,7 +166,7 @@ class ModelInfo(ModelShape):
 
     @classmethod
     def from_dict(cls, data: dict, where: str) -> ModelInfo:
-        if isinstance(data, dict) and "intermediate_size" not in data and set(data) <= LEGACY_MODEL_KEYS:
+        if isinstance(data, dict) and "intermediate_size" not in data:  # every shape written since has it
             data = _legacy_model(data)
         return super().from_dict(data, where)
 
