@@ -24,9 +24,9 @@ from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.checkpoint.quantization import AWQ_DEFAULT_GROUP, CheckpointQuantization, checkpoint_weight_format
 from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
-from trtspec.engine.resolve import MethodRequest, model_info, resolve_method, resolve_tree
-from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, Backend, EngineWeights, Manifest, Method, Profile,
-                                     WeightFormat, default_slot_profiles, parse_slot_profiles)
+from trtspec.engine.resolve import MethodRequest, resolve_method, resolve_tree
+from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, Backend, EngineWeights, Manifest, Method, ModelInfo,
+                                     Profile, WeightFormat, default_slot_profiles, parse_slot_profiles)
 from trtspec.errors import BuildError, ConfigError
 from trtspec.model.quantize import ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, QuantSpec, WeightDtype, check_block_size
 from trtspec.engine.integrity import record_files
@@ -86,7 +86,7 @@ def plan_build(opts: BuildOptions) -> Manifest:
                       max_seq_len=max_seq_len, max_draft_len=k, slot_profiles=slots)
     end_id, pad_id = _special_ids(_tokenizer_dir(opts))
     draft_vocab = read_checkpoint_vocab(opts.source, cfg.vocab_size) if cfg.eagle is not None else None
-    model = model_info(cfg, end_id=end_id, pad_id=pad_id, draft_vocab_size=draft_vocab.size if draft_vocab else 0)
+    model = ModelInfo.of(cfg, end_id=end_id, pad_id=pad_id, draft_vocab_size=draft_vocab.size if draft_vocab else 0)
     return Manifest(name=opts.name or Path(opts.out).name, backend=Backend.ONNX, method=method,
                     model=model, profile=profile,
                     tree=tree.choices if tree is not None else None,

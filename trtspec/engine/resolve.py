@@ -1,5 +1,5 @@
-"""One place that turns build settings into what an engine is: its method, its tree, and the model facts its manifest
-carries, for both backends (the ONNX Runtime builder and the TensorRT-LLM plan).
+"""One place that turns build settings into what an engine is: its method and its tree, for both backends (the
+ONNX Runtime builder and the TensorRT-LLM plan).
 
 The backends differ only where their runtimes do, and each difference is stated here once:
 - the default tree: the CPU backend pays for every slot a verify step feeds (its slot profiles), so its default is a
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtspec.checkpoint.model_shape import ModelShape
-from trtspec.engine.manifest import Backend, Method, ModelInfo
+from trtspec.engine.manifest import Backend, Method
 from trtspec.errors import BuildError, ConfigError
 from trtspec.speculative.tree import DynamicTree, Tree, build_tree, parse_choices
 from trtspec.speculative.tree_presets import preset
@@ -101,9 +101,3 @@ def resolve_tree(cfg: ModelShape, method: Method, request: MethodRequest, backen
                           max_non_leaves_per_layer=cfg.max_non_leaves_per_layer)
     except ConfigError as e:
         raise BuildError(f"{request.source / 'config.json'}{where}: {e}") from None
-
-
-def model_info(cfg: ModelShape, *, end_id: int | None = None, pad_id: int | None = None,
-               draft_vocab_size: int = 0) -> ModelInfo:
-    """The model facts an engine's manifest carries: the checkpoint's shape and the ids read beside it."""
-    return ModelInfo.of(cfg, end_id=end_id, pad_id=pad_id, draft_vocab_size=draft_vocab_size)

@@ -17,8 +17,8 @@ from pathlib import Path
 from trtspec import __version__
 from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
-from trtspec.engine.manifest import Backend, Manifest, Method, Profile
-from trtspec.engine.resolve import MethodRequest, model_info, resolve_method, resolve_tree
+from trtspec.engine.manifest import Backend, Manifest, Method, ModelInfo, Profile
+from trtspec.engine.resolve import MethodRequest, resolve_method, resolve_tree
 from trtspec.engine.trtllm_quant import TrtllmQuantization, plan_quantization, quantization_notes
 from trtspec.engine.trtllm_versions import TrtllmVersion, installed_version, newest, parse_version
 from trtspec.errors import BuildError, CheckpointError, ConfigError
@@ -360,7 +360,7 @@ def _manifest(opts: TrtllmBuildOptions, cfg: ModelShape, method: Method, tree: T
     # the engine's own (raised) max_seq_len: the KV capacity the static-K profile was built for
     profile = Profile(max_batch_size=opts.max_batch_size, max_input_len=opts.max_input_len,
                       max_seq_len=_engine_seq_len(cfg, method, k, max_seq_len), max_draft_len=k)
-    model = model_info(cfg)
+    model = ModelInfo.of(cfg)
     return Manifest(name=opts.name or Path(opts.out).name, backend=Backend.TRTLLM, method=method, model=model,
                     profile=profile, tree=tree.choices if tree is not None else None,
                     source=str(Path(opts.source).resolve()),
