@@ -6,7 +6,8 @@ names there are TensorRT-LLM's, written by `checkpoint/trtllm_config.py`). The e
 this shape plus the ids the build read beside it (`engine.manifest.ModelInfo`).
 
 Fields typed `... | None` beyond `dtype` and `rope_scaling` are None only in a shape read back from a manifest written
-before manifests carried the whole shape (`engine.manifest.ModelInfo.from_dict`); both checkpoint readers fill them.
+before manifests carried the whole shape (`engine.manifest.ModelInfo.from_dict`; its `rope_scaling` is None too, not
+recorded there); both checkpoint readers fill them.
 """
 
 from __future__ import annotations
