@@ -30,7 +30,7 @@ import onnxruntime as ort
 from trtspec.engine.manifest import Manifest, read_manifest
 from trtspec.errors import BuildError, ConfigError, RuntimeEngineError
 from trtspec.speculative.engine import StepOutput
-from trtspec.runtime.ort_session import effective_spin, session_options
+from trtspec.model.ort_session import effective_spin, session_options
 
 log = logging.getLogger(__name__)
 
