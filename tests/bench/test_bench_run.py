@@ -180,7 +180,8 @@ def test_serving_command_compares_grpc_with_in_process(engine, prompt_file):
 
 @pytest.mark.slow
 def test_served_engine_figures_match_in_process(engine, prompt_file, run, tmp_path):
-    """--url against a real tritonserver serving the same engine: the same outputs and acceptance per prompt."""
+    """--url against a real tritonserver serving the same engine: the same outputs, input tokens and acceptance per
+    prompt."""
     from trtspec.triton.deploy import DeployOptions, deploy
     from trtspec.triton.server import ServerOptions, TritonServer, free_port
 
@@ -199,6 +200,9 @@ def test_served_engine_figures_match_in_process(engine, prompt_file, run, tmp_pa
         assert [r.output_ids for r in remote] == [r.output_ids for r in local]
         assert [r.accepted_tokens for r in remote] == [r.accepted_tokens for r in local]
         assert [r.steps for r in remote] == [r.steps for r in local]
+        # input tokens as the server counted them (the chat template applied), as in process
+        assert [r.input_tokens for r in remote] == [r.input_tokens for r in local] and min(
+            r.input_tokens for r in remote) > 0
     for concurrency in ("1", "2"):
         for figures in served.report["results"][concurrency].values():
             assert figures["overall"]["identical"] == f"{len(PROMPTS)}/{len(PROMPTS)}"

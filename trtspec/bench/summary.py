@@ -59,7 +59,8 @@ def record(concurrency: int, method: str, prompt, timed) -> RequestRecord:
     """A request's row from its prompt and what the target timed (`workload.Timed`)."""
     itl = [1000 * x for x in timed.itl_s]
     tpot = timed.tpot_s
-    return RequestRecord(concurrency, method, prompt.id, prompt.category, len(prompt.ids), len(timed.output_ids),
+    input_tokens = len(prompt.ids) if prompt.ids else (timed.input_tokens or 0)
+    return RequestRecord(concurrency, method, prompt.id, prompt.category, input_tokens, len(timed.output_ids),
                          round(1000 * timed.ttft_s, 3), None if tpot is None else round(1000 * tpot, 3),
                          round(float(np.mean(itl)), 3) if itl else None, round(1000 * timed.total_s, 3),
                          timed.stats.steps, timed.stats.draft_tokens, timed.stats.accepted_tokens,

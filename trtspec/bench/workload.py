@@ -21,7 +21,7 @@ from trtspec.speculative.stats import SpecStats
 @dataclass(frozen=True)
 class BenchPrompt:
     """One measured prompt: chat messages (served targets send the last one as text) and, in process, its ids (a
-    served run has none: its input token counts read 0)."""
+    served run has none: its input token counts are the server's, `Timed.input_tokens`)."""
 
     id: str
     category: str
@@ -43,6 +43,7 @@ class Timed:
     chunk_s: list[float] = field(default_factory=list)  # arrival of each streamed chunk, from the request's start
     stats: SpecStats = field(default_factory=SpecStats)
     finish_reason: str = ""
+    input_tokens: int | None = None  # the prompt's tokens as the server counted them (None: in process, or unknown)
 
     @property
     def itl_s(self) -> list[float]:
@@ -192,4 +193,5 @@ def _served_one(client, prompt: BenchPrompt, options: GenerationConfig) -> Timed
                       profile_steps={int(k): v for k, v in remote.steps_per_profile.items()})
     if chunks and remote.ttft_s:
         chunks[0] = remote.ttft_s  # the first token's arrival, as the client measured it (its text may come later)
-    return Timed(remote.output_ids, remote.ttft_s, remote.total_s, chunks, stats, remote.finish_reason)
+    return Timed(remote.output_ids, remote.ttft_s, remote.total_s, chunks, stats, remote.finish_reason,
+                 remote.input_tokens)

@@ -39,6 +39,7 @@ class RemoteGeneration:
     total_s: float = 0.0
     responses: int = 0
     steps_per_profile: dict[str, int] = field(default_factory=dict)  # trtspec's CPU flavour reports it
+    input_tokens: int | None = None  # the prompt's tokens as the server counted them (trtspec's CPU flavour)
 
     def to_dict(self) -> dict:
         rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
@@ -237,7 +238,7 @@ class TritonClient:
             on_text(piece)
         for name, attr in (("num_verify_steps", "steps"), ("num_draft_tokens", "draft_tokens"),
                            ("num_accepted_tokens", "accepted_tokens"), ("total_draft_tokens", "draft_tokens"),
-                           ("total_accepted_draft_tokens", "accepted_tokens")):
+                           ("total_accepted_draft_tokens", "accepted_tokens"), ("num_input_tokens", "input_tokens")):
             value = result.as_numpy(name)
             if value is not None and value.size:
                 setattr(out, attr, int(value.reshape(-1)[0]))

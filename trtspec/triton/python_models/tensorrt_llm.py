@@ -55,6 +55,7 @@ def _outputs(b: int, ids: list[int], result, finish: str | None, context: list[i
         pb_utils.Tensor("steps_per_profile", np.array([[profile_steps(stats)]], np.object_)),
         pb_utils.Tensor("finish_reason", np.array([[(finish or "").encode()]], np.object_)),
         pb_utils.Tensor("stop_request_id", np.array([[key.encode()]], np.object_)),
+        pb_utils.Tensor("num_input_tokens", scalar(len(item.prompt_ids), np.int32)),
     ]
     if item.config.return_log_probs:
         log_probs = result.log_probs[len(result.log_probs) - generated:]
@@ -312,6 +313,7 @@ class TritonPythonModel:
             pb_utils.Tensor("finish_reason", column([results[b].finish_reason.encode() for b in range(n)],
                                                     np.object_)),
             pb_utils.Tensor("stop_request_id", column([key.encode()] * n, np.object_)),
+            pb_utils.Tensor("num_input_tokens", column([len(item.prompt_ids) for item in items], np.int32)),
         ]
         if any(item.config.return_log_probs for item in items):
             generated = max(len(results[b].output_ids) for b in range(n))
