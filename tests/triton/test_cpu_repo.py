@@ -84,7 +84,7 @@ def test_options_reach_the_configs(tiny_engine, tmp_path):
     assert engine.parameters["engine_dir"].string_value == "trtspec_engine/1/engine"
     assert json.loads((repo / "trtspec_engine/1/engine/manifest.json").read_text())["method"] == "medusa"
     assert _config(repo, "preprocessing").parameters["chat_template"].string_value == "false"
-    assert engine.parameters["spin"].string_value == "auto"  # the server's TRTSPEC_ORT_SPIN decides
+    assert engine.parameters["spin"].string_value == "auto"  # not spinning unless the server's TRTSPEC_ORT_SPIN=1
     repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "s", spin=True))
     assert _config(repo, "tensorrt_llm").parameters["spin"].string_value == "true"
     assert engine.parameters["method"].string_value == "auto"  # the manifest's method
@@ -189,3 +189,13 @@ def test_the_contract_doc_names_every_tensor():
                 "decoder_input_lengths", "input_ids", "input_lengths", "request_output_len"}
     missing = sorted(n for n in names - internal if n not in doc)
     assert not missing, missing
+
+
+def test_a_served_engine_spins_only_when_asked():
+    """deploy --spin / --no-spin decide; "auto" does not spin unless the server sets TRTSPEC_ORT_SPIN=1 (then the
+    engine's own rule: None), whatever the in-process default is."""
+    from trtspec.triton.model_args import served_spin
+
+    assert served_spin("true", {}) is True and served_spin("false", {"TRTSPEC_ORT_SPIN": "1"}) is False
+    assert served_spin("auto", {}) is False and served_spin("auto", {"TRTSPEC_ORT_SPIN": "0"}) is False
+    assert served_spin("auto", {"TRTSPEC_ORT_SPIN": "1"}) is None

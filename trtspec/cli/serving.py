@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from trtspec.cli.app import DIR, EXISTING_DIR, SPIN_HELP, cli, user_errors
+from trtspec.cli.app import DIR, EXISTING_DIR, cli, user_errors
 
 
 @cli.command()
@@ -27,7 +27,11 @@ from trtspec.cli.app import DIR, EXISTING_DIR, SPIN_HELP, cli, user_errors
                    "trtspec's own client asks for the template per request.")
 @click.option("--copy-engine", is_flag=True, help="Copy the engine into the repository (self-contained).")
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads per engine instance (default: all cores).")
-@click.option("--spin/--no-spin", default=None, help="CPU flavour: " + SPIN_HELP)
+@click.option("--spin/--no-spin", default=None,
+              help="CPU flavour: ONNX Runtime's intra-op workers spin between ops (default: not, unless the server "
+                   "runs with TRTSPEC_ORT_SPIN=1: a served engine shares its cores with pre- and postprocessing and "
+                   "Triton; spinning decodes a few % faster on an otherwise idle host, delays the first token, and "
+                   "halves the speed when anything else runs there).")
 @click.option("--method", help="CPU flavour: the drafter every request gets: none, ngram (any engine with K >= 1), "
                                "suffix (ngram plus the server's recent outputs and --datastore), the engine's own "
                                "(default) or hybrid (its Medusa / EAGLE tree merged with suffix's candidates).")

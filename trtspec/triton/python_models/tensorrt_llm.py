@@ -22,7 +22,7 @@ from trtspec.runtime.generator import LocalGenerator  # noqa: E402
 from trtspec.triton.contract import PERF_METRIC_OUTPUTS  # noqa: E402
 from trtspec.triton.serving import (REFUSED_MESSAGE, DrainSignal, EngineService, Job,  # noqa: E402
                                     bool_input, is_stop_request, parse_request, perf_metric_values)
-from trtspec.triton.model_args import flag, parameter, repository_path  # noqa: E402
+from trtspec.triton.model_args import flag, parameter, repository_path, served_spin  # noqa: E402
 from trtspec.triton.text import CONTEXT_TOKENS  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -79,7 +79,7 @@ class TritonPythonModel:
         repo = Path(args["model_repository"]).parent
         engine_dir = repository_path(repo, parameter(config, "engine_dir"))
         threads = int(parameter(config, "threads", "0")) or None
-        spin = {"true": True, "false": False}.get(parameter(config, "spin", "auto"))  # auto: TRTSPEC_ORT_SPIN
+        spin = served_spin(parameter(config, "spin", "auto"))  # auto: off unless TRTSPEC_ORT_SPIN=1
         self.exclude_input = flag(config, "exclude_input_in_output", False)
         datastore = parameter(config, "datastore", "")  # method suffix's corpus (`deploy --datastore`)
         if datastore and not Path(datastore).is_absolute():
@@ -105,7 +105,8 @@ class TritonPythonModel:
         if self._metrics:
             threading.Thread(target=self._publish_periodically, name="trtspec-metrics", daemon=True).start()
         pb_utils.Logger.log_info(f"trtspec engine {engine_dir} ({self.method or self.manifest.method.value}, K="
-                                 f"{self.manifest.profile.max_draft_len}), decoupled={self.decoupled}")
+                                 f"{self.manifest.profile.max_draft_len}), decoupled={self.decoupled}, "
+                                 f"spin={self.generator.engine.spin}")
 
     def _make_metrics(self, model: str) -> dict:
         """Prometheus counters on Triton's metrics endpoint: how much the engine batches, how much it accepts."""
