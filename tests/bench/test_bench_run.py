@@ -122,6 +122,8 @@ def test_transformers_peer_in_the_same_run(engine, prompt_file, tmp_path):
     (["bench", "run", "{engine}", "--concurrency", "1,x"], "comma-separated"),
     (["bench", "{engine}", "--method", "none"], "plain decoding always runs"),
     (["bench", "{engine}", "--peers", "transformers"], "--peers needs ENGINE_DIR and --hf"),
+    (["bench", "--url", "127.0.0.1:1", "--serve"], "--serve deploys and serves ENGINE_DIR itself"),
+    (["bench", "{engine}", "--no-spec", "--method", "ngram"], "--no-spec measures plain decoding alone"),
     (["bench", "{engine}", "--prompt-set", "{prompts}", "--concurrency", "8"], "exceeds the engine's max_batch_size"),
 ])
 def test_cli_errors_are_one_line(engine, prompt_file, args, message):
@@ -170,12 +172,33 @@ def test_two_turn_set_needs_an_engine():
 
 
 @pytest.mark.slow
-def test_serving_command_compares_grpc_with_in_process(engine, prompt_file):
+def test_serving_mode_measures_the_engine_in_process_and_served(engine, prompt_file, tmp_path):
+    """`bench serving` (= `bench ENGINE --serve`): every request in process and through a real tritonserver, the
+    served ÷ in-process ratio, identical outputs across both and against plain decoding, the engine's batching."""
     result = CliRunner().invoke(cli, ["bench", "serving", str(engine), "--prompt-set", str(prompt_file), "--limit",
-                                      "2", "--max-tokens", "8", "--concurrency", "2", "--threads", "1", "--json"])
+                                      "3", "--max-tokens", "8", "--concurrency", "2", "--threads", "1", "--json",
+                                      "--no-progress", "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["concurrency_1"]["outputs_identical"] and report["concurrency_2"]["outputs_identical"]
+    assert report["mode"] == "in-process and served" and report["methods"] == [PLAIN, "medusa"]
+    assert set(report["results"]) == set(report["served"]["results"]) == {"1", "2"}
+    for c in ("1", "2"):
+        level = report["serving"][c]
+        for method in (PLAIN, "medusa"):
+            m = level["methods"][method]
+            assert m["outputs_identical"] == "3/3" and m["ratio"] > 0 and m["served_ttft_ms_p50"] > 0
+            served = report["served"]["results"][c][method]["overall"]
+            assert served["identical"] == "3/3" and served["input_tokens"] > 0
+        assert level["engine_batching"]["steps"] > 0
+    # at concurrency 2 the engine batched the two streams' sequences into its steps
+    assert report["serving"]["2"]["engine_batching"]["sequences_per_step"] > 1
+    with open(tmp_path / "out" / "requests.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["target"] for r in rows} == {"in-process", "served"} and len(rows) == 3 * 2 * 2 * 2
+    table = CliRunner().invoke(cli, ["bench", str(engine), "--serve", "--prompt-set", str(prompt_file), "--limit",
+                                     "1", "--max-tokens", "4", "--threads", "1", "--no-spec", "--no-progress"])
+    assert table.exit_code == 0, table.output
+    assert "served ÷ in-process, concurrency 1, none" in table.stdout and "target ≥ 0.9" in table.stdout
 
 
 @pytest.mark.slow
