@@ -14,6 +14,7 @@ from trtspec.bench.runner import BenchOptions, run_bench
 from trtspec.bench.summary import PLAIN
 from trtspec.cli import cli
 from trtspec.errors import ConfigError
+from trtspec.runtime.loop import GenerationConfig
 from trtspec.testing import tiny_engine
 
 PROMPTS = [("a", "code", "def add(a, b): return a + b. Rewrite add so that it adds three numbers."),
@@ -230,3 +231,18 @@ def test_served_engine_figures_match_in_process(engine, prompt_file, run, tmp_pa
         for figures in served.report["results"][concurrency].values():
             assert figures["overall"]["identical"] == f"{len(PROMPTS)}/{len(PROMPTS)}"
             assert figures["overall"]["ttft_ms"]["p50"] > 0
+
+
+def test_in_process_ttft_counts_from_arrival_as_a_served_client_does(engine, prompt_file):
+    """Sequences that join the batch together prefill one after another: the later ones' TTFT includes the earlier
+    prefills (as a served request's does), and a request that joins when a row frees counts from that moment."""
+    from trtspec.bench.workload import LocalTarget, _queue_waits, load_bench_prompts
+    from trtspec.runtime.generator import LocalGenerator
+
+    assert _queue_waits(10.0, [(10.0, 5.0), (10.5, 2.0), (12.6, 1.0)], 2) == pytest.approx([0.0, 0.5, 0.1])
+    generator = LocalGenerator(engine, threads=1)
+    prompts = load_bench_prompts(str(prompt_file), limit=None, generator=generator, max_tokens=8)
+    timed, _ = LocalTarget(generator).run(prompts, GenerationConfig(max_tokens=8, no_spec=True), 4)
+    ttfts = [t.ttft_s for t in timed]
+    assert ttfts == sorted(ttfts) and len(set(ttfts)) == len(ttfts)
+    assert all(t.chunk_s[0] == pytest.approx(t.ttft_s) for t in timed)

@@ -4,7 +4,8 @@ them at a concurrency, in process (`LocalTarget`, over `LocalGenerator`) or thro
 
 Concurrency C is a closed loop of C users: a user sends its next prompt when its last reply has finished. In
 process that is the in-flight batch of up to C sequences (a sequence joins when another leaves); served, C client
-threads, each its own gRPC connection and stream.
+threads, each its own gRPC connection and stream. Either way TTFT and latency count from the request's arrival: in
+process a sequence joining with others also waits for their prefills, as a served request does.
 """
 
 from __future__ import annotations
@@ -116,8 +117,21 @@ class LocalTarget:
         start = time.perf_counter()
         results = generate_batch(self.generator.engine, requests, max_batch_size=concurrency)
         wall = time.perf_counter() - start
-        return [Timed(r.output_ids, r.ttft_s, r.total_s, clock.since(r.ttft_s), r.stats, r.finish_reason)
-                for r, clock in zip(results, clocks)], wall
+        waits = _queue_waits(start, [(c.times[0] - r.ttft_s if c.times else start, r.total_s)
+                                     for r, c in zip(results, clocks)], concurrency)
+        return [Timed(r.output_ids, r.ttft_s + wait, r.total_s + wait, clock.since(r.ttft_s + wait), r.stats,
+                      r.finish_reason) for r, clock, wait in zip(results, clocks, waits)], wall
+
+
+def _queue_waits(start: float, runs: list[tuple[float, float]], concurrency: int) -> list[float]:
+    """How long each request waited, between arriving and its own prefill starting: what a served client counts in
+    its TTFT and latency and the loop's own clock leaves out. `runs` holds each request's (prefill start, seconds
+    from there to its end). The closed loop's first `concurrency` requests arrive at `start`; request C + k when the
+    k-th request to finish frees its row (the loop takes them in order). Sequences joining at once prefill one after
+    another: the later ones wait for the earlier ones' prefills."""
+    finishes = sorted(begin + total for begin, total in runs)
+    arrivals = [start if i < concurrency else finishes[i - concurrency] for i in range(len(runs))]
+    return [max(0.0, begin - arrival) for (begin, _), arrival in zip(runs, arrivals)]
 
 
 class _ChunkClock:
