@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from trtspec.bench.medusa_tree import expected_length, greedy_tree, head_accuracies
 from trtspec.bench.replay import record_greedy, replay_drafter, replay_tree
 from trtspec.bench.tune import TuneOptions, run_tune, split_prompts
-from trtspec.bench.tune_recipe import write_winner_recipe
+from trtspec.recipe.tuned import write_winner_recipe
 from trtspec.cli import cli
 from trtspec.errors import ConfigError
 from trtspec.recipe.schema import load_recipe

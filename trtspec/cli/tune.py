@@ -42,7 +42,7 @@ def tune(engine: Path, write_recipe: Path | None, template: Path | None, as_json
     (ngram / suffix per node budget; Medusa engines: the paper's greedy tree per budget), measure the best on
     held-out prompts, print predicted beside measured and the winner."""
     from trtspec.bench.tune import TuneOptions, format_tune, run_tune
-    from trtspec.bench.tune_recipe import check_target, write_winner_recipe
+    from trtspec.recipe.tuned import check_target, write_winner_recipe
 
     if template is not None and write_recipe is None:
         raise click.UsageError("--recipe is the template of --write-recipe FILE: pass --write-recipe too")
