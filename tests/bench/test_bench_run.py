@@ -224,6 +224,7 @@ def test_served_engine_figures_match_in_process(engine, prompt_file, run, tmp_pa
         assert [r.output_ids for r in remote] == [r.output_ids for r in local]
         assert [r.accepted_tokens for r in remote] == [r.accepted_tokens for r in local]
         assert [r.steps for r in remote] == [r.steps for r in local]
+        assert [r.stats.per_position_acceptance for r in remote] == [r.stats.per_position_acceptance for r in local]
         # input tokens as the server counted them (the chat template applied), as in process
         assert [r.input_tokens for r in remote] == [r.input_tokens for r in local] and min(
             r.input_tokens for r in remote) > 0

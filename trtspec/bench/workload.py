@@ -204,7 +204,8 @@ def _served_one(client, prompt: BenchPrompt, options: GenerationConfig) -> Timed
     start = time.perf_counter()
     remote = client.generate(prompt.text, options, on_text=lambda piece: chunks.append(time.perf_counter() - start))
     stats = SpecStats(steps=remote.steps, draft_tokens=remote.draft_tokens, accepted_tokens=remote.accepted_tokens,
-                      profile_steps={int(k): v for k, v in remote.steps_per_profile.items()})
+                      profile_steps={int(k): v for k, v in remote.steps_per_profile.items()},
+                      position_trials=list(remote.position_trials), position_hits=list(remote.position_hits))
     if chunks and remote.ttft_s:
         chunks[0] = remote.ttft_s  # the first token's arrival, as the client measured it (its text may come later)
     return Timed(remote.output_ids, remote.ttft_s, remote.total_s, chunks, stats, remote.finish_reason,

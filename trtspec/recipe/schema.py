@@ -117,7 +117,7 @@ class DeploySection:
     method: str | None = None  # cpu flavour: the drafter every request gets (none, ngram, suffix, hybrid, own)
     datastore: str | None = None  # cpu flavour, method suffix: a `trtspec datastore build` file
     threads: int | None = None  # cpu flavour: ONNX Runtime threads per instance
-    spin: bool | None = None  # cpu flavour: intra-op workers spin (default: spin; false for shared machines)
+    spin: bool | None = None  # cpu flavour: intra-op workers spin (default: not, unless the server sets TRTSPEC_ORT_SPIN=1)
     chat_template: bool = False  # render text_input through the tokenizer's chat template by default
     copy_engine: bool = False  # cpu flavour: copy the engine into the repository (self-contained)
 

@@ -40,6 +40,8 @@ class RemoteGeneration:
     responses: int = 0
     steps_per_profile: dict[str, int] = field(default_factory=dict)  # trtspec's CPU flavour reports it
     input_tokens: int | None = None  # the prompt's tokens as the server counted them (trtspec's CPU flavour)
+    position_trials: list[int] = field(default_factory=list)  # per draft depth (trtspec's CPU flavour)
+    position_hits: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
@@ -242,6 +244,10 @@ class TritonClient:
             value = result.as_numpy(name)
             if value is not None and value.size:
                 setattr(out, attr, int(value.reshape(-1)[0]))
+        positions = result.as_numpy("position_acceptance")
+        if positions is not None and positions.size and positions.reshape(-1)[0]:
+            counts = json.loads(positions.reshape(-1)[0])
+            out.position_trials, out.position_hits = counts["trials"], counts["hits"]
         profiles = result.as_numpy("steps_per_profile")
         if profiles is not None and profiles.size and profiles.reshape(-1)[0]:
             out.steps_per_profile = json.loads(profiles.reshape(-1)[0])

@@ -121,6 +121,7 @@ TRTSPEC_OUTPUTS: tuple[Tensor, ...] = (
     _t("steps_per_profile", "TYPE_STRING"),  # JSON: slot profile → verify steps run over it, so far
     _t("finish_reason", "TYPE_STRING"),
     _t("num_input_tokens", "TYPE_INT32"),  # the prompt's tokens as the engine received them (template applied)
+    _t("position_acceptance", "TYPE_STRING"),  # JSON: {"trials": [...], "hits": [...]} per draft depth, so far
 )
 
 

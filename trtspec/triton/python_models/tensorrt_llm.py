@@ -56,6 +56,7 @@ def _outputs(b: int, ids: list[int], result, finish: str | None, context: list[i
         pb_utils.Tensor("finish_reason", np.array([[(finish or "").encode()]], np.object_)),
         pb_utils.Tensor("stop_request_id", np.array([[key.encode()]], np.object_)),
         pb_utils.Tensor("num_input_tokens", scalar(len(item.prompt_ids), np.int32)),
+        pb_utils.Tensor("position_acceptance", np.array([[position_acceptance(stats)]], np.object_)),
     ]
     if item.config.return_log_probs:
         log_probs = result.log_probs[len(result.log_probs) - generated:]
@@ -70,6 +71,12 @@ def _outputs(b: int, ids: list[int], result, finish: str | None, context: list[i
 def profile_steps(stats) -> bytes:
     """The `steps_per_profile` output: {"slots": steps, ...} as JSON, smallest profile first."""
     return json.dumps({str(k): v for k, v in sorted(stats.profile_steps.items())}).encode()
+
+
+def position_acceptance(stats) -> bytes:
+    """The `position_acceptance` output: per draft depth, the steps that drafted it (its parent accepted) and the
+    steps that accepted it, as JSON (SpecStats.position_trials / position_hits)."""
+    return json.dumps({"trials": list(stats.position_trials), "hits": list(stats.position_hits)}).encode()
 
 
 class TritonPythonModel:
@@ -315,6 +322,7 @@ class TritonPythonModel:
                                                     np.object_)),
             pb_utils.Tensor("stop_request_id", column([key.encode()] * n, np.object_)),
             pb_utils.Tensor("num_input_tokens", column([len(item.prompt_ids) for item in items], np.int32)),
+            pb_utils.Tensor("position_acceptance", column([position_acceptance(s) for s in stats], np.object_)),
         ]
         if any(item.config.return_log_probs for item in items):
             generated = max(len(results[b].output_ids) for b in range(n))
