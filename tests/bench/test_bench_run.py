@@ -14,6 +14,7 @@ from trtspec.bench.runner import BenchOptions, run_bench
 from trtspec.bench.summary import PLAIN
 from trtspec.cli import cli
 from trtspec.errors import ConfigError
+from trtspec.runtime.loop import GenerationConfig
 from trtspec.testing import tiny_engine
 
 PROMPTS = [("a", "code", "def add(a, b): return a + b. Rewrite add so that it adds three numbers."),
@@ -122,6 +123,8 @@ def test_transformers_peer_in_the_same_run(engine, prompt_file, tmp_path):
     (["bench", "run", "{engine}", "--concurrency", "1,x"], "comma-separated"),
     (["bench", "{engine}", "--method", "none"], "plain decoding always runs"),
     (["bench", "{engine}", "--peers", "transformers"], "--peers needs ENGINE_DIR and --hf"),
+    (["bench", "--url", "127.0.0.1:1", "--serve"], "--serve deploys and serves ENGINE_DIR itself"),
+    (["bench", "{engine}", "--no-spec", "--method", "ngram"], "--no-spec measures plain decoding alone"),
     (["bench", "{engine}", "--prompt-set", "{prompts}", "--concurrency", "8"], "exceeds the engine's max_batch_size"),
 ])
 def test_cli_errors_are_one_line(engine, prompt_file, args, message):
@@ -189,17 +192,39 @@ def test_two_turn_set_needs_an_engine():
 
 
 @pytest.mark.slow
-def test_serving_command_compares_grpc_with_in_process(engine, prompt_file):
+def test_serving_mode_measures_the_engine_in_process_and_served(engine, prompt_file, tmp_path):
+    """`bench serving` (= `bench ENGINE --serve`): every request in process and through a real tritonserver, the
+    served ÷ in-process ratio, identical outputs across both and against plain decoding, the engine's batching."""
     result = CliRunner().invoke(cli, ["bench", "serving", str(engine), "--prompt-set", str(prompt_file), "--limit",
-                                      "2", "--max-tokens", "8", "--concurrency", "2", "--threads", "1", "--json"])
+                                      "3", "--max-tokens", "8", "--concurrency", "2", "--threads", "1", "--json",
+                                      "--no-progress", "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["concurrency_1"]["outputs_identical"] and report["concurrency_2"]["outputs_identical"]
+    assert report["mode"] == "in-process and served" and report["methods"] == [PLAIN, "medusa"]
+    assert set(report["results"]) == set(report["served"]["results"]) == {"1", "2"}
+    for c in ("1", "2"):
+        level = report["serving"][c]
+        for method in (PLAIN, "medusa"):
+            m = level["methods"][method]
+            assert m["outputs_identical"] == "3/3" and m["ratio"] > 0 and m["served_ttft_ms_p50"] > 0
+            served = report["served"]["results"][c][method]["overall"]
+            assert served["identical"] == "3/3" and served["input_tokens"] > 0
+        assert level["engine_batching"]["steps"] > 0
+    # at concurrency 2 the engine batched the two streams' sequences into its steps
+    assert report["serving"]["2"]["engine_batching"]["sequences_per_step"] > 1
+    with open(tmp_path / "out" / "requests.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["target"] for r in rows} == {"in-process", "served"} and len(rows) == 3 * 2 * 2 * 2
+    table = CliRunner().invoke(cli, ["bench", str(engine), "--serve", "--prompt-set", str(prompt_file), "--limit",
+                                     "1", "--max-tokens", "4", "--threads", "1", "--no-spec", "--no-progress"])
+    assert table.exit_code == 0, table.output
+    assert "served ÷ in-process, concurrency 1, none" in table.stdout and "target ≥ 0.9" in table.stdout
 
 
 @pytest.mark.slow
 def test_served_engine_figures_match_in_process(engine, prompt_file, run, tmp_path):
-    """--url against a real tritonserver serving the same engine: the same outputs and acceptance per prompt."""
+    """--url against a real tritonserver serving the same engine: the same outputs, input tokens and acceptance per
+    prompt."""
     from trtspec.triton.deploy import DeployOptions, deploy
     from trtspec.triton.server import ServerOptions, TritonServer, free_port
 
@@ -218,7 +243,26 @@ def test_served_engine_figures_match_in_process(engine, prompt_file, run, tmp_pa
         assert [r.output_ids for r in remote] == [r.output_ids for r in local]
         assert [r.accepted_tokens for r in remote] == [r.accepted_tokens for r in local]
         assert [r.steps for r in remote] == [r.steps for r in local]
+        assert [r.stats.per_position_acceptance for r in remote] == [r.stats.per_position_acceptance for r in local]
+        # input tokens as the server counted them (the chat template applied), as in process
+        assert [r.input_tokens for r in remote] == [r.input_tokens for r in local] and min(
+            r.input_tokens for r in remote) > 0
     for concurrency in ("1", "2"):
         for figures in served.report["results"][concurrency].values():
             assert figures["overall"]["identical"] == f"{len(PROMPTS)}/{len(PROMPTS)}"
             assert figures["overall"]["ttft_ms"]["p50"] > 0
+
+
+def test_in_process_ttft_counts_from_arrival_as_a_served_client_does(engine, prompt_file):
+    """Sequences that join the batch together prefill one after another: the later ones' TTFT includes the earlier
+    prefills (as a served request's does), and a request that joins when a row frees counts from that moment."""
+    from trtspec.bench.workload import LocalTarget, _queue_waits, load_bench_prompts
+    from trtspec.runtime.generator import LocalGenerator
+
+    assert _queue_waits(10.0, [(10.0, 5.0), (10.5, 2.0), (12.6, 1.0)], 2) == pytest.approx([0.0, 0.5, 0.1])
+    generator = LocalGenerator(engine, threads=1)
+    prompts = load_bench_prompts(str(prompt_file), limit=None, generator=generator, max_tokens=8)
+    timed, _ = LocalTarget(generator).run(prompts, GenerationConfig(max_tokens=8, no_spec=True), 4)
+    ttfts = [t.ttft_s for t in timed]
+    assert ttfts == sorted(ttfts) and len(set(ttfts)) == len(ttfts)
+    assert all(t.chunk_s[0] == pytest.approx(t.ttft_s) for t in timed)

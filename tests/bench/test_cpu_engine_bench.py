@@ -135,13 +135,13 @@ def test_missing_peer_is_skipped_with_install_hint(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(cpu_engine, "missing_modules", lambda modules: list(modules)[:1])
     args = CpuBenchOptions(work=tmp_path)
     jobs, skipped = cpu_engine._decode_jobs(args, tiny[0], tiny[1][0], PROMPTS, tmp_path / "log")
-    assert list(jobs) == ["trtspec", "trtspec spinning"]
+    assert list(jobs) == ["trtspec", "trtspec --no-spin"]
     assert skipped["onnxruntime-genai"] == "onnxruntime_genai missing: pip install onnxruntime-genai onnx-ir"
     assert set(skipped) == {"onnxruntime-genai", "transformers"}
 
 
-@pytest.mark.parametrize("spin,rows", [("both", {"trtspec": False, "trtspec spinning": True}),
-                                       ("off", {"trtspec": False}), ("on", {"trtspec spinning": True})])
+@pytest.mark.parametrize("spin,rows", [("both", {"trtspec": True, "trtspec --no-spin": False}),
+                                       ("on", {"trtspec": True}), ("off", {"trtspec --no-spin": False})])
 def test_spin_chooses_the_trtspec_rows_and_their_thread_policy(tiny, tmp_path, spin, rows):
     args = CpuBenchOptions(work=tmp_path, skip_peers=True, spin=spin)
     jobs, _ = cpu_engine._decode_jobs(args, tiny[0], tiny[1][0], PROMPTS, tmp_path / "log")
@@ -210,25 +210,25 @@ def test_render_table_and_plot(tmp_path):
     report = {"settings": {"threads": 2, "prompts": 1, "rounds": 2, "max_tokens": 128, "past": 256, "repeats": 20,
                            "bandwidth_repeats": 7, "cpus": 2,
                            "load_average": {"before": (3.9, 3.1, 3.15), "after": (4.25, 3.5, 3.2)}},
-              "decode": {"trtspec": row, "trtspec spinning": {**row, "decode_tps": 36.0},
+              "decode": {"trtspec": row, "trtspec --no-spin": {**row, "decode_tps": 26.0},
                          "transformers": {**row, "decode_tps": 10.0}},
               "skipped": {"onnxruntime-genai": "onnxruntime_genai missing: pip install onnxruntime-genai onnx-ir"},
-              "ratios": {"transformers": 3.0}, "ratios_spinning": {"transformers": 3.6},
+              "ratios": {"transformers": 3.0}, "ratios_no_spin": {"transformers": 2.6},
               "identical": {"identical": 1, "prompts": 2, "differ": [{"prompt": 1, "first_diff": 57,
                                                                       "groups": [["trtspec"], ["transformers"]]}]},
               "curve": curve,
               "floor": {"weight_bytes": 538e6, "gbps": 26.9, "method": "numpy", "buffer_mb": 1024, "floor_ms": 20.0,
                         "decode_ms": 33.3, "ratio": 1.665, "numpy_gbps": 26.9, "onnxruntime_gbps": 15.0,
-                        "spinning": {"decode_ms": 27.8, "ratio": 1.39}}}
+                        "no_spin": {"decode_ms": 38.5, "ratio": 1.92}}}
     text = render_table(report)
     assert "trtspec ÷ transformers: 3.00× decode (target ≥ 3.0×)" in text
     assert "onnxruntime-genai     skipped: not installed (onnxruntime_genai missing" in text
-    assert "token-identical across trtspec, trtspec spinning, transformers: 1/2 prompts" in text
+    assert "token-identical across trtspec, trtspec --no-spin, transformers: 1/2 prompts" in text
     assert "  prompt 1: trtspec ≠ transformers from generated token 57" in text
     assert "    2    11.00   1.10×" in text
     assert "= 1.67× the floor (target ≤ 1.2×)" in text
-    assert "trtspec spinning ÷ transformers: 3.60× decode (the thread policy onnxruntime-genai runs with)" in text
-    assert "trtspec spinning 27.8 ms/token = 1.39× the floor" in text
+    assert "trtspec --no-spin ÷ transformers: 2.60× decode (sleeping workers, for shared machines)" in text
+    assert "trtspec --no-spin 38.5 ms/token = 1.92× the floor" in text
     assert "load average (1, 5, 15 min) before 3.9 / 3.1 / 3.1, after 4.2 / 3.5 / 3.2 on 2 CPUs" in text
     cpu_engine.plot_curve(curve, tmp_path / "curve.png", past=256)
     assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

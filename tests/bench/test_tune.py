@@ -4,18 +4,20 @@ Medusa engine. No speed is asserted."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from trtspec.bench.medusa_tree import expected_length, greedy_tree, head_accuracies
 from trtspec.bench.replay import record_greedy, replay_drafter, replay_tree
 from trtspec.bench.tune import TuneOptions, run_tune, split_prompts
+from trtspec.recipe.tuned import write_winner_recipe
 from trtspec.cli import cli
 from trtspec.errors import ConfigError
+from trtspec.recipe.schema import load_recipe
 from trtspec.runtime.generator import LocalGenerator
 from trtspec.runtime.loop import GenerationConfig, generate
 from trtspec.speculative.datastore import RecentOutputs
@@ -142,13 +144,19 @@ def test_split_never_shares_prompts(generator, prompt_file):
     assert how["evaluation_ids"] == ["p0", "p1"] and "prompts 1-2" in how["evaluation"]
 
 
-def test_tune_predicts_measures_and_writes_the_winner(engine, prompt_file, tmp_path):
-    out = tmp_path / "tuned.yaml"
+@pytest.fixture(scope="module")
+def tuned(engine, prompt_file, tmp_path_factory):
+    """One `trtspec tune --write-recipe` run: (its report, the recipe it wrote)."""
+    out = tmp_path_factory.mktemp("tuned") / "tuned.yaml"
     result = CliRunner().invoke(cli, ["tune", str(engine), "--prompt-set", str(prompt_file), "--calibration", "3",
                                       "--evaluation", "2", "--max-tokens", "24", "--budget", "2,4,16", "--threads", "1",
                                       "--no-progress", "--json", "--write-recipe", str(out)])
     assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
+    return json.loads(result.stdout), out
+
+
+def test_tune_predicts_measures_and_writes_the_winner(engine, tuned, tmp_path):
+    report, out = tuned
     assert report["budgets"] == [2, 4] and report["budgets_over_k"] == [16]
     names = [s["name"] for s in report["settings"]]
     assert names[:5] == ["none", "ngram/2", "ngram/4", "suffix/2", "suffix/4"] and "medusa (shipped)" in names
@@ -164,7 +172,80 @@ def test_tune_predicts_measures_and_writes_the_winner(engine, prompt_file, tmp_p
     assert all(s["measured"]["replayed_tau"] == s["measured"]["tau"] for s in measured)
     assert report["anchored_curve"]["scale"] > 0
     assert report["winner"]["name"] in report["measured"]
-    assert yaml.safe_load(out.read_text())["tuned"]["method"] == report["winner"]["method"]
+    # the winner as a complete recipe, from the engine's manifest and checkpoint record, that `recipe run` accepts
+    recipe = load_recipe(out)
+    winner = report["winner"]
+    assert recipe.base.path == str(engine.parent / "base") and recipe.build.max_input_len == 96
+    if winner["method"] != "none":
+        assert recipe.deploy.method == winner["method"] and recipe.methods == [winner["method"]]
+    dry = CliRunner().invoke(cli, ["recipe", "run", str(out), "--dry-run", "--workdir", str(tmp_path / "w")])
+    assert dry.exit_code == 0, dry.output
+    assert "trtspec build" in dry.output and "trtspec bench run" in dry.output
+    assert out.read_text().startswith(f"# trtspec tune's winner: {winner['name']}")
+
+
+def _with_winner(tuned, name: str) -> dict:
+    """The tune run's report as if `name` had won."""
+    report = copy.deepcopy(tuned[0])
+    setting = next(s for s in report["settings"] if s["name"] == name)
+    setting["measured"] = setting["measured"] or {"decode_tokens_per_s": 1.0, "tau": 1.0, "speedup": 1.0}
+    report["winner"] = setting
+    return report
+
+
+@pytest.mark.parametrize("name, method, k", [("ngram/4", "ngram", 4), ("suffix/2", "suffix", 2)])
+def test_a_training_free_winner_is_a_recipe_of_its_method_and_budget(tuned, name, method, k, tmp_path):
+    """From the engine (a Medusa one): drafter none, K = the node budget, deploy.method and bench.methods the method;
+    the build drops the tree and the heads; `recipe run --dry-run` runs it."""
+    out = tmp_path / "r.yaml"
+    write_winner_recipe(_with_winner(tuned, name), out)
+    recipe = load_recipe(out)
+    assert recipe.drafter.kind.value == "none" and recipe.build.max_draft_len == k and recipe.build.choices is None
+    assert recipe.deploy.method == method and recipe.methods == [method]
+    dry = CliRunner().invoke(cli, ["recipe", "run", str(out), "--dry-run", "--workdir", str(tmp_path / "w")])
+    assert dry.exit_code == 0, dry.output
+    assert f"--no-spec --max-draft-len {k}" in dry.output and f"--method {method}" in dry.output
+    assert "--medusa" not in dry.output
+
+
+def test_the_winner_goes_into_an_existing_recipe(tuned, tmp_path):
+    """FILE a recipe already (the shipped tiny-medusa): its base, serve and bench sets kept; the winner's settings
+    replace the drafter's; the baseline measured with another setting loses its figures."""
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parents[2] / "recipes" / "tiny-medusa.yaml"
+    out = tmp_path / "tiny-medusa.yaml"
+    out.write_text(shipped.read_text())
+    write_winner_recipe(_with_winner(tuned, "ngram/4"), out)
+    recipe = load_recipe(out)
+    assert recipe.base.tiny == {} and recipe.serve is not None and recipe.bench.prompt_sets == ["mt-bench"]
+    assert recipe.drafter.kind.value == "none" and recipe.build.max_draft_len == 4 and recipe.methods == ["ngram"]
+    assert recipe.baseline.method == "ngram" and recipe.baseline.figures == {} and recipe.baseline.verify_curve is None
+    # a Medusa tree winner, through --recipe (the template is left alone)
+    tree = _with_winner(tuned, "medusa (shipped)")
+    tree["winner"]["choices"] = [[0], [1], [0, 0]]
+    written = tmp_path / "tree.yaml"
+    write_winner_recipe(tree, written, template=shipped)
+    recipe = load_recipe(written)
+    assert recipe.drafter.kind.value == "medusa" and json.loads(recipe.build.choices) == [[0], [1], [0, 0]]
+    assert recipe.build.preset is None and recipe.methods == ["medusa"]
+    assert load_recipe(shipped).build.choices is None
+    # plain decoding wins: speculation off where it is served, the bench stage still measures the best drafter
+    plain = _with_winner(tuned, "none")
+    write_winner_recipe(plain, out)
+    recipe = load_recipe(out)
+    assert recipe.deploy.method == "none" and recipe.methods and recipe.methods[0] != "none"
+    dry = CliRunner().invoke(cli, ["recipe", "run", str(out), "--dry-run", "--workdir", str(tmp_path / "w")])
+    assert dry.exit_code == 0, dry.output
+
+
+def test_write_recipe_refuses_what_it_cannot_write_before_tuning(engine, tmp_path):
+    not_a_recipe = tmp_path / "x.yaml"
+    not_a_recipe.write_text("hello: 1\n")
+    result = CliRunner().invoke(cli, ["tune", str(engine), "--write-recipe", str(not_a_recipe)])
+    assert result.exit_code != 0 and "not a recipe to write the winner into" in result.output
+    result = CliRunner().invoke(cli, ["tune", str(engine), "--recipe", str(not_a_recipe)])
+    assert result.exit_code != 0 and "pass --write-recipe too" in result.output
 
 
 def test_tune_errors(engine, prompt_file):

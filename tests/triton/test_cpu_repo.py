@@ -84,7 +84,7 @@ def test_options_reach_the_configs(tiny_engine, tmp_path):
     assert engine.parameters["engine_dir"].string_value == "trtspec_engine/1/engine"
     assert json.loads((repo / "trtspec_engine/1/engine/manifest.json").read_text())["method"] == "medusa"
     assert _config(repo, "preprocessing").parameters["chat_template"].string_value == "false"
-    assert engine.parameters["spin"].string_value == "auto"  # the server's TRTSPEC_ORT_SPIN decides
+    assert engine.parameters["spin"].string_value == "auto"  # the engine's rule: spin unless TRTSPEC_ORT_SPIN=0
     repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "s", spin=True))
     assert _config(repo, "tensorrt_llm").parameters["spin"].string_value == "true"
     assert engine.parameters["method"].string_value == "auto"  # the manifest's method
@@ -189,3 +189,16 @@ def test_the_contract_doc_names_every_tensor():
                 "decoder_input_lengths", "input_ids", "input_lengths", "request_output_len"}
     missing = sorted(n for n in names - internal if n not in doc)
     assert not missing, missing
+
+
+def test_a_served_engine_spins_as_generate_does_unless_deployed_otherwise(monkeypatch):
+    """deploy --spin / --no-spin decide; "auto" is the engine's own rule (spin unless TRTSPEC_ORT_SPIN=0), as in
+    generate: the product default is spinning, for the server as for one process."""
+    from trtspec.model.ort_session import SPIN_ENV, effective_spin
+    from trtspec.triton.model_args import served_spin
+
+    assert served_spin("true") is True and served_spin("false") is False and served_spin("auto") is None
+    monkeypatch.delenv(SPIN_ENV, raising=False)
+    assert effective_spin(served_spin("auto")) is True
+    monkeypatch.setenv(SPIN_ENV, "0")
+    assert effective_spin(served_spin("auto")) is False

@@ -726,3 +726,14 @@ def test_bad_words_and_min_tokens_are_honoured(server, local):
     assert tokens == expected.output_ids != plain.output_ids
     bad = tuple(local.tokenizer.encode(word))
     assert all(tuple(tokens[i:i + len(bad)]) != bad for i in range(len(tokens)))
+
+
+def test_the_python_models_import_the_trtspec_that_starts_the_server():
+    """A source tree on PYTHONPATH (a worktree, a checkout beside an editable install) is what the models import: its
+    folder comes first on TRTSPEC_SITE_PACKAGES."""
+    from pathlib import Path
+
+    import trtspec
+
+    first = find_tritonserver().env["TRTSPEC_SITE_PACKAGES"].split(os.pathsep)[0]
+    assert Path(first) == Path(trtspec.__file__).resolve().parent.parent

@@ -26,15 +26,26 @@ def format_table(report: dict) -> list[str]:
              "-" * RULE,
              f"{'conc':>4} {'method':<10} {'req/s':>6} {'tok/s':>7} {'tok/s/u':>7} {'TTFT p50':>8} {'p99':>7} "
              f"{'TPOT p50':>8} {'p99':>6} {'ITL p50':>7} {'τ':>5} {'acc':>5} {'speedup':>7} {'same':>5}"]
-    for concurrency, methods in report["results"].items():
-        for method, figures in methods.items():
-            g = figures["overall"]
-            lines.append(f"{concurrency:>4} {method:<10} {g['request_throughput']:>6.2f} "
-                         f"{g['output_tokens_per_s']:>7.1f} {g['tokens_per_s_per_user']:>7.1f} "
-                         f"{_ms(g['ttft_ms'], 'p50'):>8} {_ms(g['ttft_ms'], 'p99'):>7} "
-                         f"{_ms(g['tpot_ms'], 'p50'):>8} {_ms(g['tpot_ms'], 'p99'):>6} {_ms(g['itl_ms'], 'p50'):>7} "
-                         f"{g['tau']:>5.2f} {g['acceptance_rate']:>5.2f} {_x(g['speedup']):>7} "
-                         f"{g['identical'] or '-':>5}")
+    blocks = [("", report["results"])]
+    if "served" in report:  # serving mode: the in-process rows, then the served ones
+        blocks = [("in-process", report["results"]), ("served", report["served"]["results"])]
+    for title, results in blocks:
+        if title:
+            lines.append(f"{title}:")
+        lines += _rows(results)
+    for c, level in report.get("serving", {}).items():
+        if c == "target":
+            continue
+        for method, m in level["methods"].items():
+            lines.append(f"served ÷ in-process, concurrency {c}, {method}: {m['served_tok_s']:.1f} ÷ "
+                         f"{m['in_process_tok_s']:.1f} tok/s = {_x(m['ratio'])}"
+                         + (f" (target ≥ {report['serving']['target']})" if c == "1" else "")
+                         + f"; TTFT p50 {_num(m['served_ttft_ms_p50'])} vs {_num(m['in_process_ttft_ms_p50'])} ms"
+                         + (f"; outputs identical {m['outputs_identical']}" if m["outputs_identical"] else ""))
+        if level.get("engine_batching"):
+            b = level["engine_batching"]
+            lines.append(f"engine batching at concurrency {c}: {b['steps']} steps, {b['sequences_per_step']} "
+                         "sequences per step")
     lines += ["-" * RULE, f"{'conc':>4} {'method':<10} {'category':<16} {'τ':>5} {'speedup':>7}  per-position acceptance"]
     for concurrency, methods in report["results"].items():
         for method, figures in methods.items():
@@ -49,6 +60,24 @@ def format_table(report: dict) -> list[str]:
     lines += [f"note: {note}" for note in report.get("notes", [])]
     lines.append("=" * RULE)
     return lines
+
+
+def _rows(results: dict) -> list[str]:
+    lines = []
+    for concurrency, methods in results.items():
+        for method, figures in methods.items():
+            g = figures["overall"]
+            lines.append(f"{concurrency:>4} {method:<10} {g['request_throughput']:>6.2f} "
+                         f"{g['output_tokens_per_s']:>7.1f} {g['tokens_per_s_per_user']:>7.1f} "
+                         f"{_ms(g['ttft_ms'], 'p50'):>8} {_ms(g['ttft_ms'], 'p99'):>7} "
+                         f"{_ms(g['tpot_ms'], 'p50'):>8} {_ms(g['tpot_ms'], 'p99'):>6} {_ms(g['itl_ms'], 'p50'):>7} "
+                         f"{g['tau']:>5.2f} {g['acceptance_rate']:>5.2f} {_x(g['speedup']):>7} "
+                         f"{g['identical'] or '-':>5}")
+    return lines
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def _ms(dist: dict | None, key: str) -> str:

@@ -4,11 +4,18 @@ over a prompt set's measured prompts, at each concurrency, interleaved so that t
 At concurrency 1 the prompts go one at a time, every method on a prompt before the next prompt, the order rotating
 from prompt to prompt; at concurrency C the whole set runs as one closed-loop group per method (`workload`), the
 methods' order rotating between concurrencies. A short warm-up request per method comes first.
+
+Serving mode (ENGINE with --serve, or ENGINE with --url of a server deployed from it): the same requests also go
+through the served ensemble, each group in process and served back to back (the order alternating), so the report
+has both sets of figures, the served ÷ in-process ratio per method and concurrency (what `bench serving` measured:
+the target at concurrency 1 is ≥ 0.9), whether the served outputs equal the in-process ones, and — with a server this
+run started — how many sequences the engine batched per step.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -20,6 +27,7 @@ from trtspec.runtime.loop import GenerationConfig
 from trtspec.speculative.sampling import SamplingParams
 
 WARMUP_TOKENS = 8
+SERVING_TARGET = 0.9  # served ÷ in-process tokens/s at concurrency 1 (the serving overhead's target)
 LEARNING_METHODS = {"suffix", "hybrid"}  # drafters that look up earlier outputs
 
 
@@ -41,15 +49,21 @@ class BenchOptions:
     hf: Path | None = None  # the engine's Hugging Face model folder, for the peers
     peer_limit: int = 3  # prompts the peers decode (slow)
     work: Path | None = None  # the peers' logs and builds (default: the cache's bench/peers)
+    serve: bool = False  # serving mode: deploy ENGINE, serve it here and measure it beside in process
+    no_spec: bool = False  # plain decoding alone (no method beside it)
     show_progress: bool = True
 
     def __post_init__(self):
-        if (self.engine is None) == (self.url is None):
-            raise ConfigError("pass ENGINE_DIR or --url HOST:PORT (one of them)")
+        if self.engine is None and self.url is None:
+            raise ConfigError("pass ENGINE_DIR or --url HOST:PORT (or both: ENGINE in process beside the server)")
+        if self.serve and (self.engine is None or self.url is not None):
+            raise ConfigError("--serve deploys and serves ENGINE_DIR itself: pass ENGINE_DIR and no --url")
         if not self.concurrency or min(self.concurrency) < 1:
             raise ConfigError(f"--concurrency must be positive integers, got {self.concurrency}")
         if self.max_tokens < 1:
             raise ConfigError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        if self.no_spec and self.methods:
+            raise ConfigError("--no-spec measures plain decoding alone: leave --method out")
         if self.peers and (self.hf is None or self.engine is None):
             raise ConfigError("--peers needs ENGINE_DIR and --hf DIR (the engine's Hugging Face model folder)")
         if PLAIN in self.methods:
@@ -59,7 +73,12 @@ class BenchOptions:
 @dataclass
 class BenchRun:
     report: dict
-    records: list[RequestRecord] = field(default_factory=list)
+    records: list[RequestRecord] = field(default_factory=list)  # serving mode: in process and served ones
+
+
+def serving_mode(options: BenchOptions) -> bool:
+    """The engine measured in process and served, side by side."""
+    return options.engine is not None and (options.url is not None or options.serve)
 
 
 def open_target(options: BenchOptions):
@@ -72,48 +91,158 @@ def open_target(options: BenchOptions):
 
 def run_bench(options: BenchOptions, show=print, target=None) -> BenchRun:
     """Measure (module docstring); `target` may be one already opened (`open_target`)."""
+    with ExitStack() as stack:
+        served = metrics = None
+        if serving_mode(options):
+            target = target or LocalTarget(_local_generator(options))
+            url = options.url
+            if url is None:
+                server = stack.enter_context(_started_server(options, target, show))
+                url, metrics = server.grpc_url, server
+            served = ServedTarget(url, model=options.model)
+        return _run(options, target or open_target(options), served, metrics, show)
+
+
+def _local_generator(options: BenchOptions):
+    from trtspec.runtime.generator import LocalGenerator
+
+    return LocalGenerator(options.engine, threads=options.threads, spin=options.spin)
+
+
+def _started_server(options: BenchOptions, local, show):
+    """ENGINE deployed into a temporary repository (threads and spinning as in process) and served on free loopback
+    ports; a context manager."""
+    import tempfile
+
+    from trtspec.triton.deploy import deploy
+    from trtspec.triton.deploy_options import DeployOptions
+    from trtspec.triton.server import ServerOptions, TritonServer, free_port
+
+    class Started:
+        def __enter__(self):
+            self._tmp = tempfile.TemporaryDirectory(prefix="trtspec-bench-serve-")
+            engine = local.generator.engine
+            repo = deploy(DeployOptions(engine_dir=options.engine, out=Path(self._tmp.name) / "repo",
+                                        threads=engine.threads, spin=engine.spin))
+            self._server = TritonServer(ServerOptions(repository=repo, grpc_port=free_port(), http_port=free_port(),
+                                                      metrics_port=free_port(), exit_timeout_s=5),
+                                        on_log=lambda line: None)
+            self._server.__enter__()
+            self.grpc_url, self.metrics_url = self._server.grpc_url, self._server.metrics_url
+            show(f"  serving {options.engine} at {self.grpc_url}")
+            return self
+
+        def __exit__(self, *exc):
+            try:
+                self._server.__exit__(*exc)
+            finally:
+                self._tmp.cleanup()
+
+    return Started()
+
+
+def _run(options: BenchOptions, target, served, metrics, show) -> BenchRun:
     load_before = os.getloadavg()
-    target = target or open_target(options)
     local = isinstance(target, LocalTarget)
     prompts = load_bench_prompts(options.prompt_set, limit=options.limit, max_tokens=options.max_tokens,
                                  generator=target.generator if local else None, show=show)
     if not prompts:
         raise ConfigError(f"--prompt-set {options.prompt_set}: no prompt to measure (--limit {options.limit})")
     methods = options.methods or ((target.own_method,) if local else ("spec",))
-    if local and target.own_method == PLAIN and not options.methods:
-        raise ConfigError(f"engine {options.engine} has no drafter of its own; name one with --method ngram (an "
-                          "engine built with --max-draft-len K >= 1 runs ngram and suffix)")
+    if options.no_spec:
+        methods = ()
+    elif local and target.own_method == PLAIN and not options.methods:
+        if served is None:
+            raise ConfigError(f"engine {options.engine} has no drafter of its own; name one with --method ngram (an "
+                              "engine built with --max-draft-len K >= 1 runs ngram and suffix)")
+        methods = ()  # serving mode: plain decoding alone, in process and served
     base = GenerationConfig(max_tokens=options.max_tokens,
                             sampling=SamplingParams(temperature=options.temperature, seed=options.seed))
     runs = {PLAIN: replace(base, no_spec=True),
             **{m: replace(base, method=None if m == "spec" else m) for m in methods}}
+    targets = {"in-process" if local else "served": target, **({"served": served} if served else {})}
     recents = _own_recent_outputs(target, runs)
     for label, opts in runs.items():  # warm-up: sessions, bindings, the drafters' first lookups
         _use_recent(target, recents, label)
-        target.run(prompts[:1], replace(opts, max_tokens=WARMUP_TOKENS), 1)
-    records, walls = [], {(c, label): 0.0 for c in options.concurrency for label in runs}
-    total = len(prompts) * len(runs) * len(options.concurrency)
+        for t in targets.values():
+            t.run(prompts[:1], replace(opts, max_tokens=WARMUP_TOKENS), 1)
+    records = []
+    walls = {(name, c, label): 0.0 for name in targets for c in options.concurrency for label in runs}
+    batching = {}
+    total = len(prompts) * len(runs) * len(options.concurrency) * len(targets)
     with progress_bar("bench", total=total, enabled=options.show_progress) as advance:
         for c_index, concurrency in enumerate(options.concurrency):
             # each level a fresh pass over the same prompts: what the drafters learnt at the last level (suffix: its
             # answers to these very prompts) is forgotten
             recents = _own_recent_outputs(target, runs)
             groups = [[p] for p in prompts] if concurrency == 1 else [prompts]
+            before = _counters(metrics)
             for g_index, group in enumerate(groups):
                 order = _rotated(list(runs), c_index + g_index)
                 for label in order:
                     _use_recent(target, recents, label)
-                    timed, wall = target.run(group, runs[label], concurrency)
-                    walls[(concurrency, label)] += wall
-                    records += [record(concurrency, label, p, t) for p, t in zip(group, timed)]
-                    advance(len(group))
-    mark_identical(records)
+                    for name in _rotated(list(targets), g_index):
+                        timed, wall = targets[name].run(group, runs[label], concurrency)
+                        walls[(name, concurrency, label)] += wall
+                        records += [record(concurrency, label, p, t, target=name) for p, t in zip(group, timed)]
+                        advance(len(group))
+            if metrics is not None:
+                batching[str(concurrency)] = _batching(before, _counters(metrics))
+    for name in targets:
+        mark_identical([r for r in records if r.target == name])
     if options.temperature > 0:
         for r in records:
             r.identical = None
-    report = _report(options, target, prompts, methods, records, walls, load_before)
+    first = next(iter(targets))
+    report = _report(options, target, prompts, methods, [r for r in records if r.target == first],
+                     {k[1:]: v for k, v in walls.items() if k[0] == first}, load_before)
+    if served is not None:
+        served_records = [r for r in records if r.target == "served"]
+        report["served"] = {"target": served.describe(),
+                            "results": {str(c): v for c, v in summarize(
+                                served_records, {k[1:]: v for k, v in walls.items() if k[0] == "served"}).items()}}
+        report["serving"] = _serving(report, records, options.temperature, batching)
     report["peers"] = {peer: _peer(options, peer, prompts) for peer in options.peers}
     return BenchRun(report, records)
+
+
+def _counters(metrics) -> dict | None:
+    if metrics is None:
+        return None
+    from trtspec.bench.serving import read_counters
+
+    return read_counters(metrics.metrics_url, publish_via=metrics.grpc_url)
+
+
+def _batching(before: dict, after: dict) -> dict:
+    from trtspec.bench.serving import engine_batching
+
+    return engine_batching(before, after)
+
+
+def _serving(report: dict, records: list[RequestRecord], temperature: float, batching: dict) -> dict:
+    """Per concurrency and method: served ÷ in-process output tokens/s and TTFT p50, and how many served outputs
+    equal the in-process ones (T = 0)."""
+    local = {(r.concurrency, r.method, r.prompt_id): r.output_ids for r in records if r.target == "in-process"}
+    out = {}
+    for c, methods in report["served"]["results"].items():
+        level = out.setdefault(c, {"methods": {}, "engine_batching": batching.get(c)})
+        for method, figures in methods.items():
+            mine, theirs = report["results"][c][method]["overall"], figures["overall"]
+            same = [r.output_ids == local.get((r.concurrency, r.method, r.prompt_id))
+                    for r in records if r.target == "served" and str(r.concurrency) == c and r.method == method]
+            level["methods"][method] = {
+                "in_process_tok_s": mine["output_tokens_per_s"], "served_tok_s": theirs["output_tokens_per_s"],
+                "ratio": _ratio(theirs["output_tokens_per_s"], mine["output_tokens_per_s"]),
+                "in_process_ttft_ms_p50": (mine["ttft_ms"] or {}).get("p50"),
+                "served_ttft_ms_p50": (theirs["ttft_ms"] or {}).get("p50"),
+                "outputs_identical": f"{sum(same)}/{len(same)}" if temperature == 0 else None}
+    out["target"] = SERVING_TARGET
+    return out
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
 
 
 def _peer(options: BenchOptions, peer: str, prompts: list[BenchPrompt]) -> dict:
@@ -153,7 +282,9 @@ def _report(options: BenchOptions, target, prompts: list[BenchPrompt], methods, 
 
     source = PROMPT_SETS.get(options.prompt_set)
     report = {
-        "target": target.describe(), "mode": "in-process" if isinstance(target, LocalTarget) else "served",
+        "target": target.describe(),
+        "mode": ("in-process" if isinstance(target, LocalTarget) else "served")
+        + (" and served" if isinstance(target, LocalTarget) and serving_mode(options) else ""),
         "prompt_set": options.prompt_set,
         "split": "measure" if source is not None and source.measure_size else None,
         "prompts": len(prompts), "prompt_ids": [p.id for p in prompts],
@@ -167,7 +298,8 @@ def _report(options: BenchOptions, target, prompts: list[BenchPrompt], methods, 
                          "after": [round(x, 2) for x in os.getloadavg()]},
     }
     report["notes"] = []
-    if not isinstance(target, LocalTarget) and (set(methods) & LEARNING_METHODS or "spec" in methods):
+    served = not isinstance(target, LocalTarget) or serving_mode(options)
+    if served and (set(methods) & LEARNING_METHODS or "spec" in methods):
         report["notes"].append("served: the deployment's drafters learn across requests (suffix's recent outputs "
                                "hold every earlier answer, to these same prompts at earlier methods and levels): "
                                "their τ past the first pass is what a server answering repeated prompts gets")

@@ -1,13 +1,6 @@
-"""Serving overhead, measured side by side in one run: the same engine and prompts in process and through a
-real tritonserver over gRPC streaming.
-
-1. concurrency 1: tokens/s through Triton (streaming) ÷ tokens/s of in-process `generate` — requests alternate
-   between the two, prompt by prompt, so both see the same machine load (target ≥ 0.9);
-2. concurrency N: aggregate tokens/s of N concurrent gRPC streams, next to in-process in-flight batching of
-   the same prompts, and how many sequences the engine batched per step.
-
-    trtspec bench serving ENGINE [--prompt-set mt-bench] [--limit 16] [--max-tokens 128] [--concurrency 8]
-        [--threads 2] [--no-spec] [--unary] [--json]
+"""Serving measurements beside `trtspec bench`'s serving mode (`trtspec bench ENGINE --serve`, which `trtspec bench
+serving ENGINE` runs): trtspec's counters read from Triton's metrics endpoint (how many sequences the engine batched
+per step), and unary requests to a --no-decoupled deployment against as many streams (`bench serving --unary`).
 """
 
 from __future__ import annotations
@@ -17,77 +10,11 @@ import tempfile
 import time
 from pathlib import Path
 
-TARGET_OVERHEAD = 0.9
-
 
 def _texts(name: str, limit: int) -> list[str]:
     from trtspec.data.prompts import load_prompts
 
     return [p.text for p in load_prompts(name, limit=limit)]
-
-
-def run(engine: Path, *, prompt_set: str = "mt-bench", limit: int = 16, max_tokens: int = 128,
-        concurrency: int = 8, threads: int | None = 2, no_spec: bool = False, show=print) -> dict:
-    from trtspec.runtime.generator import LocalGenerator
-    from trtspec.runtime.loop import GenerationConfig
-    from trtspec.triton.client import TritonClient, generate_concurrently
-    from trtspec.triton.deploy import deploy
-    from trtspec.triton.deploy_options import DeployOptions
-    from trtspec.triton.server import ServerOptions, TritonServer, free_port
-
-    prompts = _texts(prompt_set, limit)
-    options = GenerationConfig(max_tokens=max_tokens, no_spec=no_spec)
-    local = LocalGenerator(engine, threads=threads)
-    with tempfile.TemporaryDirectory(prefix="trtspec-bench-serving-") as tmp:
-        repo = deploy(DeployOptions(engine_dir=engine, out=Path(tmp) / "repo", threads=threads))
-        server_options = ServerOptions(repository=repo, grpc_port=free_port(), http_port=free_port(),
-                                       metrics_port=free_port(), exit_timeout_s=5)
-        server = TritonServer(server_options, on_log=lambda line: None)
-        with server:
-            with TritonClient(server.grpc_url) as client:
-                client.generate(prompts[0], GenerationConfig(max_tokens=8))  # warm up both paths
-                local.generate(prompts[0], GenerationConfig(max_tokens=8))
-                times = {"local": 0.0, "grpc": 0.0}
-                tokens = {"local": 0, "grpc": 0}
-                mismatches = 0
-                for i, prompt in enumerate(prompts):
-                    start = time.perf_counter()
-                    mine = local.generate(prompt, options, index=i)
-                    times["local"] += time.perf_counter() - start
-                    start = time.perf_counter()
-                    remote = client.generate(prompt, options, index=i)
-                    times["grpc"] += time.perf_counter() - start
-                    tokens["local"] += len(mine.output_ids)
-                    tokens["grpc"] += len(remote.output_ids)
-                    mismatches += remote.output_ids != mine.output_ids
-                    show(f"  prompt {i + 1}/{len(prompts)}: {len(mine.output_ids)} tokens, local "
-                         f"{len(mine.output_ids) / mine.result.total_s:.1f} tok/s, gRPC {remote.to_dict()['stats']['tokens_per_second']:.1f} tok/s")
-            start = time.perf_counter()
-            batched = local.generate_many(prompts, options)
-            local_batch_s = time.perf_counter() - start
-            before = read_counters(server.metrics_url, publish_via=server.grpc_url)
-            start = time.perf_counter()
-            results = generate_concurrently(server.grpc_url, prompts, options, concurrency=concurrency)
-            grpc_batch_s = time.perf_counter() - start
-            after = read_counters(server.metrics_url, publish_via=server.grpc_url)
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-    local_tps = tokens["local"] / times["local"]
-    grpc_tps = tokens["grpc"] / times["grpc"]
-    report = {
-        "engine": str(engine), "prompts": f"{prompt_set}[:{len(prompts)}]", "max_tokens": max_tokens,
-        "speculation": not no_spec, "threads": threads,
-        "concurrency_1": {"in_process_tok_s": round(local_tps, 2), "grpc_streaming_tok_s": round(grpc_tps, 2),
-                          "ratio": round(grpc_tps / local_tps, 3), "target": TARGET_OVERHEAD,
-                          "outputs_identical": mismatches == 0},
-        f"concurrency_{concurrency}": {
-            "in_process_batched_tok_s": round(sum(len(g.output_ids) for g in batched) / local_batch_s, 2),
-            "grpc_tok_s": round(sum(len(r.output_ids) for r in results) / grpc_batch_s, 2),
-            "outputs_identical": [r.output_ids for r in results] == [g.output_ids for g in batched],
-            "engine_batching": _batching(before, after)},
-    }
-    return report
 
 
 def read_counters(metrics_url: str, *, publish_via: str | None = None) -> dict[str, float]:
@@ -115,7 +42,8 @@ def read_counters(metrics_url: str, *, publish_via: str | None = None) -> dict[s
     return counters
 
 
-def _batching(before: dict, after: dict) -> dict:
+def engine_batching(before: dict, after: dict) -> dict:
+    """Verify steps the engine ran between two `read_counters` and the sequences it batched per step."""
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     steps = delta.get("trtspec_engine_steps_total", 0.0)
     sequences = delta.get("trtspec_engine_step_sequences_total", 0.0)
@@ -189,15 +117,6 @@ def unary_vs_streaming(engine: Path, *, prompt_set: str = "mt-bench", limit: int
         report[name] = {"wall_s": round(wall, 2), "tok_s": round(tokens / wall, 1)}
     report["unary_over_streaming"] = round(report["unary"]["wall_s"] / report["streaming"]["wall_s"], 3)
     return report
-
-
-def format_report(report: dict, concurrency: int) -> list[str]:
-    c1, cn = report["concurrency_1"], report[f"concurrency_{concurrency}"]
-    return [f"concurrency 1: gRPC streaming {c1['grpc_streaming_tok_s']} tok/s ÷ in-process {c1['in_process_tok_s']} "
-            f"tok/s = {c1['ratio']}× (target ≥ {TARGET_OVERHEAD}); outputs identical: {c1['outputs_identical']}",
-            f"concurrency {concurrency}: gRPC {cn['grpc_tok_s']} tok/s, in-process batched "
-            f"{cn['in_process_batched_tok_s']} tok/s; outputs identical: {cn['outputs_identical']}; "
-            f"engine batching: {cn['engine_batching']}"]
 
 
 def format_unary(report: dict) -> str:

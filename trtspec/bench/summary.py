@@ -41,6 +41,7 @@ class RequestRecord:
     tau: float
     finish_reason: str
     identical: bool | None  # its output equals plain decoding's of the same prompt (T = 0 only)
+    target: str = ""  # serving mode: "in-process" or "served"
     itl_ms: tuple[float, ...] = ()
     stats: SpecStats | None = None
     output_ids: tuple[int, ...] = ()
@@ -55,15 +56,16 @@ class RequestRecord:
 CSV_FIELDS = [name for name in RequestRecord.__dataclass_fields__ if name not in ("itl_ms", "stats", "output_ids")]
 
 
-def record(concurrency: int, method: str, prompt, timed) -> RequestRecord:
+def record(concurrency: int, method: str, prompt, timed, target: str = "") -> RequestRecord:
     """A request's row from its prompt and what the target timed (`workload.Timed`)."""
     itl = [1000 * x for x in timed.itl_s]
     tpot = timed.tpot_s
-    return RequestRecord(concurrency, method, prompt.id, prompt.category, len(prompt.ids), len(timed.output_ids),
+    input_tokens = len(prompt.ids) if prompt.ids else (timed.input_tokens or 0)
+    return RequestRecord(concurrency, method, prompt.id, prompt.category, input_tokens, len(timed.output_ids),
                          round(1000 * timed.ttft_s, 3), None if tpot is None else round(1000 * tpot, 3),
                          round(float(np.mean(itl)), 3) if itl else None, round(1000 * timed.total_s, 3),
                          timed.stats.steps, timed.stats.draft_tokens, timed.stats.accepted_tokens,
-                         round(timed.stats.acceptance_length, 4), timed.finish_reason, None,
+                         round(timed.stats.acceptance_length, 4), timed.finish_reason, None, target,
                          tuple(round(x, 3) for x in itl), timed.stats, tuple(timed.output_ids))
 
 

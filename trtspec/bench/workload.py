@@ -4,7 +4,8 @@ them at a concurrency, in process (`LocalTarget`, over `LocalGenerator`) or thro
 
 Concurrency C is a closed loop of C users: a user sends its next prompt when its last reply has finished. In
 process that is the in-flight batch of up to C sequences (a sequence joins when another leaves); served, C client
-threads, each its own gRPC connection and stream.
+threads, each its own gRPC connection and stream. Either way TTFT and latency count from the request's arrival: in
+process a sequence joining with others also waits for their prefills, as a served request does.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from trtspec.speculative.stats import SpecStats
 @dataclass(frozen=True)
 class BenchPrompt:
     """One measured prompt: chat messages (served targets send the last one as text) and, in process, its ids (a
-    served run has none: its input token counts read 0)."""
+    served run has none: its input token counts are the server's, `Timed.input_tokens`)."""
 
     id: str
     category: str
@@ -43,6 +44,7 @@ class Timed:
     chunk_s: list[float] = field(default_factory=list)  # arrival of each streamed chunk, from the request's start
     stats: SpecStats = field(default_factory=SpecStats)
     finish_reason: str = ""
+    input_tokens: int | None = None  # the prompt's tokens as the server counted them (None: in process, or unknown)
 
     @property
     def itl_s(self) -> list[float]:
@@ -115,8 +117,21 @@ class LocalTarget:
         start = time.perf_counter()
         results = generate_batch(self.generator.engine, requests, max_batch_size=concurrency)
         wall = time.perf_counter() - start
-        return [Timed(r.output_ids, r.ttft_s, r.total_s, clock.since(r.ttft_s), r.stats, r.finish_reason)
-                for r, clock in zip(results, clocks)], wall
+        waits = _queue_waits(start, [(c.times[0] - r.ttft_s if c.times else start, r.total_s)
+                                     for r, c in zip(results, clocks)], concurrency)
+        return [Timed(r.output_ids, r.ttft_s + wait, r.total_s + wait, clock.since(r.ttft_s + wait), r.stats,
+                      r.finish_reason) for r, clock, wait in zip(results, clocks, waits)], wall
+
+
+def _queue_waits(start: float, runs: list[tuple[float, float]], concurrency: int) -> list[float]:
+    """How long each request waited, between arriving and its own prefill starting: what a served client counts in
+    its TTFT and latency and the loop's own clock leaves out. `runs` holds each request's (prefill start, seconds
+    from there to its end). The closed loop's first `concurrency` requests arrive at `start`; request C + k when the
+    k-th request to finish frees its row (the loop takes them in order). Sequences joining at once prefill one after
+    another: the later ones wait for the earlier ones' prefills."""
+    finishes = sorted(begin + total for begin, total in runs)
+    arrivals = [start if i < concurrency else finishes[i - concurrency] for i in range(len(runs))]
+    return [max(0.0, begin - arrival) for (begin, _), arrival in zip(runs, arrivals)]
 
 
 class _ChunkClock:
@@ -189,7 +204,9 @@ def _served_one(client, prompt: BenchPrompt, options: GenerationConfig) -> Timed
     start = time.perf_counter()
     remote = client.generate(prompt.text, options, on_text=lambda piece: chunks.append(time.perf_counter() - start))
     stats = SpecStats(steps=remote.steps, draft_tokens=remote.draft_tokens, accepted_tokens=remote.accepted_tokens,
-                      profile_steps={int(k): v for k, v in remote.steps_per_profile.items()})
+                      profile_steps={int(k): v for k, v in remote.steps_per_profile.items()},
+                      position_trials=list(remote.position_trials), position_hits=list(remote.position_hits))
     if chunks and remote.ttft_s:
         chunks[0] = remote.ttft_s  # the first token's arrival, as the client measured it (its text may come later)
-    return Timed(remote.output_ids, remote.ttft_s, remote.total_s, chunks, stats, remote.finish_reason)
+    return Timed(remote.output_ids, remote.ttft_s, remote.total_s, chunks, stats, remote.finish_reason,
+                 remote.input_tokens)

@@ -49,7 +49,12 @@ def _csv(kind):
 
 @bench.command("run")
 @click.argument("engine", type=EXISTING_DIR, required=False)
-@click.option("--url", help="HOST:PORT of a served ensemble's gRPC endpoint (`trtspec serve`) instead of ENGINE.")
+@click.option("--url", help="HOST:PORT of a served ensemble's gRPC endpoint (`trtspec serve`) instead of ENGINE; with "
+                           "ENGINE too (the engine that server runs): both, side by side (serving mode).")
+@click.option("--serve", is_flag=True,
+              help="Serving mode: deploy ENGINE, serve it on loopback for this run and measure every request in "
+                   "process and through Triton (gRPC streaming), back to back: the served ÷ in-process ratio "
+                   "(target ≥ 0.9 at concurrency 1), identical outputs, the engine's batching per step.")
 @click.option("--prompt-set", default="mt-bench", show_default=True,
               help="mt-bench, mt-bench-2turn (in process), humaneval, sharegpt, champ, sharegpt-grounded, code-edit "
                    "(their measure split) or a .jsonl file.")
@@ -75,6 +80,7 @@ def _csv(kind):
               help="--peers: prompts the peers decode.")
 @click.option("--out", type=DIR, help="Write summary.json, requests.csv and PNG plots here.")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json instead of the table.")
+@click.option("--no-spec", is_flag=True, help="Plain decoding alone (e.g. the serving overhead without drafting).")
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
 @user_errors
 def bench_run(engine: Path | None, url: str | None, methods, concurrency, peers, out: Path | None, as_json: bool,
@@ -132,8 +138,8 @@ def bench_perf_input(prompt_set: str, limit: int, max_tokens: int, method: str |
 @click.option("--past", type=int, default=256, show_default=True, help="Prefilled length of the verify curve.")
 @click.option("--repeats", type=int, default=20, show_default=True, help="Timed steps per point of the verify curve.")
 @click.option("--spin", type=click.Choice(["both", "on", "off"]), default="both", show_default=True,
-              help="trtspec's intra-op workers: off = as shipped (sleep between ops), on = spinning "
-                   "(TRTSPEC_ORT_SPIN=1, as onnxruntime-genai), both = one row each.")
+              help="trtspec's intra-op workers: on = as shipped (spinning, as onnxruntime-genai), off = "
+                   "--no-spin (sleeping between ops, for shared machines), both = one row each.")
 @click.option("--skip-peers", is_flag=True, help="Decode with trtspec only.")
 @click.option("--rebuild", is_flag=True, help="Rebuild checkpoints and engines.")
 @click.option("--png", type=click.Path(dir_okay=False, path_type=Path), help="Write the verify cost curve plot here.")
@@ -215,28 +221,42 @@ def bench_drafting(engines: tuple[Path, ...], peers, hf: Path | None, json_file:
 @click.option("--limit", type=click.IntRange(min=1), default=16, show_default=True, help="Prompts.")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens per prompt.")
 @click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Concurrent gRPC streams beside in-process in-flight batching of the same prompts.")
+              help="Concurrent gRPC streams beside in-process in-flight batching of the same prompts (and 1).")
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
               help="ONNX Runtime intra-op threads (in process and in the server).")
-@click.option("--no-spec", is_flag=True, help="Speculation off on both sides.")
+@click.option("--method", "methods", callback=_csv(str), metavar="A,B",
+              help="Drafters beside plain decoding (default: the engine's own, if it has one).")
+@click.option("--no-spec", is_flag=True, help="Plain decoding alone.")
 @click.option("--unary", is_flag=True,
               help="Instead: --limit concurrent unary requests (a --no-decoupled deployment) against as many streams.")
+@click.option("--out", type=DIR, help="Write summary.json, requests.csv and PNG plots here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
 @user_errors
 def bench_serving(engine: Path, prompt_set: str, limit: int, max_tokens: int, concurrency: int, threads: int,
-                  no_spec: bool, unary: bool, as_json: bool) -> None:
-    """Serving overhead on one engine: Triton gRPC streaming against in-process generate, requests alternating,
-    at concurrency 1 (target ratio >= 0.9) and N (and how many sequences the engine batched per step)."""
+                  methods, no_spec: bool, unary: bool, out: Path | None, as_json: bool, no_progress: bool) -> None:
+    """Serving overhead on one engine: `trtspec bench ENGINE --serve --concurrency 1,N` (Triton gRPC streaming
+    against in-process generate, back to back, at concurrency 1 — target ratio >= 0.9 — and N, with how many
+    sequences the engine batched per step). --unary compares unary requests with streams instead."""
     from trtspec.bench import serving
 
     show = lambda line: click.echo(line, err=True)  # noqa: E731
-    common = {"prompt_set": prompt_set, "limit": limit, "max_tokens": max_tokens, "threads": threads, "show": show}
     if unary:
-        report = serving.unary_vs_streaming(engine, **common)
+        report = serving.unary_vs_streaming(engine, prompt_set=prompt_set, limit=limit, max_tokens=max_tokens,
+                                            threads=threads, show=show)
         click.echo(json.dumps(report, indent=2) if as_json else serving.format_unary(report))
         return
-    report = serving.run(engine, concurrency=concurrency, no_spec=no_spec, **common)
-    click.echo(json.dumps(report, indent=2) if as_json else "\n".join(serving.format_report(report, concurrency)))
+    from trtspec.bench.bench_outputs import format_table, write_outputs
+    from trtspec.bench.runner import BenchOptions, run_bench
+
+    options = BenchOptions(engine=engine, serve=True, prompt_set=prompt_set, limit=limit, max_tokens=max_tokens,
+                           concurrency=tuple(dict.fromkeys((1, concurrency))), threads=threads,
+                           methods=methods or (), no_spec=no_spec, show_progress=not no_progress)
+    run = run_bench(options, show=show)
+    click.echo(json.dumps(run.report, indent=1) if as_json else "\n".join(format_table(run.report)))
+    if out is not None:
+        written = write_outputs(run, out)
+        click.echo(f"wrote {', '.join(str(p) for p in written.values())}", err=True)
 
 
 @bench.command("trees")

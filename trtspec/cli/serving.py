@@ -27,7 +27,8 @@ from trtspec.cli.app import DIR, EXISTING_DIR, SPIN_HELP, cli, user_errors
                    "trtspec's own client asks for the template per request.")
 @click.option("--copy-engine", is_flag=True, help="Copy the engine into the repository (self-contained).")
 @click.option("--threads", type=int, help="ONNX Runtime intra-op threads per engine instance (default: all cores).")
-@click.option("--spin/--no-spin", default=None, help="CPU flavour: " + SPIN_HELP)
+@click.option("--spin/--no-spin", default=None, help="CPU flavour: " + SPIN_HELP + " Served: the server's "
+              "TRTSPEC_ORT_SPIN decides when neither is given.")
 @click.option("--method", help="CPU flavour: the drafter every request gets: none, ngram (any engine with K >= 1), "
                                "suffix (ngram plus the server's recent outputs and --datastore), the engine's own "
                                "(default) or hybrid (its Medusa / EAGLE tree merged with suffix's candidates).")

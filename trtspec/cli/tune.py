@@ -18,7 +18,7 @@ from trtspec.cli.bench import _csv
                    "--evaluation prompts are measured, the next --calibration calibrate).")
 @click.option("--budget", "budgets", callback=_csv(int), default="4,8,16,32", show_default=True, metavar="4,8,16,32",
               help="Draft nodes per step to try (those over the engine's K are left out).")
-@click.option("--calibration", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--calibration", type=click.IntRange(min=1), default=12, show_default=True,
               help="Calibration prompts, decoded once and replayed.")
 @click.option("--evaluation", type=click.IntRange(min=1), default=4, show_default=True,
               help="Held-out prompts the best candidates are measured on.")
@@ -28,22 +28,34 @@ from trtspec.cli.bench import _csv
 @click.option("--threads", type=int, default=2, show_default=True, help="ONNX Runtime intra-op threads.")
 @click.option("--spin/--no-spin", default=None, help=SPIN_HELP)
 @click.option("--write-recipe", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the winner: into an existing recipe's build.choices (a Medusa tree), else as a YAML file.")
+              help="Write the winner as a complete recipe (`trtspec recipe run FILE`): its drafter, K / node budget, "
+                   "tree, deploy.method and bench.methods set into FILE when it is a recipe already, else into "
+                   "--recipe's copy, else into one made from the engine's manifest and checkpoint record.")
+@click.option("--recipe", "template", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="--write-recipe: the recipe to start from (e.g. the one that built ENGINE).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bars on stderr.")
 @user_errors
-def tune(engine: Path, write_recipe: Path | None, as_json: bool, no_progress: bool, **flags) -> None:
+def tune(engine: Path, write_recipe: Path | None, template: Path | None, as_json: bool, no_progress: bool,
+         **flags) -> None:
     """Predict each drafting setting's tokens/s from the verify curve and τ replayed over calibration prompts
     (ngram / suffix per node budget; Medusa engines: the paper's greedy tree per budget), measure the best on
     held-out prompts, print predicted beside measured and the winner."""
-    from trtspec.bench.tune import TuneOptions, format_tune, run_tune, write_winner
+    from trtspec.bench.tune import TuneOptions, format_tune, run_tune
+    from trtspec.recipe.tuned import check_target, write_winner_recipe
+
+    if template is not None and write_recipe is None:
+        raise click.UsageError("--recipe is the template of --write-recipe FILE: pass --write-recipe too")
+    if write_recipe is not None:
+        check_target(engine, write_recipe, template)  # before the run, not after it
 
     report = run_tune(TuneOptions(engine=engine, show_progress=not no_progress, **flags),
                       show=lambda line: click.echo(line, err=True))
     click.echo(json.dumps(report, indent=1) if as_json else "\n".join(format_tune(report)))
     if write_recipe is not None:
-        write_winner(report, write_recipe)
-        click.echo(f"wrote {write_recipe}", err=True)
+        write_winner_recipe(report, write_recipe, template)
+        click.echo(f"wrote {write_recipe} (winner {report['winner']['name']}): `trtspec recipe run {write_recipe}`",
+                   err=True)
 
 
 @cli.command()

@@ -39,6 +39,9 @@ class RemoteGeneration:
     total_s: float = 0.0
     responses: int = 0
     steps_per_profile: dict[str, int] = field(default_factory=dict)  # trtspec's CPU flavour reports it
+    input_tokens: int | None = None  # the prompt's tokens as the server counted them (trtspec's CPU flavour)
+    position_trials: list[int] = field(default_factory=list)  # per draft depth (trtspec's CPU flavour)
+    position_hits: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
@@ -237,10 +240,14 @@ class TritonClient:
             on_text(piece)
         for name, attr in (("num_verify_steps", "steps"), ("num_draft_tokens", "draft_tokens"),
                            ("num_accepted_tokens", "accepted_tokens"), ("total_draft_tokens", "draft_tokens"),
-                           ("total_accepted_draft_tokens", "accepted_tokens")):
+                           ("total_accepted_draft_tokens", "accepted_tokens"), ("num_input_tokens", "input_tokens")):
             value = result.as_numpy(name)
             if value is not None and value.size:
                 setattr(out, attr, int(value.reshape(-1)[0]))
+        positions = result.as_numpy("position_acceptance")
+        if positions is not None and positions.size and positions.reshape(-1)[0]:
+            counts = json.loads(positions.reshape(-1)[0])
+            out.position_trials, out.position_hits = counts["trials"], counts["hits"]
         profiles = result.as_numpy("steps_per_profile")
         if profiles is not None and profiles.size and profiles.reshape(-1)[0]:
             out.steps_per_profile = json.loads(profiles.reshape(-1)[0])

@@ -104,7 +104,7 @@ NEVER_FILLED_OUTPUTS: tuple[Tensor, ...] = (
 # trtspec's additions: a per-request switch and drafter (none, ngram, suffix, lookahead, hybrid, the engine's own),
 # lookahead's per-request (W, N, G) under tensorrtllm_backend's own tensorrt_llm input names (upstream's ensemble
 # does not pass them on), the chat template per request (trtspec's own client asks for it, so its replies match
-# in-process `generate`), the acceptance counters upstream lacks, and the token ids (what tests and benchmarks
+# in-process `generate`), the acceptance counters upstream lacks, the prompt's token count (a benchmark's input tokens), and the token ids (what tests and benchmarks
 # compare exactly).
 LOOKAHEAD_INPUTS = ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size")
 TRTSPEC_INPUTS: tuple[Tensor, ...] = (
@@ -120,6 +120,8 @@ TRTSPEC_OUTPUTS: tuple[Tensor, ...] = (
     _t("num_verify_steps", "TYPE_INT32"),
     _t("steps_per_profile", "TYPE_STRING"),  # JSON: slot profile → verify steps run over it, so far
     _t("finish_reason", "TYPE_STRING"),
+    _t("num_input_tokens", "TYPE_INT32"),  # the prompt's tokens as the engine received them (template applied)
+    _t("position_acceptance", "TYPE_STRING"),  # JSON: {"trials": [...], "hits": [...]} per draft depth, so far
 )
 
 

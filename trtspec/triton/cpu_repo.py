@@ -110,6 +110,8 @@ ENGINE_OUTPUTS = (
     _t("num_draft_tokens", "TYPE_INT32"), _t("num_accepted_tokens", "TYPE_INT32"),
     _t("num_verify_steps", "TYPE_INT32"), _t("steps_per_profile", "TYPE_STRING"), _t("finish_reason", "TYPE_STRING"),
     _t("stop_request_id", "TYPE_STRING"),  # the id a stop request names to end this request
+    _t("num_input_tokens", "TYPE_INT32"),  # the prompt's tokens (trtspec's)
+    _t("position_acceptance", "TYPE_STRING"),  # per draft depth: steps that drafted it, steps that accepted it
 )
 POST_INPUTS = (_t("TOKENS_BATCH", "TYPE_INT32", (-1, -1), optional=False),
                _t("SEQUENCE_LENGTH", "TYPE_INT32", (-1,), optional=False),

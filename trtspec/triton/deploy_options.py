@@ -29,7 +29,8 @@ class DeployOptions:
     chat_template: bool = False
     copy_engine: bool = False  # CPU flavour: copy the engine into the repository (fully self-contained)
     threads: int | None = None  # CPU flavour: ONNX Runtime intra-op threads per engine instance
-    spin: bool | None = None  # CPU flavour: intra-op workers spin between ops (None: TRTSPEC_ORT_SPIN on the server)
+    spin: bool | None = None  # CPU flavour: intra-op workers spin between ops (None: the engine's rule on the
+    # server, model_args.served_spin: spin unless TRTSPEC_ORT_SPIN=0)
     method: str | None = None  # CPU flavour: the drafter requests get (none / ngram / suffix / the engine's own)
     datastore: Path | None = None  # CPU flavour: the corpus of method suffix (`trtspec datastore build`)
     force: bool = False

@@ -54,7 +54,12 @@ def _bundled() -> Path | None:
 
 
 def _site_packages() -> list[str]:
-    paths = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    """Where the Python models import from: the folder of the trtspec this process runs first (a source tree on
+    PYTHONPATH beats the venv's editable install, whose finder comes after sys.path), then the venv's packages."""
+    import trtspec
+
+    paths = [str(Path(trtspec.__file__).resolve().parent.parent), sysconfig.get_paths()["purelib"],
+             sysconfig.get_paths()["platlib"]]
     return list(dict.fromkeys(p for p in paths if p))
 
 

@@ -22,7 +22,7 @@ from trtspec.runtime.generator import LocalGenerator  # noqa: E402
 from trtspec.triton.contract import PERF_METRIC_OUTPUTS  # noqa: E402
 from trtspec.triton.serving import (REFUSED_MESSAGE, DrainSignal, EngineService, Job,  # noqa: E402
                                     bool_input, is_stop_request, parse_request, perf_metric_values)
-from trtspec.triton.model_args import flag, parameter, repository_path  # noqa: E402
+from trtspec.triton.model_args import flag, parameter, repository_path, served_spin  # noqa: E402
 from trtspec.triton.text import CONTEXT_TOKENS  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -55,6 +55,8 @@ def _outputs(b: int, ids: list[int], result, finish: str | None, context: list[i
         pb_utils.Tensor("steps_per_profile", np.array([[profile_steps(stats)]], np.object_)),
         pb_utils.Tensor("finish_reason", np.array([[(finish or "").encode()]], np.object_)),
         pb_utils.Tensor("stop_request_id", np.array([[key.encode()]], np.object_)),
+        pb_utils.Tensor("num_input_tokens", scalar(len(item.prompt_ids), np.int32)),
+        pb_utils.Tensor("position_acceptance", np.array([[position_acceptance(stats)]], np.object_)),
     ]
     if item.config.return_log_probs:
         log_probs = result.log_probs[len(result.log_probs) - generated:]
@@ -71,6 +73,12 @@ def profile_steps(stats) -> bytes:
     return json.dumps({str(k): v for k, v in sorted(stats.profile_steps.items())}).encode()
 
 
+def position_acceptance(stats) -> bytes:
+    """The `position_acceptance` output: per draft depth, the steps that drafted it (its parent accepted) and the
+    steps that accepted it, as JSON (SpecStats.position_trials / position_hits)."""
+    return json.dumps({"trials": list(stats.position_trials), "hits": list(stats.position_hits)}).encode()
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -78,7 +86,7 @@ class TritonPythonModel:
         repo = Path(args["model_repository"]).parent
         engine_dir = repository_path(repo, parameter(config, "engine_dir"))
         threads = int(parameter(config, "threads", "0")) or None
-        spin = {"true": True, "false": False}.get(parameter(config, "spin", "auto"))  # auto: TRTSPEC_ORT_SPIN
+        spin = served_spin(parameter(config, "spin", "auto"))  # auto: the engine's rule (TRTSPEC_ORT_SPIN)
         self.exclude_input = flag(config, "exclude_input_in_output", False)
         datastore = parameter(config, "datastore", "")  # method suffix's corpus (`deploy --datastore`)
         if datastore and not Path(datastore).is_absolute():
@@ -104,7 +112,8 @@ class TritonPythonModel:
         if self._metrics:
             threading.Thread(target=self._publish_periodically, name="trtspec-metrics", daemon=True).start()
         pb_utils.Logger.log_info(f"trtspec engine {engine_dir} ({self.method or self.manifest.method.value}, K="
-                                 f"{self.manifest.profile.max_draft_len}), decoupled={self.decoupled}")
+                                 f"{self.manifest.profile.max_draft_len}), decoupled={self.decoupled}, "
+                                 f"spin={self.generator.engine.spin}")
 
     def _make_metrics(self, model: str) -> dict:
         """Prometheus counters on Triton's metrics endpoint: how much the engine batches, how much it accepts."""
@@ -312,6 +321,8 @@ class TritonPythonModel:
             pb_utils.Tensor("finish_reason", column([results[b].finish_reason.encode() for b in range(n)],
                                                     np.object_)),
             pb_utils.Tensor("stop_request_id", column([key.encode()] * n, np.object_)),
+            pb_utils.Tensor("num_input_tokens", column([len(item.prompt_ids) for item in items], np.int32)),
+            pb_utils.Tensor("position_acceptance", column([position_acceptance(s) for s in stats], np.object_)),
         ]
         if any(item.config.return_log_probs for item in items):
             generated = max(len(results[b].output_ids) for b in range(n))
