@@ -306,7 +306,7 @@ def bandwidth_floor(weight_bytes: int, gbps: float, decode_tps: float) -> dict:
     """Time per token at `decode_tps` ÷ the time to read `weight_bytes` once at `gbps`."""
     floor_ms = 1000 * weight_bytes / (gbps * 1e9)
     decode_ms = 1000 / decode_tps
-    return {"weight_bytes": weight_bytes, "floor_ms": round(floor_ms, 3), "decode_ms": round(decode_ms, 3),
+    return {"weight_bytes": weight_bytes, "floor_ms": round(floor_ms, 6), "decode_ms": round(decode_ms, 6),
             "ratio": round(decode_ms / floor_ms, 3)}
 
 
