@@ -169,8 +169,8 @@ def test_genai_int4_peer_is_built_by_its_builder_and_compared(report, tiny):
     assert genai["weights"]["read"] < report["systems"]["fp32"]["weights"]["read"]
     plain = [t for t in report["targets"] if t["name"] == "int4 plain ÷ onnxruntime-genai int4 plain"]
     assert len(plain) == 1 and plain[0]["ok"] is not None
-    assert plain[0]["value"] == pytest.approx(report["systems"]["int4"]["plain"]["all"]["tokens_per_s"]
-                                              / genai["plain"]["all"]["tokens_per_s"], rel=1e-2)
+    assert plain[0]["value"] == pytest.approx(report["systems"]["int4"]["plain"]["all"]["decode_tokens_per_s"]
+                                              / genai["plain"]["all"]["decode_tokens_per_s"], rel=1e-2)
     grounded = [t for t in report["targets"] if "code-edit" in t["name"] and "onnxruntime-genai" in t["name"]]
     assert len(grounded) == 1 and grounded[0]["ok"] is not None
 
@@ -210,9 +210,9 @@ def _report(tps: dict[str, dict[str, float]], spec: dict[str, float], kinds: dic
     for label, per_set in tps.items():
         kind = kinds.get(label, "engine")
         systems[label] = {"kind": kind, "format": "int4 b32" if label == "int4" else "fp32",
-                          "plain": {s: {"tokens_per_s": v} for s, v in per_set.items()}}
+                          "plain": {s: {"decode_tokens_per_s": v} for s, v in per_set.items()}}
         if kind == "engine":
-            systems[label]["methods"] = {"ngram": {s: {"tokens_per_s": v} for s, v in spec.items()}}
+            systems[label]["methods"] = {"ngram": {s: {"decode_tokens_per_s": v} for s, v in spec.items()}}
     return {"systems": systems, "sets": ["code-edit"]}
 
 
