@@ -52,6 +52,7 @@ GENAI = "onnxruntime-genai"
 LLAMA_CPP = "llama.cpp"
 PEERS = (GENAI, LLAMA_CPP)
 PEER_LABELS = {GENAI: "onnxruntime-genai int4", LLAMA_CPP: "llama.cpp Q4"}
+GENAI_FORMAT = "int4 b32 (builder default)"
 PLAIN = "none"
 WARMUP_TOKENS = 8
 # the issue's targets: (name, numerator, denominator, at least)
@@ -363,7 +364,7 @@ def peer_systems(options: FormatsOptions, work: Path, show: Callable[[str], None
             model = build_genai_model(options.hf, work / "genai-int4", log=work / "genai-int4-build.log",
                                       precision="int4")
             systems.append(System(PEER_LABELS[peer], peer, "trtspec.bench.peers:run_genai", {"model": str(model)},
-                                  "int4 b32 (its builder's default)", onnx_weight_bytes(model / "model.onnx")))
+                                  GENAI_FORMAT, onnx_weight_bytes(model / "model.onnx")))
         else:
             gguf = options.gguf or llama_cpp_gguf(options.hf)
             systems.append(System(PEER_LABELS[peer], peer, "trtspec.bench.peers:run_llama_cpp", {"model": str(gguf)},
@@ -529,37 +530,38 @@ def render_table(report: dict) -> list[str]:
     """The table the command prints."""
     s = report["settings"]
     load = s["load_average"]
+    w = max(24, *(len(label) + 2 for label in report["systems"]))  # the label column
     lines = [f"weight formats side by side: {s['prompts']} prompts ({', '.join(report['sets'])}, first {s['limit']} "
              f"each), greedy, max {s['max_tokens']} new tokens, {s['threads']} threads, {s['rounds']} rounds",
              f"load average (1, 5, 15 min) before {load['before']}, after {load['after']} on {s['cpus']} CPUs",
              "",
-             f"{'system':<24}{'format':<18}{'tok/s':>8}{'decode':>8}{'MB/token':>10}{'floor ms':>9}{'÷ floor':>8}"]
+             f"{'system':<{w}}{'format':<30}{'tok/s':>8}{'decode':>8}{'MB/token':>10}{'floor ms':>9}{'÷ floor':>8}"]
     for label, entry in report["systems"].items():
         plain, floor = entry["plain"]["all"], entry.get("floor")
-        lines.append(f"{label:<24}{entry['format'][:17]:<18}{_num(plain['tokens_per_s']):>8}"
+        lines.append(f"{label:<{w}}{entry['format'][:29]:<30}{_num(plain['tokens_per_s']):>8}"
                      f"{_num(plain['decode_tokens_per_s']):>8}{entry['weights']['read'] / 1e6:>10.1f}"
                      f"{_num(floor and floor['floor_ms'], 2):>9}{_num(floor and floor['ratio'], 2):>7}×")
     for peer, reason in report["skipped"].items():
-        lines.append(f"{PEER_LABELS[peer]:<24}skipped: {reason}")
+        lines.append(f"{PEER_LABELS[peer]:<{w}}skipped: {reason}")
     bw = report["bandwidth"]
     lines.append(f"floor = weight bytes a plain step reads ÷ {bw['gbps']:.1f} GB/s read bandwidth ({bw['method']}, "
                  f"measured in this run)")
     lines += ["", "speculation on each engine against its own plain decoding (tok/s end to end; decode: after the "
                   "first token)",
-              f"{'engine':<24}{'set':<19}{'method':<9}{'tok/s':>7}{'plain':>7}{'speedup':>8}{'decode':>8}"
+              f"{'engine':<{w}}{'set':<19}{'method':<9}{'tok/s':>7}{'plain':>7}{'speedup':>8}{'decode':>8}"
               f"{'plain':>7}{'speedup':>8}{'τ':>6}{'same':>7}"]
     for label, entry in report["systems"].items():
         for method, cells in entry.get("methods", {}).items():
             for name in [*report["sets"], "all"]:
                 c, p = cells[name], entry["plain"][name]
-                lines.append(f"{label[:23]:<24}{name:<19}{method:<9}{_num(c['tokens_per_s']):>7}"
+                lines.append(f"{label:<{w}}{name:<19}{method:<9}{_num(c['tokens_per_s']):>7}"
                              f"{_num(p['tokens_per_s']):>7}{c['speedup']:>7.2f}×{_num(c['decode_tokens_per_s']):>8}"
                              f"{_num(p['decode_tokens_per_s']):>7}{_num(c['decode_speedup'], 2):>7}×"
                              f"{_num(c['tau'], 2):>6}{c['identical']:>4}/{c['compared']:<2}")
     lines += ["", "verify cost curve: step ms ÷ plain step, slots 1 .. K + 1"]
     for label, entry in report["systems"].items():
         if curve := entry.get("curve"):
-            lines.append(f"  {label:<22}" + " ".join(f"{p['ratio']:.2f}" for p in curve["points"])
+            lines.append(f"  {label:<{w - 2}}" + " ".join(f"{p['ratio']:.2f}" for p in curve["points"])
                          + f"  (plain step {curve['points'][0]['ms']:.1f} ms)")
     lines += ["", "targets (decode tok/s: after the first token)"]
     for t in report["targets"]:
