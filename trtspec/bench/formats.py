@@ -22,7 +22,7 @@ measures, all on the same prompt token ids:
   the decode graph a step reads whole, counted once; tables only gathered from, such as an untied embedding,
   left out; llama.cpp: the GGUF's tensors less an untied `token_embd`) ÷ the read bandwidth measured in this run
   (`cpu_engine.read_bandwidth`); decoding time per token ÷ that floor.
-- **the targets** of quantized engines (issue: int4 plain ≥ 1.0× onnxruntime-genai int4 plain; int4 + speculation
+- **the targets** set for quantized engines (int4 plain ≥ 1.0× onnxruntime-genai int4 plain; int4 + speculation
   ≥ 1.5× onnxruntime-genai int4 plain and ≥ 2× llama.cpp Q4 plain on the grounded prompt sets), on decoding rates
   (tokens after the first ÷ the time after the first token; the best drafter per set), each a pass / fail line, or
   "not measured" with the reason.
@@ -55,7 +55,7 @@ PEER_LABELS = {GENAI: "onnxruntime-genai int4", LLAMA_CPP: "llama.cpp Q4"}
 GENAI_FORMAT = "int4 b32 (builder default)"
 PLAIN = "none"
 WARMUP_TOKENS = 8
-# the issue's targets: (name, numerator, denominator, at least)
+# the targets set for quantized engines: a ratio each must reach
 TARGET_PLAIN = 1.0  # int4 plain ÷ onnxruntime-genai int4 plain
 TARGET_SPEC_GENAI = 1.5  # int4 + speculation ÷ onnxruntime-genai int4 plain, grounded sets
 TARGET_SPEC_LLAMA = 2.0  # int4 + speculation ÷ llama.cpp Q4 plain, grounded sets
@@ -482,7 +482,7 @@ def summarize(systems: list[System], samples: dict[str, list[dict]], prompts: li
 
 
 def targets(report: dict, skipped: dict) -> list[dict]:
-    """The issue's targets for every int4 engine: pass / fail, or not measured with the reason."""
+    """The quantized engines' targets for every int4 engine: pass / fail, or not measured with the reason."""
     systems = report["systems"]
     peers = {entry["kind"]: label for label, entry in systems.items() if entry["kind"] != "engine"}
     int4 = [label for label, entry in systems.items()
