@@ -1,4 +1,4 @@
-"""The package import graph (docs/design.md): no two packages of trtspec import each other."""
+"""The package import graph (docs/design.md): the packages of trtspec import one another without a loop."""
 
 from __future__ import annotations
 
@@ -16,6 +16,18 @@ def _package_of(module: str) -> str | None:
     return parts[1] if parts[0] == "trtspec" and len(parts) > 1 else None
 
 
+def _targets(node: ast.AST) -> list[str]:
+    """The trtspec modules an import statement reaches; `from trtspec import X` is the module X is loaded from
+    (a lazy export of trtspec/__init__.py, or a subpackage)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        if node.module != "trtspec":
+            return [node.module]
+        return [trtspec._LAZY.get(a.name, f"trtspec.{a.name}") for a in node.names]
+    return []
+
+
 def package_graph() -> dict[str, set[str]]:
     """package → the trtspec packages its modules import (any import, lazy ones included)."""
     graph: dict[str, set[str]] = {}
@@ -25,25 +37,49 @@ def package_graph() -> dict[str, set[str]]:
             continue
         source = rel[0]
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                modules = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                modules = [node.module] if node.module != "trtspec" else [f"trtspec.{a.name}" for a in node.names]
-            else:
-                continue
-            for target in filter(None, map(_package_of, modules)):
+            for target in filter(None, map(_package_of, _targets(node))):
                 if target != source and target not in SHARED:
                     graph.setdefault(source, set()).add(target)
     return graph
 
 
-def test_no_two_packages_import_each_other():
-    graph = package_graph()
-    both = sorted({tuple(sorted((a, b))) for a, targets in graph.items() for b in targets if a in graph.get(b, ())})
-    assert not both, f"packages that import each other: {both}"
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import loop (a → b → … → a) as the list of its packages, or None when the graph has none."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return path[path.index(node):] + [node]
+        if node in done:
+            return None
+        for target in sorted(graph.get(node, ())):
+            if (cycle := visit(target, path + [node])) is not None:
+                return cycle
+        done.add(node)
+        return None
+
+    for start in sorted(graph):
+        if (cycle := visit(start, [])) is not None:
+            return cycle
+    return None
+
+
+def test_no_package_reaches_itself_through_the_others():
+    cycle = find_cycle(package_graph())
+    assert cycle is None, f"import loop between packages: {' → '.join(cycle)}"
+
+
+def test_the_cycle_finder_finds_a_long_loop_and_passes_a_layered_graph():
+    assert find_cycle({"engine": {"model"}, "model": {"runtime"}, "runtime": {"engine"}}) == [
+        "engine", "model", "runtime", "engine"]
+    assert find_cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
+    assert find_cycle({"runtime": {"engine", "model"}, "engine": {"model"}, "model": {"checkpoint"}}) is None
 
 
 def test_the_graph_sees_the_packages_it_checks():
     graph = package_graph()
     assert {"engine", "speculative"} <= graph["runtime"] and "runtime" in graph["triton"]
+    assert "model" in graph["engine"] and "checkpoint" in graph["model"]
     assert "speculative" not in graph  # the core imports no other package
+    assert set(graph) <= {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}  # packages only
+    assert set().union(*graph.values()) <= {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}

@@ -162,6 +162,25 @@ def test_drafting_command_and_measure_keep_their_shape(engine, prompt_file, tmp_
     assert len(prompts[str(prompt_file)]) == 2
 
 
+def test_drafting_compares_each_engine_with_its_own_plain_decoding(engine, prompt_file, tmp_path):
+    """With several engines every run is timed against the first engine's plain decoding, but outputs are compared
+    with plain decoding of their own engine (another model's differ anyway), and not at all when that was not run."""
+    from dataclasses import replace
+
+    from trtspec.bench.drafting import measure
+    from trtspec.testing import TinyModel
+
+    other = tiny_engine(tmp_path, replace(TinyModel(), num_layers=3), drafter="none", max_draft_len=8,
+                        max_input_len=128, max_seq_len=192).rename(tmp_path / "deeper")
+    args = dict(sets=(str(prompt_file),), limit=2, max_tokens=8, threads=1, spin=False, show=lambda line: None)
+    cells = measure([engine, other], methods=("none", "ngram"), **args)[0]["sets"][str(prompt_file)]
+    assert cells["ngram@engine"]["identical"] == cells["ngram@deeper"]["identical"] == "2/2"
+    cells = measure([engine, other], methods=("ngram",), **args)[0]["sets"][str(prompt_file)]
+    assert (cells["ngram@engine"]["identical"], cells["ngram@deeper"]["identical"]) == ("2/2", "n/a")
+    with pytest.raises(ConfigError, match="same folder name"):
+        measure([engine, engine], methods=("ngram",), **args)
+
+
 def test_two_turn_set_needs_an_engine():
     with pytest.raises(ConfigError, match="two-turn"):
         from trtspec.bench.workload import load_bench_prompts

@@ -149,7 +149,7 @@ def test_spin_chooses_the_trtspec_rows_and_their_thread_policy(tiny, tmp_path, s
 
 
 def test_run_trtspec_sets_the_spin_switch_for_its_process(tiny, monkeypatch):
-    from trtspec.runtime.ort_session import SPIN_ENV
+    from trtspec.model.ort_session import SPIN_ENV
 
     monkeypatch.setenv(SPIN_ENV, "0")
     spinning = [r["output_ids"] for r in run_trtspec(str(tiny[1][0]), PROMPTS, max_tokens=4, threads=1, spin=True)]

@@ -183,3 +183,23 @@ def test_tune_runs_an_eagle_engines_own_drafter_on_the_calibration_prompts(promp
     eagle = next(s for s in report["settings"] if s["name"] == "eagle (shipped)")
     assert eagle["predicted"]["calibration"] == "run, not replayed" and eagle["predicted"]["per_position_acceptance"]
     assert eagle["measured"]["identical"] == "1/1" and eagle["measured"]["replayed_tau"] is None
+
+
+def test_a_quantized_medusa_engine_is_tuned_over_chains(generator, recordings):
+    """A quantized engine drafts chains only, so tune predicts chains for it: each budget's top-1 chain and the
+    shipped tree's chain, never a tree it would not draft."""
+    from dataclasses import replace
+
+    from trtspec.bench.tune import _medusa_trees
+    from trtspec.engine.manifest import EngineWeights, WeightFormat
+    from trtspec.model.quantize import WeightDtype
+
+    manifest = generator.manifest
+    _, trees = _medusa_trees(recordings[1], [2, 3, 8], manifest)
+    assert any(c[-1] != 0 for _, choices in trees for c in choices)  # fp32: real trees, with second choices
+    int8 = WeightFormat(dtype=WeightDtype.INT8, block_size=32, accuracy_level=4)
+    quantized = replace(manifest, weights=EngineWeights(linear=int8, lm_head=int8, embedding=int8))
+    _, trees = _medusa_trees(recordings[1], [2, 3, 8], quantized)
+    chains = dict(trees)
+    assert all(c == [[0] * d for d in range(1, len(c) + 1)] for c in chains.values())
+    assert chains["medusa-tree/2"] == [[0], [0, 0]] and chains["medusa (shipped)"] == [[0], [0, 0], [0, 0, 0]]

@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from trtspec import BuildError, ConvertOptions, convert, read_trtllm_checkpoint
+from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.model.eagle_draft import EagleDraftModel
-from trtspec.model.config import ModelConfig
 from trtspec.model.onnx_check import (check_graph, compare_with_reference, last_rows_like, max_diffs, new_rows,
                                       reference_outputs)
 from trtspec.model.onnx_graph import check_supported, export_graphs
-from trtspec.runtime.ort_session import session_options
+from trtspec.model.ort_session import session_options
 from trtspec.model.reference import ReferenceModel
 from trtspec.testing import add_llama_biases, TinyModel, write_eagle_draft, write_hf_base, write_medusa_heads
 
@@ -337,7 +337,7 @@ def test_generation_tokens_and_positions(tmp_path, exported, tokens, positions, 
 
 
 def test_head_dim_the_attention_kernel_cannot_run_is_a_build_error(exported):
-    c = ModelConfig.from_trtllm(read_trtllm_checkpoint(exported("llama_gqa").ckpt_dir).config)
+    c = ModelShape.from_trtllm(read_trtllm_checkpoint(exported("llama_gqa").ckpt_dir).config)
     check_supported(c)
     with pytest.raises(BuildError, match="the model's head_dim is 8; .* needs a multiple of 16"):
         check_supported(dataclasses.replace(c, head_dim=8))
@@ -382,7 +382,7 @@ def test_module_imports_without_torch():
 
 
 def test_the_serving_path_needs_neither_onnx_nor_torch():
-    code = ("import sys, trtspec.runtime.generator, trtspec.runtime.ort_session as s; s.session_options(1); "
+    code = ("import sys, trtspec.runtime.generator, trtspec.model.ort_session as s; s.session_options(1); "
             "print(sorted({'onnx', 'torch'} & set(sys.modules)))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"

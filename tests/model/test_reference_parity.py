@@ -14,7 +14,7 @@ import transformers
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from trtspec import CheckpointError, ConfigError, ConvertOptions, convert, read_trtllm_checkpoint
-from trtspec.model.config import ModelConfig
+from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.model.reference import ReferenceModel
 from trtspec.model.rope import rope_inv_freq
 from trtspec.testing import add_llama_biases, TinyModel, write_hf_base, write_medusa_heads
@@ -300,9 +300,9 @@ def test_model_config_from_trtllm(trt_config, patch, expected):
     config = trt_config | patch
     if isinstance(expected, str):
         with pytest.raises(CheckpointError, match=expected):
-            ModelConfig.from_trtllm(config)
+            ModelShape.from_trtllm(config)
         return
-    got = ModelConfig.from_trtllm(config)
+    got = ModelShape.from_trtllm(config)
     assert {k: getattr(got, k) for k in expected} == expected
 
 

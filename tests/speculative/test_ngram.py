@@ -142,6 +142,18 @@ def test_disagreeing_occurrences_become_branches_most_recent_first():
     assert [int(draft.tokens[c]) for c in draft.tree.children[two]] == [4, 3]  # the most recent first
 
 
+def test_chains_draft_the_most_probable_path_only():
+    """An engine that verifies chains only exactly (quantized) gets the candidates' most probable walk, a chain."""
+    prompt = [7, 8, 9, 1, 2, 3, 9, 1, 2, 4, 5, 9, 1]
+    proposer = NgramProposer(COSTS, NgramConfig(recycle_top_k=0), chains=True)
+    proposer.model.counts[(NGRAM, 2, 2, 1)] = [99.0, 100.0]  # second-ranked continuations accepted 99 times in 100
+    proposer.start(None, 0, None, np.array(prompt[:-1]), prompt[-1])
+    draft = proposer.propose(prompt[-1])
+    assert list(draft.tree.parents) == list(range(-1, draft.tree.num_nodes))  # a chain
+    assert draft.tokens[1:3].tolist() == [2, 3]  # below 2 the branch to 3 now beats the most recent 4
+    assert np.all(np.diff(draft.node_p) <= 0)
+
+
 def test_token_recycling_drafts_when_nothing_matches():
     proposer = NgramProposer(COSTS, NgramConfig(recycle_top_k=2))
     logits = np.zeros((3, 50), np.float32)

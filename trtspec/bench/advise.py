@@ -50,10 +50,8 @@ class AdviseOptions:
 
 def candidate_methods(manifest) -> tuple[str, ...]:
     """The engine's own drafter (if any), then the training-free methods it runs."""
-    from trtspec.speculative.methods import runnable_methods
-
     own = manifest.method.value
-    runnable = runnable_methods(own, manifest.profile.max_draft_len)
+    runnable = manifest.runnable_methods()
     return tuple(m for m in (own, "ngram", "suffix") if m != "none" and m in runnable)
 
 

@@ -16,7 +16,8 @@ transformers' prompt lookup (`prompt_lookup_num_tokens`) and onnxruntime-genai's
 token ids, in a child process, so their ratios stand next to ours. Method `suffix` looks up `--datastore` and the outputs of its own earlier runs in
 the same set (as a server's recent outputs; each method its own, never the same prompt's, and forgotten between
 sets: mt-bench-2turn's second answers often restate the first, which mt-bench then asks for). Several engines of one model (e.g. K = 4 and K = 16, or five slot profiles and one):
-each runs every method on every prompt in the same rotation, against plain decoding on the first (pass --no-spin:
+each runs every method on every prompt in the same rotation, timed against plain decoding on the first, its outputs
+compared with plain decoding on its own engine (method `none` in --methods; else "n/a") (pass --no-spin:
 in one process, one engine's spinning workers take the cores another engine's run needs). The load average before
 and after says how quiet the machine was.
 """
@@ -27,6 +28,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtspec.errors import ConfigError
 from trtspec.speculative.stats import SpecStats
 
 DEFAULT_SETS = ("sharegpt-grounded", "code-edit", "mt-bench-2turn", "mt-bench")
@@ -44,21 +46,27 @@ class Cell:
     spec_decode_s: float = 0.0
     plain_decode_s: float = 0.0
     identical: int = 0
+    compared: int = 0  # outputs compared with plain decoding of their own engine
     prompts: int = 0
 
-    def add(self, spec, plain) -> None:
+    def add(self, spec, plain, own_plain=None) -> None:
+        """One prompt: `spec` timed against `plain` (the first engine's plain decoding) and compared token by token
+        with `own_plain`, plain decoding of its own engine (None: not run, nothing compared)."""
         self.stats = self.stats.merge(spec.stats)
         self.tokens += len(spec.output_ids)
         self.spec_s += spec.total_s
         self.plain_s += plain.total_s
         self.spec_decode_s += spec.total_s - spec.ttft_s
         self.plain_decode_s += plain.total_s - plain.ttft_s
-        self.identical += spec.output_ids == plain.output_ids
+        if own_plain is not None:
+            self.identical += spec.output_ids == own_plain.output_ids
+            self.compared += 1
         self.prompts += 1
 
     def to_dict(self) -> dict:
         s = self.stats
-        return {"prompts": self.prompts, "tokens": self.tokens, "identical": f"{self.identical}/{self.prompts}",
+        identical = f"{self.identical}/{self.compared}" if self.compared else "n/a"
+        return {"prompts": self.prompts, "tokens": self.tokens, "identical": identical,
                 "tau": round(s.acceptance_length, 3), "acceptance_rate": round(s.acceptance_rate, 3),
                 "tokens_per_s": round(self.tokens / self.spec_s, 2), "plain_tokens_per_s": round(self.tokens / self.plain_s, 2),
                 "speedup": round(self.plain_s / self.spec_s, 3),
@@ -104,6 +112,10 @@ def measure(engines: list[Path], *, sets=DEFAULT_SETS, methods=("ngram",), limit
     from trtspec.runtime.loop import GenerationConfig
     from trtspec.speculative.datastore import RecentOutputs
 
+    names = [Path(e).name for e in engines]
+    if len(set(names)) < len(names):
+        raise ConfigError(f"engines {', '.join(map(str, engines))}: two share the same folder name, which labels "
+                          "their rows; give each its own")
     load = {"before": os.getloadavg()}
     generators = [LocalGenerator(e, threads=threads, spin=spin, datastore=datastore) for e in engines]
     generator = generators[0]
@@ -117,6 +129,7 @@ def measure(engines: list[Path], *, sets=DEFAULT_SETS, methods=("ngram",), limit
                                                    zip(costs.profiles, costs.step_ms, costs.relative)))
     label = (lambda m, i: m) if len(generators) == 1 else (lambda m, i: f"{m}@{Path(engines[i]).name}")
     runs_of = {label(m, i): (g, m) for i, g in enumerate(generators) for m in methods}
+    engine_of = {label(m, i): i for i, _ in enumerate(generators) for m in methods}
     labels = tuple(runs_of)
     report: dict = {"engine": ", ".join(map(str, engines)), "max_tokens": max_tokens,
                     "datastore": generator.datastore.describe() if generator.datastore is not None else None,
@@ -146,8 +159,9 @@ def measure(engines: list[Path], *, sets=DEFAULT_SETS, methods=("ngram",), limit
                 g, method = runs_of[m]
                 g.recent = recent[m]
                 results[m] = g.generate(ids, GenerationConfig(max_tokens=max_tokens, method=method)).result
-            for m in labels:
-                cells[m].add(results[m], results["none"])
+            for m in labels:  # outputs compared with their own engine's plain decoding (another's differs anyway)
+                i = engine_of[m]
+                cells[m].add(results[m], results["none"], results["none"] if i == 0 else results.get(label("none", i)))
             show(f"  {name} {prompt_id}: " + ", ".join(
                 f"{m} τ {results[m].stats.acceptance_length:.2f} {results['none'].total_s / results[m].total_s:.2f}x"
                 for m in labels))

@@ -46,7 +46,7 @@ def run_trtspec(engine: str, prompts: list[list[int]], *, max_tokens: int, threa
                 spin: bool | None = None) -> Iterator[dict]:
     """Plain greedy decoding (speculation off) with trtspec's LocalGenerator; ttft and total as it measures them.
     `spin` sets TRTSPEC_ORT_SPIN for this process (None: as the environment has it)."""
-    from trtspec.runtime.ort_session import SPIN_ENV
+    from trtspec.model.ort_session import SPIN_ENV
     from trtspec.runtime.generator import LocalGenerator
     from trtspec.runtime.loop import GenerationConfig
 

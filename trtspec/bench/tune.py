@@ -169,18 +169,25 @@ def run_tune(options: TuneOptions, show=print) -> dict:
 
 def _medusa_trees(recordings, budgets: list[int], manifest) -> tuple[list[list[float]], list]:
     """The heads' top-k accuracies, the greedy tree of each budget (a budget the accuracies cannot fill gives an
-    earlier budget's tree: kept once) and the shipped tree."""
+    earlier budget's tree: kept once) and the shipped tree. An engine that verifies chains only exactly (quantized
+    weights) gets the top-1 chain of each budget's depth instead, which is what it drafts (make_proposer)."""
     from trtspec.bench.medusa_tree import greedy_tree, head_accuracies
 
     accuracies = head_accuracies([r.head_ranks for r in recordings], HEAD_RANKS)
     trees, seen = [], []
     for b in budgets:
-        choices = greedy_tree(accuracies, b)[0]
+        if manifest.weights.chains_only:
+            choices = [[0] * d for d in range(1, min(b, len(accuracies)) + 1)]
+        else:
+            choices = greedy_tree(accuracies, b)[0]
         if choices and choices not in seen:
             trees.append((f"medusa-tree/{len(choices)}", choices))
             seen.append(choices)
     if manifest.tree:
-        trees.append(("medusa (shipped)", [list(c) for c in manifest.tree]))
+        shipped = [list(c) for c in manifest.tree]
+        if manifest.weights.chains_only:
+            shipped = [[0] * d for d in range(1, max(len(c) for c in shipped) + 1)]
+        trees.append(("medusa (shipped)", shipped))
     return accuracies, trees
 
 

@@ -1,11 +1,12 @@
-"""Hugging Face `config.json` of the supported base families (LLaMA, Mistral, Qwen2), read into one dataclass."""
+"""Hugging Face `config.json` of the supported base families (LLaMA, Mistral, Qwen2), read into a ModelShape."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.errors import CheckpointError
 
 # HF architecture → family; every family here is a LLaMA-style decoder (RMSNorm, RoPE, SwiGLU).
@@ -31,30 +32,12 @@ def read_json(path: Path) -> dict:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BaseModelConfig:
-    """What the converter needs to know about a base model, independent of the config.json dialect."""
+class BaseModelConfig(ModelShape):
+    """A base model's shape as its Hugging Face config.json gives it, with where it was read from and the HF
+    model_type (written on into the TensorRT-LLM config); every shape fact is ModelShape's."""
 
-    path: Path
-    architecture: str
+    path: Path  # the config.json
     model_type: str
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict | None
-    max_position_embeddings: int
-    hidden_act: str
-    tie_word_embeddings: bool
-    qkv_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    dtype: str | None
-    raw: dict = field(repr=False, compare=False, default_factory=dict)
 
     @property
     def family(self) -> str:
@@ -74,6 +57,8 @@ def read_base_config(directory: Path) -> BaseModelConfig:
         raise CheckpointError(f"{path}: num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
     rope = raw.get("rope_parameters") or {}  # transformers 5 moves rope_theta / rope_type here
     scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    if head_dim % 2:
+        raise CheckpointError(f"{path}: head_dim={head_dim} is odd; rotary embeddings need an even head size")
     attention_bias = bool(raw.get("attention_bias", False))
     return BaseModelConfig(
         path=path, architecture=arch, model_type=raw.get("model_type", family),
@@ -90,7 +75,6 @@ def read_base_config(directory: Path) -> BaseModelConfig:
         o_bias=family != "qwen2" and attention_bias,
         mlp_bias=bool(raw.get("mlp_bias", False)),
         dtype=_dtype_name(raw.get("torch_dtype") or raw.get("dtype")),
-        raw=raw,
     )
 
 

@@ -14,6 +14,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.errors import BuildError, ConfigError, check_fields
 from trtspec.outdir import chmod_as_created
 from trtspec.model.quantize import WeightDtype, min_step_slots
@@ -141,26 +142,53 @@ def parse_slot_profiles(text: str, max_draft_len: int) -> tuple[int, ...]:
     return profiles if profiles and profiles[-1] == max_draft_len + 1 else (*profiles, max_draft_len + 1)
 
 
+# the `model` keys of manifests written before the manifest carried the checkpoint's whole shape
+LEGACY_MODEL_KEYS = frozenset({
+    "architecture", "dtype", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+    "num_medusa_heads", "num_eagle_layers", "draft_layers", "draft_num_kv_heads", "draft_head_dim", "end_id",
+    "pad_id", "max_non_leaves_per_layer", "logits_dtype", "draft_vocab_size"})
+
+
 @dataclass(frozen=True, kw_only=True)
-class ModelInfo:
-    architecture: str
-    dtype: str  # the checkpoint's dtype; the onnx backend computes in float32
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    num_medusa_heads: int = 0
-    num_eagle_layers: int = 0  # EAGLE tree depth the checkpoint was converted for
-    draft_layers: int = 0  # EAGLE draft transformer layers
-    draft_num_kv_heads: int = 0
-    draft_head_dim: int = 0
-    end_id: int | None = None
+class ModelInfo(ModelShape):
+    """The manifest's `model` section: the checkpoint's ModelShape (read by the builder from its config.json) and
+    what the build read beside it."""
+
+    end_id: int | None = None  # from the tokenizer / config (None when unknown)
     pad_id: int | None = None
-    max_non_leaves_per_layer: int = 0  # EAGLE: most expanding nodes per tree level the engine allows
-    logits_dtype: str = "float32"  # the engine's logits dtype (Triton `logits_datatype` must match it)
     draft_vocab_size: int = 0  # EAGLE: target ids the draft lm_head scores (d2t / t2d); 0 = the whole vocabulary
+
+    @classmethod
+    def of(cls, shape: ModelShape, *, end_id: int | None = None, pad_id: int | None = None,
+           draft_vocab_size: int = 0) -> ModelInfo:
+        fields = {f.name: getattr(shape, f.name) for f in dataclasses.fields(ModelShape)}
+        return cls(**fields, end_id=end_id, pad_id=pad_id, draft_vocab_size=draft_vocab_size)
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str) -> ModelInfo:
+        if isinstance(data, dict) and "intermediate_size" not in data:  # every shape written since has it
+            data = _legacy_model(data)
+        return super().from_dict(data, where)
+
+
+def _legacy_model(data: dict) -> dict:
+    """A `model` section of an earlier manifest as ModelInfo's keys: the facts it did not record are None, the
+    EAGLE draft's three KV facts become its `eagle` shape (its hidden size, vocabulary and dtype are the target's,
+    as the converter requires)."""
+    data = dict(data)
+    draft = {k: data.pop(k, 0) for k in ("draft_layers", "draft_num_kv_heads", "draft_head_dim")}
+    unrecorded = dict(intermediate_size=None, rms_norm_eps=None, rope_theta=None, rope_scaling=None,
+                      max_position_embeddings=None, hidden_act=None, qkv_bias=None, o_bias=None, mlp_bias=None,
+                      tie_word_embeddings=None)
+    speculative = bool(data.get("num_medusa_heads") or draft["draft_layers"])
+    data = {**unrecorded, "num_medusa_layers": None if data.get("num_medusa_heads") else 0,
+            "max_draft_len": None if speculative else 0, **data}
+    if draft["draft_layers"]:
+        data["eagle"] = {**unrecorded, "architecture": "LlamaForCausalLM", "dtype": data.get("dtype"),
+                         "vocab_size": data.get("vocab_size"), "hidden_size": data.get("hidden_size"),
+                         "num_layers": draft["draft_layers"], "num_heads": None,
+                         "num_kv_heads": draft["draft_num_kv_heads"], "head_dim": draft["draft_head_dim"]}
+    return data
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,6 +229,12 @@ class EngineWeights:
         """The fewest slots per row a decode step feeds the target (a plain step is padded to it) so that plain and
         verify steps compute a slot alike; see quantize.min_step_slots."""
         return max(min_step_slots(f.dtype) for f in (self.linear, self.lm_head))
+
+    @property
+    def chains_only(self) -> bool:
+        """Whether the engine's verify steps compute a slot exactly as a plain step only on a chain (quantized target
+        weights; see the note on quantize.PLAIN_STEP_SLOTS): drafters then draft chains."""
+        return self.min_step_slots > 1
 
     def to_dict(self) -> dict:
         def fmt(f: WeightFormat | None) -> dict | None:
@@ -246,6 +280,12 @@ class Manifest:
     # trtllm backend: the TensorRT-LLM quantization it was planned with (engine.trtllm_quant; None: float weights)
     quantization: dict | None = None
 
+    def runnable_methods(self) -> tuple[str, ...]:
+        """The methods a CPU engine with this manifest runs (`generate --method`, a deployment's `method`)."""
+        from trtspec.speculative.methods import runnable_methods
+
+        return runnable_methods(self.method.value, self.profile.max_draft_len, chains_only=self.weights.chains_only)
+
     @property
     def world_size(self) -> int:
         return self.tp_size * self.pp_size
@@ -273,7 +313,7 @@ class Manifest:
             raise BuildError(f"{where}: the engine's ONNX graphs are of format {data.get('graph_format', 1)!r}, this "
                              f"trtspec runs format {ONNX_GRAPH_FORMAT}; rebuild the engine with this trtspec "
                              "(`trtspec build ... --force`)")
-        data["model"] = _from_dict(ModelInfo, data.get("model"), f"{where}: model")
+        data["model"] = ModelInfo.from_dict(data.get("model"), f"{where}: model")
         data["profile"] = _from_dict(Profile, data.get("profile"), f"{where}: profile")
         if data.get("tree") is not None:
             data["tree"] = tuple(tuple(c) for c in data["tree"])

@@ -20,14 +20,14 @@ from trtspec.checkpoint.convert import PROVENANCE_FILE
 from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
 from trtspec.checkpoint.hf_config import read_json
 from trtspec.checkpoint.awq import W4A16_AWQ
+from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.checkpoint.quantization import AWQ_DEFAULT_GROUP, CheckpointQuantization, checkpoint_weight_format
 from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
-from trtspec.engine.resolve import MethodRequest, model_info, resolve_method, resolve_tree
-from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, Backend, EngineWeights, Manifest, Method, Profile,
-                                     WeightFormat, default_slot_profiles, parse_slot_profiles)
+from trtspec.engine.resolve import MethodRequest, resolve_method, resolve_tree
+from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, Backend, EngineWeights, Manifest, Method, ModelInfo,
+                                     Profile, WeightFormat, default_slot_profiles, parse_slot_profiles)
 from trtspec.errors import BuildError, ConfigError
-from trtspec.model.config import ModelConfig
 from trtspec.model.quantize import ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, QuantSpec, WeightDtype, check_block_size
 from trtspec.engine.integrity import record_files
 from trtspec.outdir import atomic_output_dir, check_output_dir
@@ -65,7 +65,7 @@ def plan_build(opts: BuildOptions) -> Manifest:
     from trtspec.model.onnx_graph import check_supported  # onnx, imported when a build is planned
 
     raw = read_checkpoint_config(opts.source)
-    cfg = ModelConfig.from_trtllm(raw)
+    cfg = ModelShape.from_trtllm(raw)
     check_supported(cfg)
     plan = weight_plan(opts, raw)
     request = MethodRequest.of(opts)
@@ -86,13 +86,13 @@ def plan_build(opts: BuildOptions) -> Manifest:
                       max_seq_len=max_seq_len, max_draft_len=k, slot_profiles=slots)
     end_id, pad_id = _special_ids(_tokenizer_dir(opts))
     draft_vocab = read_checkpoint_vocab(opts.source, cfg.vocab_size) if cfg.eagle is not None else None
-    model = model_info(cfg, raw, end_id=end_id, pad_id=pad_id, draft_vocab_size=draft_vocab.size if draft_vocab else 0)
+    model = ModelInfo.of(cfg, end_id=end_id, pad_id=pad_id, draft_vocab_size=draft_vocab.size if draft_vocab else 0)
     return Manifest(name=opts.name or Path(opts.out).name, backend=Backend.ONNX, method=method,
                     model=model, profile=profile,
                     tree=tree.choices if tree is not None else None,
                     dynamic_tree=vars(opts.dynamic_tree) if method is Method.EAGLE2 else None,
                     source=str(Path(opts.source).resolve()), versions=_versions(), graph_format=ONNX_GRAPH_FORMAT,
-                    weights=_engine_weights(plan, cfg, embedding_gathered=_gathers_embedding(plan, cfg, raw)))
+                    weights=_engine_weights(plan, cfg, embedding_gathered=_gathers_embedding(plan, cfg)))
 
 
 def _awq_group_size(source: Path, raw_config: dict) -> int:
@@ -137,15 +137,14 @@ def weight_plan(opts: BuildOptions, raw_config: dict):
     return WeightPlan(base=base, drafter=spec(dtype) if opts.quantize_heads else None, lm_head=spec(head))
 
 
-def _gathers_embedding(plan, cfg: ModelConfig, raw_config: dict) -> bool:
+def _gathers_embedding(plan, cfg: ModelShape) -> bool:
     """The plan's guess whether the embedding reads the quantized lm_head's rows: tied (config.json) and whole
     blocks per row. The writer decides from the tensors themselves (onnx_ops.tie_quantized); `build` records what
     the written graph does."""
-    tied = bool(raw_config.get("tie_word_embeddings"))
-    return tied and plan.lm_head is not None and cfg.hidden_size % plan.lm_head.block_size == 0
+    return cfg.tie_word_embeddings and plan.lm_head is not None and cfg.hidden_size % plan.lm_head.block_size == 0
 
 
-def _engine_weights(plan, cfg: ModelConfig, *, embedding_gathered: bool) -> EngineWeights:
+def _engine_weights(plan, cfg: ModelShape, *, embedding_gathered: bool) -> EngineWeights:
     def fmt(spec: QuantSpec | None) -> WeightFormat:
         return WeightFormat() if spec is None else WeightFormat(dtype=spec.dtype, block_size=spec.block_size,
                                                                 accuracy_level=spec.accuracy_level,
@@ -170,7 +169,7 @@ def build(opts: BuildOptions) -> Manifest:
         plan = weight_plan(opts, ckpt.config)
         graphs = export_graphs(ckpt, tmp, max_positions=p.max_seq_len + p.tokens_per_step, weights=plan)
         gathered = "GatherBlockQuantized" in graphs["context"].ops
-        manifest = replace(manifest, weights=_engine_weights(plan, ModelConfig.from_trtllm(ckpt.config),
+        manifest = replace(manifest, weights=_engine_weights(plan, ModelShape.from_trtllm(ckpt.config),
                                                              embedding_gathered=gathered))
         for graph in graphs.values():
             check_graph(graph.path)

@@ -1,5 +1,5 @@
-"""One place that turns build settings into what an engine is: its method, its tree, and the model facts its manifest
-carries, for both backends (the ONNX Runtime builder and the TensorRT-LLM plan).
+"""One place that turns build settings into what an engine is: its method and its tree, for both backends (the
+ONNX Runtime builder and the TensorRT-LLM plan).
 
 The backends differ only where their runtimes do, and each difference is stated here once:
 - the default tree: the CPU backend pays for every slot a verify step feeds (its slot profiles), so its default is a
@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtspec.engine.manifest import Backend, Method, ModelInfo
+from trtspec.checkpoint.model_shape import ModelShape
+from trtspec.engine.manifest import Backend, Method
 from trtspec.errors import BuildError, ConfigError
-from trtspec.model.config import ModelConfig
 from trtspec.speculative.tree import DynamicTree, Tree, build_tree, parse_choices
 from trtspec.speculative.tree_presets import preset
 
@@ -56,7 +56,7 @@ class MethodRequest:
         return self.choices is not None or self.preset is not None
 
 
-def resolve_method(cfg: ModelConfig, request: MethodRequest, backend: Backend) -> Method:
+def resolve_method(cfg: ModelShape, request: MethodRequest, backend: Backend) -> Method:
     """The engine's method: the checkpoint's drafter unless --no-spec; lookahead / draft-target (trtllm) on a plain
     checkpoint; EAGLE-2 (onnx) where a dynamic tree is asked for. Contradictions are one BuildError naming both."""
     drafter = cfg.architecture in DRAFTER_ARCHITECTURES
@@ -81,7 +81,7 @@ def resolve_method(cfg: ModelConfig, request: MethodRequest, backend: Backend) -
     return Method.EAGLE2 if request.dynamic_tree else Method.EAGLE
 
 
-def resolve_tree(cfg: ModelConfig, method: Method, request: MethodRequest, backend: Backend) -> Tree | None:
+def resolve_tree(cfg: ModelShape, method: Method, request: MethodRequest, backend: Backend) -> Tree | None:
     """The static tree of a Medusa / EAGLE-1 engine: --choices, --preset or the backend's default, checked against
     the checkpoint (Medusa: no deeper than its heads; TensorRT-LLM EAGLE-1: exactly its layers deep)."""
     if method not in (Method.MEDUSA, Method.EAGLE):
@@ -101,18 +101,3 @@ def resolve_tree(cfg: ModelConfig, method: Method, request: MethodRequest, backe
                           max_non_leaves_per_layer=cfg.max_non_leaves_per_layer)
     except ConfigError as e:
         raise BuildError(f"{request.source / 'config.json'}{where}: {e}") from None
-
-
-def model_info(cfg: ModelConfig, raw: dict | None = None, *, end_id: int | None = None, pad_id: int | None = None,
-               draft_vocab_size: int = 0) -> ModelInfo:
-    """The model facts an engine's manifest carries, read from the checkpoint's config (`raw`: its config.json, for
-    the logits dtype TensorRT-LLM writes)."""
-    d = cfg.eagle
-    return ModelInfo(architecture=cfg.architecture, dtype=cfg.dtype, vocab_size=cfg.vocab_size,
-                     hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, num_heads=cfg.num_heads,
-                     num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, num_medusa_heads=cfg.num_medusa_heads,
-                     num_eagle_layers=cfg.num_eagle_layers, draft_layers=d.num_layers if d else 0,
-                     draft_num_kv_heads=d.num_kv_heads if d else 0, draft_head_dim=d.head_dim if d else 0,
-                     max_non_leaves_per_layer=cfg.max_non_leaves_per_layer,
-                     logits_dtype=(raw or {}).get("logits_dtype") or "float32", end_id=end_id, pad_id=pad_id,
-                     draft_vocab_size=draft_vocab_size)

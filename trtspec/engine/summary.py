@@ -32,9 +32,7 @@ def engine_summary(directory: Path) -> dict:
     if m.tree:
         out["tree"] = [list(c) for c in m.tree]
     if m.backend.value == "onnx":  # the drafters `generate --method` / `draft_method` may ask for
-        from trtspec.speculative.methods import runnable_methods
-
-        out["methods"] = list(runnable_methods(m.method.value, p.max_draft_len))
+        out["methods"] = list(m.runnable_methods())
     out["files"] = {rel: (directory / rel).stat().st_size for rel in sorted(set(m.files.values()))}
     curve = directory / CURVE_FILE
     if curve.is_file():

@@ -15,13 +15,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trtspec import __version__
+from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
-from trtspec.engine.manifest import Backend, Manifest, Method, Profile
-from trtspec.engine.resolve import MethodRequest, model_info, resolve_method, resolve_tree
+from trtspec.engine.manifest import Backend, Manifest, Method, ModelInfo, Profile
+from trtspec.engine.resolve import MethodRequest, resolve_method, resolve_tree
 from trtspec.engine.trtllm_quant import TrtllmQuantization, plan_quantization, quantization_notes
 from trtspec.engine.trtllm_versions import TrtllmVersion, installed_version, newest, parse_version
 from trtspec.errors import BuildError, CheckpointError, ConfigError
-from trtspec.model.config import ModelConfig
 from trtspec.speculative.tree import Tree
 
 DEFAULT_MAX_NUM_TOKENS = 8192  # trtllm-build's default (TensorRT-LLM tensorrt_llm/commands/build.py)
@@ -148,7 +148,7 @@ def plan_trtllm_build(opts: TrtllmBuildOptions) -> TrtllmPlan:
     max_seq_len = _max_seq_len(cfg, opts, config_path)
     max_num_tokens = _max_num_tokens(opts, k, max_seq_len, method)
     quant = plan_quantization(opts, raw, cfg, method, k, tp, pp)
-    manifest = _manifest(opts, cfg, raw, method, tree, k, max_seq_len, tp, pp, version)
+    manifest = _manifest(opts, cfg, method, tree, k, max_seq_len, tp, pp, version)
     if quant is not None:
         manifest = replace(manifest, quantization=quant.to_dict())
     argv = _argv(opts, cfg, method, k, max_seq_len, max_num_tokens)
@@ -190,9 +190,9 @@ def _version(text: str | None) -> TrtllmVersion:
     return parse_version(installed) if installed else newest()
 
 
-def _model_config(raw: dict, path: Path) -> ModelConfig:
+def _model_config(raw: dict, path: Path) -> ModelShape:
     try:
-        return ModelConfig.from_trtllm(raw)
+        return ModelShape.from_trtllm(raw)
     except CheckpointError as e:
         raise CheckpointError(f"{path}: {e}") from None
 
@@ -206,7 +206,7 @@ def _mapping(raw: dict, path: Path) -> tuple[int, int]:
     return tp, pp
 
 
-def _max_draft_len(cfg: ModelConfig, method: Method, tree: Tree | None, opts: TrtllmBuildOptions,
+def _max_draft_len(cfg: ModelShape, method: Method, tree: Tree | None, opts: TrtllmBuildOptions,
                    config_path: Path) -> int:
     if method is Method.NONE:
         if opts.max_draft_len not in (None, 0):
@@ -252,7 +252,7 @@ def _check_limits(method: Method, k: int, tree: Tree | None, opts: TrtllmBuildOp
                          f"use {k - 1} or {k + 1}")
 
 
-def _max_seq_len(cfg: ModelConfig, opts: TrtllmBuildOptions, config_path: Path) -> int:
+def _max_seq_len(cfg: ModelShape, opts: TrtllmBuildOptions, config_path: Path) -> int:
     if opts.max_input_len < 1 or opts.max_batch_size < 1:
         raise ConfigError(f"--max-input-len and --max-batch-size must be >= 1, got {opts.max_input_len} and "
                           f"{opts.max_batch_size}")
@@ -267,7 +267,7 @@ def _max_seq_len(cfg: ModelConfig, opts: TrtllmBuildOptions, config_path: Path) 
     return max_seq_len
 
 
-def _position_limit(cfg: ModelConfig) -> int:
+def _position_limit(cfg: ModelShape) -> int:
     """max_position_embeddings × the rope factor, which trtllm-build applies except for llama3 / su / longrope
     scaling (TensorRT-LLM tensorrt_llm/builder.py)."""
     scaling = cfg.rope_scaling or {}
@@ -276,7 +276,7 @@ def _position_limit(cfg: ModelConfig) -> int:
     return int(cfg.max_position_embeddings * factor)
 
 
-def _rope_note(cfg: ModelConfig) -> str:
+def _rope_note(cfg: ModelShape) -> str:
     limit = _position_limit(cfg)
     return f" × rope factor = {limit}" if limit != cfg.max_position_embeddings else ""
 
@@ -296,7 +296,7 @@ def _max_num_tokens(opts: TrtllmBuildOptions, k: int, max_seq_len: int, method: 
 
 # ---- outputs ------------------------------------------------------------------------------------------
 
-def _argv(opts: TrtllmBuildOptions, cfg: ModelConfig, method: Method, k: int, max_seq_len: int,
+def _argv(opts: TrtllmBuildOptions, cfg: ModelShape, method: Method, k: int, max_seq_len: int,
           max_num_tokens: int) -> tuple[str, ...]:
     mode = MODE_OF_METHOD[method]
     # tp / pp are not flags: trtllm-build takes them from the checkpoint's mapping (TensorRT-LLM tensorrt_llm/models/modeling_utils.py), one rank{r}.engine each
@@ -312,7 +312,7 @@ def _argv(opts: TrtllmBuildOptions, cfg: ModelConfig, method: Method, k: int, ma
     return tuple(argv)
 
 
-def _expected_build_config(opts: TrtllmBuildOptions, cfg: ModelConfig, method: Method, k: int,
+def _expected_build_config(opts: TrtllmBuildOptions, cfg: ModelShape, method: Method, k: int,
                            max_seq_len: int, max_num_tokens: int) -> dict:
     mode = MODE_OF_METHOD[method]
     return {"max_batch_size": opts.max_batch_size, "max_input_len": opts.max_input_len,
@@ -321,14 +321,14 @@ def _expected_build_config(opts: TrtllmBuildOptions, cfg: ModelConfig, method: M
             "plugin_config": {"use_paged_context_fmha": True}}
 
 
-def _engine_seq_len(cfg: ModelConfig, method: Method, k: int, max_seq_len: int) -> int:
+def _engine_seq_len(cfg: ModelShape, method: Method, k: int, max_seq_len: int) -> int:
     """TensorRT-LLM tensorrt_llm/builder.py: trtllm-build adds the draft slots (and EAGLE's layers) to max_seq_len itself."""
     if method is Method.NONE:
         return max_seq_len
     return max_seq_len + k + (cfg.num_eagle_layers if method is Method.EAGLE else 0)
 
 
-def _expected_pretrained(cfg: ModelConfig, method: Method, k: int) -> dict:
+def _expected_pretrained(cfg: ModelShape, method: Method, k: int) -> dict:
     out = {"architecture": cfg.architecture, "dtype": cfg.dtype, "vocab_size": cfg.vocab_size}
     if method is Method.MEDUSA:  # TensorRT-LLM tensorrt_llm/builder.py Engine.save: the C++ Medusa module reads these two from pretrained_config
         out.update(max_draft_len=k, num_medusa_heads=cfg.num_medusa_heads)
@@ -355,12 +355,12 @@ def _runtime(method: Method, tree: Tree | None, k: int, opts: TrtllmBuildOptions
     return out
 
 
-def _manifest(opts: TrtllmBuildOptions, cfg: ModelConfig, raw: dict, method: Method, tree: Tree | None, k: int,
+def _manifest(opts: TrtllmBuildOptions, cfg: ModelShape, method: Method, tree: Tree | None, k: int,
               max_seq_len: int, tp: int, pp: int, version: TrtllmVersion) -> Manifest:
     # the engine's own (raised) max_seq_len: the KV capacity the static-K profile was built for
     profile = Profile(max_batch_size=opts.max_batch_size, max_input_len=opts.max_input_len,
                       max_seq_len=_engine_seq_len(cfg, method, k, max_seq_len), max_draft_len=k)
-    model = model_info(cfg, raw)
+    model = ModelInfo.of(cfg)
     return Manifest(name=opts.name or Path(opts.out).name, backend=Backend.TRTLLM, method=method, model=model,
                     profile=profile, tree=tree.choices if tree is not None else None,
                     source=str(Path(opts.source).resolve()),

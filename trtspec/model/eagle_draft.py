@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.errors import CheckpointError
-from trtspec.model.config import ModelConfig
 from trtspec.model.reference import (DecoderLayer, check_all_used, check_step_inputs, empty_cache, load_weights,
                                      open_checkpoint, run_layers)
 from trtspec.model.rope import rope_cos_sin, rope_inv_freq
@@ -40,7 +40,7 @@ class DraftOutput:
 class EagleDraftModel(nn.Module):
     """One EagleNet: embedding, fc over [embedding | feature], the draft decoder layers, the base lm_head."""
 
-    def __init__(self, config: ModelConfig, *, dtype: torch.dtype = torch.float32):
+    def __init__(self, config: ModelShape, *, dtype: torch.dtype = torch.float32):
         super().__init__()
         c, self.config, self.dtype = config, config, dtype
         self.vocab_embedding = nn.Embedding(c.vocab_size, c.hidden_size)
@@ -55,7 +55,7 @@ class EagleDraftModel(nn.Module):
                         dtype: torch.dtype = torch.float32) -> EagleDraftModel:
         """Load `eagle_nets.0` of an EagleForCausalLM checkpoint after checking every copy is identical."""
         ckpt = open_checkpoint(ckpt)
-        base = ModelConfig.from_trtllm(ckpt.config)
+        base = ModelShape.from_trtllm(ckpt.config)
         if base.eagle is None:
             raise CheckpointError(f"{ckpt.directory}: architecture is {base.architecture}, not EagleForCausalLM; "
                                   "convert the base with --eagle <draft dir> to get an EAGLE drafter")

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.errors import BuildError
-from trtspec.model.config import ModelConfig
 from trtspec.model.onnx_graph import ExportedGraph, WeightPlan
 from trtspec.model.quantize import QuantSpec, fake_quantize
-from trtspec.runtime.ort_session import ort_session
+from trtspec.model.ort_session import ort_session
 
 
 def check_graph(path: Path) -> None:
@@ -134,7 +134,7 @@ def _compare_medusa(session, model, rng: np.random.Generator) -> float:
     return float(np.abs(ours - ref).max())
 
 
-def random_step(c: ModelConfig, rng: np.random.Generator, *, tokens: int, past: int, batch: int = 2,
+def random_step(c: ModelShape, rng: np.random.Generator, *, tokens: int, past: int, batch: int = 2,
                 features: bool = False) -> dict[str, np.ndarray]:
     """Graph feeds for one step over a random cache of `past` rows: row 0's past is all of them, the other rows'
     past // 2 fewer (the rows after a row's past are garbage, never read).

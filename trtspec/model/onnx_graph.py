@@ -22,8 +22,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.errors import BuildError
-from trtspec.model.config import ModelConfig
 from trtspec.model.onnx_ops import (HEAD_DIM_MULTIPLE, Dims, Graph, Residual, WeightFile, decoder_layer, embed,
                                     linear, logits, prelude, tie_quantized)
 from trtspec.model.quantize import QuantSpec, pack
@@ -127,7 +127,7 @@ class _Source:
         return tensor.float().numpy()
 
 
-def _write_layer(src: _Source, wf: WeightFile, c: ModelConfig, prefix: str, dst: str, *, input_norm: bool,
+def _write_layer(src: _Source, wf: WeightFile, c: ModelShape, prefix: str, dst: str, *, input_norm: bool,
                  spec: QuantSpec | None = None) -> None:
     """One decoder layer; matrices stored [in, out] for MatMul (or quantized with `spec`), q/k/v fused
     [H, (nh + 2 nkv) hd] with q (and its bias) pre-scaled by 1/sqrt(hd) so the scores come out scaled (quantized:
@@ -167,7 +167,7 @@ def _write_layer(src: _Source, wf: WeightFile, c: ModelConfig, prefix: str, dst:
     src.advance()
 
 
-def _write_awq_layer(src: _Source, wf: WeightFile, c: ModelConfig, prefix: str, dst: str, spec: QuantSpec,
+def _write_awq_layer(src: _Source, wf: WeightFile, c: ModelShape, prefix: str, dst: str, spec: QuantSpec,
                      qkv_row_scale: np.ndarray) -> None:
     """A W4A16_AWQ layer's qkv, gate/up (fc; gate rows, one shared pre-quant scale), o and down matrices from the
     checkpoint's codes and scales as stored (checkpoint/awq.py); the q rows' scales carry 1/sqrt(hd)."""
@@ -206,7 +206,7 @@ def _write_head(src: _Source, wf: WeightFile, embedding: str, lm_head: str, shap
     return tied
 
 
-def _write_base(src: _Source, wf: WeightFile, c: ModelConfig, plan: WeightPlan = WeightPlan()) -> _Layout:
+def _write_base(src: _Source, wf: WeightFile, c: ModelShape, plan: WeightPlan = WeightPlan()) -> _Layout:
     H, V = c.hidden_size, c.vocab_size
     tied = _write_head(src, wf, "transformer.vocab_embedding.weight", "lm_head.weight", (V, H), plan.lm_head)
     for layer in range(c.num_layers):
@@ -234,11 +234,11 @@ def _write_base(src: _Source, wf: WeightFile, c: ModelConfig, plan: WeightPlan =
     return _Layout(tied, tuple(heads))
 
 
-def _draft_config(c: ModelConfig) -> ModelConfig:
+def _draft_config(c: ModelShape) -> ModelShape:
     return dataclasses.replace(c.eagle, vocab_size=c.vocab_size)
 
 
-def _write_draft(src: _Source, wf: WeightFile, c: ModelConfig, plan: WeightPlan = WeightPlan()) -> _Layout:
+def _write_draft(src: _Source, wf: WeightFile, c: ModelShape, plan: WeightPlan = WeightPlan()) -> _Layout:
     from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
 
     d, p = _draft_config(c), "eagle_nets.0"
@@ -263,17 +263,17 @@ def _write_draft(src: _Source, wf: WeightFile, c: ModelConfig, plan: WeightPlan 
 
 # ---- graphs ---------------------------------------------------------------------------------------------------
 
-def _dims(c: ModelConfig) -> Dims:
+def _dims(c: ModelShape) -> Dims:
     return Dims(c.num_heads, c.num_kv_heads, c.head_dim, c.rms_norm_eps)
 
 
-def _inv_freq(c: ModelConfig) -> np.ndarray:
+def _inv_freq(c: ModelShape) -> np.ndarray:
     from trtspec.model.rope import rope_inv_freq  # torch, at build time only
 
     return rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling).numpy()  # [hd/2] float32
 
 
-def _io(c: ModelConfig, tokens: int | None, tree: bool, extra_inputs=(),
+def _io(c: ModelShape, tokens: int | None, tree: bool, extra_inputs=(),
         logit_rows: int | None = None) -> tuple[list, list]:
     """Graph inputs and outputs over T = `tokens` (None: dynamic). Context graphs (tree False) take no positions or
     mask: they are causal after each row's past. `logit_rows`: logits for that many last positions (None: all T).
@@ -293,7 +293,7 @@ def _io(c: ModelConfig, tokens: int | None, tree: bool, extra_inputs=(),
     return inputs, outs
 
 
-def base_graph(c: ModelConfig, layout: _Layout, wf: WeightFile, tokens: int | None,
+def base_graph(c: ModelShape, layout: _Layout, wf: WeightFile, tokens: int | None,
                positions: int, *, tree: bool) -> onnx.ModelProto:
     """The base network over T = `tokens` new tokens (None: dynamic) at positions below `positions`; a generation
     graph (tree) takes tree positions and mask, a context graph is causal."""
@@ -313,7 +313,7 @@ def base_graph(c: ModelConfig, layout: _Layout, wf: WeightFile, tokens: int | No
     return g.model("trtspec_base", inputs, outputs)
 
 
-def medusa_graph(c: ModelConfig, layout: _Layout, wf: WeightFile) -> onnx.ModelProto:
+def medusa_graph(c: ModelShape, layout: _Layout, wf: WeightFile) -> onnx.ModelProto:
     """Medusa heads over N final hidden states: `hidden` [N, H] → `medusa_logits` [heads, N, V].
 
     A separate graph so a step pays for the heads once, at the accepted slot only, and plain decoding not at
@@ -346,7 +346,7 @@ def _medusa_resblocks(g: Graph, x: str, head: int, layers: int) -> str:
     return x
 
 
-def draft_graph(c: ModelConfig, layout: _Layout, wf: WeightFile, tokens: int | None,
+def draft_graph(c: ModelShape, layout: _Layout, wf: WeightFile, tokens: int | None,
                 positions: int, *, tree: bool) -> onnx.ModelProto:
     """The EAGLE drafter: fc(cat[embed, feature]), its layers (layer 0 without input norm), the lm_head."""
     d = _draft_config(c)
@@ -393,7 +393,7 @@ def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, max_positions: int,
     for name, value in checked:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise BuildError(f"{name} must be a positive int, got {value!r}")
-    c, out_dir = ModelConfig.from_trtllm(ckpt.config), Path(out_dir)
+    c, out_dir = ModelShape.from_trtllm(ckpt.config), Path(out_dir)
     check_supported(c)
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = [("", BASE_WEIGHTS, _write_base, base_graph)]
@@ -415,7 +415,7 @@ def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, max_positions: int,
     return graphs
 
 
-def _build_graphs(c: ModelConfig, layout: _Layout, wf: WeightFile, role_prefix: str, build, out_dir: Path,
+def _build_graphs(c: ModelShape, layout: _Layout, wf: WeightFile, role_prefix: str, build, out_dir: Path,
                   max_positions: int, generation_tokens: int | None) -> dict[str, ExportedGraph]:
     graphs = {}
     for role, tokens, tree in (("context", None, False), ("generation", generation_tokens, True)):
@@ -426,7 +426,7 @@ def _build_graphs(c: ModelConfig, layout: _Layout, wf: WeightFile, role_prefix: 
     return graphs
 
 
-def check_supported(c: ModelConfig) -> None:
+def check_supported(c: ModelShape) -> None:
     """Reject a network whose attention ONNX Runtime's CPU GroupQueryAttention kernel cannot run."""
     for what, dims in (("model", c), ("EAGLE draft", c.eagle)):
         if dims is not None and dims.head_dim % HEAD_DIM_MULTIPLE:
@@ -434,7 +434,7 @@ def check_supported(c: ModelConfig) -> None:
                              f"GroupQueryAttention on CPU) needs a multiple of {HEAD_DIM_MULTIPLE}")
 
 
-def _check_eagle_copies(ckpt: TrtllmCheckpoint, c: ModelConfig) -> None:
+def _check_eagle_copies(ckpt: TrtllmCheckpoint, c: ModelShape) -> None:
     from trtspec.model.eagle_draft import check_identical_copies  # torch, at build time only
 
     check_identical_copies(ckpt, c.num_eagle_layers)

@@ -57,6 +57,16 @@ ACCURACY_LEVEL = 4
 # engine runs every plain step as 2 slots per row (the second masked): T >= 2 and M >= 2 everywhere, and a slot's
 # logits are then bit-identical in plain and verify steps of any size (tests/engine/test_quantized.py).
 PLAIN_STEP_SLOTS = 2
+# That makes chains exact, not trees. A tree slot on a second branch does not have its ancestors in the slots just
+# before it, so its attention row reaches the same keys through other columns than a plain step's row does; ONNX
+# Runtime's CPU GroupQueryAttention (contrib_ops/cpu/bert/gqa_attention_base.h) runs each row's softmax over its
+# causal window in MLAS's vectorised kernels, where a key's column decides which partial sum it joins, and the row
+# comes out different in the last bits (the likely mechanism; what is measured is the effect). int8 activation
+# rounding magnifies that: on SmolLM2-135M int8 (trees with branches at depths 1-3, a 120-token past) every slot
+# whose ancestors fill the slots before it (a chain laid out first) was bit-identical to plain steps, every other slot
+# differed by 0.3-0.6 in the logits (fp32 engines: 2e-5), and greedy ngram decoding with Token-Recycling trees
+# departed from plain decoding on 1 of 12 real prompts, at a near-tie. So quantized engines
+# draft chains only (speculative.engine's `chains_only`).
 
 
 def min_step_slots(dtype: WeightDtype) -> int:

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.errors import CheckpointError
-from trtspec.model.config import ModelConfig
 from trtspec.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 
 class Attention(nn.Module):
-    def __init__(self, c: ModelConfig):
+    def __init__(self, c: ModelShape):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
         self.q = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.qkv_bias)
@@ -82,7 +82,7 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     """SwiGLU: proj(silu(fc(x)) * gate(x)); TRT-LLM `fc` is the activated branch (HF gate_proj)."""
 
-    def __init__(self, c: ModelConfig):
+    def __init__(self, c: ModelShape):
         super().__init__()
         self.fc = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
         self.gate = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias)
@@ -95,7 +95,7 @@ class FeedForward(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm decoder layer; `input_norm=False` is the EAGLE drafter's first layer (no input_layernorm)."""
 
-    def __init__(self, c: ModelConfig, *, input_norm: bool = True):
+    def __init__(self, c: ModelShape, *, input_norm: bool = True):
         super().__init__()
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps) if input_norm else nn.Identity()
         self.attention = Attention(c)
@@ -128,7 +128,7 @@ class MedusaLayer(nn.Module):
 
 
 class MedusaHead(nn.Module):
-    def __init__(self, c: ModelConfig):
+    def __init__(self, c: ModelShape):
         super().__init__()
         self.medusa_layers = nn.ModuleList(MedusaLayer(c.hidden_size) for _ in range(c.num_medusa_layers))
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
@@ -151,7 +151,7 @@ class ModelOutput:
 class ReferenceModel(nn.Module):
     """The base decoder (and its Medusa heads, if any) of a TensorRT-LLM checkpoint; EAGLE drafters live apart."""
 
-    def __init__(self, config: ModelConfig, *, dtype: torch.dtype = torch.float32):
+    def __init__(self, config: ModelShape, *, dtype: torch.dtype = torch.float32):
         super().__init__()
         c, self.config, self.dtype = config, config, dtype
         self.vocab_embedding = nn.Embedding(c.vocab_size, c.hidden_size)
@@ -168,7 +168,7 @@ class ReferenceModel(nn.Module):
                         dtype: torch.dtype = torch.float32) -> ReferenceModel:
         """Load the base (and Medusa heads) of a TensorRT-LLM checkpoint, computing in `dtype`."""
         ckpt = open_checkpoint(ckpt)
-        model = cls(ModelConfig.from_trtllm(ckpt.config), dtype=dtype)
+        model = cls(ModelShape.from_trtllm(ckpt.config), dtype=dtype)
         used = load_weights(model, ckpt, BASE_PREFIXES)
         check_all_used(ckpt, used, lambda name: not name.startswith("eagle_nets."))
         return model.eval()
@@ -188,12 +188,12 @@ class ReferenceModel(nn.Module):
         return empty_cache(self.config, batch, self.dtype)
 
 
-def empty_cache(c: ModelConfig, batch: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def empty_cache(c: ModelShape, batch: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     shape = (c.num_layers, batch, c.num_kv_heads, 0, c.head_dim)
     return torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)
 
 
-def check_step_inputs(c: ModelConfig, input_ids, position_ids, mask, past_key, past_value) -> None:
+def check_step_inputs(c: ModelShape, input_ids, position_ids, mask, past_key, past_value) -> None:
     """Raise ValueError when a step's tensors do not fit together (a caller bug, named precisely)."""
     B, T = input_ids.shape
     P = past_key.shape[3]

@@ -49,6 +49,7 @@ class TorchEngine:
         self.slot_profiles = (max_draft_len + 1,) if max_draft_len else ()  # exact slots: no padding here
         self.num_medusa_heads = model.config.num_medusa_heads
         self.has_eagle_draft = draft is not None
+        self.chains_only = False  # fp32 reference: trees verify alike
         self._seqs: dict[int, _Sequence] = {}
         self._ids = itertools.count()
 

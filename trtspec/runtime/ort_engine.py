@@ -30,7 +30,7 @@ import onnxruntime as ort
 from trtspec.engine.manifest import Manifest, read_manifest
 from trtspec.errors import BuildError, ConfigError, RuntimeEngineError
 from trtspec.speculative.engine import StepOutput
-from trtspec.runtime.ort_session import effective_spin, session_options
+from trtspec.model.ort_session import effective_spin, session_options
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +165,8 @@ class OrtEngine:
         # quantized weights: a plain step runs as 2 slots per row (one masked), the path every verify step takes, so
         # both compute a slot alike (see EngineWeights.min_step_slots): speculation stays lossless
         self._min_slots = self.manifest.weights.min_step_slots if self._decode is self._generation else 1
+        # ... which makes a chain's slots exact, not a tree's second branches: drafters draft chains on such engines
+        self.chains_only = self.manifest.weights.chains_only
         self._size = p.max_seq_len + p.tokens_per_step  # room for one padded step past max_seq_len
         self._costs = None
         self._seqs: dict[int, _Sequence] = {}

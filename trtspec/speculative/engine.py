@@ -8,6 +8,11 @@ keeps the KV rows of the listed slots (slot 0 and the accepted path, in order) a
 The EAGLE draft network has its own cache with the same rule: `draft_extend` commits, `draft_step` does not.
 An engine may also be a `BatchedEngine`: one call over several sequences for the verify step (the loop uses it), the
 EAGLE draft extensions (EagleProposer) and the Medusa heads (MedusaProposer).
+Chains only: an engine whose `chains_only` is True computes a verify slot bit-identically to a plain step only when
+the slot's ancestors fill the slots just before it (a chain: slot i at depth i); a slot on a second branch of a tree
+computes differently in the last bits. The core then drafts chains on it (`methods.make_proposer`), so greedy
+speculation stays token-for-token plain decoding. (Quantized ONNX Runtime engines: int8 activation rounding turns
+those last bits into logit differences of up to 0.7; see trtspec.runtime.ort_engine.)
 Slot profiles: an engine runs a verify step over the smallest of its `slot_profiles` that holds the draft (padding
 within it) and may be a `CostedEngine` (`step_costs()`: each profile's cost relative to a plain step, measured),
 which training-free drafters budget their drafts against.
@@ -38,6 +43,7 @@ class Engine(Protocol):
     slot_profiles: tuple[int, ...]  # the slot counts a verify step runs over, ascending, the last K + 1
     num_medusa_heads: int
     has_eagle_draft: bool
+    chains_only: bool  # verify steps are exact for chains only: draft chains (see above)
 
     def open(self) -> int:
         """Start a sequence; return its id."""

@@ -12,7 +12,7 @@ from trtspec.speculative.datastore import Datastore, RecentOutputs
 from trtspec.speculative.ngram_proposer import SUFFIX_CORPUS, SUFFIX_RECENT, AcceptanceModel, NgramConfig, NgramProposer
 from trtspec.speculative.proposer import NoDraft, Proposer
 from trtspec.speculative.step_costs import StepCosts
-from trtspec.speculative.tree import Tree
+from trtspec.speculative.tree import Tree, chain_tree
 
 METHODS = ("none", "medusa", "eagle", "eagle2", "ngram", "suffix", "lookahead", "hybrid")
 TRAINING_FREE = ("ngram", "suffix", "lookahead")  # need no drafter: any engine built with K >= 1 runs them
@@ -22,12 +22,13 @@ HYBRID = "hybrid"  # the engine's own drafter (Medusa / EAGLE) plus suffix's can
 TRAINED = ("medusa", "eagle", "eagle2")  # methods with a drafter built into the engine
 
 
-def runnable_methods(own: str, max_draft_len: int) -> tuple[str, ...]:
-    """The methods a CPU engine built for `own` with K = `max_draft_len` runs, in METHODS order."""
+def runnable_methods(own: str, max_draft_len: int, *, chains_only: bool = False) -> tuple[str, ...]:
+    """The methods a CPU engine built for `own` with K = `max_draft_len` runs, in METHODS order (`chains_only`: an
+    engine that verifies chains only exactly, where lookahead's tree of Jacobi columns cannot run)."""
     ok = {"none", own}
     if max_draft_len >= 1:
         ok |= {"ngram", "suffix"}
-    if max_draft_len >= 2:
+    if max_draft_len >= 2 and not chains_only:
         ok.add("lookahead")
     if own in TRAINED:
         ok.add(HYBRID)
@@ -42,11 +43,21 @@ def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dyna
     an `acceptance` model shared across sequences) for ngram and suffix; suffix also looks up the shared `recent`
     outputs and the `datastore` corpus (either may be None); lookahead runs `lookahead`'s (W, N, G) (default: the
     engine's, else the largest of LOOKAHEAD_DEFAULTS that fits its K); hybrid merges the engine's own drafter (`tree` or
-    `dynamic` as for it) with suffix's candidates."""
+    `dynamic` as for it) with suffix's candidates.
+
+    On an engine that verifies chains only exactly (`Engine.chains_only`) every method drafts a chain: Medusa and
+    EAGLE-1 the top-1 path as deep as their tree, EAGLE-2 its top-1 path `depth` deep, ngram / suffix / hybrid their
+    most probable path; lookahead, whose Jacobi columns are a tree by construction, is refused."""
     if method not in METHODS:
         raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if method == "none":
         return NoDraft()
+    if chains_only(engine):
+        if method == "lookahead":
+            raise ConfigError("method lookahead verifies a tree of Jacobi guesses, and this engine (quantized weights) "
+                              "computes only chains exactly like plain steps; use ngram or suffix")
+        tree = chain_tree(tree.depth) if tree is not None else None
+        dynamic = DynamicTree(depth=dynamic.depth, top_k=1, total_tokens=dynamic.depth) if dynamic else None
     if method in TRAINING_FREE:
         if engine.max_draft_len < 1:
             raise ConfigError(f"method {method} needs an engine built with --max-draft-len K >= 1 (this one has "
@@ -59,7 +70,7 @@ def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dyna
                             if source is not None)
         return NgramProposer(step_costs(engine), ngram or NgramConfig(), model=acceptance,
                              max_draft_len=engine.max_draft_len, sources=sources,
-                             recent=recent if method == "suffix" else None)
+                             recent=recent if method == "suffix" else None, chains=chains_only(engine))
     if method == HYBRID:
         own = "medusa" if engine.num_medusa_heads else "eagle2" if dynamic is not None else "eagle" \
             if engine.has_eagle_draft else None
@@ -72,7 +83,8 @@ def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dyna
         sources = tuple((kind, source) for kind, source in ((SUFFIX_RECENT, recent), (SUFFIX_CORPUS, datastore))
                         if source is not None)
         return HybridProposer(drafter, step_costs(engine), ngram or NgramConfig(), model=acceptance,
-                              max_draft_len=engine.max_draft_len, sources=sources, recent=recent)
+                              max_draft_len=engine.max_draft_len, sources=sources, recent=recent,
+                              chains=chains_only(engine))
     size = _need(dynamic, method).total_tokens if method == "eagle2" else _need(tree, method).num_nodes
     if size > engine.max_draft_len:
         raise ConfigError(f"{method} drafts {size} tokens per step but the engine's max_draft_len is "
@@ -84,6 +96,11 @@ def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dyna
     if not engine.has_eagle_draft:
         raise ConfigError(f"method {method} needs an engine built from an EAGLE checkpoint (it has no draft)")
     return EagleProposer(tree) if method == "eagle" else EagleProposer(dynamic=dynamic)
+
+
+def chains_only(engine: Engine) -> bool:
+    """Whether the engine verifies chains only exactly (an engine that does not say verifies trees exactly)."""
+    return bool(getattr(engine, "chains_only", False))
 
 
 def lookahead_config(engine: Engine, requested: LookaheadConfig | None) -> LookaheadConfig:

@@ -158,11 +158,12 @@ class NgramProposer:
 
     def __init__(self, costs: StepCosts, config: NgramConfig = NgramConfig(), *,
                  model: AcceptanceModel | None = None, max_draft_len: int | None = None,
-                 sources: tuple = (), recent=None):
+                 sources: tuple = (), recent=None, chains: bool = False):
         """`sources`: (node kind, source) pairs with a `lookup` (datastore.Datastore / RecentOutputs), asked after
-        the sequence itself; `recent`: a RecentOutputs that gets this sequence's output when it finishes."""
+        the sequence itself; `recent`: a RecentOutputs that gets this sequence's output when it finishes; `chains`:
+        draft only the most probable path of the candidates (engines that verify chains only exactly)."""
         self.config, self.model = config, model if model is not None else AcceptanceModel()
-        self.sources, self.recent = tuple(sources), recent
+        self.sources, self.recent, self.chains = tuple(sources), recent, chains
         limit = min(x for x in (costs.max_slots - 1, config.max_draft_len, max_draft_len) if x is not None)
         self.costs, self.max_nodes = costs, limit
         self.index = SuffixIndex(config.max_ngram)
@@ -181,6 +182,8 @@ class NgramProposer:
 
     def propose(self, root: int) -> Draft:
         nodes = self._candidates() if self.max_nodes else []
+        if self.chains:
+            nodes = _best_path(nodes)
         self._nodes, self._chosen = nodes, _budget(nodes, self.costs, self.max_nodes)
         return self._lay_out(root)
 
@@ -358,6 +361,21 @@ def _freq_bucket(count: int, seen: int) -> int:
         return 0
     share = count / seen
     return 1 + sum(share < b for b in FREQ_BUCKETS)
+
+
+def _best_path(nodes: list[_Node]) -> list[_Node]:
+    """The candidates' most probable root-to-leaf walk: from the root, the most probable child each time (the first
+    found among equals), re-linked as a chain."""
+    kids: dict[int, list[int]] = {}
+    for i, node in enumerate(nodes):  # parents come before their children
+        kids.setdefault(node.parent, []).append(i)
+    path, parent = [], -1
+    while parent in kids:
+        best = max(kids[parent], key=lambda i: (nodes[i].p, -i))
+        node = nodes[best]
+        path.append(_Node(node.token, len(path) - 1, node.kind, node.p, node.depth, node.support))
+        parent = best
+    return path
 
 
 def _budget(nodes: list[_Node], costs: StepCosts, max_nodes: int) -> list[int]:

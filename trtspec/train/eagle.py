@@ -21,7 +21,7 @@ from torch import nn
 
 from trtspec.checkpoint.draft_vocab import DraftVocab
 from trtspec.checkpoint.hf_config import BaseModelConfig
-from trtspec.model.config import ModelConfig
+from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.model.reference import DecoderLayer
 from trtspec.model.rope import rope_cos_sin, rope_inv_freq
 from trtspec.train.data import Sample
@@ -38,9 +38,9 @@ EXPORT_NAMES = {
 }
 
 
-def draft_config(cfg: BaseModelConfig, intermediate_size: int | None = None) -> ModelConfig:
+def draft_config(cfg: BaseModelConfig, intermediate_size: int | None = None) -> ModelShape:
     """The draft layer's shape: the base's attention and RoPE, one layer, an optionally narrower MLP."""
-    return ModelConfig(
+    return ModelShape(
         architecture="LlamaForCausalLM", hidden_size=cfg.hidden_size, num_layers=1, num_heads=cfg.num_heads,
         num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, intermediate_size=intermediate_size or cfg.intermediate_size,
         vocab_size=cfg.vocab_size, rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
@@ -49,7 +49,7 @@ def draft_config(cfg: BaseModelConfig, intermediate_size: int | None = None) -> 
 
 
 class EagleDraftModule(nn.Module):
-    def __init__(self, config: ModelConfig, embed: torch.Tensor, lm_head: SharedLmHead):
+    def __init__(self, config: ModelShape, embed: torch.Tensor, lm_head: SharedLmHead):
         super().__init__()
         h = config.hidden_size
         self.config = config

@@ -86,7 +86,7 @@ def check_datastore(manifest: Manifest, engine_dir: Path, path: Path) -> None:
 
 def check_method(manifest: Manifest, method: str, what: str = "--method") -> None:
     """`--method` (or a request's `draft_method`): a drafter the engine can run, checked before anything runs."""
-    from trtspec.speculative.methods import METHODS, TRAINING_FREE, runnable_methods
+    from trtspec.speculative.methods import METHODS, TRAINING_FREE
 
     if manifest.backend is not Backend.ONNX:
         raise ConfigError(f"{what} applies to the CPU flavour only (a TensorRT-LLM engine runs the method it was "
@@ -100,7 +100,10 @@ def check_method(manifest: Manifest, method: str, what: str = "--method") -> Non
     if method == "lookahead" and manifest.profile.max_draft_len < 2:
         raise ConfigError(f"{what} lookahead: the engine was built with max_draft_len "
                           f"{manifest.profile.max_draft_len}; its smallest step, (W, N, G) = 2,2,1, drafts 2")
-    runs = runnable_methods(own, manifest.profile.max_draft_len)
+    if method == "lookahead" and manifest.weights.chains_only:
+        raise ConfigError(f"{what} lookahead: {manifest.name} has quantized weights, whose verify steps compute only "
+                          "chains exactly like plain steps, and lookahead verifies a tree; use ngram or suffix")
+    runs = manifest.runnable_methods()
     if method not in runs:
         raise ConfigError(f"{what} {method}: the engine was built for {own} ({manifest.name}); it runs "
                           f"{', '.join(runs[:-1])} or {runs[-1]}")

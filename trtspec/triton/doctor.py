@@ -359,7 +359,6 @@ def check_cpu_engine(models: dict[str, dict], repo: Path, engine_dir: Path | Non
     import os
 
     from trtspec.engine.manifest import read_manifest
-    from trtspec.speculative.methods import runnable_methods
     from trtspec.triton.model_args import repository_path
 
     out, cores = [], os.cpu_count() or 1
@@ -379,7 +378,7 @@ def check_cpu_engine(models: dict[str, dict], repo: Path, engine_dir: Path | Non
         if any(f is not None and f.dtype.value != "fp32" for f in (w.linear, w.lm_head, w.embedding, w.drafter)):
             out.append(Finding("note", name, "weights", ", ".join(f"{k} {v}" for k, v in w.summary().items())))
         method = params.get("method", "auto")
-        methods = runnable_methods(manifest.method.value, manifest.profile.max_draft_len)
+        methods = manifest.runnable_methods()
         if method not in ("", "auto") and method not in methods:
             out.append(Finding("error", name, "method", f"{method!r} does not run on {path} (it runs "
                                                          f"{', '.join(methods)}); requests fail"))

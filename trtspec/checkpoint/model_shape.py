@@ -1,59 +1,81 @@
-"""What the reference network needs to know, read from a TensorRT-LLM checkpoint's `config.json`.
+"""A model's shape: one frozen dataclass, read from a checkpoint's `config.json` and carried by the engine manifest.
 
-One frozen dataclass for the base (plus its Medusa heads) and, nested, the EAGLE drafter's `eagle_net_config`.
-Field names of the source are TensorRT-LLM's (`trtspec/checkpoint/trtllm_config.py` writes them).
+Two readers fill it: `checkpoint.hf_config.read_base_config` from a Hugging Face `config.json` (the converter's
+input), and `ModelShape.from_trtllm` from a TensorRT-LLM checkpoint's `config.json` (the builders' input; field
+names there are TensorRT-LLM's, written by `checkpoint/trtllm_config.py`). The engine manifest's `model` section is
+this shape plus the ids the build read beside it (`engine.manifest.ModelInfo`).
+
+Fields typed `... | None` beyond `dtype` and `rope_scaling` are None only in a shape read back from a manifest written
+before manifests carried the whole shape (`engine.manifest.ModelInfo.from_dict`; its `rope_scaling` is None too, not
+recorded there); both checkpoint readers fill them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from trtspec.errors import CheckpointError
+from trtspec.errors import CheckpointError, ConfigError, check_fields
 
-ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MedusaForCausalLM", "EagleForCausalLM")
+TRTLLM_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MedusaForCausalLM", "EagleForCausalLM")
 HIDDEN_ACTS = ("silu",)  # every supported family is SwiGLU; Medusa ResBlocks use the same activation
 DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True, kw_only=True)
-class ModelConfig:
-    """Everything the network needs: dimensions, RoPE, biases, and the speculative parts' sizes."""
+class ModelShape:
+    """A LLaMA-style decoder (RMSNorm, RoPE, SwiGLU): dimensions, RoPE, biases, and its drafter's sizes."""
 
-    architecture: str
+    architecture: str  # as config.json names it (HF: the base family's; TensorRT-LLM: also Medusa / Eagle)
+    dtype: str | None  # the stored dtype (None: an HF config.json that names none)
+    vocab_size: int
     hidden_size: int
     num_layers: int
-    num_heads: int
+    num_heads: int | None
     num_kv_heads: int
     head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    rms_norm_eps: float
-    rope_theta: float
+    intermediate_size: int | None
+    rms_norm_eps: float | None
+    rope_theta: float | None
     rope_scaling: dict | None  # HF rope_scaling dict; TRT-LLM adds "type" next to HF's "rope_type"
-    max_position_embeddings: int
-    qkv_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    hidden_act: str
-    dtype: str  # the stored dtype of the checkpoint
+    max_position_embeddings: int | None
+    hidden_act: str | None
+    qkv_bias: bool | None
+    o_bias: bool | None
+    mlp_bias: bool | None
+    tie_word_embeddings: bool | None = False
+    logits_dtype: str = "float32"  # the engine's logits (TensorRT-LLM config.json; Triton's logits_datatype)
     num_medusa_heads: int = 0
-    num_medusa_layers: int = 0
-    max_draft_len: int = 0
-    eagle: ModelConfig | None = None  # the drafter's eagle_net_config when architecture is EagleForCausalLM
+    num_medusa_layers: int | None = 0
+    max_draft_len: int | None = 0  # the checkpoint's (a build may choose a smaller K)
+    eagle: ModelShape | None = None  # the drafter's eagle_net_config when architecture is EagleForCausalLM
     num_eagle_layers: int = 0  # EagleNet invocations (tree depth), not transformer layers
-    max_non_leaves_per_layer: int = 0
+    max_non_leaves_per_layer: int = 0  # EAGLE: most expanding nodes per tree level
 
     def __post_init__(self) -> None:
-        if self.num_heads % self.num_kv_heads:
+        if self.num_heads is not None and self.num_heads % self.num_kv_heads:
             raise CheckpointError(f"num_attention_heads={self.num_heads} is not a multiple of "
                                   f"num_key_value_heads={self.num_kv_heads}")
         if self.head_dim % 2:
             raise CheckpointError(f"head_size={self.head_dim} is odd; rotary embeddings need an even head size")
 
+    # the EAGLE draft's KV cache, as the runtime allocates it (0: no draft network)
+    @property
+    def draft_layers(self) -> int:
+        return self.eagle.num_layers if self.eagle else 0
+
+    @property
+    def draft_num_kv_heads(self) -> int:
+        return self.eagle.num_kv_heads if self.eagle else 0
+
+    @property
+    def draft_head_dim(self) -> int:
+        return self.eagle.head_dim if self.eagle else 0
+
     @classmethod
-    def from_trtllm(cls, config: dict) -> ModelConfig:
+    def from_trtllm(cls, config: dict) -> ModelShape:
         """Read a TensorRT-LLM `config.json` dict; CheckpointError names the first bad or missing field."""
-        arch = _choice(config, "architecture", ARCHITECTURES)
+        arch = _choice(config, "architecture", TRTLLM_ARCHITECTURES)
         hidden, heads = _int(config, "hidden_size"), _int(config, "num_attention_heads")
         kv_heads = _int(config, "num_key_value_heads") if config.get("num_key_value_heads") is not None else heads
         head_dim = next((_int(config, k) for k in ("head_size", "head_dim") if config.get(k) is not None),
@@ -71,8 +93,25 @@ class ModelConfig:
             # Qwen2 has biases on q/k/v only; LLaMA's attention_bias puts one on o_proj (TRT `dense`) too.
             qkv_bias=attn_bias, o_bias=attn_bias and not _is_qwen(config), mlp_bias=_bool(config, "mlp_bias"),
             hidden_act=_choice(config, "hidden_act", HIDDEN_ACTS), dtype=_choice(config, "dtype", DTYPES),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings")),
+            logits_dtype=config.get("logits_dtype") or "float32",
             **speculative,
         )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str) -> ModelShape:
+        """The inverse of `to_dict` (a manifest's `model` section); ConfigError names `where` and the bad key."""
+        check_fields(cls, data, where)
+        data = dict(data)
+        if data.get("eagle") is not None:
+            data["eagle"] = ModelShape.from_dict(data["eagle"], f"{where}.eagle")
+        try:
+            return cls(**data)
+        except (TypeError, CheckpointError) as e:
+            raise ConfigError(f"{where}: {e}") from None
 
 
 def _medusa_fields(config: dict) -> dict:
@@ -85,7 +124,7 @@ def _eagle_fields(config: dict) -> dict:
     if not isinstance(net, dict):
         raise CheckpointError(f"config field eagle_net_config must be an object, found {net!r}")
     try:
-        draft = ModelConfig.from_trtllm(net)
+        draft = ModelShape.from_trtllm(net)
     except CheckpointError as e:
         raise CheckpointError(f"eagle_net_config: {e}") from None
     return {"eagle": draft, "num_eagle_layers": _int(config, "num_eagle_layers"),
