@@ -561,7 +561,7 @@ def render_table(report: dict) -> list[str]:
     lines += ["", "verify cost curve: step ms ÷ plain step, slots 1 .. K + 1"]
     for label, entry in report["systems"].items():
         if curve := entry.get("curve"):
-            lines.append(f"  {label:<{w - 2}}" + " ".join(f"{p['ratio']:.2f}" for p in curve["points"])
+            lines.append(f"  {label:<{w - 2}} " + " ".join(f"{p['ratio']:.2f}" for p in curve["points"])
                          + f"  (plain step {curve['points'][0]['ms']:.1f} ms)")
     lines += ["", "targets (decode tok/s: after the first token)"]
     for t in report["targets"]:
