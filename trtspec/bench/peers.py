@@ -22,6 +22,8 @@ from trtspec.errors import ConfigError
 
 GENAI_MODULES = ("onnxruntime_genai", "onnx_ir")  # the builder imports onnx_ir but does not declare it
 GENAI_INSTALL = "pip install onnxruntime-genai onnx-ir"
+LLAMA_CPP_MODULES = ("llama_cpp",)
+LLAMA_CPP_INSTALL = "pip install llama-cpp-python"
 TRANSFORMERS_MODULES = ("transformers", "torch")
 TRANSFORMERS_INSTALL = "pip install 'trtspec[build]'"
 GENAI_CONFIG = "genai_config.json"
@@ -61,12 +63,13 @@ def run_trtspec(engine: str, prompts: list[list[int]], *, max_tokens: int, threa
 
 # ---- onnxruntime-genai --------------------------------------------------------------------------------------
 
-def build_genai_model(hf_dir: Path, out: Path, *, log: Path) -> Path:
-    """Run onnxruntime-genai's model builder (fp32, CPU) offline on a local HF folder; reuse a finished build."""
+def build_genai_model(hf_dir: Path, out: Path, *, log: Path, precision: str = "fp32") -> Path:
+    """Run onnxruntime-genai's model builder (CPU, `precision` fp32 or int4: its defaults for the CPU, block 32 and
+    accuracy level 4) offline on a local HF folder; reuse a finished build."""
     if (out / GENAI_CONFIG).is_file():
         return out
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out),
-           "-p", "fp32", "-e", "cpu", "-c", str(out.parent / "genai-cache")]
+           "-p", precision, "-e", "cpu", "-c", str(out.parent / "genai-cache")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     with open(log, "w") as f:
         code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
@@ -140,6 +143,34 @@ def run_genai_lookup(model: str, prompts: list[list[int]], *, max_tokens: int, t
         (plain, plain_s, _), (spec, spec_s, stats) = runs[False], runs[True]
         yield {"prompt": index, "tokens": len(plain), "plain_s": plain_s, "lookup_s": spec_s,
                "identical": plain == spec, "acceptance_rate": float(stats.get("acceptance_rate", 0.0))}
+
+
+# ---- llama.cpp ----------------------------------------------------------------------------------------------
+
+def run_llama_cpp(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int) -> Iterator[dict]:
+    """Greedy decoding of a GGUF model with llama-cpp-python (`Llama.generate` at temperature 0, top_k 1, no
+    repetition penalty), stopping at its end-of-sequence token or after `max_tokens`."""
+    from llama_cpp import Llama
+
+    n_ctx = max(len(ids) for ids in prompts) + max_tokens + 8
+    loaded = Llama(model_path=model, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
+    eos = loaded.token_eos()
+
+    def generate(ids: list[int], new_tokens: int) -> tuple[list[int], float, float, float]:
+        out: list[int] = []
+        start = time.perf_counter()
+        first = start
+        for token in loaded.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            if not out:
+                first = time.perf_counter()
+            out.append(int(token))
+            if token == eos or len(out) >= new_tokens:
+                break
+        return out, start, first, time.perf_counter()
+
+    generate(prompts[0], WARMUP_TOKENS)
+    for index, ids in enumerate(prompts):
+        yield _sample(index, *generate(ids, max_tokens))
 
 
 # ---- transformers -------------------------------------------------------------------------------------------

@@ -1,0 +1,291 @@
+"""`trtspec bench formats` on tiny engines: fp32 (with Medusa heads) / int8 / int4 builds of one model, side by side
+with onnxruntime-genai int4 built by its own builder from the same tiny HF folder; weight bytes per token, the verify
+curve, the targets' arithmetic, the command and its errors. No speed is asserted."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from trtspec.bench import formats
+from trtspec.bench.formats import (FormatsOptions, format_label, gguf_weight_bytes, measure_curve, onnx_weight_bytes,
+                                   render_table, run_benchmark, run_engine, targets)
+from trtspec.bench.peers import GENAI_MODULES, missing_modules
+from trtspec.cli import cli
+from trtspec.engine.onnx_builder import BuildOptions, build
+from trtspec.errors import ConfigError
+from trtspec.runtime.generator import LocalGenerator
+from trtspec.runtime.loop import GenerationConfig
+from trtspec.testing import TinyModel, tiny_trtllm_checkpoints, write_tiny_tokenizer
+
+K = 8
+SETS = ("mt-bench", "code-edit")  # a short set and a grounded one (the targets read grounded sets)
+GENAI_MISSING = missing_modules(GENAI_MODULES)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny model (tied embeddings, a real tiny BPE tokenizer, also copied into the HF folder for the peer's
+    builder): fp32 with Medusa heads, int8 and int4 without, each K = 8."""
+    root = tmp_path_factory.mktemp("formats")
+    vocab = write_tiny_tokenizer(root / "tok")
+    model = TinyModel(vocab_size=vocab, tie_word_embeddings=True, max_position_embeddings=4096)
+    ckpt = tiny_trtllm_checkpoints(root, model, drafters=("none", "medusa"))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(root / "tok" / name, root / "base" / name)
+    engines = {}
+    for name, source, weights in (("fp32", "medusa", "fp32"), ("int8", "none", "int8"), ("int4", "none", "int4")):
+        engines[name] = root / name
+        build(BuildOptions(source=ckpt[source], out=engines[name], max_input_len=2048, max_seq_len=2304,
+                           max_draft_len=K, weights=weights, tokenizer=root / "tok"))
+    return {"root": root, "hf": root / "base", **engines}
+
+
+@pytest.fixture(scope="module")
+def report(tiny):
+    """One real run over the three engines, onnxruntime-genai int4 (when installed) and llama.cpp (asked for; not
+    installed here, so it must be skipped with its reason)."""
+    peers = ("llama.cpp",) if GENAI_MISSING else ("onnxruntime-genai", "llama.cpp")
+    lines = []
+    options = FormatsOptions(engines=(tiny["fp32"], tiny["int8"], tiny["int4"]), peers=peers, hf=tiny["hf"],
+                             sets=SETS, limit=1, max_tokens=8, threads=1, rounds=2, past=16, repeats=1,
+                             work=tiny["root"] / "work")
+    return run_benchmark(options, show=lines.append, progress=False), lines
+
+
+def test_every_engine_and_peer_decodes_the_same_prompts(report):
+    report, _ = report
+    expected = {"fp32", "int8", "int4"} | (set() if GENAI_MISSING else {"onnxruntime-genai int4"})
+    assert set(report["systems"]) == expected
+    assert report["sets"] == list(SETS)
+    for entry in report["systems"].values():
+        plain = entry["plain"]
+        assert plain["all"]["runs"] == 2 * 2  # 2 prompts x 2 rounds
+        assert plain["all"]["runs"] == sum(plain[s]["runs"] for s in SETS)
+        assert plain["all"]["tokens_per_s"] > 0 and plain["all"]["tokens"] <= 4 * 8
+    assert [report["systems"][e]["format"] for e in ("fp32", "int8", "int4")] == ["fp32", "int8 b32", "int4 b32"]
+
+
+def test_speculation_per_engine_with_its_own_drafter(report):
+    report, _ = report
+    systems = report["systems"]
+    assert list(systems["fp32"]["methods"]) == ["ngram", "medusa"]  # the engine's own drafter is added
+    assert list(systems["int4"]["methods"]) == ["ngram"]
+    for name in ("fp32", "int8", "int4"):
+        for cells in systems[name]["methods"].values():
+            assert cells["all"]["compared"] == 4 and cells["all"]["speedup"] > 0
+            assert cells["all"]["tau"] is None or cells["all"]["tau"] >= 1
+    for cells in systems["fp32"]["methods"].values():  # fp32 speculation is lossless
+        assert cells["all"]["identical"] == cells["all"]["compared"]
+
+
+def test_verify_curve_covers_every_slot_count(report):
+    report, _ = report
+    for name in ("fp32", "int8", "int4"):
+        curve = report["systems"][name]["curve"]
+        assert [p["slots"] for p in curve["points"]] == list(range(1, K + 2))
+        assert curve["points"][0]["ratio"] == 1.0 and all(p["ms"] > 0 for p in curve["points"])
+        costs = curve["step_costs"]
+        assert costs["profiles"][0] == 1 and costs["profiles"][-1] == K + 1
+        assert costs["step_ms"] == sorted(costs["step_ms"])  # levelled: no profile costs more than a larger one
+
+
+def test_floor_and_weight_bytes_per_format(report, tiny):
+    report, _ = report
+    systems = report["systems"]
+    read = {name: systems[name]["weights"]["read"] for name in ("fp32", "int8", "int4")}
+    assert read["fp32"] > read["int8"] > read["int4"]
+    for entry in systems.values():
+        floor = entry["floor"]
+        assert floor["weight_bytes"] == entry["weights"]["read"]
+        assert floor["ratio"] == pytest.approx(floor["decode_ms"] / floor["floor_ms"], rel=1e-2)
+
+
+def test_tied_quantized_embedding_is_counted_once_with_the_lm_head(tiny):
+    """The int4 engine's embedding gathers the lm_head's own bytes: read whole by the lm_head, counted once."""
+    import onnx
+
+    engine = tiny["int4"]
+    counted = onnx_weight_bytes(engine / "generation.onnx")
+    assert counted["gathered"] == 0
+    model = onnx.load(str(engine / "generation.onnx"), load_external_data=False)
+    external = [{x.key: x.value for x in init.external_data} for init in model.graph.initializer]
+    regions = {(e["offset"], e["length"]) for e in external if e}
+    by_name = {init.name: (e.get("offset"), e.get("length")) for init, e in zip(model.graph.initializer, external)}
+    assert by_name["embedding.q"] == by_name["lm_head.weight.q"]  # the codes the embedding gathers are the lm_head's
+    in_graph = sum(formats._initializer_extent(init)[1] for init in model.graph.initializer
+                   if not init.external_data)
+    assert counted["read"] == sum(int(length) for _, length in regions) + in_graph
+
+
+def test_untied_embedding_table_is_left_out(tmp_path):
+    """An fp32 engine with an untied embedding reads its lm_head whole and gathers one row of the table."""
+    vocab = write_tiny_tokenizer(tmp_path / "tok")
+    model = TinyModel(vocab_size=vocab, tie_word_embeddings=False)
+    ckpt = tiny_trtllm_checkpoints(tmp_path, model, drafters=("none",))["none"]
+    build(BuildOptions(source=ckpt, out=tmp_path / "engine", max_input_len=32, max_seq_len=64, no_spec=True))
+    counted = onnx_weight_bytes(tmp_path / "engine" / "generation.onnx")
+    assert counted["gathered"] == vocab * model.hidden_size * 4
+
+
+def test_gguf_weight_bytes_leave_an_untied_embedding_out(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    for tied in (True, False):
+        path = tmp_path / f"m{tied}.gguf"
+        writer = gguf.GGUFWriter(str(path), "llama")
+        writer.add_tensor("token_embd.weight", np.zeros((16, 8), np.float32))
+        writer.add_tensor("blk.0.attn_q.weight", np.zeros((8, 8), np.float32))
+        if not tied:
+            writer.add_tensor("output.weight", np.zeros((16, 8), np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        expected = {"read": (16 * 8 + 8 * 8) * 4, "gathered": 0} if tied else {"read": (16 * 8 + 8 * 8) * 4,
+                                                                               "gathered": 16 * 8 * 4}
+        assert gguf_weight_bytes(path) == expected
+
+
+def test_llama_cpp_missing_is_one_line_and_a_not_measured_target(report):
+    report, lines = report
+    if not missing_modules(("llama_cpp",)):
+        pytest.skip("llama-cpp-python is installed: the peer runs")
+    assert [line for line in lines if line.startswith("llama.cpp Q4: skipped")] == [
+        "llama.cpp Q4: skipped, llama_cpp not installed (pip install llama-cpp-python)"]
+    llama = [t for t in report["targets"] if "llama.cpp" in t["name"]]
+    assert llama and all(t["ok"] is None and "not installed" in t["reason"] for t in llama)
+
+
+@pytest.mark.skipif(bool(GENAI_MISSING), reason=f"{', '.join(GENAI_MISSING)} not installed")
+def test_genai_int4_peer_is_built_by_its_builder_and_compared(report, tiny):
+    report, _ = report
+    genai = report["systems"]["onnxruntime-genai int4"]
+    config = json.loads((tiny["root"] / "work" / "genai-int4" / "genai_config.json").read_text())
+    assert config["model"]["type"] == "llama"
+    assert genai["weights"]["read"] < report["systems"]["fp32"]["weights"]["read"]
+    plain = [t for t in report["targets"] if t["name"] == "int4 plain ÷ onnxruntime-genai int4 plain"]
+    assert len(plain) == 1 and plain[0]["ok"] is not None
+    assert plain[0]["value"] == pytest.approx(report["systems"]["int4"]["plain"]["all"]["decode_tokens_per_s"]
+                                              / genai["plain"]["all"]["decode_tokens_per_s"], rel=1e-2)
+    grounded = [t for t in report["targets"] if "code-edit" in t["name"] and "onnxruntime-genai" in t["name"]]
+    assert len(grounded) == 1 and grounded[0]["ok"] is not None
+
+
+def test_render_table_names_every_system_and_target(report):
+    report, _ = report
+    text = "\n".join(render_table(report))
+    for label in report["systems"]:
+        assert label in text
+    assert "llama.cpp Q4" in text and "targets" in text
+    assert text.count("PASS") + text.count("FAIL") + text.count("not measured") == len(report["targets"])
+
+
+def test_run_engine_plain_rows_equal_the_generator(tiny):
+    prompts = [[1, 5, 9, 13], [2, 4, 8, 16, 32, 3, 7]]
+    rows = list(run_engine(str(tiny["int4"]), prompts, methods=["ngram"], max_tokens=6, threads=1))
+    generator = LocalGenerator(tiny["int4"], threads=1)
+    expected = [generator.generate(ids, GenerationConfig(max_tokens=6, no_spec=True)).output_ids for ids in prompts]
+    assert [r["runs"]["none"]["output_ids"] for r in rows] == expected
+    assert all(set(r["runs"]) == {"none", "ngram"} for r in rows)
+
+
+def test_measure_curve_step_costs_drive_the_drafters(tiny):
+    curve = measure_curve(str(tiny["fp32"]), threads=1, past=8, repeats=1)
+    rows = list(run_engine(str(tiny["fp32"]), [[1, 2, 3]], methods=["ngram"], max_tokens=4, threads=1,
+                           step_costs=curve["step_costs"]))
+    assert len(rows) == 1
+    bad = {**curve["step_costs"], "profiles": [1, 2]}
+    bad["relative"], bad["step_ms"] = bad["relative"][:2], bad["step_ms"][:2]
+    with pytest.raises(ConfigError, match="does not fit"):
+        list(run_engine(str(tiny["fp32"]), [[1, 2, 3]], methods=["ngram"], max_tokens=4, threads=1, step_costs=bad))
+
+
+def _report(tps: dict[str, dict[str, float]], spec: dict[str, float], kinds: dict[str, str] | None = None) -> dict:
+    kinds = kinds or {}
+    systems = {}
+    for label, per_set in tps.items():
+        kind = kinds.get(label, "engine")
+        systems[label] = {"kind": kind, "format": "int4 b32" if label == "int4" else "fp32",
+                          "plain": {s: {"decode_tokens_per_s": v} for s, v in per_set.items()}}
+        if kind == "engine":
+            systems[label]["methods"] = {"ngram": {s: {"decode_tokens_per_s": v} for s, v in spec.items()}}
+    return {"systems": systems, "sets": ["code-edit"]}
+
+
+def test_targets_pass_fail_and_not_measured():
+    kinds = {"genai": "onnxruntime-genai", "llama": "llama.cpp"}
+    tps = {"int4": {"all": 90.0, "code-edit": 90.0}, "genai": {"all": 100.0, "code-edit": 100.0},
+           "llama": {"all": 70.0, "code-edit": 70.0}}
+    result = {t["name"]: t for t in targets(_report(tps, {"all": 160.0, "code-edit": 160.0}, kinds), {})}
+    assert result["int4 plain ÷ onnxruntime-genai int4 plain"]["ok"] is False  # 0.9x < 1.0x
+    assert result["int4 + ngram ÷ onnxruntime-genai int4 plain on code-edit"]["ok"] is True  # 1.6x >= 1.5x
+    assert result["int4 + ngram ÷ llama.cpp Q4 plain on code-edit"]["ok"] is True  # 2.29x >= 2x
+    assert result["int4 + ngram ÷ llama.cpp Q4 plain on code-edit"]["value"] == pytest.approx(160 / 70, abs=1e-3)
+    missing = targets(_report({"int4": tps["int4"]}, {"all": 1.0, "code-edit": 1.0}), {"llama.cpp": "not here"})
+    assert all(t["ok"] is None for t in missing)
+    assert {t["reason"] for t in missing} == {"--peers without onnxruntime-genai", "not here"}
+    none = targets(_report({"fp32": tps["int4"]}, {"all": 1.0}), {})
+    assert none[0]["reason"] == "no int4 engine among ENGINES"
+
+
+def test_format_label():
+    assert format_label({}) == "fp32"
+    q = {"dtype": "int4", "block_size": 64}
+    assert format_label({"linear": q, "lm_head": q}) == "int4 b64"
+    assert format_label({"linear": q, "lm_head": {"dtype": "int8", "block_size": 32}}) == "int4 b64, lm_head int8 b32"
+
+
+def test_options_refuse_bad_input(tiny):
+    engines = (tiny["fp32"],)
+    with pytest.raises(ConfigError, match="--peers foo: unknown peer"):
+        FormatsOptions(engines=engines, peers=("foo",), hf=tiny["hf"])
+    with pytest.raises(ConfigError, match="needs --hf"):
+        FormatsOptions(engines=engines, peers=("onnxruntime-genai",))
+    with pytest.raises(ConfigError, match="--limit 0"):
+        FormatsOptions(engines=engines, peers=(), limit=0)
+    with pytest.raises(ConfigError, match="--methods none"):
+        FormatsOptions(engines=engines, peers=(), methods=("none",))
+
+
+def test_two_turn_set_and_foreign_engine_refused(tiny, tmp_path):
+    with pytest.raises(ConfigError, match="two-turn"):
+        run_benchmark(FormatsOptions(engines=(tiny["fp32"],), peers=(), sets=("mt-bench-2turn",),
+                                     work=tmp_path), show=lambda line: None, progress=False)
+    other = tmp_path / "other"
+    shutil.copytree(tiny["int4"], other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["model"]["vocab_size"] += 1
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match="vocabulary of"):
+        run_benchmark(FormatsOptions(engines=(tiny["fp32"], other), peers=(), work=tmp_path),
+                      show=lambda line: None, progress=False)
+
+
+def test_command_writes_summary_and_png(tiny, tmp_path):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["bench", "formats", str(tiny["int8"]), str(tiny["int4"]), "--peers", "llama.cpp",
+                                      "--hf", str(tiny["hf"]), "--sets", "mt-bench", "--limit", "1", "--max-tokens",
+                                      "4", "--threads", "1", "--rounds", "1", "--past", "8", "--repeats", "1",
+                                      "--work", str(tmp_path / "work"), "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["systems"]) == {"int8", "int4"}
+    assert (out / "formats.png").read_bytes()[:4] == b"\x89PNG"
+    assert "int4 + speculation on grounded sets" in result.output  # mt-bench only: no grounded set
+    assert "no grounded set in --sets" in result.output
+
+
+def test_command_unknown_peer_is_one_line(tiny):
+    result = CliRunner().invoke(cli, ["bench", "formats", str(tiny["int4"]), "--peers", "vllm"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1] == ("error: --peers vllm: unknown peer; choose from "
+                                                      "onnxruntime-genai, llama.cpp")
+
+
+def test_llama_cpp_gguf_from_the_hf_record(tmp_path):
+    with pytest.raises(ConfigError, match="--gguf FILE"):
+        formats.llama_cpp_gguf(tmp_path)

