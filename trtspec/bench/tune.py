@@ -6,9 +6,11 @@
    recorded (`replay.record_greedy`).
 3. Per setting, τ predicted by replaying the drafter over those recordings: the training-free methods (ngram,
    suffix) per node budget; on a Medusa engine the Medusa paper's greedy tree per node budget (`medusa_tree`) and the
-   shipped tree; an EAGLE engine's own drafter (its draft depends on its own tokens: no offline replay) is run on the
-   calibration prompts instead, its per-depth acceptance reported. Predicted decode tokens/s = tokens ÷ (Σ over the replayed steps of step_ms(profile) + the drafter's
-   own time), i.e. τ ÷ step time; plain = 1 ÷ step_ms(1 slot). The curve's milliseconds are scaled so that its
+   shipped tree; on an EAGLE-1 engine the same over its draft's ranks, recorded by teacher-forcing the draft along
+   the recordings (`eagle_tree`), each tree's drafting time measured on the runtime's own proposer; an EAGLE-2
+   engine's dynamic tree is run on the calibration prompts instead, its per-depth acceptance reported. Predicted
+   decode tokens/s = tokens ÷ (Σ over the replayed steps of step_ms(profile) + the drafter's own time), i.e. τ ÷
+   step time; plain = 1 ÷ step_ms(1 slot). The curve's milliseconds are scaled so that its
    plain step equals the plain decode step the calibration run itself took (`_anchored`): the curve gives the shape,
    the loop as it runs now the level.
 4. The best predicted settings (and plain decoding, and the shipped tree) measured on the evaluation prompts at
@@ -25,6 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
+from trtspec.bench.eagle_tree import drafting_ms, expected_length as eagle_expected, greedy_tree as eagle_greedy_tree
+from trtspec.bench.eagle_tree import node_probabilities, record_features, roots, teacher_force
+from trtspec.bench.medusa_tree import expected_length as medusa_expected
 from trtspec.bench.replay import HEAD_RANKS, Replayed, record_greedy, replay_drafter, replay_tree
 from trtspec.errors import ConfigError
 from trtspec.progress import progress_bar
@@ -59,12 +64,12 @@ class TuneOptions:
 
 @dataclass
 class Setting:
-    """One drafting setting: a method with a node budget, or a Medusa tree."""
+    """One drafting setting: a method with a node budget, or a Medusa / EAGLE-1 tree."""
 
     name: str
     method: str
     budget: int  # draft nodes per step at most
-    choices: list[list[int]] | None = None  # Medusa: the tree
+    choices: list[list[int]] | None = None  # Medusa / EAGLE-1: the tree
     predicted: dict = field(default_factory=dict)
     measured: dict | None = None
 
@@ -115,16 +120,16 @@ def run_tune(options: TuneOptions, show=print) -> dict:
     costs = engine.step_costs()
     calibration, evaluation, split = split_prompts(options, generator, show)
     heads = engine.num_medusa_heads if manifest.method.value == "medusa" else 0
+    eagle = manifest.method.value == "eagle" and engine.has_eagle_draft
     k = engine.max_draft_len
     generator.generate(list(calibration[0].ids), GenerationConfig(max_tokens=8, no_spec=True))  # warm up
     context = int(np.median([len(p.ids) for p in calibration])) + options.max_tokens // 2
     timed = measure_curve(engine, rounds=CURVE_ROUNDS, past=context)  # at the calibration prompts' context length
-    with progress_bar("record calibration", total=len(calibration), enabled=options.show_progress) as advance:
-        # K tokens past max_tokens: the last replayed step may accept past the end, as a run counts it
-        recordings = record_greedy(generator, [list(p.ids) for p in calibration], options.max_tokens + k,
-                                   heads=heads, advance=advance)
     budgets = sorted({b for b in options.budgets if b <= k})
     skipped = sorted(b for b in options.budgets if b > k)
+    eagle_depth = _eagle_depth(budgets, manifest, k) if eagle else 0
+    # K tokens past max_tokens: the last replayed step may accept past the end, as a run counts it
+    recordings = _record(generator, calibration, options.max_tokens + k, heads, eagle_depth, "calibration", options)
     curve = _anchored(timed, recordings)
     settings = [Setting(PLAIN, PLAIN, 0, predicted=_predicted_plain(curve["step_ms"][0]))]
     for method in TRAINING_FREE if k >= 1 else ():
@@ -132,23 +137,30 @@ def run_tune(options: TuneOptions, show=print) -> dict:
             setting = Setting(f"{method}/{budget}", method, budget)
             setting.predicted = _prediction(*_replay(generator, setting, recordings, options.max_tokens, costs), curve)
             settings.append(setting)
-    accuracies = None
+    accuracies, probabilities = None, None
     if heads:
         accuracies, trees = _medusa_trees(recordings, budgets, manifest)
         head_ms = 1000 * sum(r.head_s for r in recordings) / max(1, sum(len(r.output_ids) for r in recordings))
         for name, choices in trees:
-            settings.append(_tree_setting(name, choices, recordings, costs, curve, options.max_tokens, head_ms,
-                                          accuracies))
+            expected = {"expected_tau_independent_heads": round(medusa_expected(accuracies, choices), 3)}
+            settings.append(_tree_setting(name, "medusa", choices, recordings, costs, curve, options.max_tokens,
+                                          head_ms, expected))
     own = manifest.method.value
-    if own not in (PLAIN, "medusa"):  # EAGLE's draft depends on its own tokens: run on the calibration prompts
+    if eagle:
+        probabilities, trees = _eagle_trees(recordings, budgets, manifest, options.max_tokens, eagle_depth)
+        draft_ms = drafting_ms(engine, recordings, {name: _tree(choices) for name, choices in trees},
+                               options.max_tokens)
+        for name, choices in trees:
+            expected = {"expected_tau_per_root": round(eagle_expected(probabilities, choices), 3)}
+            settings.append(_tree_setting(name, "eagle", choices, recordings, costs, curve, options.max_tokens,
+                                          draft_ms[name], expected))
+    elif own not in (PLAIN, "medusa"):  # EAGLE-2's dynamic tree: run on the calibration prompts
         settings.append(_calibrated_setting(generator, own, calibration, options.max_tokens, curve))
     chosen = _candidates(settings, options.candidates)
-    with progress_bar("record evaluation", total=len(evaluation), enabled=options.show_progress) as advance:
-        held_out = record_greedy(generator, [list(p.ids) for p in evaluation], options.max_tokens + k, heads=heads,
-                                 advance=advance)
+    held_out = _record(generator, evaluation, options.max_tokens + k, heads, eagle_depth, "evaluation", options)
     _measure(generator, chosen, evaluation, options, show)
     for s in chosen:  # the replay on the evaluation prompts themselves: how much of the error is the prompts'
-        replayable = s.method in (PLAIN, "medusa", *TRAINING_FREE)
+        replayable = s.method in (PLAIN, "medusa", *TRAINING_FREE) or (s.method == "eagle" and eagle)
         s.measured["replayed_tau"] = _tau(*_replay(generator, s, held_out, options.max_tokens, costs)) \
             if replayable else None
     winner = max(chosen, key=lambda s: s.measured["decode_tokens_per_s"])
@@ -159,11 +171,73 @@ def run_tune(options: TuneOptions, show=print) -> dict:
         "cached_verify_curve": costs.to_dict(), "anchored_curve": curve,
         "budgets": budgets, "budgets_over_k": skipped,
         "head_accuracies": None if accuracies is None else [[round(x, 4) for x in row] for row in accuracies],
+        "eagle_depth": eagle_depth or None,
+        # the draft's most probable nodes (rank paths) on the calibration prompts: what its trees are built from
+        "eagle_node_probabilities": None if probabilities is None else
+        [[list(path), round(p, 4)] for path, p in sorted(probabilities.items(), key=lambda x: (-x[1], x[0]))[:32]],
         "settings": [s.to_dict() for s in settings], "measured": [s.name for s in chosen],
         "winner": winner.to_dict(),
         "load_average": {"before": [round(x, 2) for x in load_before],
                          "after": [round(x, 2) for x in os.getloadavg()]},
     }
+
+
+def _record(generator, prompts, max_tokens: int, heads: int, eagle_depth: int, which: str, options) -> list:
+    """The prompts' greedy recordings (`replay.record_greedy`); on an EAGLE-1 engine with the target's features and
+    then the draft's ranks along them (`eagle_tree.teacher_force`, a progress bar over the roots)."""
+    ids = [list(p.ids) for p in prompts]
+    with progress_bar(f"record {which}", total=len(prompts), enabled=options.show_progress) as advance:
+        if not eagle_depth:
+            return record_greedy(generator, ids, max_tokens, heads=heads, advance=advance)
+        recordings = record_features(generator, ids, max_tokens, advance=advance)
+    with progress_bar(f"EAGLE draft along {which}", total=sum(roots(r, options.max_tokens) for r in recordings),
+                      enabled=options.show_progress) as advance:
+        for r in recordings:
+            teacher_force(generator.engine, r, eagle_depth, options.max_tokens, _eagle_ranks(generator.manifest),
+                          advance=advance)
+    return recordings
+
+
+def _eagle_depth(budgets: list[int], manifest, k: int) -> int:
+    """Depths the EAGLE draft is teacher-forced to: as deep as the largest budget's tree or the shipped tree can go,
+    within K and the tree limit (a root stops early where the true token leaves the candidates kept)."""
+    from trtspec.speculative.tree import MAX_DEPTH
+
+    shipped = max((len(c) for c in manifest.tree or ()), default=1)
+    return max(1, min(k, MAX_DEPTH, max([*budgets, shipped])))
+
+
+def _eagle_ranks(manifest) -> int:
+    """Ranks kept per depth: HEAD_RANKS, or the shipped tree's widest rank + 1."""
+    return max([HEAD_RANKS, *(max(c) + 1 for c in manifest.tree or ())])
+
+
+def _eagle_trees(recordings, budgets: list[int], manifest, max_tokens: int, depth: int) -> tuple[dict, list]:
+    """The draft's node probabilities, the greedy tree of each budget (once each) and the shipped tree. An engine
+    that verifies chains only exactly (quantized weights) gets chains instead: each budget's (as deep as the draft
+    was forced) and the shipped tree's, which is what it drafts (make_proposer)."""
+    probabilities = node_probabilities(recordings, max_tokens, _eagle_ranks(manifest))
+    trees, seen = [], []
+    for b in budgets:
+        if manifest.weights.chains_only:
+            choices = [[0] * d for d in range(1, min(b, depth) + 1)]
+        else:
+            choices = eagle_greedy_tree(probabilities, b)[0]
+        if choices and choices not in seen:
+            trees.append((f"eagle-tree/{len(choices)}", choices))
+            seen.append(choices)
+    if manifest.tree:
+        shipped = [list(c) for c in manifest.tree]
+        if manifest.weights.chains_only:
+            shipped = [[0] * d for d in range(1, max(len(c) for c in shipped) + 1)]
+        trees.append(("eagle (shipped)", shipped))
+    return probabilities, trees
+
+
+def _tree(choices):
+    from trtspec.speculative.tree import build_tree
+
+    return build_tree([list(c) for c in choices])
 
 
 def _medusa_trees(recordings, budgets: list[int], manifest) -> tuple[list[list[float]], list]:
@@ -234,7 +308,7 @@ def _replay(generator, setting: Setting, recordings, max_tokens: int, costs) -> 
     if setting.method == PLAIN:
         tokens = sum(min(max_tokens, len(r.output_ids)) - 1 for r in recordings)
         return SpecStats(steps=tokens), tokens
-    if setting.method == "medusa":
+    if setting.method in ("medusa", "eagle"):  # a tree over the recorded ranks (the heads', the EAGLE draft's)
         tokens = sum(min(max_tokens, len(r.output_ids)) - 1 for r in recordings)
         return replay_tree(recordings, setting.choices, max_tokens, costs), tokens
     model, recent = _learning_state()
@@ -247,7 +321,7 @@ def _replay(generator, setting: Setting, recordings, max_tokens: int, costs) -> 
 
 
 def _calibrated_setting(generator, method: str, prompts, max_tokens: int, curve: dict) -> Setting:
-    """The engine's own trained drafter (EAGLE), not replayable offline: run for real on the calibration prompts,
+    """The engine's own dynamic tree (EAGLE-2), not replayed offline: run for real on the calibration prompts,
     its steps and drafting time then costed on the curve as the replayed ones are."""
     from trtspec.runtime.loop import GenerationConfig, generate
     from trtspec.speculative.stats import SpecStats
@@ -266,15 +340,14 @@ def _tau(stats, tokens: int) -> float:
     return round(tokens / stats.steps, 3) if stats.steps else 1.0
 
 
-def _tree_setting(name: str, choices, recordings, costs, curve: dict, max_tokens: int, head_ms: float,
-                  accuracies) -> Setting:
-    from trtspec.bench.medusa_tree import expected_length
-
-    setting = Setting(name, "medusa", len(choices), choices)
+def _tree_setting(name: str, method: str, choices, recordings, costs, curve: dict, max_tokens: int,
+                  draft_ms: float, expected: dict) -> Setting:
+    """A Medusa or EAGLE-1 tree replayed over the recorded ranks, its drafter's time per step (`draft_ms`: the
+    heads' run, or the EAGLE proposer's drafting) added to every step."""
+    setting = Setting(name, method, len(choices), choices)
     stats, tokens = _replay(None, setting, recordings, max_tokens, costs)
-    stats.draft_s = stats.steps * head_ms / 1000  # the heads run once per step
-    setting.predicted = _prediction(stats, tokens, curve)
-    setting.predicted["expected_tau_independent_heads"] = round(expected_length(accuracies, choices), 3)
+    stats.draft_s = stats.steps * draft_ms / 1000
+    setting.predicted = {**_prediction(stats, tokens, curve), **expected}
     return setting
 
 
@@ -349,8 +422,8 @@ def _proposer(generator, setting: Setting, state):
     engine = generator.engine
     if setting.method == PLAIN:
         return make_proposer(PLAIN, engine)
-    if setting.method == "medusa":
-        return make_proposer("medusa", engine, tree=build_tree(setting.choices))
+    if setting.method in ("medusa", "eagle") and setting.choices is not None:
+        return make_proposer(setting.method, engine, tree=build_tree(setting.choices))
     if setting.method not in TRAINING_FREE:  # the engine's own trained drafter, as it ships
         return generator.proposer(GenerationConfig(method=setting.method))
     model, recent = state
