@@ -265,16 +265,18 @@ def _medusa_trees(recordings, budgets: list[int], manifest) -> tuple[list[list[f
 
 
 def _candidates(settings: list[Setting], count: int) -> list[Setting]:
-    """Plain decoding, the `count` best predicted settings, the best of each method (a Medusa engine's best tree
-    stands beside its shipped one) and the shipped drafter (each setting's predicted speedup set on the way)."""
+    """Plain decoding, the `count` best predicted settings, the best of each method other than the shipped drafter
+    (a Medusa or EAGLE engine's best tree stands beside its shipped one whichever is predicted faster) and the shipped
+    drafter (each setting's predicted speedup set on the way)."""
     base = settings[0].predicted["decode_tokens_per_s"]
     for s in settings:
         s.predicted["speedup"] = round(s.predicted["decode_tokens_per_s"] / base, 3) if base else None
     ranked = sorted(settings[1:], key=lambda s: -s.predicted["decode_tokens_per_s"])
+    shipped = [s for s in settings if s.name.endswith("(shipped)")]
     best_of = {}
     for s in ranked:
-        best_of.setdefault(s.method, s)
-    shipped = [s for s in settings if s.name.endswith("(shipped)")]
+        if s not in shipped:
+            best_of.setdefault(s.method, s)
     chosen = [settings[0]]
     for s in [*ranked[:count], *best_of.values(), *shipped]:
         if s not in chosen:
@@ -355,10 +357,12 @@ def _prediction(stats, tokens: int, curve: dict) -> dict:
     """τ and decode tokens/s of replayed steps: each step's profile at the anchored curve's milliseconds, plus the
     drafter's own time."""
     step_ms = dict(zip(curve["profiles"], curve["step_ms"]))
-    ms = sum(step_ms[slots] * n for slots, n in stats.profile_steps.items()) + 1000 * stats.draft_s
+    verify_ms = sum(step_ms[slots] * n for slots, n in stats.profile_steps.items())
+    ms = verify_ms + 1000 * stats.draft_s
     return {"tau": _tau(stats, tokens), "acceptance_rate": round(stats.acceptance_rate, 3),
             "decode_tokens_per_s": round(1000 * tokens / ms, 2) if ms else 0.0,
             "draft_ms_per_step": round(1000 * stats.draft_s / stats.steps, 3) if stats.steps else 0.0,
+            "other_ms_per_step": round(verify_ms / stats.steps, 3) if stats.steps else 0.0,
             "per_position_acceptance": [round(x, 3) for x in stats.per_position_acceptance],
             "steps_per_profile": {str(s): n for s, n in sorted(stats.profile_steps.items())}}
 
@@ -394,6 +398,12 @@ def _measure(generator, settings: list[Setting], prompts, options: TuneOptions, 
         s.measured = {"tau": round(acc["tokens"] / acc["stats"].steps, 3) if acc["stats"].steps else 1.0,
                       "acceptance_rate": round(acc["stats"].acceptance_rate, 3),
                       "decode_tokens_per_s": round(tps, 2),
+                      # the drafter's own time per step in the run, beside the predicted draft_ms_per_step
+                      "draft_ms_per_step": round(1000 * acc["stats"].draft_s / acc["stats"].steps, 3)
+                      if acc["stats"].steps else 0.0,
+                      # the rest of a step (the verify step, acceptance, the loop), beside the curve's prediction
+                      "other_ms_per_step": round(1000 * (acc["decode_s"] - acc["stats"].draft_s) / acc["stats"].steps,
+                                                 3) if acc["stats"].steps else 0.0,
                       "identical": f"{sum(a == b for a, b in zip(acc['outputs'], plain['outputs']))}/{len(prompts)}"}
         base = plain["tokens"] / plain["decode_s"] if plain["decode_s"] else 0.0
         s.measured["speedup"] = round(tps / base, 3) if base else None
@@ -444,7 +454,8 @@ def format_tune(report: dict) -> list[str]:
     if report["budgets_over_k"]:
         lines.append(f"budgets over K = {report['max_draft_len']} left out: {report['budgets_over_k']}")
     lines.append(f"{'setting':<20} {'pred τ':>6} {'pred tok/s':>10} {'pred x':>7} | {'meas τ':>6} {'meas tok/s':>10} "
-                 f"{'meas x':>7} {'error':>6} {'x error':>7} {'same':>5} {'replayed τ on eval':>18}")
+                 f"{'meas x':>7} {'error':>6} {'x error':>7} {'same':>5} {'replayed τ on eval':>18} "
+                 f"{'ms/step pred':>13} {'ms/step meas':>13}")
     for s in report["settings"]:
         p, m = s["predicted"], s["measured"]
         row = f"{s['name']:<20} {p['tau']:>6.2f} {p['decode_tokens_per_s']:>10.1f} {_x(p.get('speedup')):>7} |"
@@ -452,12 +463,20 @@ def format_tune(report: dict) -> list[str]:
             err = "-" if m["prediction_error"] is None else f"{m['prediction_error']:+.0%}"
             x_err = "-" if m.get("speedup_error") is None else f"{m['speedup_error']:+.0%}"
             row += (f" {m['tau']:>6.2f} {m['decode_tokens_per_s']:>10.1f} {_x(m['speedup']):>7} {err:>6} {x_err:>7} "
-                    f"{m['identical']:>5} {_num(m.get('replayed_tau')):>18}")
+                    f"{m['identical']:>5} {_num(m.get('replayed_tau')):>18} "
+                    f"{_split_ms(p):>13} {_split_ms(m):>13}")
         lines.append(row)
     w = report["winner"]
     lines.append(f"winner: {w['name']}" + (f" (tree {w['choices']})" if w["choices"] else "")
                  + f", measured {_x(w['measured']['speedup'])} decode speedup on the evaluation prompts")
     return lines
+
+
+def _split_ms(figures: dict) -> str:
+    """A step's milliseconds as the rest of the step + the drafter's."""
+    if figures.get("other_ms_per_step") is None:
+        return "-"
+    return f"{figures['other_ms_per_step']:.1f}+{figures.get('draft_ms_per_step') or 0:.1f}"
 
 
 def _num(value) -> str:
