@@ -431,3 +431,37 @@ def test_a_quantized_medusa_engine_is_tuned_over_chains(generator, recordings):
     chains = dict(trees)
     assert all(c == [[0] * d for d in range(1, len(c) + 1)] for c in chains.values())
     assert chains["medusa-tree/2"] == [[0], [0, 0]] and chains["medusa (shipped)"] == [[0], [0, 0], [0, 0, 0]]
+
+
+def test_an_eagle2_engines_dynamic_tree_is_run_on_the_calibration_prompts(prompt_file, tmp_path_factory):
+    """EAGLE-2's tree depends on the draft's scores at every step: not replayed, run for real and measured."""
+    from trtspec.speculative.tree import DynamicTree
+
+    engine = tiny_engine(tmp_path_factory.mktemp("tune-eagle2"), drafter="eagle", max_input_len=96, max_seq_len=192,
+                         max_batch_size=2, max_draft_len=4, dynamic_tree=DynamicTree(depth=2, top_k=2, total_tokens=4))
+    report = run_tune(TuneOptions(engine=engine, prompt_set=str(prompt_file), calibration=2, evaluation=1,
+                                  max_tokens=16, budgets=(4,), threads=1, show_progress=False), show=lambda line: None)
+    eagle2 = next(s for s in report["settings"] if s["name"] == "eagle2 (shipped)")
+    assert eagle2["predicted"]["calibration"] == "run, not replayed" and eagle2["predicted"]["per_position_acceptance"]
+    assert eagle2["measured"]["identical"] == "1/1" and eagle2["measured"]["replayed_tau"] is None
+    assert report["eagle_depth"] is None and not any(s["name"].startswith("eagle-tree/") for s in report["settings"])
+
+
+def test_a_quantized_eagle_engine_is_tuned_over_chains(eagle_recordings):
+    """As for Medusa: a quantized engine drafts chains only, so tune predicts each budget's top-1 chain (as deep as
+    the draft was forced) and the shipped tree's chain."""
+    from dataclasses import replace
+
+    from trtspec.bench.tune import _eagle_trees
+    from trtspec.engine.manifest import EngineWeights, WeightFormat
+    from trtspec.model.quantize import WeightDtype
+
+    generator, _, recordings = eagle_recordings
+    manifest = generator.manifest
+    _, trees = _eagle_trees(recordings, [2, 8], manifest, MAX_TOKENS, depth=8)
+    assert any(c[-1] != 0 for _, choices in trees for c in choices)  # fp32: real trees, with second choices
+    int8 = WeightFormat(dtype=WeightDtype.INT8, block_size=32, accuracy_level=4)
+    quantized = replace(manifest, weights=EngineWeights(linear=int8, lm_head=int8, embedding=int8))
+    chains = dict(_eagle_trees(recordings, [2, 8], quantized, MAX_TOKENS, depth=3)[1])
+    assert chains == {"eagle-tree/2": [[0], [0, 0]], "eagle-tree/3": [[0], [0, 0], [0, 0, 0]],
+                      "eagle (shipped)": [[0], [0, 0]]}

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,7 +130,9 @@ def run_tune(options: TuneOptions, show=print) -> dict:
     skipped = sorted(b for b in options.budgets if b > k)
     eagle_depth = _eagle_depth(budgets, manifest, k) if eagle else 0
     # K tokens past max_tokens: the last replayed step may accept past the end, as a run counts it
-    recordings = _record(generator, calibration, options.max_tokens + k, heads, eagle_depth, "calibration", options)
+    forced_s: dict[str, float] = {}  # the EAGLE draft's teacher forcing, seconds per prompt set
+    recordings = _record(generator, calibration, options.max_tokens + k, heads, eagle_depth, "calibration", options,
+                         forced_s)
     curve = _anchored(timed, recordings)
     settings = [Setting(PLAIN, PLAIN, 0, predicted=_predicted_plain(curve["step_ms"][0]))]
     for method in TRAINING_FREE if k >= 1 else ():
@@ -157,7 +160,8 @@ def run_tune(options: TuneOptions, show=print) -> dict:
     elif own not in (PLAIN, "medusa"):  # EAGLE-2's dynamic tree: run on the calibration prompts
         settings.append(_calibrated_setting(generator, own, calibration, options.max_tokens, curve))
     chosen = _candidates(settings, options.candidates)
-    held_out = _record(generator, evaluation, options.max_tokens + k, heads, eagle_depth, "evaluation", options)
+    held_out = _record(generator, evaluation, options.max_tokens + k, heads, eagle_depth, "evaluation", options,
+                       forced_s)
     _measure(generator, chosen, evaluation, options, show)
     for s in chosen:  # the replay on the evaluation prompts themselves: how much of the error is the prompts'
         replayable = s.method in (PLAIN, "medusa", *TRAINING_FREE) or (s.method == "eagle" and eagle)
@@ -172,6 +176,7 @@ def run_tune(options: TuneOptions, show=print) -> dict:
         "budgets": budgets, "budgets_over_k": skipped,
         "head_accuracies": None if accuracies is None else [[round(x, 4) for x in row] for row in accuracies],
         "eagle_depth": eagle_depth or None,
+        "eagle_teacher_forcing_s": {which: round(t, 2) for which, t in forced_s.items()} or None,
         # the draft's most probable nodes (rank paths) on the calibration prompts: what its trees are built from
         "eagle_node_probabilities": None if probabilities is None else
         [[list(path), round(p, 4)] for path, p in sorted(probabilities.items(), key=lambda x: (-x[1], x[0]))[:32]],
@@ -182,9 +187,11 @@ def run_tune(options: TuneOptions, show=print) -> dict:
     }
 
 
-def _record(generator, prompts, max_tokens: int, heads: int, eagle_depth: int, which: str, options) -> list:
+def _record(generator, prompts, max_tokens: int, heads: int, eagle_depth: int, which: str, options,
+            forced_s: dict) -> list:
     """The prompts' greedy recordings (`replay.record_greedy`); on an EAGLE-1 engine with the target's features and
-    then the draft's ranks along them (`eagle_tree.teacher_force`, a progress bar over the roots)."""
+    then the draft's ranks along them (`eagle_tree.teacher_force`, a progress bar over the roots; its seconds into
+    `forced_s[which]`)."""
     ids = [list(p.ids) for p in prompts]
     with progress_bar(f"record {which}", total=len(prompts), enabled=options.show_progress) as advance:
         if not eagle_depth:
@@ -192,9 +199,11 @@ def _record(generator, prompts, max_tokens: int, heads: int, eagle_depth: int, w
         recordings = record_features(generator, ids, max_tokens, advance=advance)
     with progress_bar(f"EAGLE draft along {which}", total=sum(roots(r, options.max_tokens) for r in recordings),
                       enabled=options.show_progress) as advance:
+        start = time.perf_counter()
         for r in recordings:
             teacher_force(generator.engine, r, eagle_depth, options.max_tokens, _eagle_ranks(generator.manifest),
                           advance=advance)
+        forced_s[which] = time.perf_counter() - start
     return recordings
 
 
