@@ -465,3 +465,33 @@ def test_a_quantized_eagle_engine_is_tuned_over_chains(eagle_recordings):
     chains = dict(_eagle_trees(recordings, [2, 8], quantized, MAX_TOKENS, depth=3)[1])
     assert chains == {"eagle-tree/2": [[0], [0, 0]], "eagle-tree/3": [[0], [0, 0], [0, 0, 0]],
                       "eagle (shipped)": [[0], [0, 0]]}
+
+
+@pytest.mark.slow
+def test_eagle_tree_replay_reproduces_real_runs_of_the_shipped_smollm2_draft(tmp_path):
+    """SmolLM2-135M with the EAGLE draft trained here (recipes/assets), K = 16: the replayed steps and accepted
+    tokens of the shipped tree and of the greedy trees equal real runs' on MT-Bench prompts."""
+    from pathlib import Path
+
+    from trtspec import ConvertOptions, convert
+    from trtspec.bench.workload import load_bench_prompts
+    from trtspec.engine.onnx_builder import BuildOptions, build
+    from trtspec.hub.fetch import fetch_model
+
+    draft = Path(__file__).resolve().parents[2] / "recipes" / "assets" / "smollm2-135m-eagle"
+    convert(ConvertOptions(base=fetch_model("smollm2-135m"), out=tmp_path / "ckpt", eagle=draft, num_eagle_layers=1,
+                           max_non_leaves_per_layer=1), show_progress=False)
+    build(BuildOptions(source=tmp_path / "ckpt", out=tmp_path / "engine", choices="[[0]]", max_draft_len=16,
+                       max_input_len=512, max_seq_len=768))
+    generator = LocalGenerator(tmp_path / "engine", threads=2)
+    prompts = [list(p.ids) for p in load_bench_prompts("mt-bench", limit=3, split=None, generator=generator,
+                                                        max_tokens=MAX_TOKENS, show=lambda line: None)]
+    recordings = eagle_tree.record_features(generator, prompts, MAX_TOKENS + 16)
+    for r in recordings:
+        eagle_tree.teacher_force(generator.engine, r, 8, MAX_TOKENS)
+    probabilities = eagle_tree.node_probabilities(recordings, MAX_TOKENS)
+    for choices in ([[0]], eagle_tree.greedy_tree(probabilities, 4)[0], eagle_tree.greedy_tree(probabilities, 16)[0]):
+        real = _eagle_run(generator, prompts, choices)
+        replayed = replay_tree(recordings, choices, MAX_TOKENS, generator.engine.step_costs())
+        assert (replayed.steps, replayed.accepted_tokens) == (real.steps, real.accepted_tokens), choices
+        assert real.accepted_tokens > 0
