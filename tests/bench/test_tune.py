@@ -1,7 +1,6 @@
 """`trtspec tune`'s pieces: the offline replay reproduces a real run's steps and acceptance exactly (ngram, suffix,
-a Medusa tree, an EAGLE-1 tree over the teacher-forced draft's ranks), the Medusa paper's greedy tree (over Medusa's
-per-head accuracies and over EAGLE's measured node probabilities), the calibration / evaluation split, and the command
-on tiny Medusa and EAGLE engines. No speed is asserted."""
+a Medusa tree, an EAGLE-1 tree over the teacher-forced draft's ranks), the Medusa paper's greedy tree, the
+calibration / evaluation split, and the command on tiny Medusa and EAGLE engines. No speed is asserted."""
 
 from __future__ import annotations
 
@@ -344,7 +343,7 @@ def test_eagle_tree_replay_reproduces_a_real_run(eagle_recordings, choices):
     per-depth acceptance, at T = 0."""
     generator, prompts, recordings = eagle_recordings
     if choices == "greedy/8":
-        choices = eagle_tree.greedy_tree(eagle_tree.node_probabilities(recordings, MAX_TOKENS), 8)[0]
+        choices = greedy_tree(eagle_tree.depth_accuracies(recordings, MAX_TOKENS, 8), 8)[0]
         assert len(choices) == 8 and max(len(c) for c in choices) >= 3
     real = _eagle_run(generator, prompts, choices)
     replayed = replay_tree(recordings, choices, MAX_TOKENS, generator.engine.step_costs())
@@ -354,28 +353,23 @@ def test_eagle_tree_replay_reproduces_a_real_run(eagle_recordings, choices):
     assert real.accepted_tokens > 0
 
 
-def test_eagle_greedy_tree_takes_the_most_probable_nodes():
-    """Node probabilities from the recorded ranks (a path counts where the ranks begin with it); the greedy tree of
-    every size is the best of every prefix-closed tree of that size (brute force)."""
-    import itertools
-
+def test_eagle_ranks_give_depth_accuracies_and_node_probabilities():
+    """Depth d's accuracies count the roots whose depths before d were all among the candidates kept (the path so far
+    accepted); a node's probability, the roots whose ranks begin with its path."""
     from trtspec.bench.replay import Recording
 
     ranks = np.array([[0, 0, 10], [0, 1, 0], [1, 0, 10], [0, 10, 10], [2, 10, 10], [10, 10, 10], [0, 0, 1],
                       [10, 10, 10]])  # the last row: the final token, no root
     recording = Recording([1], list(range(8)), np.zeros((8, 1)), ranks)
+    a = eagle_tree.depth_accuracies([recording], max_tokens=8, depth=3)
+    assert a[0][:3] == pytest.approx([4 / 7, 1 / 7, 1 / 7]) and sum(a[0]) == pytest.approx(6 / 7)
+    assert a[1][:2] == pytest.approx([3 / 6, 1 / 6])  # 6 roots reached depth 2; 2 of them missed it
+    assert a[2][:2] == pytest.approx([1 / 4, 1 / 4])
     p = eagle_tree.node_probabilities([recording], max_tokens=8)
     assert p == pytest.approx({(0,): 4 / 7, (0, 0): 2 / 7, (0, 1): 1 / 7, (0, 1, 0): 1 / 7, (0, 0, 1): 1 / 7,
                                (1,): 1 / 7, (1, 0): 1 / 7, (2,): 1 / 7})
-    nodes = sorted(p)
-    for size in range(1, 6):
-        choices, tau = eagle_tree.greedy_tree(p, size)
-        assert all(c[:-1] in choices for c in choices if len(c) > 1) and len(choices) == size
-        assert tau == pytest.approx(eagle_tree.expected_length(p, choices))
-        best = max(eagle_tree.expected_length(p, [list(c) for c in t]) for t in itertools.combinations(nodes, size)
-                   if all(c[:-1] in t for c in t if len(c) > 1))
-        assert tau == pytest.approx(best)
-    assert len(eagle_tree.greedy_tree(p, 20)[0]) == len(p)  # never a node no root accepted
+    assert eagle_tree.expected_length(p, [[0], [0, 0], [3]]) == pytest.approx(1 + 6 / 7)
+    assert greedy_tree(a, 3)[0] == [[0], [0, 0], [1]]  # 4/7, then 4/7 * 3/6 = 2/7, then [1] at 1/7
 
 
 def test_tune_builds_and_measures_eagle_trees(eagle_engine, prompt_file, tmp_path):
@@ -489,8 +483,8 @@ def test_eagle_tree_replay_reproduces_real_runs_of_the_shipped_smollm2_draft(tmp
     recordings = eagle_tree.record_features(generator, prompts, MAX_TOKENS + 16)
     for r in recordings:
         eagle_tree.teacher_force(generator.engine, r, 8, MAX_TOKENS)
-    probabilities = eagle_tree.node_probabilities(recordings, MAX_TOKENS)
-    for choices in ([[0]], eagle_tree.greedy_tree(probabilities, 4)[0], eagle_tree.greedy_tree(probabilities, 16)[0]):
+    accuracies = eagle_tree.depth_accuracies(recordings, MAX_TOKENS, 8)
+    for choices in ([[0]], greedy_tree(accuracies, 4)[0], greedy_tree(accuracies, 16)[0]):
         real = _eagle_run(generator, prompts, choices)
         replayed = replay_tree(recordings, choices, MAX_TOKENS, generator.engine.step_costs())
         assert (replayed.steps, replayed.accepted_tokens) == (real.steps, real.accepted_tokens), choices

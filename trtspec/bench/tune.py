@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from trtspec.bench.eagle_tree import drafting_ms, expected_length as eagle_expected, greedy_tree as eagle_greedy_tree
+from trtspec.bench.eagle_tree import depth_accuracies, drafting_ms, expected_length as eagle_expected
 from trtspec.bench.eagle_tree import node_probabilities, record_features, roots, teacher_force
-from trtspec.bench.medusa_tree import expected_length as medusa_expected
+from trtspec.bench.medusa_tree import expected_length as medusa_expected, greedy_tree
 from trtspec.bench.replay import HEAD_RANKS, Replayed, record_greedy, replay_drafter, replay_tree
 from trtspec.errors import ConfigError
 from trtspec.progress import progress_bar
@@ -222,16 +222,19 @@ def _eagle_ranks(manifest) -> int:
 
 
 def _eagle_trees(recordings, budgets: list[int], manifest, max_tokens: int, depth: int) -> tuple[dict, list]:
-    """The draft's node probabilities, the greedy tree of each budget (once each) and the shipped tree. An engine
-    that verifies chains only exactly (quantized weights) gets chains instead: each budget's (as deep as the draft
-    was forced) and the shipped tree's, which is what it drafts (make_proposer)."""
-    probabilities = node_probabilities(recordings, max_tokens, _eagle_ranks(manifest))
+    """The draft's measured node probabilities, the greedy tree of each budget over its per-depth accuracies (once
+    each) and the shipped tree. An engine that verifies chains only exactly (quantized weights) gets chains instead:
+    each budget's (as deep as the draft was forced) and the shipped tree's, which is what it drafts
+    (make_proposer)."""
+    ranks = _eagle_ranks(manifest)
+    probabilities = node_probabilities(recordings, max_tokens, ranks)
+    accuracies = depth_accuracies(recordings, max_tokens, depth, ranks)
     trees, seen = [], []
     for b in budgets:
         if manifest.weights.chains_only:
             choices = [[0] * d for d in range(1, min(b, depth) + 1)]
         else:
-            choices = eagle_greedy_tree(probabilities, b)[0]
+            choices = greedy_tree(accuracies, b)[0]
         if choices and choices not in seen:
             trees.append((f"eagle-tree/{len(choices)}", choices))
             seen.append(choices)
@@ -253,7 +256,7 @@ def _medusa_trees(recordings, budgets: list[int], manifest) -> tuple[list[list[f
     """The heads' top-k accuracies, the greedy tree of each budget (a budget the accuracies cannot fill gives an
     earlier budget's tree: kept once) and the shipped tree. An engine that verifies chains only exactly (quantized
     weights) gets the top-1 chain of each budget's depth instead, which is what it drafts (make_proposer)."""
-    from trtspec.bench.medusa_tree import greedy_tree, head_accuracies
+    from trtspec.bench.medusa_tree import head_accuracies
 
     accuracies = head_accuracies([r.head_ranks for r in recordings], HEAD_RANKS)
     trees, seen = [], []
