@@ -1,6 +1,6 @@
 """`trtspec tune`'s pieces: the offline replay reproduces a real run's steps and acceptance exactly (ngram, suffix,
-a Medusa tree), the Medusa paper's greedy tree, the calibration / evaluation split, and the command on a tiny
-Medusa engine. No speed is asserted."""
+a Medusa tree, an EAGLE-1 tree over the teacher-forced draft's ranks), the Medusa paper's greedy tree, the
+calibration / evaluation split, and the command on tiny Medusa and EAGLE engines. No speed is asserted."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from trtspec.bench import eagle_tree
 from trtspec.bench.medusa_tree import expected_length, greedy_tree, head_accuracies
 from trtspec.bench.replay import record_greedy, replay_drafter, replay_tree
 from trtspec.bench.tune import TuneOptions, run_tune, split_prompts
@@ -256,14 +257,154 @@ def test_tune_errors(engine, prompt_file):
                              show_progress=False), show=lambda line: None)
 
 
-def test_tune_runs_an_eagle_engines_own_drafter_on_the_calibration_prompts(prompt_file, tmp_path_factory):
-    engine = tiny_engine(tmp_path_factory.mktemp("tune-eagle"), drafter="eagle", max_input_len=96, max_seq_len=192,
-                         max_batch_size=2)
-    report = run_tune(TuneOptions(engine=engine, prompt_set=str(prompt_file), calibration=2, evaluation=1,
-                                  max_tokens=16, budgets=(4,), threads=1, show_progress=False), show=lambda line: None)
-    eagle = next(s for s in report["settings"] if s["name"] == "eagle (shipped)")
-    assert eagle["predicted"]["calibration"] == "run, not replayed" and eagle["predicted"]["per_position_acceptance"]
-    assert eagle["measured"]["identical"] == "1/1" and eagle["measured"]["replayed_tau"] is None
+def _fitted_eagle_engine(root):
+    """A tiny engine whose EAGLE-1 draft predicts the target: a random tiny draft whose layer is silenced (its
+    attention and MLP outputs zero: the residual passes fc's output on) and whose fc is the least-squares map from
+    (token t + 1's embedding, the target's feature at t) to the target's feature at t + 1, fitted on the target's
+    greedy outputs from random prompts. A random draft is almost never accepted; this one is, at several depths."""
+    import torch
+    from safetensors.numpy import load_file
+
+    from trtspec.checkpoint.convert import ConvertOptions, convert
+    from trtspec.engine.onnx_builder import BuildOptions, build
+    from trtspec.testing import TinyModel, write_eagle_draft
+
+    build_options = dict(max_input_len=96, max_seq_len=192, max_batch_size=2, max_draft_len=8,
+                         choices="[[0],[1],[0,0]]")
+    target = LocalGenerator(tiny_engine(root, drafter="eagle", **build_options), threads=1)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, target.engine.vocab_size, size=rng.integers(4, 12)).tolist() for _ in range(24)]
+    embed = load_file(str(root / "base" / "model.safetensors"))["model.embed_tokens.weight"]
+    inputs, outputs = [], []
+    for r in eagle_tree.record_features(target, prompts, 48):
+        tokens = r.prompt_ids + r.output_ids
+        for t in range(len(r.features) - 1):
+            inputs.append(np.concatenate([embed[tokens[t + 1]], r.features[t], [1.0]]))
+            outputs.append(r.features[t + 1])
+    fit = np.linalg.lstsq(np.array(inputs), np.array(outputs), rcond=None)[0]  # [2H + 1, H]
+    draft = write_eagle_draft(root / "eagle-fitted", TinyModel(vocab_size=target.engine.vocab_size),
+                              embed_tokens=False)
+    state = torch.load(draft / "pytorch_model.bin")
+    state["fc.weight"] = torch.tensor(fit[:-1].T.copy(), dtype=state["fc.weight"].dtype)
+    state["fc.bias"] = torch.tensor(fit[-1].copy(), dtype=state["fc.bias"].dtype)
+    state["layers.0.self_attn.o_proj.weight"].zero_()
+    state["layers.0.mlp.down_proj.weight"].zero_()
+    torch.save(state, draft / "pytorch_model.bin")
+    convert(ConvertOptions(base=root / "base", out=root / "ckpt-fitted", eagle=draft), show_progress=False)
+    build(BuildOptions(source=root / "ckpt-fitted", out=root / "engine-fitted", tokenizer=root / "tokenizer",
+                       **build_options))
+    return root / "engine-fitted"
+
+
+@pytest.fixture(scope="module")
+def eagle_engine(tmp_path_factory):
+    return _fitted_eagle_engine(tmp_path_factory.mktemp("tune-eagle"))
+
+
+@pytest.fixture(scope="module")
+def eagle_recordings(eagle_engine):
+    """(generator, prompts, recordings with the draft's ranks 8 deep)."""
+    generator = LocalGenerator(eagle_engine, threads=1)
+    prompts = [generator.encode(t) for t in TEXTS]
+    recordings = eagle_tree.record_features(generator, prompts, MAX_TOKENS + generator.engine.max_draft_len)
+    for r in recordings:
+        eagle_tree.teacher_force(generator.engine, r, 8, MAX_TOKENS)
+    return generator, prompts, recordings
+
+
+def _eagle_run(generator, prompts, choices) -> SpecStats:
+    real = SpecStats()
+    for ids in prompts:
+        real = real.merge(generate(generator.engine, ids, make_proposer("eagle", generator.engine,
+                                                                         tree=build_tree(choices)),
+                                   GenerationConfig(max_tokens=MAX_TOKENS,
+                                                    end_id=generator.manifest.model.end_id)).stats)
+    return real
+
+
+def test_eagle_recording_ranks_the_true_tokens(eagle_recordings):
+    """Depth 1's rank is the last committed entry's, as the runtime drafts the root's children; deeper ranks stop
+    after a depth whose true token left the candidates kept; rows past a run's roots are never drafted."""
+    generator, prompts, recordings = eagle_recordings
+    for r in recordings:
+        ranks, n = r.head_ranks, eagle_tree.roots(r, MAX_TOKENS)
+        assert ranks.shape == (len(r.output_ids), 8) and (ranks[n:] == eagle_tree.HEAD_RANKS).all()
+        missed = ranks[:, :-1] >= eagle_tree.HEAD_RANKS
+        assert (ranks[:, 1:][missed] == eagle_tree.HEAD_RANKS).all()
+    # the fitted draft is accepted often, at several depths: the replay test below is not about zeros
+    probabilities = eagle_tree.node_probabilities(recordings, MAX_TOKENS)
+    assert probabilities[(0,)] > 0.3 and probabilities[(0, 0)] > 0.1 and probabilities[(0, 0, 0)] > 0.03
+
+
+@pytest.mark.parametrize("choices", [[[0]], [[0], [1], [0, 0]], [[0], [1], [2], [3], [0, 0], [0, 1]],
+                                     [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]], "greedy/8"])
+def test_eagle_tree_replay_reproduces_a_real_run(eagle_recordings, choices):
+    """A static EAGLE tree walked over the teacher-forced ranks: the real run's steps, accepted tokens and
+    per-depth acceptance, at T = 0."""
+    generator, prompts, recordings = eagle_recordings
+    if choices == "greedy/8":
+        choices = greedy_tree(eagle_tree.depth_accuracies(recordings, MAX_TOKENS, 8), 8)[0]
+        assert len(choices) == 8 and max(len(c) for c in choices) >= 3
+    real = _eagle_run(generator, prompts, choices)
+    replayed = replay_tree(recordings, choices, MAX_TOKENS, generator.engine.step_costs())
+    assert (replayed.steps, replayed.accepted_tokens, replayed.draft_tokens) == \
+        (real.steps, real.accepted_tokens, real.draft_tokens)
+    assert replayed.position_hits == real.position_hits and replayed.profile_steps == real.profile_steps
+    assert real.accepted_tokens > 0
+
+
+def test_eagle_ranks_give_depth_accuracies_and_node_probabilities():
+    """Depth d's accuracies count the roots whose depths before d were all among the candidates kept (the path so far
+    accepted); a node's probability, the roots whose ranks begin with its path."""
+    from trtspec.bench.replay import Recording
+
+    ranks = np.array([[0, 0, 10], [0, 1, 0], [1, 0, 10], [0, 10, 10], [2, 10, 10], [10, 10, 10], [0, 0, 1],
+                      [10, 10, 10]])  # the last row: the final token, no root
+    recording = Recording([1], list(range(8)), np.zeros((8, 1)), ranks)
+    a = eagle_tree.depth_accuracies([recording], max_tokens=8, depth=3)
+    assert a[0][:3] == pytest.approx([4 / 7, 1 / 7, 1 / 7]) and sum(a[0]) == pytest.approx(6 / 7)
+    assert a[1][:2] == pytest.approx([3 / 6, 1 / 6])  # 6 roots reached depth 2; 2 of them missed it
+    assert a[2][:2] == pytest.approx([1 / 4, 1 / 4])
+    p = eagle_tree.node_probabilities([recording], max_tokens=8)
+    assert p == pytest.approx({(0,): 4 / 7, (0, 0): 2 / 7, (0, 1): 1 / 7, (0, 1, 0): 1 / 7, (0, 0, 1): 1 / 7,
+                               (1,): 1 / 7, (1, 0): 1 / 7, (2,): 1 / 7})
+    assert eagle_tree.expected_length(p, [[0], [0, 0], [3]]) == pytest.approx(1 + 6 / 7)
+    assert greedy_tree(a, 3)[0] == [[0], [0, 0], [1]]  # 4/7, then 4/7 * 3/6 = 2/7, then [1] at 1/7
+
+
+def test_tune_builds_and_measures_eagle_trees(eagle_engine, prompt_file, tmp_path):
+    """On an EAGLE-1 engine tune replays the greedy tree of each budget and the shipped tree over the draft's ranks,
+    measures the best beside the shipped tree, and the replay over the evaluation prompts is the measured run; an
+    EAGLE tree winner is written with the drafter's depth."""
+    out = tmp_path / "tuned.yaml"
+    result = CliRunner().invoke(cli, ["tune", str(eagle_engine), "--prompt-set", str(prompt_file), "--calibration",
+                                      "4", "--evaluation", "2", "--max-tokens", "24", "--budget", "2,4",
+                                      "--threads", "1", "--no-progress", "--json", "--write-recipe", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    names = [s["name"] for s in report["settings"]]
+    assert "eagle (shipped)" in names and any(n.startswith("eagle-tree/") for n in names)
+    assert report["eagle_depth"] == 4 and report["eagle_node_probabilities"][0][0] == [0]
+    measured = {s["name"]: s for s in report["settings"] if s["measured"] is not None}
+    assert "eagle (shipped)" in measured and any(n.startswith("eagle-tree/") for n in measured)
+    for s in measured.values():
+        assert s["measured"]["identical"] == "2/2"
+        assert s["measured"]["replayed_tau"] == s["measured"]["tau"], s["name"]
+    shipped = measured["eagle (shipped)"]
+    assert shipped["choices"] == [[0], [1], [0, 0]] and shipped["predicted"]["draft_ms_per_step"] > 0
+    assert shipped["predicted"]["expected_tau_per_root"] > 1
+    # an EAGLE tree as the winner: build.choices, K its nodes at least, the drafter as deep as the tree
+    tree = _with_winner((report, out), "eagle (shipped)")
+    tree["winner"]["choices"] = [[0], [1], [2], [0, 0], [0, 0, 0]]
+    written = tmp_path / "tree.yaml"
+    write_winner_recipe(tree, written)
+    recipe = load_recipe(written)
+    assert recipe.drafter.kind.value == "eagle" and json.loads(recipe.build.choices) == tree["winner"]["choices"]
+    assert recipe.drafter.num_eagle_layers == 3 and recipe.drafter.max_non_leaves_per_layer == 1
+    assert recipe.build.max_draft_len == 8 and recipe.deploy.method == "eagle" and recipe.methods == ["eagle"]
+    dry = CliRunner().invoke(cli, ["recipe", "run", str(written), "--dry-run", "--workdir", str(tmp_path / "w")])
+    assert dry.exit_code == 0, dry.output
+    assert "--num-eagle-layers 3 --max-non-leaves-per-layer 1" in dry.output
 
 
 def test_a_quantized_medusa_engine_is_tuned_over_chains(generator, recordings):
@@ -284,3 +425,67 @@ def test_a_quantized_medusa_engine_is_tuned_over_chains(generator, recordings):
     chains = dict(trees)
     assert all(c == [[0] * d for d in range(1, len(c) + 1)] for c in chains.values())
     assert chains["medusa-tree/2"] == [[0], [0, 0]] and chains["medusa (shipped)"] == [[0], [0, 0], [0, 0, 0]]
+
+
+def test_an_eagle2_engines_dynamic_tree_is_run_on_the_calibration_prompts(prompt_file, tmp_path_factory):
+    """EAGLE-2's tree depends on the draft's scores at every step: not replayed, run for real and measured."""
+    from trtspec.speculative.tree import DynamicTree
+
+    engine = tiny_engine(tmp_path_factory.mktemp("tune-eagle2"), drafter="eagle", max_input_len=96, max_seq_len=192,
+                         max_batch_size=2, max_draft_len=4, dynamic_tree=DynamicTree(depth=2, top_k=2, total_tokens=4))
+    report = run_tune(TuneOptions(engine=engine, prompt_set=str(prompt_file), calibration=2, evaluation=1,
+                                  max_tokens=16, budgets=(4,), threads=1, show_progress=False), show=lambda line: None)
+    eagle2 = next(s for s in report["settings"] if s["name"] == "eagle2 (shipped)")
+    assert eagle2["predicted"]["calibration"] == "run, not replayed" and eagle2["predicted"]["per_position_acceptance"]
+    assert eagle2["measured"]["identical"] == "1/1" and eagle2["measured"]["replayed_tau"] is None
+    assert report["eagle_depth"] is None and not any(s["name"].startswith("eagle-tree/") for s in report["settings"])
+
+
+def test_a_quantized_eagle_engine_is_tuned_over_chains(eagle_recordings):
+    """As for Medusa: a quantized engine drafts chains only, so tune predicts each budget's top-1 chain (as deep as
+    the draft was forced) and the shipped tree's chain."""
+    from dataclasses import replace
+
+    from trtspec.bench.tune import _eagle_trees
+    from trtspec.engine.manifest import EngineWeights, WeightFormat
+    from trtspec.model.quantize import WeightDtype
+
+    generator, _, recordings = eagle_recordings
+    manifest = generator.manifest
+    _, trees = _eagle_trees(recordings, [2, 8], manifest, MAX_TOKENS, depth=8)
+    assert any(c[-1] != 0 for _, choices in trees for c in choices)  # fp32: real trees, with second choices
+    int8 = WeightFormat(dtype=WeightDtype.INT8, block_size=32, accuracy_level=4)
+    quantized = replace(manifest, weights=EngineWeights(linear=int8, lm_head=int8, embedding=int8))
+    chains = dict(_eagle_trees(recordings, [2, 8], quantized, MAX_TOKENS, depth=3)[1])
+    assert chains == {"eagle-tree/2": [[0], [0, 0]], "eagle-tree/3": [[0], [0, 0], [0, 0, 0]],
+                      "eagle (shipped)": [[0], [0, 0]]}
+
+
+@pytest.mark.slow
+def test_eagle_tree_replay_reproduces_real_runs_of_the_shipped_smollm2_draft(tmp_path):
+    """SmolLM2-135M with the EAGLE draft trained here (recipes/assets), K = 16: the replayed steps and accepted
+    tokens of the shipped tree and of the greedy trees equal real runs' on MT-Bench prompts."""
+    from pathlib import Path
+
+    from trtspec import ConvertOptions, convert
+    from trtspec.bench.workload import load_bench_prompts
+    from trtspec.engine.onnx_builder import BuildOptions, build
+    from trtspec.hub.fetch import fetch_model
+
+    draft = Path(__file__).resolve().parents[2] / "recipes" / "assets" / "smollm2-135m-eagle"
+    convert(ConvertOptions(base=fetch_model("smollm2-135m"), out=tmp_path / "ckpt", eagle=draft, num_eagle_layers=1,
+                           max_non_leaves_per_layer=1), show_progress=False)
+    build(BuildOptions(source=tmp_path / "ckpt", out=tmp_path / "engine", choices="[[0]]", max_draft_len=16,
+                       max_input_len=512, max_seq_len=768))
+    generator = LocalGenerator(tmp_path / "engine", threads=2)
+    prompts = [list(p.ids) for p in load_bench_prompts("mt-bench", limit=3, split=None, generator=generator,
+                                                        max_tokens=MAX_TOKENS, show=lambda line: None)]
+    recordings = eagle_tree.record_features(generator, prompts, MAX_TOKENS + 16)
+    for r in recordings:
+        eagle_tree.teacher_force(generator.engine, r, 8, MAX_TOKENS)
+    accuracies = eagle_tree.depth_accuracies(recordings, MAX_TOKENS, 8)
+    for choices in ([[0]], greedy_tree(accuracies, 4)[0], greedy_tree(accuracies, 16)[0]):
+        real = _eagle_run(generator, prompts, choices)
+        replayed = replay_tree(recordings, choices, MAX_TOKENS, generator.engine.step_costs())
+        assert (replayed.steps, replayed.accepted_tokens) == (real.steps, real.accepted_tokens), choices
+        assert real.accepted_tokens > 0

@@ -6,9 +6,11 @@
    recorded (`replay.record_greedy`).
 3. Per setting, τ predicted by replaying the drafter over those recordings: the training-free methods (ngram,
    suffix) per node budget; on a Medusa engine the Medusa paper's greedy tree per node budget (`medusa_tree`) and the
-   shipped tree; an EAGLE engine's own drafter (its draft depends on its own tokens: no offline replay) is run on the
-   calibration prompts instead, its per-depth acceptance reported. Predicted decode tokens/s = tokens ÷ (Σ over the replayed steps of step_ms(profile) + the drafter's
-   own time), i.e. τ ÷ step time; plain = 1 ÷ step_ms(1 slot). The curve's milliseconds are scaled so that its
+   shipped tree; on an EAGLE-1 engine the same over its draft's ranks, recorded by teacher-forcing the draft along
+   the recordings (`eagle_tree`), each tree's drafting time measured on the runtime's own proposer; an EAGLE-2
+   engine's dynamic tree is run on the calibration prompts instead, its per-depth acceptance reported. Predicted
+   decode tokens/s = tokens ÷ (Σ over the replayed steps of step_ms(profile) + the drafter's own time), i.e. τ ÷
+   step time; plain = 1 ÷ step_ms(1 slot). The curve's milliseconds are scaled so that its
    plain step equals the plain decode step the calibration run itself took (`_anchored`): the curve gives the shape,
    the loop as it runs now the level.
 4. The best predicted settings (and plain decoding, and the shipped tree) measured on the evaluation prompts at
@@ -20,11 +22,15 @@
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from trtspec.bench.eagle_tree import depth_accuracies, drafting_ms, expected_length as eagle_expected
+from trtspec.bench.eagle_tree import node_probabilities, record_features, roots, teacher_force
+from trtspec.bench.medusa_tree import expected_length as medusa_expected, greedy_tree
 from trtspec.bench.replay import HEAD_RANKS, Replayed, record_greedy, replay_drafter, replay_tree
 from trtspec.errors import ConfigError
 from trtspec.progress import progress_bar
@@ -59,12 +65,12 @@ class TuneOptions:
 
 @dataclass
 class Setting:
-    """One drafting setting: a method with a node budget, or a Medusa tree."""
+    """One drafting setting: a method with a node budget, or a Medusa / EAGLE-1 tree."""
 
     name: str
     method: str
     budget: int  # draft nodes per step at most
-    choices: list[list[int]] | None = None  # Medusa: the tree
+    choices: list[list[int]] | None = None  # Medusa / EAGLE-1: the tree
     predicted: dict = field(default_factory=dict)
     measured: dict | None = None
 
@@ -115,16 +121,18 @@ def run_tune(options: TuneOptions, show=print) -> dict:
     costs = engine.step_costs()
     calibration, evaluation, split = split_prompts(options, generator, show)
     heads = engine.num_medusa_heads if manifest.method.value == "medusa" else 0
+    eagle = manifest.method.value == "eagle" and engine.has_eagle_draft
     k = engine.max_draft_len
     generator.generate(list(calibration[0].ids), GenerationConfig(max_tokens=8, no_spec=True))  # warm up
     context = int(np.median([len(p.ids) for p in calibration])) + options.max_tokens // 2
     timed = measure_curve(engine, rounds=CURVE_ROUNDS, past=context)  # at the calibration prompts' context length
-    with progress_bar("record calibration", total=len(calibration), enabled=options.show_progress) as advance:
-        # K tokens past max_tokens: the last replayed step may accept past the end, as a run counts it
-        recordings = record_greedy(generator, [list(p.ids) for p in calibration], options.max_tokens + k,
-                                   heads=heads, advance=advance)
     budgets = sorted({b for b in options.budgets if b <= k})
     skipped = sorted(b for b in options.budgets if b > k)
+    eagle_depth = _eagle_depth(budgets, manifest, k) if eagle else 0
+    # K tokens past max_tokens: the last replayed step may accept past the end, as a run counts it
+    forced_s: dict[str, float] = {}  # the EAGLE draft's teacher forcing, seconds per prompt set
+    recordings = _record(generator, calibration, options.max_tokens + k, heads, eagle_depth, "calibration", options,
+                         forced_s)
     curve = _anchored(timed, recordings)
     settings = [Setting(PLAIN, PLAIN, 0, predicted=_predicted_plain(curve["step_ms"][0]))]
     for method in TRAINING_FREE if k >= 1 else ():
@@ -132,23 +140,31 @@ def run_tune(options: TuneOptions, show=print) -> dict:
             setting = Setting(f"{method}/{budget}", method, budget)
             setting.predicted = _prediction(*_replay(generator, setting, recordings, options.max_tokens, costs), curve)
             settings.append(setting)
-    accuracies = None
+    accuracies, probabilities = None, None
     if heads:
         accuracies, trees = _medusa_trees(recordings, budgets, manifest)
         head_ms = 1000 * sum(r.head_s for r in recordings) / max(1, sum(len(r.output_ids) for r in recordings))
         for name, choices in trees:
-            settings.append(_tree_setting(name, choices, recordings, costs, curve, options.max_tokens, head_ms,
-                                          accuracies))
+            expected = {"expected_tau_independent_heads": round(medusa_expected(accuracies, choices), 3)}
+            settings.append(_tree_setting(name, "medusa", choices, recordings, costs, curve, options.max_tokens,
+                                          head_ms, expected))
     own = manifest.method.value
-    if own not in (PLAIN, "medusa"):  # EAGLE's draft depends on its own tokens: run on the calibration prompts
+    if eagle:
+        probabilities, trees = _eagle_trees(recordings, budgets, manifest, options.max_tokens, eagle_depth)
+        draft_ms = drafting_ms(engine, recordings, {name: _tree(choices) for name, choices in trees},
+                               options.max_tokens)
+        for name, choices in trees:
+            expected = {"expected_tau_per_root": round(eagle_expected(probabilities, choices), 3)}
+            settings.append(_tree_setting(name, "eagle", choices, recordings, costs, curve, options.max_tokens,
+                                          draft_ms[name], expected))
+    elif own not in (PLAIN, "medusa"):  # EAGLE-2's dynamic tree: run on the calibration prompts
         settings.append(_calibrated_setting(generator, own, calibration, options.max_tokens, curve))
     chosen = _candidates(settings, options.candidates)
-    with progress_bar("record evaluation", total=len(evaluation), enabled=options.show_progress) as advance:
-        held_out = record_greedy(generator, [list(p.ids) for p in evaluation], options.max_tokens + k, heads=heads,
-                                 advance=advance)
+    held_out = _record(generator, evaluation, options.max_tokens + k, heads, eagle_depth, "evaluation", options,
+                       forced_s)
     _measure(generator, chosen, evaluation, options, show)
     for s in chosen:  # the replay on the evaluation prompts themselves: how much of the error is the prompts'
-        replayable = s.method in (PLAIN, "medusa", *TRAINING_FREE)
+        replayable = s.method in (PLAIN, "medusa", *TRAINING_FREE) or (s.method == "eagle" and eagle)
         s.measured["replayed_tau"] = _tau(*_replay(generator, s, held_out, options.max_tokens, costs)) \
             if replayable else None
     winner = max(chosen, key=lambda s: s.measured["decode_tokens_per_s"])
@@ -159,6 +175,11 @@ def run_tune(options: TuneOptions, show=print) -> dict:
         "cached_verify_curve": costs.to_dict(), "anchored_curve": curve,
         "budgets": budgets, "budgets_over_k": skipped,
         "head_accuracies": None if accuracies is None else [[round(x, 4) for x in row] for row in accuracies],
+        "eagle_depth": eagle_depth or None,
+        "eagle_teacher_forcing_s": {which: round(t, 2) for which, t in forced_s.items()} or None,
+        # the draft's most probable nodes (rank paths) on the calibration prompts: what its trees are built from
+        "eagle_node_probabilities": None if probabilities is None else
+        [[list(path), round(p, 4)] for path, p in sorted(probabilities.items(), key=lambda x: (-x[1], x[0]))[:32]],
         "settings": [s.to_dict() for s in settings], "measured": [s.name for s in chosen],
         "winner": winner.to_dict(),
         "load_average": {"before": [round(x, 2) for x in load_before],
@@ -166,11 +187,76 @@ def run_tune(options: TuneOptions, show=print) -> dict:
     }
 
 
+def _record(generator, prompts, max_tokens: int, heads: int, eagle_depth: int, which: str, options,
+            forced_s: dict) -> list:
+    """The prompts' greedy recordings (`replay.record_greedy`); on an EAGLE-1 engine with the target's features and
+    then the draft's ranks along them (`eagle_tree.teacher_force`, a progress bar over the roots; its seconds into
+    `forced_s[which]`)."""
+    ids = [list(p.ids) for p in prompts]
+    with progress_bar(f"record {which}", total=len(prompts), enabled=options.show_progress) as advance:
+        if not eagle_depth:
+            return record_greedy(generator, ids, max_tokens, heads=heads, advance=advance)
+        recordings = record_features(generator, ids, max_tokens, advance=advance)
+    with progress_bar(f"EAGLE draft along {which}", total=sum(roots(r, options.max_tokens) for r in recordings),
+                      enabled=options.show_progress) as advance:
+        start = time.perf_counter()
+        for r in recordings:
+            teacher_force(generator.engine, r, eagle_depth, options.max_tokens, _eagle_ranks(generator.manifest),
+                          advance=advance)
+        forced_s[which] = time.perf_counter() - start
+    return recordings
+
+
+def _eagle_depth(budgets: list[int], manifest, k: int) -> int:
+    """Depths the EAGLE draft is teacher-forced to: as deep as the largest budget's tree or the shipped tree can go,
+    within K and the tree limit (a root stops early where the true token leaves the candidates kept)."""
+    from trtspec.speculative.tree import MAX_DEPTH
+
+    shipped = max((len(c) for c in manifest.tree or ()), default=1)
+    return max(1, min(k, MAX_DEPTH, max([*budgets, shipped])))
+
+
+def _eagle_ranks(manifest) -> int:
+    """Ranks kept per depth: HEAD_RANKS, or the shipped tree's widest rank + 1."""
+    return max([HEAD_RANKS, *(max(c) + 1 for c in manifest.tree or ())])
+
+
+def _eagle_trees(recordings, budgets: list[int], manifest, max_tokens: int, depth: int) -> tuple[dict, list]:
+    """The draft's measured node probabilities, the greedy tree of each budget over its per-depth accuracies (once
+    each) and the shipped tree. An engine that verifies chains only exactly (quantized weights) gets chains instead:
+    each budget's (as deep as the draft was forced) and the shipped tree's, which is what it drafts
+    (make_proposer)."""
+    ranks = _eagle_ranks(manifest)
+    probabilities = node_probabilities(recordings, max_tokens, ranks)
+    accuracies = depth_accuracies(recordings, max_tokens, depth, ranks)
+    trees, seen = [], []
+    for b in budgets:
+        if manifest.weights.chains_only:
+            choices = [[0] * d for d in range(1, min(b, depth) + 1)]
+        else:
+            choices = greedy_tree(accuracies, b)[0]
+        if choices and choices not in seen:
+            trees.append((f"eagle-tree/{len(choices)}", choices))
+            seen.append(choices)
+    if manifest.tree:
+        shipped = [list(c) for c in manifest.tree]
+        if manifest.weights.chains_only:
+            shipped = [[0] * d for d in range(1, max(len(c) for c in shipped) + 1)]
+        trees.append(("eagle (shipped)", shipped))
+    return probabilities, trees
+
+
+def _tree(choices):
+    from trtspec.speculative.tree import build_tree
+
+    return build_tree([list(c) for c in choices])
+
+
 def _medusa_trees(recordings, budgets: list[int], manifest) -> tuple[list[list[float]], list]:
     """The heads' top-k accuracies, the greedy tree of each budget (a budget the accuracies cannot fill gives an
     earlier budget's tree: kept once) and the shipped tree. An engine that verifies chains only exactly (quantized
     weights) gets the top-1 chain of each budget's depth instead, which is what it drafts (make_proposer)."""
-    from trtspec.bench.medusa_tree import greedy_tree, head_accuracies
+    from trtspec.bench.medusa_tree import head_accuracies
 
     accuracies = head_accuracies([r.head_ranks for r in recordings], HEAD_RANKS)
     trees, seen = [], []
@@ -191,16 +277,18 @@ def _medusa_trees(recordings, budgets: list[int], manifest) -> tuple[list[list[f
 
 
 def _candidates(settings: list[Setting], count: int) -> list[Setting]:
-    """Plain decoding, the `count` best predicted settings, the best of each method (a Medusa engine's best tree
-    stands beside its shipped one) and the shipped drafter (each setting's predicted speedup set on the way)."""
+    """Plain decoding, the `count` best predicted settings, the best of each method other than the shipped drafter
+    (a Medusa or EAGLE engine's best tree stands beside its shipped one whichever is predicted faster) and the shipped
+    drafter (each setting's predicted speedup set on the way)."""
     base = settings[0].predicted["decode_tokens_per_s"]
     for s in settings:
         s.predicted["speedup"] = round(s.predicted["decode_tokens_per_s"] / base, 3) if base else None
     ranked = sorted(settings[1:], key=lambda s: -s.predicted["decode_tokens_per_s"])
+    shipped = [s for s in settings if s.name.endswith("(shipped)")]
     best_of = {}
     for s in ranked:
-        best_of.setdefault(s.method, s)
-    shipped = [s for s in settings if s.name.endswith("(shipped)")]
+        if s not in shipped:
+            best_of.setdefault(s.method, s)
     chosen = [settings[0]]
     for s in [*ranked[:count], *best_of.values(), *shipped]:
         if s not in chosen:
@@ -234,7 +322,7 @@ def _replay(generator, setting: Setting, recordings, max_tokens: int, costs) -> 
     if setting.method == PLAIN:
         tokens = sum(min(max_tokens, len(r.output_ids)) - 1 for r in recordings)
         return SpecStats(steps=tokens), tokens
-    if setting.method == "medusa":
+    if setting.method in ("medusa", "eagle"):  # a tree over the recorded ranks (the heads', the EAGLE draft's)
         tokens = sum(min(max_tokens, len(r.output_ids)) - 1 for r in recordings)
         return replay_tree(recordings, setting.choices, max_tokens, costs), tokens
     model, recent = _learning_state()
@@ -247,7 +335,7 @@ def _replay(generator, setting: Setting, recordings, max_tokens: int, costs) -> 
 
 
 def _calibrated_setting(generator, method: str, prompts, max_tokens: int, curve: dict) -> Setting:
-    """The engine's own trained drafter (EAGLE), not replayable offline: run for real on the calibration prompts,
+    """The engine's own dynamic tree (EAGLE-2), not replayed offline: run for real on the calibration prompts,
     its steps and drafting time then costed on the curve as the replayed ones are."""
     from trtspec.runtime.loop import GenerationConfig, generate
     from trtspec.speculative.stats import SpecStats
@@ -266,15 +354,14 @@ def _tau(stats, tokens: int) -> float:
     return round(tokens / stats.steps, 3) if stats.steps else 1.0
 
 
-def _tree_setting(name: str, choices, recordings, costs, curve: dict, max_tokens: int, head_ms: float,
-                  accuracies) -> Setting:
-    from trtspec.bench.medusa_tree import expected_length
-
-    setting = Setting(name, "medusa", len(choices), choices)
+def _tree_setting(name: str, method: str, choices, recordings, costs, curve: dict, max_tokens: int,
+                  draft_ms: float, expected: dict) -> Setting:
+    """A Medusa or EAGLE-1 tree replayed over the recorded ranks, its drafter's time per step (`draft_ms`: the
+    heads' run, or the EAGLE proposer's drafting) added to every step."""
+    setting = Setting(name, method, len(choices), choices)
     stats, tokens = _replay(None, setting, recordings, max_tokens, costs)
-    stats.draft_s = stats.steps * head_ms / 1000  # the heads run once per step
-    setting.predicted = _prediction(stats, tokens, curve)
-    setting.predicted["expected_tau_independent_heads"] = round(expected_length(accuracies, choices), 3)
+    stats.draft_s = stats.steps * draft_ms / 1000
+    setting.predicted = {**_prediction(stats, tokens, curve), **expected}
     return setting
 
 
@@ -282,10 +369,12 @@ def _prediction(stats, tokens: int, curve: dict) -> dict:
     """τ and decode tokens/s of replayed steps: each step's profile at the anchored curve's milliseconds, plus the
     drafter's own time."""
     step_ms = dict(zip(curve["profiles"], curve["step_ms"]))
-    ms = sum(step_ms[slots] * n for slots, n in stats.profile_steps.items()) + 1000 * stats.draft_s
+    verify_ms = sum(step_ms[slots] * n for slots, n in stats.profile_steps.items())
+    ms = verify_ms + 1000 * stats.draft_s
     return {"tau": _tau(stats, tokens), "acceptance_rate": round(stats.acceptance_rate, 3),
             "decode_tokens_per_s": round(1000 * tokens / ms, 2) if ms else 0.0,
             "draft_ms_per_step": round(1000 * stats.draft_s / stats.steps, 3) if stats.steps else 0.0,
+            "other_ms_per_step": round(verify_ms / stats.steps, 3) if stats.steps else 0.0,
             "per_position_acceptance": [round(x, 3) for x in stats.per_position_acceptance],
             "steps_per_profile": {str(s): n for s, n in sorted(stats.profile_steps.items())}}
 
@@ -321,6 +410,12 @@ def _measure(generator, settings: list[Setting], prompts, options: TuneOptions, 
         s.measured = {"tau": round(acc["tokens"] / acc["stats"].steps, 3) if acc["stats"].steps else 1.0,
                       "acceptance_rate": round(acc["stats"].acceptance_rate, 3),
                       "decode_tokens_per_s": round(tps, 2),
+                      # the drafter's own time per step in the run, beside the predicted draft_ms_per_step
+                      "draft_ms_per_step": round(1000 * acc["stats"].draft_s / acc["stats"].steps, 3)
+                      if acc["stats"].steps else 0.0,
+                      # the rest of a step (the verify step, acceptance, the loop), beside the curve's prediction
+                      "other_ms_per_step": round(1000 * (acc["decode_s"] - acc["stats"].draft_s) / acc["stats"].steps,
+                                                 3) if acc["stats"].steps else 0.0,
                       "identical": f"{sum(a == b for a, b in zip(acc['outputs'], plain['outputs']))}/{len(prompts)}"}
         base = plain["tokens"] / plain["decode_s"] if plain["decode_s"] else 0.0
         s.measured["speedup"] = round(tps / base, 3) if base else None
@@ -349,8 +444,8 @@ def _proposer(generator, setting: Setting, state):
     engine = generator.engine
     if setting.method == PLAIN:
         return make_proposer(PLAIN, engine)
-    if setting.method == "medusa":
-        return make_proposer("medusa", engine, tree=build_tree(setting.choices))
+    if setting.method in ("medusa", "eagle") and setting.choices is not None:
+        return make_proposer(setting.method, engine, tree=build_tree(setting.choices))
     if setting.method not in TRAINING_FREE:  # the engine's own trained drafter, as it ships
         return generator.proposer(GenerationConfig(method=setting.method))
     model, recent = state
@@ -371,7 +466,8 @@ def format_tune(report: dict) -> list[str]:
     if report["budgets_over_k"]:
         lines.append(f"budgets over K = {report['max_draft_len']} left out: {report['budgets_over_k']}")
     lines.append(f"{'setting':<20} {'pred τ':>6} {'pred tok/s':>10} {'pred x':>7} | {'meas τ':>6} {'meas tok/s':>10} "
-                 f"{'meas x':>7} {'error':>6} {'x error':>7} {'same':>5} {'replayed τ on eval':>18}")
+                 f"{'meas x':>7} {'error':>6} {'x error':>7} {'same':>5} {'replayed τ on eval':>18} "
+                 f"{'ms/step pred':>13} {'ms/step meas':>13}")
     for s in report["settings"]:
         p, m = s["predicted"], s["measured"]
         row = f"{s['name']:<20} {p['tau']:>6.2f} {p['decode_tokens_per_s']:>10.1f} {_x(p.get('speedup')):>7} |"
@@ -379,12 +475,20 @@ def format_tune(report: dict) -> list[str]:
             err = "-" if m["prediction_error"] is None else f"{m['prediction_error']:+.0%}"
             x_err = "-" if m.get("speedup_error") is None else f"{m['speedup_error']:+.0%}"
             row += (f" {m['tau']:>6.2f} {m['decode_tokens_per_s']:>10.1f} {_x(m['speedup']):>7} {err:>6} {x_err:>7} "
-                    f"{m['identical']:>5} {_num(m.get('replayed_tau')):>18}")
+                    f"{m['identical']:>5} {_num(m.get('replayed_tau')):>18} "
+                    f"{_split_ms(p):>13} {_split_ms(m):>13}")
         lines.append(row)
     w = report["winner"]
     lines.append(f"winner: {w['name']}" + (f" (tree {w['choices']})" if w["choices"] else "")
                  + f", measured {_x(w['measured']['speedup'])} decode speedup on the evaluation prompts")
     return lines
+
+
+def _split_ms(figures: dict) -> str:
+    """A step's milliseconds as the rest of the step + the drafter's."""
+    if figures.get("other_ms_per_step") is None:
+        return "-"
+    return f"{figures['other_ms_per_step']:.1f}+{figures.get('draft_ms_per_step') or 0:.1f}"
 
 
 def _num(value) -> str:

@@ -23,7 +23,7 @@ from trtspec.cli.bench import _csv
 @click.option("--evaluation", type=click.IntRange(min=1), default=4, show_default=True,
               help="Held-out prompts the best candidates are measured on.")
 @click.option("--candidates", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Best predicted settings measured (with plain decoding and the shipped tree).")
+              help="Best predicted settings measured (with plain decoding, each method's best and the shipped tree).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens per prompt.")
 @click.option("--threads", type=int, default=2, show_default=True, help="ONNX Runtime intra-op threads.")
 @click.option("--spin/--no-spin", default=None, help=SPIN_HELP)
@@ -39,8 +39,9 @@ from trtspec.cli.bench import _csv
 def tune(engine: Path, write_recipe: Path | None, template: Path | None, as_json: bool, no_progress: bool,
          **flags) -> None:
     """Predict each drafting setting's tokens/s from the verify curve and τ replayed over calibration prompts
-    (ngram / suffix per node budget; Medusa engines: the paper's greedy tree per budget), measure the best on
-    held-out prompts, print predicted beside measured and the winner."""
+    (ngram / suffix per node budget; Medusa and EAGLE-1 engines: the Medusa paper's greedy tree per budget over the
+    heads' / the teacher-forced draft's ranks), measure the best on held-out prompts, print predicted beside measured
+    and the winner."""
     from trtspec.bench.tune import TuneOptions, format_tune, run_tune
     from trtspec.recipe.tuned import check_target, write_winner_recipe
 

@@ -8,8 +8,10 @@ TEMPLATE`, else from the engine itself: its manifest (backend, profile, tree, we
 - a training-free method (ngram, suffix, lookahead) with node budget B: drafter.kind none, build.max_draft_len B (K:
   the engine drafts at most B tokens a step, slot profiles 2, 3, 5, ... up to B + 1), deploy.method and bench.methods
   the method;
-- a Medusa tree: build.choices (K = its node count at least), the engine's own drafter served and benched;
-- the engine's own trained drafter (EAGLE): deploy.method and bench.methods it;
+- a Medusa or EAGLE-1 tree: build.choices (K = its node count at least), the engine's own drafter served and
+  benched; an EAGLE tree also sets drafter.num_eagle_layers to its depth and drafter.max_non_leaves_per_layer to its
+  most expanding nodes on a level (what a TensorRT-LLM build of the recipe requires of an EAGLE-1 tree);
+- the engine's own dynamic tree (EAGLE-2): deploy.method and bench.methods it;
 - plain decoding: deploy.method none (speculation off); bench.methods the best measured drafter, so the bench stage
   keeps measuring the decision.
 
@@ -99,7 +101,7 @@ def apply_winner(recipe: dict, report: dict) -> dict:
         build["max_draft_len"] = w["budget"]
         deploy["method"] = method
         methods = [method]
-    elif method == "medusa":
+    elif method in TRAINED and w.get("choices"):
         for key in ("preset", "eagle2"):
             build.pop(key, None)
         build["choices"] = json.dumps(w["choices"])
@@ -109,14 +111,16 @@ def apply_winner(recipe: dict, report: dict) -> dict:
             build["profiles"] = ",".join(map(str, kept)) if kept else None
             if not kept:
                 build.pop("profiles")
-        deploy["method"] = "medusa"
-        methods = ["medusa"]
+        if method == "eagle":
+            _eagle_depth(recipe, w["choices"])
+        deploy["method"] = method
+        methods = [method]
     elif method == PLAIN:
         deploy["method"] = PLAIN
         drafters = [s for s in report["settings"] if s["measured"] is not None and s["method"] != PLAIN]
         best = max(drafters, key=lambda s: s["measured"]["decode_tokens_per_s"], default=None)
         methods = [best["method"]] if best is not None else []
-    else:  # the engine's own trained drafter (EAGLE), as it ships
+    else:  # the engine's own trained drafter (EAGLE-2), as it ships
         deploy["method"] = method
         methods = [method]
     bench = recipe.get("bench")
@@ -134,6 +138,19 @@ def apply_winner(recipe: dict, report: dict) -> dict:
         baseline.pop("figures", None)  # measured with another setting: `recipe run --gate --update-baseline`
         baseline.pop("verify_curve", None)
     return recipe
+
+
+def _eagle_depth(recipe: dict, choices: list[list[int]]) -> None:
+    """An EAGLE-1 tree's depth and widest level into the drafter (and the convert's K, where set, up to its nodes)."""
+    from trtspec.speculative.tree import build_tree
+
+    tree = build_tree(choices)
+    drafter = recipe.setdefault("drafter", {"kind": "eagle"})
+    drafter["num_eagle_layers"] = tree.depth
+    drafter["max_non_leaves_per_layer"] = max(1, *tree.non_leaves_per_level())
+    convert = recipe.get("convert") or {}
+    if convert.get("max_draft_len") is not None:
+        convert["max_draft_len"] = max(int(convert["max_draft_len"]), tree.num_nodes)
 
 
 def recipe_for_engine(engine_dir: Path, report: dict) -> dict:
