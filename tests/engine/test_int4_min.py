@@ -259,3 +259,31 @@ def test_bad_scheme_flags_are_one_line_errors(ckpts, tmp_path, args, message):
         lines = lines[-1:]
     assert len(lines) == 1 and message in lines[0], result.output
     assert "Traceback" not in result.output and not (tmp_path / "e").exists()
+
+
+@pytest.mark.slow
+def test_smollm2_min_scheme_holds_its_q4_1_layers_and_speculates_losslessly(tmp_path):
+    """SmolLM2-135M-Instruct (its float weights are a Q4_1 GGUF dequantized) as int4 min with an int8 lm_head (about
+    2 min on 2 cores): every linear layer comes back exactly, the numerics check passes, and ngram equals plain greedy
+    decoding on real prompts, in flight."""
+    from safetensors.numpy import load_file
+
+    from trtspec import ConvertOptions, convert
+    from trtspec.data.prompts import load_prompts
+    from trtspec.hub.fetch import fetch_model
+    from trtspec.runtime.generator import LocalGenerator
+
+    convert(ConvertOptions(base=fetch_model("smollm2-135m"), out=tmp_path / "ckpt"), show_progress=False)
+    tensors = load_file(str(tmp_path / "ckpt" / "rank0.safetensors"))
+    for name in ("transformer.layers.0.attention.qkv.weight", "transformer.layers.29.mlp.proj.weight"):
+        assert np.array_equal(fake_quantize(tensors[name], 4, 32, "min"), tensors[name]), name
+    m = build(BuildOptions(source=tmp_path / "ckpt", out=tmp_path / "e", max_input_len=768, max_seq_len=1024,
+                           max_draft_len=16, weights="int4", lm_head_weights="int8", int4_scheme="min"))
+    assert m.weights.linear == MIN and max(m.numerics.values()) < NUMERICS_TOLERANCE
+    prompts = [p.text for s in ("code-edit", "mt-bench") for p in load_prompts(s, limit=3)]
+    generator = LocalGenerator(tmp_path / "e", threads=2)
+    config = GenerationConfig(max_tokens=96, end_id=generator.manifest.model.end_id)
+    plain = [r.output_ids for r in generator.generate_many(prompts, dataclasses.replace(config, no_spec=True))]
+    spec = generator.generate_many(prompts, dataclasses.replace(config, method="ngram"))
+    assert [r.output_ids for r in spec] == plain
+    assert sum(r.result.stats.accepted_tokens for r in spec) > 20

@@ -11,8 +11,8 @@ Layout (the com.microsoft MatMulNBits contrib op, ONNX Runtime `docs/ContribOper
 [N * blocks]. Blocks run along K for each output row, so quantizing rows separately and concatenating them (the
 fused q/k/v and gate/up matrices) gives the same bytes as quantizing the concatenation.
 
-The `min` scheme (int4 only; llama.cpp's Q4_1, `ggml-quants.c` quantize_row_q4_1) gives each block a float minimum
-m too: scale d = (max - min) / 15, codes u = round((w - m) / d) in 0..15, so that
+The `min` scheme (int4 only; llama.cpp's Q4_1: ggml-org/llama.cpp `ggml/src/ggml-quants.c`, quantize_row_q4_1_ref)
+gives each block a float minimum m too: scale d = (max - min) / 15, codes u = round((w - m) / d) in 0..15, so that
 
     W[n, k] ≈ u[n, k] * d[n, b] + m[n, b]        (b = k // block_size)
 
