@@ -287,3 +287,15 @@ def test_smollm2_min_scheme_holds_its_q4_1_layers_and_speculates_losslessly(tmp_
     spec = generator.generate_many(prompts, dataclasses.replace(config, method="ngram"))
     assert [r.output_ids for r in spec] == plain
     assert sum(r.result.stats.accepted_tokens for r in spec) > 20
+
+
+def test_bench_labels_name_the_scheme(engines):
+    from trtspec.bench.formats import format_label
+    from trtspec.bench.quality import _weights_text
+
+    m = read_manifest(engines["none"])
+    assert format_label(m.to_dict()["weights"]) == "int4 b32 min"
+    assert _weights_text(m.weights.summary()) == "int4 b32 min"
+    assert format_label(EngineWeights(linear=MIN, lm_head=WeightFormat(dtype="int8", block_size=32,
+                                                                       accuracy_level=4)).to_dict()) \
+        == "int4 b32 min, lm_head int8 b32"
