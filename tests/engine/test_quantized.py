@@ -376,8 +376,8 @@ def test_the_numerics_check_catches_a_wrong_packing(ckpts, tmp_path, monkeypatch
 
     import trtspec.model.onnx_ops as onnx_ops
 
-    def swapped(weight, bits, block_size):
-        m = quantize(weight, bits, block_size)
+    def swapped(weight, bits, block_size, scheme="symmetric"):
+        m = quantize(weight, bits, block_size, scheme)
         return dataclasses.replace(m, packed=((m.packed << 4) | (m.packed >> 4)).astype(np.uint8))
 
     monkeypatch.setattr(onnx_ops, "quantize", swapped)

@@ -118,7 +118,7 @@ def format_label(weights: dict) -> str:
     def short(fmt: dict | None) -> str:
         if not fmt or fmt.get("dtype", "fp32") == "fp32":
             return "fp32"
-        return f"{fmt['dtype']} b{fmt.get('block_size')}"
+        return f"{fmt['dtype']} b{fmt.get('block_size')}" + (" min" if fmt.get("scheme") == "min" else "")
 
     linear = short(weights.get("linear"))
     head = short(weights.get("lm_head"))

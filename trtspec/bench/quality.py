@@ -338,7 +338,7 @@ def format_report(report: QualityReport) -> list[str]:
 
 def _weights_text(weights: dict[str, str]) -> str:
     """`int4 b32` style: the linear layers' format, then lm_head / embedding where they differ."""
-    short = lambda text: text.replace(" (block ", " b").split(",")[0]  # noqa: E731
+    short = lambda text: text.replace(" (block ", " b").replace(", with block minima", " min").split(",")[0]  # noqa: E731
     linear = short(weights.get("linear", "fp32"))
     extra = [f"{k} {short(v)}" for k, v in weights.items() if k in ("lm_head", "embedding") and short(v) != linear]
     return ", ".join([linear, *extra])

@@ -135,6 +135,8 @@ def tree(choices: str | None, preset: str | None, as_json: bool, png: Path | Non
 @click.option("--lm-head-weights", help="onnx: fp32, int8 or int4 for the lm_head (and the tied embedding that "
                                         "gathers its rows) apart from --weights (default: as --weights).")
 @click.option("--block-size", type=int, help="onnx, int8 / int4: values per scale, 32, 64 or 128 (default 32).")
+@click.option("--int4-scheme", help="onnx, int4: symmetric (the default: (q - 8) x scale) or min (a float minimum per "
+                                    "block too, u x scale + min, llama.cpp's Q4_1; exact on Q4_1 GGUF weights).")
 @click.option("--quantize-heads/--no-quantize-heads", default=None,
               help="The Medusa heads / EAGLE draft in the --weights format too (default: onnx yes, else fp32; "
                    "trtllm no: kept in the base dtype, see TensorRT-LLM#2115, #1845).")
@@ -190,6 +192,8 @@ def _reject_trtllm_flags(flags: dict) -> None:
 
 def _build_trtllm(source: Path, eagle2: str | None, dry_run: bool, *, as_json: bool, lookahead: str | None,
                   **flags) -> None:
+    if flags.pop("int4_scheme") is not None:
+        raise click.UsageError("--int4-scheme applies to --backend onnx only")
     if flags.pop("lm_head_weights") is not None:
         raise click.UsageError("--lm-head-weights applies to --backend onnx only (quantize.py keeps lm_head in the "
                                "base dtype unless --quantize_lm_head)")

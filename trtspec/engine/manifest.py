@@ -17,7 +17,7 @@ from pathlib import Path
 from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.errors import BuildError, ConfigError, check_fields
 from trtspec.outdir import chmod_as_created
-from trtspec.model.quantize import WeightDtype, min_step_slots
+from trtspec.model.quantize import QuantScheme, WeightDtype, min_step_slots
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
@@ -199,6 +199,8 @@ class WeightFormat:
     block_size: int | None = None  # quantized: values per scale along the input dimension
     accuracy_level: int | None = None  # quantized: MatMulNBits accuracy_level (4: int8 activations)
     prequantized: str | None = None  # codes and scales read from the checkpoint as stored (its quant_algo)
+    # int4: `symmetric` ((q - 8) · scale) or `min` (u · scale + the block's minimum; quantize.quantize_min)
+    scheme: QuantScheme = QuantScheme.SYMMETRIC
 
     def __post_init__(self):
         try:
@@ -206,12 +208,20 @@ class WeightFormat:
         except ValueError:
             raise ConfigError(f"weight format {self.dtype!r}: expected one of "
                               f"{', '.join(w.value for w in WeightDtype)}") from None
+        try:
+            object.__setattr__(self, "scheme", QuantScheme(self.scheme))
+        except ValueError:
+            raise ConfigError(f"weight scheme {self.scheme!r}: expected one of "
+                              f"{', '.join(s.value for s in QuantScheme)}") from None
+        if self.scheme is QuantScheme.MIN and self.dtype is not WeightDtype.INT4:
+            raise ConfigError(f"weight scheme min: int4 only, not {self.dtype.value}")
 
     def __str__(self) -> str:
         if self.dtype is WeightDtype.FP32:
             return "fp32"
         source = f", from {self.prequantized}" if self.prequantized else ""
-        return f"{self.dtype.value} (block {self.block_size}, accuracy level {self.accuracy_level}{source})"
+        scheme = ", with block minima" if self.scheme is QuantScheme.MIN else ""
+        return f"{self.dtype.value} (block {self.block_size}{scheme}, accuracy level {self.accuracy_level}{source})"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,8 +250,10 @@ class EngineWeights:
         def fmt(f: WeightFormat | None) -> dict | None:
             if f is None:
                 return None
-            d = {**dataclasses.asdict(f), "dtype": f.dtype.value}
-            return d if f.prequantized else {k: v for k, v in d.items() if k != "prequantized"}  # earlier manifests
+            d = {**dataclasses.asdict(f), "dtype": f.dtype.value, "scheme": f.scheme.value}
+            # written only when set, as earlier manifests have neither
+            omit = {k for k in ("prequantized", "scheme") if d[k] in (None, QuantScheme.SYMMETRIC.value)}
+            return {k: v for k, v in d.items() if k not in omit}
         return {name: fmt(getattr(self, name)) for name in ("linear", "lm_head", "embedding", "drafter")}
 
     @classmethod

@@ -28,7 +28,8 @@ from trtspec.engine.resolve import MethodRequest, resolve_method, resolve_tree
 from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, Backend, EngineWeights, Manifest, Method, ModelInfo,
                                      Profile, WeightFormat, default_slot_profiles, parse_slot_profiles)
 from trtspec.errors import BuildError, ConfigError
-from trtspec.model.quantize import ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, QuantSpec, WeightDtype, check_block_size
+from trtspec.model.quantize import (ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, QuantScheme, QuantSpec, WeightDtype,
+                                    check_block_size)
 from trtspec.engine.integrity import record_files
 from trtspec.outdir import atomic_output_dir, check_output_dir
 from trtspec.speculative.tree import DynamicTree
@@ -57,6 +58,7 @@ class BuildOptions(EngineBuildOptions):
     weights: str | None = None
     lm_head_weights: str | None = None  # `--lm-head-weights fp32|int8|int4`: the lm_head (+ tied embedding) apart
     block_size: int | None = None  # `--block-size 32|64|128` (quantized weights; default 32)
+    int4_scheme: str | None = None  # `--int4-scheme symmetric|min` (int4 components; default symmetric)
     quantize_heads: bool = True  # the Medusa heads / EAGLE draft in the --weights format too (else fp32)
 
 
@@ -121,12 +123,21 @@ def weight_plan(opts: BuildOptions, raw_config: dict):
         raise ConfigError(f"--weights {dtype.value}: {Path(opts.source) / 'config.json'} asks for quant_algo={algo} "
                           f"({asked} weights); pass --weights {asked} or build from a checkpoint without quant_algo")
     head = dtype if opts.lm_head_weights is None else WeightDtype.parse(opts.lm_head_weights, "--lm-head-weights")
+    scheme = QuantScheme.parse(opts.int4_scheme) if opts.int4_scheme is not None else QuantScheme.SYMMETRIC
     if dtype is WeightDtype.FP32 and head is WeightDtype.FP32:
         if opts.block_size is not None:
             raise ConfigError(f"--block-size {opts.block_size}: applies to --weights int8 or int4, not fp32")
-        return WeightPlan()
     block_size = check_block_size(opts.block_size if opts.block_size is not None else DEFAULT_BLOCK_SIZE)
-    spec = lambda d: None if d is WeightDtype.FP32 else QuantSpec(d, block_size)  # noqa: E731
+    if scheme is QuantScheme.MIN:
+        _check_min_scheme(raw_config, dtype, head, block_size)
+    if dtype is WeightDtype.FP32 and head is WeightDtype.FP32:
+        return WeightPlan()
+
+    def spec(d: WeightDtype) -> QuantSpec | None:
+        if d is WeightDtype.FP32:
+            return None
+        return QuantSpec(d, block_size, scheme=scheme if d is WeightDtype.INT4 else QuantScheme.SYMMETRIC)
+
     base = spec(dtype)
     if CheckpointQuantization.from_config(raw_config).quant_algo == W4A16_AWQ:  # the layers' codes as stored
         base = QuantSpec(dtype, _awq_group_size(opts.source, raw_config), prequantized=W4A16_AWQ)
@@ -135,6 +146,26 @@ def weight_plan(opts: BuildOptions, raw_config: dict):
     if not opts.quantize_heads:
         log.info("--no-quantize-heads: the Medusa heads / EAGLE draft keep fp32 weights")
     return WeightPlan(base=base, drafter=spec(dtype) if opts.quantize_heads else None, lm_head=spec(head))
+
+
+def _check_min_scheme(raw_config: dict, dtype: WeightDtype, head: WeightDtype, block_size: int) -> None:
+    """`--int4-scheme min` needs an int4 component and whole blocks along every quantized matrix's inputs (the graph
+    sums the activations block by block)."""
+    if WeightDtype.INT4 not in (dtype, head):
+        raise ConfigError(f"--int4-scheme min: applies to int4 weights (--weights int4 or --lm-head-weights int4), "
+                          f"not --weights {dtype.value} with an {head.value} lm_head")
+    if CheckpointQuantization.from_config(raw_config).quant_algo == W4A16_AWQ and head is not WeightDtype.INT4:
+        raise ConfigError("--int4-scheme min: the W4A16_AWQ checkpoint's layers keep their own symmetric codes; "
+                          "min applies only to an int4 lm_head here (--lm-head-weights int4)")
+    cfg = ModelShape.from_trtllm(raw_config)
+    inputs = {"hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
+              "num_heads x head_dim": cfg.num_heads * cfg.head_dim}
+    if cfg.eagle is not None:
+        inputs["eagle intermediate_size"] = cfg.eagle.intermediate_size
+    for name, k in inputs.items():
+        if k % block_size:
+            raise ConfigError(f"--int4-scheme min: {name} {k} is not a multiple of --block-size {block_size} (the "
+                              "min scheme needs whole blocks); pass a --block-size that divides it")
 
 
 def _gathers_embedding(plan, cfg: ModelShape) -> bool:
@@ -148,7 +179,7 @@ def _engine_weights(plan, cfg: ModelShape, *, embedding_gathered: bool) -> Engin
     def fmt(spec: QuantSpec | None) -> WeightFormat:
         return WeightFormat() if spec is None else WeightFormat(dtype=spec.dtype, block_size=spec.block_size,
                                                                 accuracy_level=spec.accuracy_level,
-                                                                prequantized=spec.prequantized)
+                                                                prequantized=spec.prequantized, scheme=spec.scheme)
 
     has_drafter = cfg.num_medusa_heads > 0 or cfg.eagle is not None
     return EngineWeights(linear=fmt(plan.base), lm_head=fmt(plan.lm_head),

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from trtspec.errors import ConfigError
-from trtspec.model.quantize import fake_quantize
+from trtspec.model.quantize import QuantScheme, fake_quantize
 
 GROUPS = ("qkv", "fc", "dense", "proj")  # by the checkpoint's names; each read in the table above
 PREFIX = "transformer.layers"
@@ -40,6 +40,7 @@ PREFIX = "transformer.layers"
 class AwqOptions:
     bits: int = 4
     block_size: int = 32
+    scheme: QuantScheme = QuantScheme.SYMMETRIC  # the int4 scheme the build will use (`--int4-scheme`)
     alphas: int = 21  # grid points over [0, 1]
     tokens: int = 4096  # calibration rows kept per group (a seeded random subset)
 
@@ -97,7 +98,7 @@ def search_scale(x: np.ndarray, matrices: list[np.ndarray], options: AwqOptions 
         s = s / np.sqrt(s.max() * s.min())
         err = 0.0
         for w in matrices:
-            q = fake_quantize(w * s[None, :], options.bits, options.block_size) / s[None, :]
+            q = fake_quantize(w * s[None, :], options.bits, options.block_size, options.scheme) / s[None, :]
             diff = x @ (w - q).T
             err += float(np.square(diff, dtype=np.float64).sum())
         base = err if base is None else base

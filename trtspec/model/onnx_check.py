@@ -110,7 +110,7 @@ def dequantize_reference(model, spec: QuantSpec | None, heads: QuantSpec | None,
                 continue
             if isinstance(module, nn.Linear) and use is not None:
                 w = module.weight.detach().float().numpy()
-                module.weight.copy_(torch.from_numpy(fake_quantize(w, use.bits, use.block_size)))
+                module.weight.copy_(torch.from_numpy(fake_quantize(w, use.bits, use.block_size, use.scheme)))
         if tied and lm_head is not None and model.config.hidden_size % lm_head.block_size == 0:
             model.vocab_embedding.weight.copy_(model.lm_head.weight)
 

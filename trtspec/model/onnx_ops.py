@@ -57,7 +57,7 @@ class WeightFile:
                 w = w * np.asarray(row_scale, np.float32)[:, None]
             self.add(name, w.T if fp32_layout == "in_out" else w)
             return
-        self._add_quantized(name, quantize(w, spec.bits, spec.block_size), spec.accuracy_level, row_scale)
+        self._add_quantized(name, quantize(w, spec.bits, spec.block_size, spec.scheme), spec.accuracy_level, row_scale)
 
     def add_prequantized(self, name: str, m: QuantizedMatrix, accuracy_level: int, *,
                          row_scale: np.ndarray | None = None, pre_scale: np.ndarray | None = None) -> None:
@@ -68,11 +68,17 @@ class WeightFile:
             self.add(f"{name}.pre_scale", pre_scale)
 
     def _add_quantized(self, name: str, m: QuantizedMatrix, accuracy_level: int, row_scale) -> None:
-        scales = m.scales if row_scale is None else m.scales * np.asarray(row_scale, np.float32)[:, None]
+        factor = np.float32(1) if row_scale is None else np.asarray(row_scale, np.float32)[:, None]
         self._append(f"{name}.q", m.packed, TensorProto.UINT8)
-        self._append(f"{name}.scales", np.ascontiguousarray(scales.reshape(-1), np.float32), TensorProto.FLOAT)
+        self._append(f"{name}.scales", np.ascontiguousarray((m.scales * factor).reshape(-1), np.float32),
+                     TensorProto.FLOAT)
+        if m.offsets is not None:  # the min scheme: [blocks, n], the right operand of the block sums' MatMul
+            self.add(f"{name}.offsets", (m.offsets * factor).T)
+            ones = block_sums_matrix(m.blocks, m.block_size)
+            if ones not in self:
+                self.add(ones, np.kron(np.eye(m.blocks, dtype=np.float32), np.ones((m.block_size, 1), np.float32)))
         self.quantized[name] = QuantizedInfo(k=m.k, n=m.n, blocks=m.blocks, bits=m.bits, block_size=m.block_size,
-                                             accuracy_level=accuracy_level)
+                                             accuracy_level=accuracy_level, offsets=m.offsets is not None)
 
     def alias(self, name: str, source: str, dims: tuple[int, ...]) -> None:
         """`name`: the bytes of weight `source` seen with other dims (written once, read by two ops)."""
@@ -111,6 +117,7 @@ class QuantizedInfo:
     bits: int
     block_size: int
     accuracy_level: int
+    offsets: bool = False  # the min scheme: `<name>.offsets` [blocks, n] (see quantize.quantize_min)
 
 
 class Graph:
@@ -121,6 +128,7 @@ class Graph:
         self.nodes: list[onnx.NodeProto] = []
         self.used: dict[str, TensorProto] = {}
         self.consts: dict[tuple, str] = {}
+        self.block_sums: dict[tuple[str, int], str] = {}  # (activation, block size) → its block sums
         self._ids = itertools.count()
 
     def op(self, op_type: str, *inputs: str, name: str | None = None, outputs: int | tuple[str, ...] = 1,
@@ -231,8 +239,28 @@ def matmul_nbits(g: Graph, x: str, weight: str, name: str | None = None) -> str:
     q = g.weights.quantized[weight]
     if f"{weight}.pre_scale" in g.weights:  # AWQ: the activation times the pre-quant scale first
         x = g.op("Mul", x, g.w(f"{weight}.pre_scale"), name=None if name is None else f"{name}_pre_scale")
-    return g.ms("MatMulNBits", x, g.w(f"{weight}.q"), g.w(f"{weight}.scales"), name=name, K=q.k, N=q.n,
-                bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
+    y = g.ms("MatMulNBits", x, g.w(f"{weight}.q"), g.w(f"{weight}.scales"), name=None if q.offsets else name,
+             K=q.k, N=q.n, bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
+    if not q.offsets:
+        return y
+    # the min scheme: + sum_b blocksum_b(x) * offsets[b, :] (fp32), the block sums shared by products of one input
+    return g.op("Add", y, g.op("MatMul", block_sums(g, x, q.block_size, q.blocks), g.w(f"{weight}.offsets")),
+                name=name)
+
+
+def block_sums(g: Graph, x: str, block_size: int, blocks: int) -> str:
+    """x [..., blocks · block_size] → [..., blocks]: the sum of each block of inputs, computed once per input as one
+    MatMul with a 0/1 matrix (rank-agnostic, one op: a Reshape + ReduceSum took four with the shape arithmetic, and
+    each op costs a decode step a few microseconds)."""
+    key = (x, block_size)
+    if key not in g.block_sums:
+        g.block_sums[key] = g.op("MatMul", x, g.w(block_sums_matrix(blocks, block_size)))
+    return g.block_sums[key]
+
+
+def block_sums_matrix(blocks: int, block_size: int) -> str:
+    """The weight [blocks · block_size, blocks] of 0 / 1 that sums blocks (WeightFile writes it once per shape)."""
+    return f"block_sums.{blocks}x{block_size}"
 
 
 def linear(g: Graph, x: str, weight: str, name: str) -> str:
@@ -317,8 +345,16 @@ def embed(g: Graph, ids: str, *, tied: bool) -> str:
     is gathered from and dequantized row by row (GatherBlockQuantized over the same bytes, see `tie_quantized`)."""
     if tied and "embedding.q" in g.weights:
         q = g.weights.quantized["lm_head.weight"]
-        return g.ms("GatherBlockQuantized", g.w("embedding.q"), ids, g.w("embedding.scales"), name="embedding",
-                    bits=q.bits, block_size=q.block_size, gather_axis=0, quantize_axis=1)
+        rows = g.ms("GatherBlockQuantized", g.w("embedding.q"), ids, g.w("embedding.scales"),
+                    name=None if q.offsets else "embedding", bits=q.bits, block_size=q.block_size, gather_axis=0,
+                    quantize_axis=1)
+        if not q.offsets:
+            return rows
+        # the min scheme: each block of a row + its offset (the lm_head's [blocks, V] table, gathered by column)
+        offsets = g.op("Unsqueeze", g.op("Transpose", g.op("Gather", g.w("lm_head.weight.offsets"), ids, axis=1),
+                                         perm=[1, 2, 0]), g.const([-1]))  # [B, T, blocks, 1]
+        blocked = g.op("Reshape", rows, g.const([0, 0, q.blocks, q.block_size]))
+        return g.op("Reshape", g.op("Add", blocked, offsets), g.const([0, 0, q.k]), name="embedding")
     return g.op("Gather", g.w("lm_head.weight" if tied else "embedding.weight"), ids, axis=0, name="embedding")
 
 

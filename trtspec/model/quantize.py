@@ -10,6 +10,17 @@ Layout (the com.microsoft MatMulNBits contrib op, ONNX Runtime `docs/ContribOper
 [N, blocks, block_size * bits / 8], 4-bit values two to a byte, the first in the low nibble; scales are
 [N * blocks]. Blocks run along K for each output row, so quantizing rows separately and concatenating them (the
 fused q/k/v and gate/up matrices) gives the same bytes as quantizing the concatenation.
+
+The `min` scheme (int4 only; llama.cpp's Q4_1: ggml-org/llama.cpp `ggml/src/ggml-quants.c`, quantize_row_q4_1_ref)
+gives each block a float minimum m too: scale d = (max - min) / 15, codes u = round((w - m) / d) in 0..15, so that
+
+    W[n, k] ≈ u[n, k] * d[n, b] + m[n, b]        (b = k // block_size)
+
+It stores u as the symmetric scheme stores its codes (MatMulNBits reads them with its default zero point 8, i.e.
+(u - 8) * d) and each block's offset o = m + 8 d apart; the graph adds the rest of the product,
+sum_b blocksum_b(x) * o[n, b] (`onnx_ops.matmul_nbits`). MatMulNBits' own float zero points hold the same weights but
+run ONNX Runtime's dequantizing path (a 576 x 1536 product: 3.2 ms against 0.039 ms), and its uint8 zero points
+cannot hold m / d. Weights dequantized from a Q4_1 GGUF (SmolLM2-135M-Instruct's linear layers) come back exactly.
 """
 
 from __future__ import annotations
@@ -69,6 +80,21 @@ PLAIN_STEP_SLOTS = 2
 # draft chains only (speculative.engine's `chains_only`).
 
 
+class QuantScheme(str, enum.Enum):
+    """How int4 blocks map codes to values: `symmetric` (w = (q - 8) * scale) or `min` (w = u * scale + min)."""
+
+    SYMMETRIC = "symmetric"
+    MIN = "min"
+
+    @classmethod
+    def parse(cls, text: str, flag: str = "--int4-scheme") -> QuantScheme:
+        try:
+            return cls(text)
+        except ValueError:
+            raise ConfigError(f"{flag} {text}: unknown int4 scheme; choose one of "
+                              f"{', '.join(s.value for s in cls)}") from None
+
+
 def min_step_slots(dtype: WeightDtype) -> int:
     """Slots per row a decode step of an engine whose target weights are `dtype` runs at least (1: no padding)."""
     return 1 if WeightDtype(dtype) is WeightDtype.FP32 else PLAIN_STEP_SLOTS
@@ -93,11 +119,15 @@ class QuantSpec:
     block_size: int = DEFAULT_BLOCK_SIZE
     accuracy_level: int = ACCURACY_LEVEL
     prequantized: str | None = None  # the checkpoint's quant_algo whose codes and scales are used as stored
+    scheme: QuantScheme = QuantScheme.SYMMETRIC
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", WeightDtype(self.dtype))
+        object.__setattr__(self, "scheme", QuantScheme(self.scheme))
         if self.dtype is WeightDtype.FP32:
             raise ValueError("QuantSpec is for int8 / int4; fp32 matrices take no spec")
+        if self.scheme is QuantScheme.MIN and (self.dtype is not WeightDtype.INT4 or self.prequantized):
+            raise ValueError("the min scheme is for int4 blocks quantized by the build")
         check_block_size(self.block_size)
 
     @property
@@ -107,13 +137,22 @@ class QuantSpec:
 
 @dataclass(frozen=True)
 class QuantizedMatrix:
-    """W [N, K] in MatMulNBits form: `packed` uint8 [N, blocks, blob bytes], `scales` float32 [N, blocks]."""
+    """W [N, K] in MatMulNBits form: `packed` uint8 [N, blocks, blob bytes], `scales` float32 [N, blocks]; the min
+    scheme's block minima `mins` float32 [N, blocks] (None: symmetric)."""
 
     packed: np.ndarray
     scales: np.ndarray
     bits: int
     block_size: int
     k: int  # input features (before padding to whole blocks)
+    mins: np.ndarray | None = None
+
+    @property
+    def offsets(self) -> np.ndarray | None:
+        """[N, blocks] what a block's values add beyond MatMulNBits' (u - 2^(bits-1)) * scale: min + 2^(bits-1) scale."""
+        if self.mins is None:
+            return None
+        return (self.mins + np.float32(1 << (self.bits - 1)) * self.scales).astype(np.float32)
 
     @property
     def n(self) -> int:
@@ -124,11 +163,15 @@ class QuantizedMatrix:
         return self.packed.shape[1]
 
 
-def quantize(weight: np.ndarray, bits: int, block_size: int) -> QuantizedMatrix:
-    """Quantize W [N, K] block-wise along K (round to nearest, symmetric: scale = max |w| / (2^(bits-1) - 1))."""
+def quantize(weight: np.ndarray, bits: int, block_size: int,
+             scheme: QuantScheme = QuantScheme.SYMMETRIC) -> QuantizedMatrix:
+    """Quantize W [N, K] block-wise along K, round to nearest: symmetric (scale = max |w| / (2^(bits-1) - 1)) or,
+    int4 only, with a minimum per block (`quantize_min`)."""
     w = np.asarray(weight, dtype=np.float32)
     if w.ndim != 2:
         raise ValueError(f"quantize takes a matrix, got shape {w.shape}")
+    if QuantScheme(scheme) is QuantScheme.MIN:
+        return quantize_min(w, bits, block_size)
     n, k = w.shape
     blocks = -(-k // block_size)
     padded = np.zeros((n, blocks * block_size), np.float32)
@@ -141,7 +184,25 @@ def quantize(weight: np.ndarray, bits: int, block_size: int) -> QuantizedMatrix:
     return pack(q.reshape(n, -1)[:, :k], scales, bits, block_size)
 
 
-def pack(values: np.ndarray, scales: np.ndarray, bits: int, block_size: int) -> QuantizedMatrix:
+def quantize_min(weight: np.ndarray, bits: int, block_size: int) -> QuantizedMatrix:
+    """The min scheme (llama.cpp's Q4_1): per block m = min, scale = (max - min) / 15, codes round((w - m) / scale)
+    in 0..15. K must be whole blocks (the graph sums the activations block by block)."""
+    w = np.asarray(weight, dtype=np.float32)
+    n, k = w.shape
+    if bits != 4:
+        raise ValueError(f"the min scheme stores 4-bit codes, not {bits}-bit")
+    if k % block_size:
+        raise ValueError(f"the min scheme needs whole blocks: {k} inputs, blocks of {block_size}")
+    grouped = w.reshape(n, k // block_size, block_size)
+    low, high = grouped.min(axis=2), grouped.max(axis=2)
+    scales = ((high - low) / np.float32(15)).astype(np.float32)
+    safe = np.where(scales == 0, np.float32(1), scales)
+    u = np.clip(np.rint((grouped - low[..., None]) / safe[..., None]), 0, 15).astype(np.int8)
+    return pack(u.reshape(n, k) - 8, scales, bits, block_size, mins=low)
+
+
+def pack(values: np.ndarray, scales: np.ndarray, bits: int, block_size: int,
+         mins: np.ndarray | None = None) -> QuantizedMatrix:
     """Signed integer codes [N, K] (−2^(bits-1) .. 2^(bits-1) − 1, the last block zero-padded here) and their block
     scales [N, blocks] in MatMulNBits form: code + 2^(bits-1) as unsigned, two 4-bit codes a byte (low nibble first)."""
     if bits not in (4, 8):
@@ -156,18 +217,27 @@ def pack(values: np.ndarray, scales: np.ndarray, bits: int, block_size: int) -> 
     q = q.reshape(n, blocks, block_size)
     if bits == 4:
         q = q[..., 0::2] | (q[..., 1::2] << 4)
-    return QuantizedMatrix(np.ascontiguousarray(q), np.asarray(scales, np.float32), bits, block_size, k)
+    if mins is not None:
+        if np.shape(mins) != (n, blocks) or k != blocks * block_size:
+            raise ValueError(f"mins of shape {np.shape(mins)} for {n} rows of {k} inputs in blocks of {block_size}")
+        mins = np.asarray(mins, np.float32)
+    return QuantizedMatrix(np.ascontiguousarray(q), np.asarray(scales, np.float32), bits, block_size, k, mins)
 
 
 def dequantize(m: QuantizedMatrix) -> np.ndarray:
-    """W [N, K] float32 as the kernels see it: (q - 2^(bits-1)) * scale."""
+    """W [N, K] float32 as the engine computes with it: (q - 2^(bits-1)) * scale, or with a minimum per block
+    u * scale + min (u the stored unsigned code)."""
     q = m.packed
     if m.bits == 4:
         q = np.stack([q & 0x0F, q >> 4], axis=-1).reshape(m.n, m.blocks, m.block_size)
-    values = (q.astype(np.float32) - np.float32(1 << (m.bits - 1))) * m.scales[..., None]
+    if m.mins is not None:
+        values = q.astype(np.float32) * m.scales[..., None] + m.mins[..., None]
+    else:
+        values = (q.astype(np.float32) - np.float32(1 << (m.bits - 1))) * m.scales[..., None]
     return values.reshape(m.n, -1)[:, :m.k]
 
 
-def fake_quantize(weight: np.ndarray, bits: int, block_size: int) -> np.ndarray:
+def fake_quantize(weight: np.ndarray, bits: int, block_size: int,
+                  scheme: QuantScheme = QuantScheme.SYMMETRIC) -> np.ndarray:
     """dequantize(quantize(W)): the float weights a quantized engine computes with (the reference's)."""
-    return dequantize(quantize(weight, bits, block_size))
+    return dequantize(quantize(weight, bits, block_size, scheme))
