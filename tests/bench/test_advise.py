@@ -34,7 +34,7 @@ def test_go_when_the_method_beats_plain():
     assert advice["recommendation"]["slot_profile"] == 5 and advice["recommendation"]["max_draft_len"] == 4
     reasons = {r["name"]: r for r in advice["reasons"]}
     assert reasons["acceptance"]["favours_speculation"] and "τ 2.40" in reasons["acceptance"]["text"]
-    assert "1.10x a plain step for 1 sequence" in reasons["concurrency"]["text"]
+    assert "1.10x a plain step for 1 sequence (" in reasons["concurrency"]["text"]  # concurrency 1: said once
 
 
 @pytest.mark.parametrize("figures, concurrency, temperature, against", [

@@ -145,8 +145,8 @@ def _concurrency_reason(costs, concurrency: int, slots: int) -> dict:
     one = costs.cost(slots)
     ratio = costs.batch_cost(concurrency, slots) / costs.batch_cost(concurrency, 1)
     measured = f"measured batch curve up to {costs.batch}" if costs.batch > 1 else "no batch curve: rows x 1"
-    text = (f"a {slots}-slot step costs {one:.2f}x a plain step for 1 sequence and {ratio:.2f}x for {concurrency} "
-            f"({measured})")
+    at = f"for 1 sequence and {ratio:.2f}x for {concurrency}" if concurrency > 1 else "for 1 sequence"
+    text = f"a {slots}-slot step costs {one:.2f}x a plain step {at} ({measured})"
     return _reason("concurrency", text, ratio < 1.5)
 
 
