@@ -8,7 +8,6 @@ nh / nkv = query / KV heads, hd = head size, capacity = the KV buffer's rows.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,34 +82,6 @@ class WeightFile:
         del proto.dims[:]
         proto.dims.extend(dims)
         self.protos[name] = proto
-
-    def row_halves(self, source: str, names: tuple[str, str]) -> bool:
-        """Let quantized matrices `names` read the first and second half of the rows of quantized matrix `source`
-        (its bytes, written once): its blocks `.q` [n, blocks, blob] and `.scales` [n · blocks] hold the rows in
-        order. False, adding nothing, when `source` is not quantized, n is odd, or it has other tensors (an AWQ
-        pre-scale, which two products would apply twice; tensors whose layout this does not know)."""
-        q = self.quantized.get(source)
-        if names[0] in self.quantized:  # done for an earlier graph over this file
-            return True
-        parts = {name[len(source) + 1:] for name in self.protos if name.startswith(f"{source}.")}
-        if q is None or q.n % 2 or parts != {"q", "scales"}:
-            return False
-        for half, name in enumerate(names):
-            for part in ("q", "scales"):
-                proto = TensorProto()
-                proto.CopyFrom(self.protos[f"{source}.{part}"])
-                proto.name = f"{name}.{part}"
-                proto.dims[0] //= 2
-                data = {entry.key: entry.value for entry in proto.external_data}
-                length = int(data["length"]) // 2
-                for entry in proto.external_data:
-                    if entry.key == "offset":
-                        entry.value = str(int(data["offset"]) + half * length)
-                    elif entry.key == "length":
-                        entry.value = str(length)
-                self.protos[proto.name] = proto
-            self.quantized[name] = dataclasses.replace(q, n=q.n // 2)
-        return True
 
     def _append(self, name: str, data: np.ndarray, data_type: int) -> None:
         align = PAGE_ALIGN if data.nbytes > PAGE_ALIGN_ABOVE else SMALL_ALIGN
@@ -290,18 +261,9 @@ def attention(g: Graph, d: Dims, pre: Prelude, x: str, prefix: str, layer: int) 
 
 
 def mlp(g: Graph, x: str, prefix: str, intermediate: int) -> str:
-    """SwiGLU with gate and up in one MatMul: down(silu(gate) * up); TRT `fc` = gate, TRT `gate` = up.
-
-    A quantized gate/up matrix runs as two MatMulNBits over its two row halves (the same bytes, `row_halves`)
-    instead of one product and a Split that copies its halves out: the same numbers (each output column is its own
-    dot product), SmolLM2-135M int4 decode step 1.5% faster."""
-    if f"{prefix}.gate_up.bias" not in g.weights and g.weights.row_halves(f"{prefix}.gate_up.weight",
-                                                                          (f"{prefix}.gate.weight",
-                                                                           f"{prefix}.up.weight")):
-        gate, up = (linear(g, x, f"{prefix}.{part}", f"{prefix}.{part}") for part in ("gate", "up"))
-    else:
-        gate, up = g.op("Split", linear(g, x, f"{prefix}.gate_up", f"{prefix}.gate_up"),
-                        g.const([intermediate, intermediate]), axis=-1, outputs=2, name=f"{prefix}.gate_up_split")
+    """SwiGLU with gate and up in one MatMul: down(silu(gate) * up); TRT `fc` = gate, TRT `gate` = up."""
+    gate, up = g.op("Split", linear(g, x, f"{prefix}.gate_up", f"{prefix}.gate_up"),
+                    g.const([intermediate, intermediate]), axis=-1, outputs=2, name=f"{prefix}.gate_up_split")
     act = g.op("Mul", gate, g.op("Sigmoid", gate))
     return linear(g, g.op("Mul", act, up), f"{prefix}.down", f"{prefix}.down")
 
