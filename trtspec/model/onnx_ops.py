@@ -307,8 +307,9 @@ class Residual:
         """(RMSNorm(x + delta) · weight, x + delta) in one SkipSimplifiedLayerNormalization when an Add is pending."""
         if self.delta is None:
             return rms_norm(g, self.x, weight, eps, name), self.x
+        # outputs 1 and 2 (mean, inverse std) left unnamed: nothing reads them, ONNX Runtime need not make them
         normed, _, _, total = g.ms("SkipSimplifiedLayerNormalization", self.x, self.delta, g.w(weight), epsilon=eps,
-                                   outputs=4, name=name)
+                                   outputs=(f"{name}_0", "", "", f"{name}_3"), name=name)
         return normed, total
 
     def value(self, g: Graph, name: str) -> str:

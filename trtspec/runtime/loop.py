@@ -124,17 +124,19 @@ class _Decoding:
         self.engine.commit(self.seq, (0, *accepted.slots))
         self.result.stats.record(drafted=draft.tree.num_nodes, depth=draft.tree.depth, accepted=accepted.num_accepted,
                                  slots=verify.slots)
-        self._emit(list(accepted.tokens), logits[[0, *accepted.slots]])
+        self._emit(list(accepted.tokens), logits, [0, *accepted.slots])
         self.root = accepted.tokens[-1]
         return (verify, accepted) if self.finish is None else None
 
-    def _emit(self, tokens: list[int], logits: np.ndarray) -> None:
-        """Emit tokens; logits[j] is the row that produced tokens[j] (for log probabilities)."""
+    def _emit(self, tokens: list[int], logits: np.ndarray, rows: list[int] | None = None) -> None:
+        """Emit tokens; logits[rows[j]] (rows None: logits[j]) is the row that produced tokens[j] (for log
+        probabilities; the rows are gathered only then: a plain step would copy its logits row for nothing)."""
         before = len(self.result.output_ids)
         self.finish = _emit(self.result.output_ids, tokens, self.config, self.request.on_tokens)
         if self.result.log_probs is not None:
             taken = len(self.result.output_ids) - before
-            self.result.log_probs += _log_probs(logits[:taken], tokens[:taken], self.config.sampling)
+            produced = logits if rows is None else logits[rows]
+            self.result.log_probs += _log_probs(produced[:taken], tokens[:taken], self.config.sampling)
         if self.request.on_progress is not None:
             self.request.on_progress(self.result.output_ids[before:], self.result, self.finish)
 

@@ -45,6 +45,10 @@ class _Cache:
 
     kv: np.ndarray
     length: int = 0
+    address: int = field(init=False, repr=False)  # kv's data pointer: bindings are keyed by it
+
+    def __post_init__(self):
+        self.address = self.kv.ctypes.data
 
     @classmethod
     def allocate(cls, layers: int, size: int, kv_heads: int, head_dim: int, batch: int = 1) -> _Cache:
@@ -91,6 +95,7 @@ class _Graph:
         self.plain = {o.name: (o.shape[1] if isinstance(o.shape[1], int) else None, o.shape[-1])
                       for o in self.session.get_outputs() if not o.name.startswith("present_")}
         self.tokens = self.session.get_inputs()[0].shape[1]  # an int for a fixed-T graph, else a dimension name
+        self.inputs = frozenset(i.name for i in self.session.get_inputs())
         self.layers = sum(1 for o in self.session.get_outputs() if o.name.startswith("present_key_"))
         self._bindings: dict[tuple, _Binding] = {}
 
@@ -103,10 +108,34 @@ class _Graph:
         self.session.run_with_iobinding(binding.io)
         return binding.plain
 
-    def _binding(self, cache: _Cache, feeds: dict[str, np.ndarray]) -> _Binding:
+    def run_plain(self, ids: np.ndarray, lengths: np.ndarray, cache: _Cache, slots: int) -> dict[str, np.ndarray]:
+        """A plain step: token ids[b, 0] after row b's past (lengths[b] rows), padded to `slots` slots that see only
+        themselves (a generation graph; `run` would feed the same). Its binding is its own, so the padding and the
+        tree mask are written once: a decode step writes three small inputs, nothing else in Python (each numpy
+        call after a run costs far more than in a loop: the run has evicted the interpreter from the caches)."""
+        key = (cache.address, cache.kv.shape, slots, "plain")
+        binding = self._bindings.get(key)
+        if binding is None:
+            batch = len(ids)
+            feeds = {"input_ids": np.zeros((batch, slots), np.int64), "past_lengths": np.zeros(batch, np.int32)}
+            if "position_ids" in self.inputs:
+                feeds["position_ids"] = np.zeros((batch, slots), np.int64)
+                feeds["tree_mask"] = np.broadcast_to(np.eye(slots, dtype=bool), (batch, slots, slots)).copy()
+            binding = self._binding(cache, feeds, key)
+            for name, value in feeds.items():
+                binding.inputs[name][...] = value
+        inputs = binding.inputs
+        inputs["input_ids"][:, :1] = ids
+        inputs["past_lengths"][:] = lengths
+        if "position_ids" in inputs:  # every slot at the row's next position (padding is masked)
+            inputs["position_ids"][:] = inputs["past_lengths"][:, None]
+        self.session.run_with_iobinding(binding.io)
+        return binding.plain
+
+    def _binding(self, cache: _Cache, feeds: dict[str, np.ndarray], key: tuple | None = None) -> _Binding:
         kv = cache.kv
         batch, tokens = feeds["input_ids"].shape
-        key = (kv.ctypes.data, kv.shape, tokens)  # a buffer freed and reallocated alike binds alike
+        key = key or (cache.address, kv.shape, tokens)  # a buffer freed and reallocated alike binds alike
         if key in self._bindings:
             self._bindings[key] = self._bindings.pop(key)  # most recently used last
             return self._bindings[key]
@@ -292,14 +321,10 @@ class OrtEngine:
     def _plain_step(self, ids: np.ndarray, lengths, cache: _Cache) -> dict[str, np.ndarray]:
         """One token per row [B, 1] after each row's past, in the decode graph (a trivial tree for the generation
         graph)."""
-        ids = np.asarray(ids, np.int64)
-        feeds = {"input_ids": ids, "past_lengths": np.asarray(lengths, np.int32)}
-        if self._decode is self._generation:
-            slots = self._min_slots  # padded slots: masked, seen by nobody (as in _pad)
-            feeds["input_ids"] = np.pad(ids, ((0, 0), (0, slots - 1)))
-            feeds["position_ids"] = np.repeat(feeds["past_lengths"].astype(np.int64)[:, None], slots, axis=1)
-            feeds["tree_mask"] = np.broadcast_to(np.eye(slots, dtype=bool), (len(ids), slots, slots)).copy()
-        return self._decode.run(feeds, cache)
+        if self._decode is self._generation:  # padded slots: masked, seen by nobody (as in _pad)
+            return self._decode.run_plain(ids, lengths, cache, self._min_slots)
+        return self._decode.run({"input_ids": np.asarray(ids, np.int64),
+                                 "past_lengths": np.asarray(lengths, np.int32)}, cache)
 
     def _staging_cache(self, batch: int) -> _Cache:
         if batch not in self._staging:
