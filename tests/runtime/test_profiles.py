@@ -192,16 +192,47 @@ def test_verify_curve_is_measured_once_and_cached_beside_the_engine(built, tmp_p
     costs = OrtEngine(engine_dir, threads=1).step_costs()
     assert costs.profiles == (1, 2, 3, 5, 9) and costs.relative[0] == 1.0
     assert list(costs.relative) == sorted(costs.relative)  # levelled: no profile costs more than a larger one
-    saved = json.loads((engine_dir / verify_curve.CURVE_FILE).read_text())
+    (saved,) = json.loads((engine_dir / verify_curve.CURVE_FILE).read_text())["curves"]
     assert saved["slot_profiles"] == [2, 3, 5, 9] and saved["threads"] == 1
 
     def no_measuring(engine, **kwargs):
         raise AssertionError("measured again")
 
+    real_measure = verify_curve.measure
     monkeypatch.setattr(verify_curve, "measure", no_measuring)
     assert OrtEngine(engine_dir, threads=1).step_costs() == costs  # read back, not measured
     with pytest.raises(AssertionError, match="measured again"):
         OrtEngine(engine_dir, threads=2).step_costs()  # another thread count is another curve
+    monkeypatch.setattr(verify_curve, "measure", real_measure)
+    other = OrtEngine(engine_dir, threads=1, spin=not OrtEngine(engine_dir, threads=1).spin).step_costs()
+    monkeypatch.setattr(verify_curve, "measure", no_measuring)
+    # both settings kept: measuring one does not measure the other's curve away
+    assert OrtEngine(engine_dir, threads=1).step_costs() == costs
+    assert OrtEngine(engine_dir, threads=1, spin=not OrtEngine(engine_dir, threads=1).spin).step_costs() == other
+    assert len(json.loads((engine_dir / verify_curve.CURVE_FILE).read_text())["curves"]) == 2
+    from trtspec.engine.summary import engine_summary
+
+    summary = engine_summary(engine_dir)  # inspect: the most recent curve and its setting
+    assert summary["verify_curve_measured"].startswith("threads 1, ") and set(summary["verify_curve"]) == {
+        "1", "2", "3", "5", "9"}
+
+
+def test_a_curve_file_of_an_earlier_version_is_read(built, tmp_path, monkeypatch):
+    """Earlier versions wrote one curve at the top level of verify_curve.json."""
+    root, _ = built
+    engine_dir = tmp_path / "old"
+    shutil.copytree(root / "default", engine_dir)
+    (engine_dir / verify_curve.CURVE_FILE).unlink(missing_ok=True)
+    engine = OrtEngine(engine_dir, threads=1)
+    costs = engine.step_costs()
+    (new,) = json.loads((engine_dir / verify_curve.CURVE_FILE).read_text())["curves"]
+    (engine_dir / verify_curve.CURVE_FILE).write_text(json.dumps(new))  # the old layout
+
+    def no_measuring(engine, **kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(verify_curve, "measure", no_measuring)
+    assert OrtEngine(engine_dir, threads=1).step_costs() == costs
 
 
 def test_a_read_only_engine_keeps_its_curve_in_memory(built, tmp_path, monkeypatch):

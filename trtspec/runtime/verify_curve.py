@@ -1,12 +1,15 @@
 """The verify curve of an engine on this machine: one step's time per slot profile, for one sequence and for an
 in-flight batch, measured once and cached.
 
-`load_or_measure(engine)` returns the engine's `StepCosts`: from `verify_curve.json` beside the engine when it was
-measured for the same slot profiles, thread count, spinning and ONNX Runtime version, else measured now (a second or
+`load_or_measure(engine)` returns the engine's `StepCosts`: from `verify_curve.json` beside the engine when a curve
+there was measured for the same slot profiles, thread count, spinning and ONNX Runtime version, else measured now (a second or
 ten for SmolLM2-135M: every profile's step after a 256-token past, rounds alternating between profiles, the median of
 each, levelled so that no profile costs more than a larger one; then the same over a batch of up to 8 sequences) and
-written there atomically (kept in memory only when the engine folder is read-only). Delete `verify_curve.json` to have
-it measured again (e.g. after a run on a busy machine: a curve measured under load is steeper than the quiet one).
+added there atomically (kept in memory only when the engine folder is read-only). The file keeps one curve per
+setting, the MAX_CURVES most recent (`{"curves": [...]}`; a file of earlier versions holds one curve and is read as
+such), so runs with and without spinning, or with other thread counts, do not measure each other's curve away.
+Delete `verify_curve.json` to have it measured again (e.g. after a run on a busy machine: a curve measured under load
+is steeper than the quiet one).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ log = logging.getLogger(__name__)
 PAST_TOKENS = 256  # a typical chat context; the curve is flatter after a longer past
 ROUNDS = 15
 BATCH, BATCH_ROUNDS = 8, 5  # the batch curve: at most 8 sequences, fewer rounds (each step is several times longer)
+MAX_CURVES = 8  # settings kept in one verify_curve.json, the most recent last
 
 
 def curve_key(engine) -> dict:
@@ -96,23 +100,37 @@ def load_or_measure(engine) -> StepCosts:
 
 
 def save(path: Path, key: dict, costs: StepCosts) -> None:
-    """Write the curve atomically; a read-only engine folder keeps it in memory only."""
+    """Add the curve to the file atomically, replacing one of the same setting; a read-only engine folder keeps it
+    in memory only."""
+    others = [c for c in read_curves(path) if any(c.get(k) != v for k, v in key.items())]
+    curves = [*others, {**key, **costs.to_dict()}][-MAX_CURVES:]
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".verify-curve-")
         with os.fdopen(fd, "w") as f:
-            json.dump({**key, **costs.to_dict()}, f, indent=2)
+            json.dump({"curves": curves}, f, indent=2)
         chmod_as_created(tmp)
         os.replace(tmp, path)
     except OSError as e:
         log.debug("verify curve not cached in %s: %s", path.parent, e)
 
 
-def _read(path: Path, key: dict) -> StepCosts | None:
+def read_curves(path: Path) -> list[dict]:
+    """Every curve in the file, the most recent last (an earlier version's file: its one curve; unreadable: none)."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return []
+    curves = data.get("curves", [data]) if isinstance(data, dict) else []
+    return [c for c in curves if isinstance(c, dict)] if isinstance(curves, list) else []
+
+
+def _read(path: Path, key: dict) -> StepCosts | None:
+    for data in reversed(read_curves(path)):
         if any(data.get(k) != v for k, v in key.items()):
+            continue
+        try:
+            return StepCosts(tuple(data["profiles"]), tuple(data["relative"]), tuple(data["step_ms"]),
+                             data["batch"], tuple(data["batch_relative"]))
+        except (KeyError, TypeError):
             return None
-        return StepCosts(tuple(data["profiles"]), tuple(data["relative"]), tuple(data["step_ms"]), data["batch"],
-                         tuple(data["batch_relative"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    return None
