@@ -173,6 +173,11 @@ def test_tune_predicts_measures_and_writes_the_winner(engine, tuned, tmp_path):
     assert all(s["measured"]["replayed_tau"] == s["measured"]["tau"] for s in measured)
     assert report["anchored_curve"]["scale"] > 0
     assert report["winner"]["name"] in report["measured"]
+    # every replayed setting carries the range a measurement on that many prompts would scatter over
+    for s in report["settings"][1:]:
+        lo, hi = s["predicted"]["speedup_range"]
+        assert 0 < lo <= hi
+    assert all(isinstance(s["measured"]["within_range"], bool) for s in measured if s["name"] != "none")
     # the winner as a complete recipe, from the engine's manifest and checkpoint record, that `recipe run` accepts
     recipe = load_recipe(out)
     winner = report["winner"]
@@ -489,3 +494,27 @@ def test_eagle_tree_replay_reproduces_real_runs_of_the_shipped_smollm2_draft(tmp
         replayed = replay_tree(recordings, choices, MAX_TOKENS, generator.engine.step_costs())
         assert (replayed.steps, replayed.accepted_tokens) == (real.steps, real.accepted_tokens), choices
         assert real.accepted_tokens > 0
+
+
+def test_speedup_range_is_what_a_few_prompts_drawn_like_the_calibration_ones_would_show():
+    from trtspec.bench.tune import speedup_range
+
+    # prompts alike: the range is the point; plain 10 ms a token, these 5 ms a token: 2x
+    assert speedup_range([(100, 500.0)] * 6, 10.0, 4) == [2.0, 2.0]
+    # prompts that differ (1x and 3x): a few of them scatter widely, many less, always around the pooled figure
+    mixed = [(100, 1000.0), (100, 1000.0 / 3)] * 3
+    few, many = speedup_range(mixed, 10.0, 2), speedup_range(mixed, 10.0, 64)
+    assert few[0] < many[0] <= 1.5 <= many[1] < few[1] and 1.0 <= few[0] and few[1] <= 3.0
+    assert speedup_range([], 10.0, 4) is None and speedup_range(mixed, 10.0, 0) is None
+
+
+def test_the_table_says_where_each_measurement_fell_in_its_predicted_range(tuned):
+    from trtspec.bench.tune import format_tune
+
+    report = tuned[0]
+    lines = format_tune(report)
+    measured = [s for s in report["settings"] if s["measured"] is not None and s["predicted"].get("speedup_range")]
+    for s in measured:
+        (line,) = [x for x in lines if x.startswith(f"{s['name']}: predicted ")]
+        assert "2 prompts drawn like the calibration ones" in line
+        assert line.endswith("(inside)" if s["measured"]["within_range"] else "(outside)")

@@ -139,6 +139,7 @@ def run_tune(options: TuneOptions, show=print) -> dict:
         for budget in budgets:
             setting = Setting(f"{method}/{budget}", method, budget)
             setting.predicted = _prediction(*_replay(generator, setting, recordings, options.max_tokens, costs), curve)
+            _set_range(setting, generator, recordings, options.max_tokens, costs, curve, len(evaluation))
             settings.append(setting)
     accuracies, probabilities = None, None
     if heads:
@@ -148,6 +149,8 @@ def run_tune(options: TuneOptions, show=print) -> dict:
             expected = {"expected_tau_independent_heads": round(medusa_expected(accuracies, choices), 3)}
             settings.append(_tree_setting(name, "medusa", choices, recordings, costs, curve, options.max_tokens,
                                           head_ms, expected))
+            _set_range(settings[-1], generator, recordings, options.max_tokens, costs, curve, len(evaluation),
+                       head_ms)
     own = manifest.method.value
     if eagle:
         probabilities, trees = _eagle_trees(recordings, budgets, manifest, options.max_tokens, eagle_depth)
@@ -157,6 +160,8 @@ def run_tune(options: TuneOptions, show=print) -> dict:
             expected = {"expected_tau_per_root": round(eagle_expected(probabilities, choices), 3)}
             settings.append(_tree_setting(name, "eagle", choices, recordings, costs, curve, options.max_tokens,
                                           draft_ms[name], expected))
+            _set_range(settings[-1], generator, recordings, options.max_tokens, costs, curve, len(evaluation),
+                       draft_ms[name])
     elif own not in (PLAIN, "medusa"):  # EAGLE-2's dynamic tree: run on the calibration prompts
         settings.append(_calibrated_setting(generator, own, calibration, options.max_tokens, curve))
     chosen = _candidates(settings, options.candidates)
@@ -315,23 +320,64 @@ def _anchored(costs, recordings) -> dict:
 
 def _replay(generator, setting: Setting, recordings, max_tokens: int, costs) -> tuple:
     """(statistics, tokens after the first) of a setting replayed over recordings in order, learning as a run."""
+    total = Replayed()
+    for one in _replays(generator, setting, recordings, max_tokens, costs):
+        total = total.merge(one)
+    return total.stats, total.tokens
+
+
+def _replays(generator, setting: Setting, recordings, max_tokens: int, costs) -> list[Replayed]:
+    """The replay of each recording, in order (the training-free drafters learning across them as a run does)."""
     from trtspec.speculative.methods import make_proposer
     from trtspec.speculative.ngram_proposer import NgramConfig
     from trtspec.speculative.stats import SpecStats
 
     if setting.method == PLAIN:
-        tokens = sum(min(max_tokens, len(r.output_ids)) - 1 for r in recordings)
-        return SpecStats(steps=tokens), tokens
+        return [Replayed(SpecStats(steps=n), n) for n in (min(max_tokens, len(r.output_ids)) - 1 for r in recordings)]
     if setting.method in ("medusa", "eagle"):  # a tree over the recorded ranks (the heads', the EAGLE draft's)
-        tokens = sum(min(max_tokens, len(r.output_ids)) - 1 for r in recordings)
-        return replay_tree(recordings, setting.choices, max_tokens, costs), tokens
+        return [Replayed(replay_tree([r], setting.choices, max_tokens, costs), min(max_tokens, len(r.output_ids)) - 1)
+                for r in recordings]
     model, recent = _learning_state()
-    total = Replayed()
+    out = []
     for r in recordings:
         proposer = make_proposer(setting.method, generator.engine, ngram=NgramConfig(max_draft_len=setting.budget),
                                  acceptance=model, recent=recent)
-        total = total.merge(replay_drafter(proposer, r, costs, generator.engine.vocab_size, max_tokens))
-    return total.stats, total.tokens
+        out.append(replay_drafter(proposer, r, costs, generator.engine.vocab_size, max_tokens))
+    return out
+
+
+RANGE_RESAMPLES = 400  # bootstrap draws of the prediction's range
+
+
+def speedup_range(per_prompt: list[tuple[int, float]], plain_ms: float, prompts: int, *,
+                  resamples: int = RANGE_RESAMPLES, seed: int = 0) -> list[float] | None:
+    """The 5th-95th percentile of the speedup over plain decoding that `prompts` prompts drawn like the calibration
+    ones would show: per_prompt is each calibration prompt's (tokens after the first, predicted decode ms); drawn
+    with replacement `resamples` times. The point prediction pools every calibration prompt; a measurement on a few
+    held-out prompts scatters around it by about this much (how much the prompts differ, not the replay)."""
+    if not per_prompt or not plain_ms or prompts < 1:
+        return None
+    tokens = np.array([t for t, _ in per_prompt], float)
+    ms = np.array([m for _, m in per_prompt], float)
+    draws = np.random.default_rng(seed).integers(0, len(per_prompt), (resamples, prompts))
+    speedups = tokens[draws].sum(1) / np.maximum(ms[draws].sum(1), 1e-9) * plain_ms
+    lo, hi = np.percentile(speedups, [5, 95])
+    return [round(float(lo), 3), round(float(hi), 3)]
+
+
+def _predicted_ms(stats, curve: dict, draft_ms: float | None = None) -> float:
+    """A replay's predicted decode time: each step's profile at the anchored curve, plus the drafter's own time
+    (its measured time, or `draft_ms` a step)."""
+    step_ms = dict(zip(curve["profiles"], curve["step_ms"]))
+    verify = sum(step_ms[slots] * n for slots, n in stats.profile_steps.items())
+    return verify + (1000 * stats.draft_s if draft_ms is None else stats.steps * draft_ms)
+
+
+def _set_range(setting: Setting, generator, recordings, max_tokens: int, costs, curve: dict, prompts: int,
+               draft_ms: float | None = None) -> None:
+    per = [(r.tokens, _predicted_ms(r.stats, curve, draft_ms))
+           for r in _replays(generator, setting, recordings, max_tokens, costs)]
+    setting.predicted["speedup_range"] = speedup_range(per, curve["step_ms"][0], prompts)
 
 
 def _calibrated_setting(generator, method: str, prompts, max_tokens: int, curve: dict) -> Setting:
@@ -424,6 +470,8 @@ def _measure(generator, settings: list[Setting], prompts, options: TuneOptions, 
         # the speedup's error: the ratio to plain decoding, free of the machine's level (the anchor's drift)
         s.measured["speedup_error"] = round(s.predicted["speedup"] / s.measured["speedup"] - 1, 3) \
             if s.measured["speedup"] and s.predicted.get("speedup") else None
+        if (span := s.predicted.get("speedup_range")) and s.measured["speedup"]:
+            s.measured["within_range"] = span[0] <= s.measured["speedup"] <= span[1]
         show(f"  {s.name}: predicted τ {s.predicted['tau']:.2f} {p:.1f} tok/s, measured τ {s.measured['tau']:.2f} "
              f"{tps:.1f} tok/s")
 
@@ -478,6 +526,13 @@ def format_tune(report: dict) -> list[str]:
                     f"{m['identical']:>5} {_num(m.get('replayed_tau')):>18} "
                     f"{_split_ms(p):>13} {_split_ms(m):>13}")
         lines.append(row)
+    for s in report["settings"]:
+        span, m = s["predicted"].get("speedup_range"), s["measured"]
+        if span and m is not None and m.get("speedup"):
+            lines.append(f"{s['name']}: predicted {_x(s['predicted'].get('speedup'))}, 90% of "
+                         f"{len(report['split']['evaluation_ids'])} prompts drawn like the calibration ones "
+                         f"{span[0]:.2f}-{span[1]:.2f}x; measured {_x(m['speedup'])} "
+                         f"({'inside' if m.get('within_range') else 'outside'})")
     w = report["winner"]
     lines.append(f"winner: {w['name']}" + (f" (tree {w['choices']})" if w["choices"] else "")
                  + f", measured {_x(w['measured']['speedup'])} decode speedup on the evaluation prompts")
