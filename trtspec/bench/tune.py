@@ -234,21 +234,27 @@ def _eagle_trees(recordings, budgets: list[int], manifest, max_tokens: int, dept
     ranks = _eagle_ranks(manifest)
     probabilities = node_probabilities(recordings, max_tokens, ranks)
     accuracies = depth_accuracies(recordings, max_tokens, depth, ranks)
+    return probabilities, _budget_trees("eagle", accuracies, budgets, depth, manifest)
+
+
+def _budget_trees(method: str, accuracies, budgets: list[int], depth: int, manifest) -> list:
+    """(name, choices) of the greedy tree of each node budget over per-depth accuracies (a budget the accuracies
+    cannot fill gives an earlier budget's tree: kept once), then the shipped tree. An engine that verifies chains only
+    exactly (quantized weights) gets the top-1 chain of each budget's depth instead, which is what it drafts
+    (make_proposer)."""
+    chains = manifest.weights.chains_only
     trees, seen = [], []
     for b in budgets:
-        if manifest.weights.chains_only:
-            choices = [[0] * d for d in range(1, min(b, depth) + 1)]
-        else:
-            choices = greedy_tree(accuracies, b)[0]
+        choices = [[0] * d for d in range(1, min(b, depth) + 1)] if chains else greedy_tree(accuracies, b)[0]
         if choices and choices not in seen:
-            trees.append((f"eagle-tree/{len(choices)}", choices))
+            trees.append((f"{method}-tree/{len(choices)}", choices))
             seen.append(choices)
     if manifest.tree:
         shipped = [list(c) for c in manifest.tree]
-        if manifest.weights.chains_only:
+        if chains:
             shipped = [[0] * d for d in range(1, max(len(c) for c in shipped) + 1)]
-        trees.append(("eagle (shipped)", shipped))
-    return probabilities, trees
+        trees.append((f"{method} (shipped)", shipped))
+    return trees
 
 
 def _tree(choices):
@@ -258,27 +264,11 @@ def _tree(choices):
 
 
 def _medusa_trees(recordings, budgets: list[int], manifest) -> tuple[list[list[float]], list]:
-    """The heads' top-k accuracies, the greedy tree of each budget (a budget the accuracies cannot fill gives an
-    earlier budget's tree: kept once) and the shipped tree. An engine that verifies chains only exactly (quantized
-    weights) gets the top-1 chain of each budget's depth instead, which is what it drafts (make_proposer)."""
+    """The heads' top-k accuracies and the trees of every budget (`_budget_trees`)."""
     from trtspec.bench.medusa_tree import head_accuracies
 
     accuracies = head_accuracies([r.head_ranks for r in recordings], HEAD_RANKS)
-    trees, seen = [], []
-    for b in budgets:
-        if manifest.weights.chains_only:
-            choices = [[0] * d for d in range(1, min(b, len(accuracies)) + 1)]
-        else:
-            choices = greedy_tree(accuracies, b)[0]
-        if choices and choices not in seen:
-            trees.append((f"medusa-tree/{len(choices)}", choices))
-            seen.append(choices)
-    if manifest.tree:
-        shipped = [list(c) for c in manifest.tree]
-        if manifest.weights.chains_only:
-            shipped = [[0] * d for d in range(1, max(len(c) for c in shipped) + 1)]
-        trees.append(("medusa (shipped)", shipped))
-    return accuracies, trees
+    return accuracies, _budget_trees("medusa", accuracies, budgets, len(accuracies), manifest)
 
 
 def _candidates(settings: list[Setting], count: int) -> list[Setting]:
