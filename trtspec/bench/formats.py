@@ -100,17 +100,16 @@ class FormatsOptions:
 # ---- engines and their formats ------------------------------------------------------------------------------
 
 def read_engine(engine: Path) -> dict:
-    """The manifest fields this benchmark needs, read as JSON (any engine folder `build` wrote)."""
-    path = Path(engine) / "manifest.json"
-    try:
-        data = json.loads(path.read_text())
-        return {"path": str(engine), "name": Path(engine).name, "method": data["method"],
-                "vocab_size": data["model"]["vocab_size"], "max_draft_len": data["profile"]["max_draft_len"],
-                "max_input_len": data["profile"]["max_input_len"], "max_seq_len": data["profile"]["max_seq_len"],
-                "tokenizer": data.get("tokenizer"), "generation": data["files"]["generation"],
-                "weights": data.get("weights") or {}, "format": format_label(data.get("weights") or {})}
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"{path}: not an engine manifest `trtspec build` wrote ({e})") from None
+    """The manifest facts this benchmark needs (read and checked as every command reads an engine)."""
+    from trtspec.engine.manifest import read_manifest
+
+    m = read_manifest(engine)
+    weights = m.weights.to_dict()
+    return {"path": str(engine), "name": Path(engine).name, "method": m.method.value,
+            "vocab_size": m.model.vocab_size, "max_draft_len": m.profile.max_draft_len,
+            "max_input_len": m.profile.max_input_len, "max_seq_len": m.profile.max_seq_len,
+            "tokenizer": m.tokenizer, "generation": m.files["generation"], "weights": weights,
+            "format": format_label(weights), "runnable": m.runnable_methods()}
 
 
 def format_label(weights: dict) -> str:
@@ -141,6 +140,10 @@ def check_engines(engines: list[dict]) -> None:
 
 def engine_methods(engine: dict, methods: tuple[str, ...]) -> tuple[str, ...]:
     """The drafters measured on an engine: --methods, then its own (Medusa heads, EAGLE draft) when it has one."""
+    for method in methods:
+        if method not in engine["runnable"]:
+            raise ConfigError(f"--methods {method}: {engine['path']} ({engine['format']}) does not run it; it runs "
+                              f"{', '.join(engine['runnable'])}")
     own = engine["method"]
     return tuple(dict.fromkeys([*methods, *([own] if own not in (PLAIN, "none") else [])]))
 
