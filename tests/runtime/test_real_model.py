@@ -6,6 +6,8 @@ ship; losslessness does not depend on their quality, and the identity heads do g
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from trtspec import ConvertOptions, convert
@@ -25,8 +27,8 @@ SMOLLM2 = TinyModel(hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory):
-    root = tmp_path_factory.mktemp("smollm2")
+def engines(module_tmp):
+    root = module_tmp
     model = fetch_model("smollm2-135m")
     heads = write_initial_medusa_heads(model, root / "heads", num_heads=3)
     draft = write_eagle_draft(root / "eagle", SMOLLM2, seed=7)
@@ -40,7 +42,9 @@ def engines(tmp_path_factory):
         build(BuildOptions(source=root / ckpt, out=root / f"engine-{name}", max_input_len=256, max_seq_len=512,
                            **extra))
         out[name] = LocalGenerator(root / f"engine-{name}", threads=2)
-    return out
+    for ckpt in ("ckpt-medusa", "ckpt-eagle"):
+        shutil.rmtree(root / ckpt)  # 2.5 GB the engines no longer need
+    yield out
 
 
 @pytest.mark.parametrize("method", ["medusa", "eagle", "eagle2"])

@@ -3,6 +3,8 @@ decoding at batch 1 and 8, in an engine of five slot profiles and in one of a si
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from trtspec import ConvertOptions, convert
@@ -18,8 +20,8 @@ MAX_TOKENS = 48
 
 
 @pytest.fixture(scope="module")
-def generators(tmp_path_factory):
-    root = tmp_path_factory.mktemp("smollm2-ngram")
+def generators(module_tmp):
+    root = module_tmp
     model = fetch_model("smollm2-135m")
     convert(ConvertOptions(base=model, out=root / "ckpt"), show_progress=False)
     out = {}
@@ -27,7 +29,8 @@ def generators(tmp_path_factory):
         build(BuildOptions(source=root / "ckpt", out=root / name, max_draft_len=16, max_input_len=768,
                            max_seq_len=1024, **extra))
         out[name] = LocalGenerator(root / name, threads=2)
-    return out
+    shutil.rmtree(root / "ckpt")  # the engines no longer need it
+    yield out
 
 
 @pytest.fixture(scope="module")
