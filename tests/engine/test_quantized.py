@@ -185,10 +185,11 @@ def test_speculation_on_a_quantized_engine_equals_its_plain_greedy_output(engine
 
 @pytest.mark.parametrize("weights", ["int4", "int8"])
 def test_a_plain_step_computes_a_slot_exactly_as_a_verify_step(engines, weights):
-    """Plain steps of a quantized engine run as 2 slots per row (the second masked): alone or batched, a sequence's
-    next-token logits are bit-identical to that slot's logits in a 9-slot verify step."""
+    """A quantized engine's plain steps (1 slot where this CPU's kernels compute one row as they do many, the graph
+    padding attention to 2 rows; else 2 slots, the second masked): alone or batched, a sequence's next-token logits
+    are bit-identical to that slot's logits in a 9-slot verify step."""
     engine = OrtEngine(engines[weights, "none"], threads=1)
-    assert engine._min_slots == 2
+    assert engine._min_slots in (1, 2)
     prompts = [np.array([3, 1, 4, 1, 5]), np.array([2, 7, 1, 8]), np.array([1, 6, 1, 8, 0, 3, 3])]
     draft = np.array([9, 2, 6, 5, 3, 5, 8, 9, 7])
     chain = np.tril(np.ones((9, 9), bool))
@@ -205,6 +206,37 @@ def test_a_plain_step_computes_a_slot_exactly_as_a_verify_step(engines, weights)
         assert np.array_equal(plain_batched.logits[0], verify.logits[0])
     for seq in seqs:
         engine.close(seq)
+
+
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_the_generation_graph_pads_attention_so_one_slot_computes_as_two(engines, weights):
+    """A quantized engine's generation graph runs attention over at least 2 rows (manifest attention_rows), padding a
+    one-token step itself: fed 1 slot or 2 (the second masked), a step gives the same logits bit for bit where the
+    products compute one row as they do many: the 8-bit kernels everywhere measured, the 4-bit ones on some CPUs
+    (test_matmul_nbits_rows_are_invariant_from_two_rows). The engine feeds 1 slot exactly when that holds."""
+    assert read_manifest(engines[weights, "none"]).attention_rows == 2
+    engine = OrtEngine(engines[weights, "none"], threads=1)
+    seq = engine.open()
+    engine.prefill(seq, np.array([3, 1, 4, 1, 5, 9, 2, 6]))
+    cache = engine._seqs[seq].base
+    token, past = np.array([[5]]), np.array([cache.length], np.int32)
+    one, two = (engine._decode.run_plain(token, past, cache, slots)["logits"][0, 0].copy() for slots in (1, 2))
+    assert np.isfinite(one).all()
+    assert engine._min_slots == (1 if np.array_equal(one, two) else 2)
+    if weights == "int8":
+        assert engine._min_slots == 1
+
+
+def test_an_engine_built_before_attention_padding_feeds_plain_steps_two_slots(engines, tmp_path):
+    """A quantized engine whose manifest has no attention_rows (built by an earlier trtspec: its graph does not pad
+    attention) still gets every plain step fed as 2 slots; fp32 engines 1."""
+    engine_dir = tmp_path / "old"
+    shutil.copytree(engines["int8", "none"], engine_dir)
+    data = json.loads((engine_dir / "manifest.json").read_text())
+    del data["attention_rows"]
+    (engine_dir / "manifest.json").write_text(json.dumps(data))
+    assert read_manifest(engine_dir).attention_rows == 1
+    assert OrtEngine(engine_dir, threads=1)._min_slots == 2
 
 
 @pytest.mark.parametrize("args,message", [

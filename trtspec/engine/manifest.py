@@ -291,6 +291,10 @@ class Manifest:
     checksums: dict[str, dict] = field(default_factory=dict)
     # trtllm backend: the TensorRT-LLM quantization it was planned with (engine.trtllm_quant; None: float weights)
     quantization: dict | None = None
+    # onnx backend: the fewest rows the generation graph's attention runs over, a step of fewer tokens padded inside
+    # the graph (onnx_ops.prelude; OrtEngine then feeds plain steps 1 slot where this CPU's kernels allow); 1 in
+    # earlier manifests, whose quantized engines get plain steps of 2 slots
+    attention_rows: int = 1
 
     def runnable_methods(self) -> tuple[str, ...]:
         """The methods a CPU engine with this manifest runs (`generate --method`, a deployment's `method`)."""
@@ -307,8 +311,9 @@ class Manifest:
         d["backend"], d["method"] = self.backend.value, self.method.value
         d["tree"] = [list(c) for c in self.tree] if self.tree is not None else None
         d["weights"] = self.weights.to_dict()
-        if self.quantization is None:
-            del d["quantization"]  # as earlier manifests read
+        for name, default in (("quantization", None), ("attention_rows", 1)):
+            if d[name] == default:
+                del d[name]  # as earlier manifests read
         return d
 
     @classmethod

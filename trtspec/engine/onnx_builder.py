@@ -94,7 +94,8 @@ def plan_build(opts: BuildOptions) -> Manifest:
                     tree=tree.choices if tree is not None else None,
                     dynamic_tree=vars(opts.dynamic_tree) if method is Method.EAGLE2 else None,
                     source=str(Path(opts.source).resolve()), versions=_versions(), graph_format=ONNX_GRAPH_FORMAT,
-                    weights=_engine_weights(plan, cfg, embedding_gathered=_gathers_embedding(plan, cfg)))
+                    weights=_engine_weights(plan, cfg, embedding_gathered=_gathers_embedding(plan, cfg)),
+                    attention_rows=plan.attention_rows)
 
 
 def _awq_group_size(source: Path, raw_config: dict) -> int:
@@ -201,7 +202,8 @@ def build(opts: BuildOptions) -> Manifest:
         graphs = export_graphs(ckpt, tmp, max_positions=p.max_seq_len + p.tokens_per_step, weights=plan)
         gathered = "GatherBlockQuantized" in graphs["context"].ops
         manifest = replace(manifest, weights=_engine_weights(plan, ModelShape.from_trtllm(ckpt.config),
-                                                             embedding_gathered=gathered))
+                                                             embedding_gathered=gathered),
+                           attention_rows=plan.attention_rows)
         for graph in graphs.values():
             check_graph(graph.path)
         numerics = _numerics(opts, tmp, graphs, plan, generation_tokens=max(p.tokens_per_step, 2))

@@ -26,7 +26,7 @@ from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.errors import BuildError
 from trtspec.model.onnx_ops import (HEAD_DIM_MULTIPLE, Dims, Graph, Residual, WeightFile, decoder_layer, embed,
                                     linear, logits, prelude, tie_quantized)
-from trtspec.model.quantize import QuantSpec, pack
+from trtspec.model.quantize import QuantSpec, min_step_slots, pack
 from trtspec.progress import progress_bar
 
 if TYPE_CHECKING:
@@ -63,6 +63,12 @@ class WeightPlan:
     @property
     def quantizes(self) -> bool:
         return any(spec is not None for spec in (self.base, self.drafter, self.lm_head))
+
+    @property
+    def attention_rows(self) -> int:
+        """The fewest rows the target's generation graph runs attention over (onnx_ops.prelude): 2 when its matrices
+        are quantized, so that a one-token plain step computes its token as a verify step's first slot does."""
+        return max((min_step_slots(spec.dtype) for spec in (self.base, self.lm_head) if spec is not None), default=1)
 
 
 @dataclass(frozen=True)
@@ -294,11 +300,11 @@ def _io(c: ModelShape, tokens: int | None, tree: bool, extra_inputs=(),
 
 
 def base_graph(c: ModelShape, layout: _Layout, wf: WeightFile, tokens: int | None,
-               positions: int, *, tree: bool) -> onnx.ModelProto:
+               positions: int, *, tree: bool, attention_rows: int = 1) -> onnx.ModelProto:
     """The base network over T = `tokens` new tokens (None: dynamic) at positions below `positions`; a generation
-    graph (tree) takes tree positions and mask, a context graph is causal."""
+    graph (tree) takes tree positions and mask, a context graph is causal. `attention_rows`: see prelude."""
     g = Graph(wf)
-    pre = prelude(g, _inv_freq(c), positions, tokens, tree=tree)
+    pre = prelude(g, _inv_freq(c), positions, tokens, tree=tree, attention_rows=attention_rows)
     x = Residual(embed(g, "input_ids", tied=layout.tied))  # [B, T, H]
     for layer in range(c.num_layers):
         x = decoder_layer(g, _dims(c), pre, x, f"layers.{layer}", layer, c.intermediate_size)
@@ -411,15 +417,21 @@ def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, max_positions: int,
                 layout = write(_Source(ckpt, advance), wf, c, weights)
             finally:
                 wf.close()
-            graphs.update(_build_graphs(c, layout, wf, role_prefix, build, out_dir, max_positions, generation_tokens))
+            # the target's generation graph pads attention's rows (quantized matrices, T dynamic; the draft's
+            # steps need not compute like anything else)
+            rows = weights.attention_rows if build is base_graph and generation_tokens is None else 1
+            graphs.update(_build_graphs(c, layout, wf, role_prefix, build, out_dir, max_positions, generation_tokens,
+                                        rows))
     return graphs
 
 
 def _build_graphs(c: ModelShape, layout: _Layout, wf: WeightFile, role_prefix: str, build, out_dir: Path,
-                  max_positions: int, generation_tokens: int | None) -> dict[str, ExportedGraph]:
+                  max_positions: int, generation_tokens: int | None,
+                  attention_rows: int = 1) -> dict[str, ExportedGraph]:
     graphs = {}
     for role, tokens, tree in (("context", None, False), ("generation", generation_tokens, True)):
-        graphs[role_prefix + role] = _save(build(c, layout, wf, tokens, max_positions, tree=tree),
+        extra = {"attention_rows": attention_rows} if attention_rows > 1 and tree else {}
+        graphs[role_prefix + role] = _save(build(c, layout, wf, tokens, max_positions, tree=tree, **extra),
                                            out_dir / f"{role_prefix}{role}.onnx")
     if layout.medusa_lm_heads:
         graphs["medusa"] = _save(medusa_graph(c, layout, wf), out_dir / "medusa.onnx")

@@ -193,15 +193,40 @@ class Prelude:
     sin: str  # [positions, hd/2] sin_cache
     position_ids: str  # [B, T] RoPE positions (tree depths after the past); "" in context graphs (consecutive)
     bias: str  # [B, 1, T, total] the tree mask as an additive bias; "" in context graphs (causal only)
+    # attention over padded rows (`prelude`'s attention_rows): the pads that take q/k/v [B, T, C] to [B, T', C], and T
+    # as an int64 [1] to cut the attention's output back to; "" when attention runs over the T rows fed
+    attention_pads: str = ""
+    rows: str = ""
 
 
-def prelude(g: Graph, inv_freq: np.ndarray, positions: int, tokens: int | None, *, tree: bool) -> Prelude:
+def prelude(g: Graph, inv_freq: np.ndarray, positions: int, tokens: int | None, *, tree: bool,
+            attention_rows: int = 1) -> Prelude:
     """The attention inputs a graph over T = `tokens` new tokens needs (None: T dynamic, read from input_ids).
 
     A context graph (tree False) appends consecutive positions after each row's past and is causal; a generation
-    graph (tree True) takes position_ids and a tree mask. Either way every row's own past is wholly visible."""
+    graph (tree True) takes position_ids and a tree mask. Either way every row's own past is wholly visible.
+
+    `attention_rows` > 1 (a generation graph with T dynamic): attention runs over T' = max(T, attention_rows) rows,
+    the new ones zeros that see only the past and that no fed row sees; every other op runs over the T rows fed.
+    That is how a quantized engine's one-token plain step computes its token exactly as a verify step's first slot
+    (see quantize.PLAIN_STEP_SLOTS) without paying for a second slot in every MatMul and norm."""
     t = (g.const([tokens], np.int32) if tokens is not None
          else g.op("Cast", g.op("Shape", "input_ids", start=1, end=2), to=TensorProto.INT32))  # [1]
+    pads = rows = ""
+    position_ids, tree_mask = "position_ids", "tree_mask"
+    if attention_rows > 1:
+        if not tree or tokens is not None:
+            raise ValueError("attention_rows > 1 pads a generation graph whose T is dynamic")
+        rows = g.op("Cast", t, to=TensorProto.INT64)
+        t = g.op("Max", t, g.const([attention_rows], np.int32))  # T' from here on
+        extra = g.op("Sub", g.op("Cast", t, to=TensorProto.INT64), rows)  # [1]: T' - T, 0 or more
+        zero = g.const([0])
+        pads = g.op("Concat", g.const([0, 0, 0, 0]), extra, zero, axis=0)  # [B, T, C] → [B, T', C]
+        position_ids = g.op("Pad", "position_ids", g.op("Concat", g.const([0, 0, 0]), extra, axis=0))  # 0s: rows of
+        # zeros stay zeros under RoPE
+        mask = g.op("Cast", "tree_mask", to=TensorProto.UINT8)  # [B, T, T] → [B, T', T'], the new rows and columns 0
+        tree_mask = g.op("Cast", g.op("Pad", mask, g.op("Concat", g.const([0, 0, 0, 0]), extra, extra, axis=0)),
+                         to=TensorProto.BOOL)
     seqlens = g.op("Add", "past_lengths", g.op("Sub", t, g.const([1], np.int32)), name="seqlens_k")
     longest = g.op("ReduceMax", "past_lengths", keepdims=1)  # [1]
     total = g.op("Squeeze", g.op("Add", longest, t), g.const([0]), name="total_sequence_length")
@@ -211,10 +236,11 @@ def prelude(g: Graph, inv_freq: np.ndarray, positions: int, tokens: int | None, 
     cos, sin = g.op("Cos", angles, name="cos_cache"), g.op("Sin", angles, name="sin_cache")
     if not tree:
         return Prelude(seqlens, total, query_lengths, cos, sin, "", "")
-    return Prelude(seqlens, total, query_lengths, cos, sin, "position_ids", _tree_bias(g, total, t))
+    return Prelude(seqlens, total, query_lengths, cos, sin, position_ids, _tree_bias(g, total, t, tree_mask),
+                   pads, rows)
 
 
-def _tree_bias(g: Graph, total: str, tokens: str) -> str:
+def _tree_bias(g: Graph, total: str, tokens: str, tree_mask: str = "tree_mask") -> str:
     """tree_mask [B, T, T] → additive bias [B, 1, T, total] over absolute key columns: column j of row b is
     its past when j < past_lengths[b], else new slot j - past_lengths[b]. Columns past a row's last slot are
     never read, so what they hold does not matter. `tokens` is T as an int32 [1]."""
@@ -222,8 +248,8 @@ def _tree_bias(g: Graph, total: str, tokens: str) -> str:
     slot = g.op("Sub", g.op("Unsqueeze", columns, g.const([0])), g.op("Unsqueeze", "past_lengths", g.const([1])))
     last = g.op("Squeeze", g.op("Sub", tokens, g.const([1], np.int32)), g.const([0]))  # [] T - 1
     index = g.op("Clip", slot, g.const(0, np.int32), last)  # [B, total]
-    shape = g.op("Concat", g.op("Shape", "tree_mask", start=0, end=2), g.op("Shape", columns), axis=0)
-    in_tree = g.op("GatherElements", "tree_mask", g.op("Expand", g.op("Unsqueeze", index, g.const([1])), shape),
+    shape = g.op("Concat", g.op("Shape", tree_mask, start=0, end=2), g.op("Shape", columns), axis=0)
+    in_tree = g.op("GatherElements", tree_mask, g.op("Expand", g.op("Unsqueeze", index, g.const([1])), shape),
                    axis=2)  # [B, T, total]
     in_past = g.op("Unsqueeze", g.op("Less", slot, g.const(0, np.int32)), g.const([1]))  # [B, 1, total]
     bias = g.op("Where", g.op("Or", in_past, in_tree), g.const(0.0, np.float32), g.const(-np.inf, np.float32))
@@ -281,10 +307,15 @@ def attention(g: Graph, d: Dims, pre: Prelude, x: str, prefix: str, layer: int) 
     the new rows into present_key_{l} / present_value_{l} at each row's past length: the runtime binds past and
     present to one buffer, so the cache is appended to in place."""
     qkv = linear(g, x, f"{prefix}.qkv", f"{prefix}.qkv")  # [B, T, (nh + 2 nkv) hd], q pre-scaled by 1/sqrt(hd)
+    if pre.attention_pads:  # rows of zeros up to the attention's T' (their K/V land after the fed rows', unread)
+        qkv = g.op("Pad", qkv, pre.attention_pads)
     out, _, _ = g.ms("GroupQueryAttention", qkv, "", "", f"past_key_{layer}", f"past_value_{layer}", pre.seqlens_k,
                      pre.total, pre.cos, pre.sin, pre.position_ids, pre.bias, "", "", "", "", "", pre.query_lengths,
-                     outputs=(f"{prefix}.attn", f"present_key_{layer}", f"present_value_{layer}"),
+                     outputs=(f"{prefix}.attn_padded" if pre.rows else f"{prefix}.attn", f"present_key_{layer}",
+                              f"present_value_{layer}"),
                      num_heads=d.num_heads, kv_num_heads=d.num_kv_heads, do_rotary=1, scale=1.0)
+    if pre.rows:
+        out = g.op("Slice", out, g.const([0]), pre.rows, g.const([1]), name=f"{prefix}.attn")
     return linear(g, out, f"{prefix}.o", f"{prefix}.o")
 
 

@@ -65,8 +65,11 @@ ACCURACY_LEVEL = 4
 # level-4 kernel is bit-identical for every M, and every kernel is for M = 2..120). At accuracy level 4 each
 # activation block is rounded to int8, which turns such last-bit differences into rounding flips: SmolLM2-135M int8
 # logits differed by up to 0.56 between a plain step and the same slot in a 9-slot verify step. So a quantized
-# engine runs every plain step as 2 slots per row (the second masked): T >= 2 and M >= 2 everywhere, and a slot's
-# logits are then bit-identical in plain and verify steps of any size (tests/engine/test_quantized.py).
+# engine's plain step computes as 2 slots per row (the second masked): T >= 2 and M >= 2 everywhere, and a slot's
+# logits are then bit-identical in plain and verify steps of any size (tests/engine/test_quantized.py). Since
+# manifest attention_rows, the generation graph pads attention to 2 rows itself (onnx_ops.prelude) and the runtime
+# feeds one slot wherever the products compute one row as they do many (checked when the engine loads; on this
+# project's AVX-512 VNNI host the 4-bit kernels do too), so a plain step's MatMuls and norms run over one row.
 PLAIN_STEP_SLOTS = 2
 # That makes chains exact, not trees. A tree slot on a second branch does not have its ancestors in the slots just
 # before it, so its attention row reaches the same keys through other columns than a plain step's row does; ONNX

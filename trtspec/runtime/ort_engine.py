@@ -191,9 +191,10 @@ class OrtEngine:
         # 147 ms a pair, the same two steps in the generation graph 74 ms)
         self._decode = (self._generation if self._generation is not None and
                         not isinstance(self._generation.tokens, int) else self._context)
-        # quantized weights: a plain step runs as 2 slots per row (one masked), the path every verify step takes, so
-        # both compute a slot alike (see EngineWeights.min_step_slots): speculation stays lossless
-        self._min_slots = self.manifest.weights.min_step_slots if self._decode is self._generation else 1
+        # quantized weights: a plain step must compute its token as a verify step's first slot does (see
+        # EngineWeights.min_step_slots), so that speculation stays lossless: 1 slot where the graph pads attention
+        # itself and this host's kernels compute one row as they do many, else 2 slots (one masked)
+        self._min_slots = self._plain_step_slots() if self._decode is self._generation else 1
         # ... which makes a chain's slots exact, not a tree's second branches: drafters draft chains on such engines
         self.chains_only = self.manifest.weights.chains_only
         self._size = p.max_seq_len + p.tokens_per_step  # room for one padded step past max_seq_len
@@ -325,6 +326,30 @@ class OrtEngine:
             return self._decode.run_plain(ids, lengths, cache, self._min_slots)
         return self._decode.run({"input_ids": np.asarray(ids, np.int64),
                                  "past_lengths": np.asarray(lengths, np.int32)}, cache)
+
+    def _plain_step_slots(self) -> int:
+        """Slots a plain step feeds (the generation graph's T). Quantized weights need 2 so that a token is computed
+        as in a verify step: ONNX Runtime's GroupQueryAttention takes another path for one row, and its 4-bit
+        MatMulNBits kernels do on some CPUs (bit-identical on an AVX-512 VNNI EPYC, not on another host; the 8-bit
+        kernels agree everywhere measured). A graph that pads attention to 2 rows itself (Manifest.attention_rows)
+        leaves the products: one slot is fed when a plain step of one slot gives bit-identical logits to the same
+        token fed as 2 slots on this host (checked here once, on a scratch cache); else 2 slots, as before."""
+        need = self.manifest.weights.min_step_slots
+        if need == 1 or self.manifest.attention_rows < need:
+            return need
+        m, vocab = self.manifest.model, self.manifest.model.vocab_size
+        cache = _Cache.allocate(m.num_layers, 16, m.num_kv_heads, m.head_dim)
+        prompt = (np.arange(5, dtype=np.int64) * 7919 + 11) % vocab
+        self._context.run(_feeds(prompt, 0), cache)
+        token, past = np.array([[int(prompt[-1])]], np.int64), np.array([len(prompt)], np.int32)
+        one, two = (self._decode.run_plain(token, past, cache, slots)["logits"][0, 0].copy() for slots in (1, 2))
+        for graph in (self._context, self._decode):  # the scratch cache's bindings
+            for key in [k for k in graph._bindings if k[0] == cache.address]:
+                del graph._bindings[key]
+        alike = bool(np.array_equal(one, two))
+        log.info("plain steps feed %d slot%s: one slot %s two on this CPU", 1 if alike else need,
+                 "" if alike else "s", "computes exactly as" if alike else "does not compute exactly as")
+        return 1 if alike else need
 
     def _staging_cache(self, batch: int) -> _Cache:
         if batch not in self._staging:
