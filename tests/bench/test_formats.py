@@ -152,7 +152,7 @@ def test_gguf_weight_bytes_leave_an_untied_embedding_out(tmp_path):
         expected = {"read": (16 * 8 + 8 * 8) * 4, "gathered": 0} if tied else {"read": (16 * 8 + 8 * 8) * 4,
                                                                                "gathered": 16 * 8 * 4}
         assert gguf_weight_bytes(path) == expected
-        assert gguf_facts(path) == {"vocab_size": None, "format": "GGUF F32"}
+        assert gguf_facts(path) == {"vocab_size": None, "format": "F32"}
 
 
 def test_gguf_facts_name_the_blocks_and_the_lm_head(tmp_path):
@@ -167,15 +167,15 @@ def test_gguf_facts_name_the_blocks_and_the_lm_head(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    assert gguf_facts(path) == {"vocab_size": 16, "format": "GGUF F32, lm_head F16"}
+    assert gguf_facts(path) == {"vocab_size": 16, "format": "F32, lm_head F16"}
 
 
 def test_llama_cpp_lookup_is_compared_with_llama_cpp_plain():
     """The lookup peer's rows against the plain peer's rows of the same prompt and round: speedups, τ from its decode
     steps, identical outputs."""
     prompts = [{"set": "code-edit", "id": "a", "ids": [1]}, {"set": "code-edit", "id": "b", "ids": [2]}]
-    systems = [System("llama.cpp Q4", "llama.cpp", "f", {}, "GGUF Q4_1", {"read": 10}),
-               System("llama.cpp Q4 + prompt lookup", "llama.cpp-lookup", "f", {}, "GGUF Q4_1", {"read": 10})]
+    systems = [System("llama.cpp Q4", "llama.cpp", "f", {}, "Q4_1", {"read": 10}),
+               System("llama.cpp Q4 + prompt lookup", "llama.cpp-lookup", "f", {}, "Q4_1", {"read": 10})]
 
     def row(prompt, out, total, steps=None):
         extra = {} if steps is None else {"steps": steps, "drafted": 9}

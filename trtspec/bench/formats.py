@@ -1,8 +1,8 @@
 """`trtspec bench formats`: weight formats side by side in one run, against the int4 peers.
 
-    trtspec bench formats ENGINE [ENGINE ...] [--peers onnxruntime-genai,llama.cpp --hf HF_DIR [--gguf FILE]]
-        [--sets sharegpt-grounded,code-edit] [--methods ngram] [--limit 4] [--max-tokens 128] [--threads 2]
-        [--rounds 2] [--past 256] [--repeats 10] [--work DIR] [--out DIR] [--json]
+    trtspec bench formats ENGINE [ENGINE ...] [--peers onnxruntime-genai,llama.cpp,llama.cpp-lookup --hf HF_DIR
+        [--gguf FILE] [--llama-lookup 2,2]] [--sets sharegpt-grounded,code-edit] [--methods ngram] [--limit 4]
+        [--max-tokens 128] [--threads 2] [--rounds 2] [--past 256] [--repeats 10] [--work DIR] [--out DIR] [--json]
 
 Given engines of one model in several weight formats (fp32 / int8 / int4 builds of the same checkpoint), one run
 measures, all on the same prompt token ids:
@@ -11,7 +11,12 @@ measures, all on the same prompt token ids:
   or caches), the systems' order reversed every other round: tokens/s end to end (prompt included) and of the decode
   alone (after the first token). Peers: onnxruntime-genai int4 (its own model builder, `-p int4 -e cpu`, run offline
   on the HF folder and cached under --work) and llama.cpp Q4 through llama-cpp-python (the GGUF the HF folder was
-  converted from, `trtspec-model.json`, or --gguf); a peer that is not installed is skipped with one line.
+  converted from, `trtspec-model.json`, or --gguf; `scripts/setup-peers.sh` builds it), every prompt from an empty
+  cache; a peer that is not installed is skipped with one line.
+- **llama.cpp's own speculation** (`llama.cpp-lookup`): the same GGUF with llama-cpp-python's prompt lookup
+  (`LlamaPromptLookupDecoding`, --llama-lookup max n-gram size, drafted tokens), a row of its own, against
+  llama.cpp's plain decoding of the same prompts and rounds: speedup, τ and token-identical outputs (llama.cpp
+  evaluates a draft in one batch, which rounds differently from one token at a time: greedy texts part at near ties).
 - **speculation on top**: in the same child as each engine's plain runs, prompt by prompt, the order rotating,
   each --methods drafter (and the engine's own drafter, if it has one) against plain decoding on that engine:
   tokens/s, speedup, τ and how many outputs are token-identical to plain decoding (the lossless check).
@@ -390,15 +395,15 @@ def peer_systems(options: FormatsOptions, work: Path, show: Callable[[str], None
         if peer == LLAMA_CPP_LOOKUP:
             n, k = options.llama_lookup
             kwargs["lookup"] = {"max_ngram_size": n, "num_pred_tokens": k}
-            label += f", lookup n≤{n} K={k}"
+            label += f"; n≤{n} K={k}"
         systems.append(System(PEER_LABELS[peer], peer, "trtspec.bench.peers:run_llama_cpp", kwargs, label,
                               gguf_weight_bytes(gguf)))
     return systems, skipped
 
 
 def gguf_facts(gguf: Path) -> dict:
-    """A GGUF model's vocabulary size and format label: `GGUF Q4_1, lm_head Q8_0` (the transformer blocks' matrices,
-    then the lm_head's, an untied `output` or the tied `token_embd`, where it differs)."""
+    """A GGUF model's vocabulary size and format label: `Q4_1, lm_head Q8_0` (the GGUF type of the transformer
+    blocks' matrices, then the lm_head's, an untied `output` or the tied `token_embd`, where it differs)."""
     from collections import Counter
 
     from gguf import GGUFReader
@@ -410,7 +415,7 @@ def gguf_facts(gguf: Path) -> dict:
     head = types.get("output.weight", types.get("token_embd.weight", linear))
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     return {"vocab_size": len(tokens.data) if tokens is not None else None,
-            "format": f"GGUF {linear}" + ("" if head == linear else f", lm_head {head}")}
+            "format": linear + ("" if head == linear else f", lm_head {head}")}
 
 
 # ---- the run ------------------------------------------------------------------------------------------------
@@ -642,20 +647,25 @@ def plot(report: dict, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (bars, curves) = plt.subplots(1, 2, figsize=(12, 4.5))
-    labels, plain, spec = [], [], {}
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(13, 5.5))
+    labels, plain, spec, own = [], {}, {}, {}
     for label, entry in report["systems"].items():
         labels.append(f"{label}\n{entry['format']}")
-        plain.append(entry["plain"]["all"][TARGET_RATE] or 0)
+        rate = entry["plain"]["all"][TARGET_RATE] or 0
+        if "versus" in entry:  # a peer's own speculation (llama.cpp's prompt lookup): not a plain bar
+            own[len(labels) - 1] = rate
+        else:
+            plain[len(labels) - 1] = rate
         for method, cells in entry.get("methods", {}).items():
             spec.setdefault(method, {})[len(labels) - 1] = cells["all"][TARGET_RATE] or 0
     width = 0.8 / (1 + len(spec))
     x = np.arange(len(labels))
-    bars.bar(x, plain, width, label="plain")
-    for i, (method, values) in enumerate(spec.items(), start=1):
+    series = [("plain", plain), *spec.items()] + ([("peer's own speculation", own)] if own else [])
+    for i, (name, values) in enumerate(series):
         where = sorted(values)
-        bars.bar(x[where] + i * width, [values[j] for j in where], width, label=method)
-    bars.set_xticks(x + width * len(spec) / 2, labels, fontsize=8)
+        offset = 0 if values is own else i * width
+        bars.bar(x[where] + offset, [values[j] for j in where], width, label=name)
+    bars.set_xticks(x + width * len(spec) / 2, labels, fontsize=7, rotation=25, ha="right")
     bars.set(ylabel="decode tokens/s (after the first token)", title="plain decoding and speculation, same prompt ids")
     bars.legend()
     for label, entry in report["systems"].items():
