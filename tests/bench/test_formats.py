@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -25,10 +26,15 @@ from trtspec.testing import TinyModel, tiny_trtllm_checkpoints, write_tiny_token
 K = 8
 SETS = ("mt-bench", "code-edit")  # a short set and a grounded one (the targets read grounded sets)
 GENAI_MISSING = missing_modules(GENAI_MODULES)
-# the tiny model has no GGUF: the llama.cpp peers are asked for only where they are not installed, to check the skip
-# (tests/bench/test_llama_cpp_peer.py runs them on the real model)
-LLAMA_MISSING = missing_modules(LLAMA_CPP_MODULES)
-LLAMA_PEERS = ("llama.cpp", "llama.cpp-lookup") if LLAMA_MISSING else ()
+LLAMA_PEERS = ("llama.cpp", "llama.cpp-lookup")
+
+
+def without_llama_cpp(mp: pytest.MonkeyPatch) -> None:
+    """Block `import llama_cpp` here (a None entry in sys.modules) as if llama-cpp-python were not installed: the
+    tiny model has no GGUF, so these tests check the peers' skip; tests/bench/test_llama_cpp_peer.py runs them on the
+    real model."""
+    mp.setitem(sys.modules, "llama_cpp", None)
+    assert missing_modules(LLAMA_CPP_MODULES) == ["llama_cpp"]
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +57,16 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(tiny):
-    """One real run over the three engines, onnxruntime-genai int4 (when installed) and the llama.cpp peers (asked for
-    where they are not installed, so they must be skipped with their reason)."""
+    """One real run over the three engines, onnxruntime-genai int4 (when installed) and the llama.cpp peers (asked
+    for, not importable here, so they must be skipped with their reason)."""
     peers = (() if GENAI_MISSING else ("onnxruntime-genai",)) + LLAMA_PEERS
     lines = []
     options = FormatsOptions(engines=(tiny["fp32"], tiny["int8"], tiny["int4"]), peers=peers, hf=tiny["hf"],
                              sets=SETS, limit=1, max_tokens=8, threads=1, rounds=2, past=16, repeats=1,
                              work=tiny["root"] / "work")
-    return run_benchmark(options, show=lines.append, progress=False), lines
+    with pytest.MonkeyPatch.context() as mp:
+        without_llama_cpp(mp)
+        return run_benchmark(options, show=lines.append, progress=False), lines
 
 
 def test_every_engine_and_peer_decodes_the_same_prompts(report):
@@ -194,8 +202,6 @@ def test_llama_cpp_lookup_is_compared_with_llama_cpp_plain():
 
 def test_llama_cpp_missing_is_one_line_and_a_not_measured_target(report):
     report, lines = report
-    if not LLAMA_MISSING:
-        pytest.skip("llama-cpp-python is installed: the peers run (tests/bench/test_llama_cpp_peer.py)")
     hint = "llama_cpp not installed (bash scripts/setup-peers.sh builds llama-cpp-python from source)"
     assert [line for line in lines if line.startswith("llama.cpp Q4")] == [
         f"llama.cpp Q4: skipped, {hint}", f"llama.cpp Q4 + prompt lookup: skipped, {hint}"]
@@ -223,7 +229,7 @@ def test_render_table_names_every_system_and_target(report):
     text = "\n".join(render_table(report))
     for label in report["systems"]:
         assert label in text
-    assert "targets" in text and ("llama.cpp Q4" in text or not LLAMA_MISSING)
+    assert "llama.cpp Q4" in text and "targets" in text
     assert text.count("PASS") + text.count("FAIL") + text.count("not measured") == len(report["targets"])
 
 
@@ -314,7 +320,8 @@ def test_two_turn_set_and_foreign_engine_refused(tiny, tmp_path):
                                      work=tmp_path), show=lambda line: None, progress=False)
 
 
-def test_command_writes_summary_and_png(tiny, tmp_path):
+def test_command_writes_summary_and_png(tiny, tmp_path, monkeypatch):
+    without_llama_cpp(monkeypatch)
     out = tmp_path / "out"
     result = CliRunner().invoke(cli, ["bench", "formats", str(tiny["int8"]), str(tiny["int4"]),
                                       "--peers", ",".join(LLAMA_PEERS),
