@@ -294,6 +294,9 @@ def test_options_refuse_bad_input(tiny):
         FormatsOptions(engines=engines, peers=("foo",), hf=tiny["hf"])
     with pytest.raises(ConfigError, match="needs --hf"):
         FormatsOptions(engines=engines, peers=("onnxruntime-genai",))
+    with pytest.raises(ConfigError, match="--peers llama.cpp: needs --hf"):
+        FormatsOptions(engines=engines, peers=("llama.cpp",))
+    FormatsOptions(engines=engines, peers=("llama.cpp", "llama.cpp-lookup"), gguf=tiny["root"] / "m.gguf")
     with pytest.raises(ConfigError, match="--limit 0"):
         FormatsOptions(engines=engines, peers=(), limit=0)
     with pytest.raises(ConfigError, match="--methods none"):

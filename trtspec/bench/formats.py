@@ -101,9 +101,10 @@ class FormatsOptions:
         for peer in self.peers:
             if peer not in PEERS:
                 raise ConfigError(f"--peers {peer}: unknown peer; choose from {', '.join(PEERS)}")
-        if self.peers and self.hf is None:
-            raise ConfigError(f"--peers {','.join(self.peers)}: needs --hf DIR, the engines' Hugging Face model folder "
-                              "(or pass --peers '' to measure the engines only)")
+        need_hf = [p for p in self.peers if p == GENAI or self.gguf is None]  # llama.cpp reads --gguf when given
+        if need_hf and self.hf is None:
+            raise ConfigError(f"--peers {','.join(need_hf)}: needs --hf DIR, the engines' Hugging Face model folder "
+                              "(or --gguf FILE for llama.cpp; --peers '' measures the engines only)")
         if len(self.llama_lookup) != 2 or min(self.llama_lookup) < 1:
             raise ConfigError(f"--llama-lookup {','.join(map(str, self.llama_lookup))}: give N,K (the longest n-gram "
                               "matched, the tokens drafted), each at least 1")
