@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from trtspec.bench import formats
-from trtspec.bench.formats import (FormatsOptions, format_label, gguf_weight_bytes, measure_curve, onnx_weight_bytes,
-                                   render_table, run_benchmark, run_engine, targets)
-from trtspec.bench.peers import GENAI_MODULES, missing_modules
+from trtspec.bench.formats import (FormatsOptions, System, format_label, gguf_facts, gguf_weight_bytes, measure_curve,
+                                   onnx_weight_bytes, render_table, run_benchmark, run_engine, summarize, targets)
+from trtspec.bench.peers import GENAI_MODULES, LLAMA_CPP_MODULES, missing_modules
 from trtspec.cli import cli
 from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.errors import ConfigError
@@ -25,6 +26,15 @@ from trtspec.testing import TinyModel, tiny_trtllm_checkpoints, write_tiny_token
 K = 8
 SETS = ("mt-bench", "code-edit")  # a short set and a grounded one (the targets read grounded sets)
 GENAI_MISSING = missing_modules(GENAI_MODULES)
+LLAMA_PEERS = ("llama.cpp", "llama.cpp-lookup")
+
+
+def without_llama_cpp(mp: pytest.MonkeyPatch) -> None:
+    """Block `import llama_cpp` here (a None entry in sys.modules) as if llama-cpp-python were not installed: the
+    tiny model has no GGUF, so these tests check the peers' skip; tests/bench/test_llama_cpp_peer.py runs them on the
+    real model."""
+    mp.setitem(sys.modules, "llama_cpp", None)
+    assert missing_modules(LLAMA_CPP_MODULES) == ["llama_cpp"]
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +57,16 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(tiny):
-    """One real run over the three engines, onnxruntime-genai int4 (when installed) and llama.cpp (asked for; not
-    installed here, so it must be skipped with its reason)."""
-    peers = ("llama.cpp",) if GENAI_MISSING else ("onnxruntime-genai", "llama.cpp")
+    """One real run over the three engines, onnxruntime-genai int4 (when installed) and the llama.cpp peers (asked
+    for, not importable here, so they must be skipped with their reason)."""
+    peers = (() if GENAI_MISSING else ("onnxruntime-genai",)) + LLAMA_PEERS
     lines = []
     options = FormatsOptions(engines=(tiny["fp32"], tiny["int8"], tiny["int4"]), peers=peers, hf=tiny["hf"],
                              sets=SETS, limit=1, max_tokens=8, threads=1, rounds=2, past=16, repeats=1,
                              work=tiny["root"] / "work")
-    return run_benchmark(options, show=lines.append, progress=False), lines
+    with pytest.MonkeyPatch.context() as mp:
+        without_llama_cpp(mp)
+        return run_benchmark(options, show=lines.append, progress=False), lines
 
 
 def test_every_engine_and_peer_decodes_the_same_prompts(report):
@@ -148,14 +160,51 @@ def test_gguf_weight_bytes_leave_an_untied_embedding_out(tmp_path):
         expected = {"read": (16 * 8 + 8 * 8) * 4, "gathered": 0} if tied else {"read": (16 * 8 + 8 * 8) * 4,
                                                                                "gathered": 16 * 8 * 4}
         assert gguf_weight_bytes(path) == expected
+        assert gguf_facts(path) == {"vocab_size": None, "format": "F32"}
+
+
+def test_gguf_facts_name_the_blocks_and_the_lm_head(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "q.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list([f"t{i}" for i in range(16)])
+    writer.add_tensor("token_embd.weight", np.zeros((16, 32), np.float16))
+    writer.add_tensor("blk.0.attn_q.weight", np.zeros((32, 32), np.float32))
+    writer.add_tensor("blk.0.attn_norm.weight", np.zeros(32, np.float16))  # 1-D: not a matrix of the blocks
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert gguf_facts(path) == {"vocab_size": 16, "format": "F32, lm_head F16"}
+
+
+def test_llama_cpp_lookup_is_compared_with_llama_cpp_plain():
+    """The lookup peer's rows against the plain peer's rows of the same prompt and round: speedups, τ from its decode
+    steps, identical outputs."""
+    prompts = [{"set": "code-edit", "id": "a", "ids": [1]}, {"set": "code-edit", "id": "b", "ids": [2]}]
+    systems = [System("llama.cpp Q4", "llama.cpp", "f", {}, "Q4_1", {"read": 10}),
+               System("llama.cpp Q4 + prompt lookup", "llama.cpp-lookup", "f", {}, "Q4_1", {"read": 10})]
+
+    def row(prompt, out, total, steps=None):
+        extra = {} if steps is None else {"steps": steps, "drafted": 9}
+        return {"prompt": prompt, "round": 0, "output_ids": out, "ttft_s": 0.1, "total_s": total, **extra}
+
+    samples = {"llama.cpp Q4": [row(0, [1, 2, 3, 4, 5], 1.1), row(1, [7, 8, 9], 0.5)],
+               "llama.cpp Q4 + prompt lookup": [row(0, [1, 2, 3, 4, 5], 0.6, steps=2), row(1, [7, 8, 0], 0.3, steps=2)]}
+    report = summarize(systems, samples, prompts, {}, {"gbps": 1.0})
+    cell = report["systems"]["llama.cpp Q4 + prompt lookup"]["versus"]["cells"]["all"]
+    assert report["systems"]["llama.cpp Q4 + prompt lookup"]["versus"]["system"] == "llama.cpp Q4"
+    assert cell["identical"] == 1 and cell["compared"] == 2
+    assert cell["tau"] == pytest.approx((4 + 2) / 4)  # 6 tokens after the first in 4 decode steps
+    assert cell["speedup"] == pytest.approx(1.6 / 0.9, abs=1e-3)
+    assert cell["decode_speedup"] == pytest.approx((6 / 0.7) / (6 / 1.4), abs=1e-2)  # of rounded rates
 
 
 def test_llama_cpp_missing_is_one_line_and_a_not_measured_target(report):
     report, lines = report
-    if not missing_modules(("llama_cpp",)):
-        pytest.skip("llama-cpp-python is installed: the peer runs")
-    assert [line for line in lines if line.startswith("llama.cpp Q4: skipped")] == [
-        "llama.cpp Q4: skipped, llama_cpp not installed (pip install llama-cpp-python)"]
+    hint = "llama_cpp not installed (bash scripts/setup-peers.sh builds llama-cpp-python from source)"
+    assert [line for line in lines if line.startswith("llama.cpp Q4")] == [
+        f"llama.cpp Q4: skipped, {hint}", f"llama.cpp Q4 + prompt lookup: skipped, {hint}"]
     llama = [t for t in report["targets"] if "llama.cpp" in t["name"]]
     assert llama and all(t["ok"] is None and "not installed" in t["reason"] for t in llama)
 
@@ -245,10 +294,15 @@ def test_options_refuse_bad_input(tiny):
         FormatsOptions(engines=engines, peers=("foo",), hf=tiny["hf"])
     with pytest.raises(ConfigError, match="needs --hf"):
         FormatsOptions(engines=engines, peers=("onnxruntime-genai",))
+    with pytest.raises(ConfigError, match="--peers llama.cpp: needs --hf"):
+        FormatsOptions(engines=engines, peers=("llama.cpp",))
+    FormatsOptions(engines=engines, peers=("llama.cpp", "llama.cpp-lookup"), gguf=tiny["root"] / "m.gguf")
     with pytest.raises(ConfigError, match="--limit 0"):
         FormatsOptions(engines=engines, peers=(), limit=0)
     with pytest.raises(ConfigError, match="--methods none"):
         FormatsOptions(engines=engines, peers=(), methods=("none",))
+    with pytest.raises(ConfigError, match="--llama-lookup 2,0: give N,K"):
+        FormatsOptions(engines=engines, peers=(), llama_lookup=(2, 0))
 
 
 def test_two_turn_set_and_foreign_engine_refused(tiny, tmp_path):
@@ -269,9 +323,11 @@ def test_two_turn_set_and_foreign_engine_refused(tiny, tmp_path):
                                      work=tmp_path), show=lambda line: None, progress=False)
 
 
-def test_command_writes_summary_and_png(tiny, tmp_path):
+def test_command_writes_summary_and_png(tiny, tmp_path, monkeypatch):
+    without_llama_cpp(monkeypatch)
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["bench", "formats", str(tiny["int8"]), str(tiny["int4"]), "--peers", "llama.cpp",
+    result = CliRunner().invoke(cli, ["bench", "formats", str(tiny["int8"]), str(tiny["int4"]),
+                                      "--peers", ",".join(LLAMA_PEERS),
                                       "--hf", str(tiny["hf"]), "--sets", "mt-bench", "--limit", "1", "--max-tokens",
                                       "4", "--threads", "1", "--rounds", "1", "--past", "8", "--repeats", "1",
                                       "--work", str(tmp_path / "work"), "--out", str(out), "--no-progress"])
@@ -287,7 +343,7 @@ def test_command_unknown_peer_is_one_line(tiny):
     result = CliRunner().invoke(cli, ["bench", "formats", str(tiny["int4"]), "--peers", "vllm"])
     assert result.exit_code == 1
     assert result.output.strip().splitlines()[-1] == ("error: --peers vllm: unknown peer; choose from "
-                                                      "onnxruntime-genai, llama.cpp")
+                                                      "onnxruntime-genai, llama.cpp, llama.cpp-lookup")
 
 
 def test_llama_cpp_gguf_from_the_hf_record(tmp_path):

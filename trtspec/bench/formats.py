@@ -1,8 +1,8 @@
 """`trtspec bench formats`: weight formats side by side in one run, against the int4 peers.
 
-    trtspec bench formats ENGINE [ENGINE ...] [--peers onnxruntime-genai,llama.cpp --hf HF_DIR [--gguf FILE]]
-        [--sets sharegpt-grounded,code-edit] [--methods ngram] [--limit 4] [--max-tokens 128] [--threads 2]
-        [--rounds 2] [--past 256] [--repeats 10] [--work DIR] [--out DIR] [--json]
+    trtspec bench formats ENGINE [ENGINE ...] [--peers onnxruntime-genai,llama.cpp,llama.cpp-lookup --hf HF_DIR
+        [--gguf FILE] [--llama-lookup 2,2]] [--sets sharegpt-grounded,code-edit] [--methods ngram] [--limit 4]
+        [--max-tokens 128] [--threads 2] [--rounds 2] [--past 256] [--repeats 10] [--work DIR] [--out DIR] [--json]
 
 Given engines of one model in several weight formats (fp32 / int8 / int4 builds of the same checkpoint), one run
 measures, all on the same prompt token ids:
@@ -11,7 +11,12 @@ measures, all on the same prompt token ids:
   or caches), the systems' order reversed every other round: tokens/s end to end (prompt included) and of the decode
   alone (after the first token). Peers: onnxruntime-genai int4 (its own model builder, `-p int4 -e cpu`, run offline
   on the HF folder and cached under --work) and llama.cpp Q4 through llama-cpp-python (the GGUF the HF folder was
-  converted from, `trtspec-model.json`, or --gguf); a peer that is not installed is skipped with one line.
+  converted from, `trtspec-model.json`, or --gguf; `scripts/setup-peers.sh` builds it), every prompt from an empty
+  cache; a peer that is not installed is skipped with one line.
+- **llama.cpp's own speculation** (`llama.cpp-lookup`): the same GGUF with llama-cpp-python's prompt lookup
+  (`LlamaPromptLookupDecoding`, --llama-lookup max n-gram size, drafted tokens), a row of its own, against
+  llama.cpp's plain decoding of the same prompts and rounds: speedup, τ and token-identical outputs (llama.cpp
+  evaluates a draft in one batch, which rounds differently from one token at a time: greedy texts part at near ties).
 - **speculation on top**: in the same child as each engine's plain runs, prompt by prompt, the order rotating,
   each --methods drafter (and the engine's own drafter, if it has one) against plain decoding on that engine:
   tokens/s, speedup, τ and how many outputs are token-identical to plain decoding (the lossless check).
@@ -50,8 +55,13 @@ GROUNDED_SETS = ("sharegpt-grounded", "code-edit")
 DEFAULT_SETS = GROUNDED_SETS
 GENAI = "onnxruntime-genai"
 LLAMA_CPP = "llama.cpp"
-PEERS = (GENAI, LLAMA_CPP)
-PEER_LABELS = {GENAI: "onnxruntime-genai int4", LLAMA_CPP: "llama.cpp Q4"}
+LLAMA_CPP_LOOKUP = "llama.cpp-lookup"  # llama-cpp-python's own speculation on the same GGUF
+PEERS = (GENAI, LLAMA_CPP, LLAMA_CPP_LOOKUP)
+PEER_LABELS = {GENAI: "onnxruntime-genai int4", LLAMA_CPP: "llama.cpp Q4",
+               LLAMA_CPP_LOOKUP: "llama.cpp Q4 + prompt lookup"}
+# LlamaPromptLookupDecoding(max_ngram_size, num_pred_tokens): its default n-gram size; llama-cpp-python's README
+# (Speculative Decoding) says 10 drafted tokens suit a GPU and 2 a CPU-only machine
+LLAMA_LOOKUP = (2, 2)
 GENAI_FORMAT = "int4 b32 (builder default)"
 PLAIN = "none"
 WARMUP_TOKENS = 8
@@ -70,6 +80,7 @@ class FormatsOptions:
     peers: tuple[str, ...] = PEERS
     hf: Path | None = None  # the HF folder the peers build from (onnxruntime-genai) or whose GGUF they read
     gguf: Path | None = None  # llama.cpp's model (default: the GGUF the HF folder was converted from)
+    llama_lookup: tuple[int, int] = LLAMA_LOOKUP  # the llama.cpp-lookup peer's (max n-gram size, drafted tokens)
     sets: tuple[str, ...] = DEFAULT_SETS
     methods: tuple[str, ...] = ("ngram",)
     limit: int = 4  # prompts per set
@@ -90,9 +101,13 @@ class FormatsOptions:
         for peer in self.peers:
             if peer not in PEERS:
                 raise ConfigError(f"--peers {peer}: unknown peer; choose from {', '.join(PEERS)}")
-        if self.peers and self.hf is None:
-            raise ConfigError(f"--peers {','.join(self.peers)}: needs --hf DIR, the engines' Hugging Face model folder "
-                              "(or pass --peers '' to measure the engines only)")
+        need_hf = [p for p in self.peers if p == GENAI or self.gguf is None]  # llama.cpp reads --gguf when given
+        if need_hf and self.hf is None:
+            raise ConfigError(f"--peers {','.join(need_hf)}: needs --hf DIR, the engines' Hugging Face model folder "
+                              "(or --gguf FILE for llama.cpp; --peers '' measures the engines only)")
+        if len(self.llama_lookup) != 2 or min(self.llama_lookup) < 1:
+            raise ConfigError(f"--llama-lookup {','.join(map(str, self.llama_lookup))}: give N,K (the longest n-gram "
+                              "matched, the tokens drafted), each at least 1")
         if PLAIN in self.methods:
             raise ConfigError(f"--methods {PLAIN}: plain decoding is always measured; name drafters only")
 
@@ -350,9 +365,11 @@ class System:
     methods: tuple[str, ...] = ()
 
 
-def peer_systems(options: FormatsOptions, work: Path, show: Callable[[str], None]) -> tuple[list[System], dict]:
-    """The installed peers ready to run (onnxruntime-genai's int4 model built once under `work`); the others with
-    the reason, each shown as one line."""
+def peer_systems(options: FormatsOptions, work: Path, show: Callable[[str], None],
+                 vocab_size: int | None = None) -> tuple[list[System], dict]:
+    """The installed peers ready to run (onnxruntime-genai's int4 model built once under `work`; llama.cpp's GGUF
+    checked against the engines' vocabulary of `vocab_size` tokens); the others with the reason, each shown as one
+    line."""
     from trtspec.bench.peers import (GENAI_INSTALL, GENAI_MODULES, LLAMA_CPP_INSTALL, LLAMA_CPP_MODULES,
                                      build_genai_model, missing_modules)
 
@@ -368,11 +385,38 @@ def peer_systems(options: FormatsOptions, work: Path, show: Callable[[str], None
                                       precision="int4")
             systems.append(System(PEER_LABELS[peer], peer, "trtspec.bench.peers:run_genai", {"model": str(model)},
                                   GENAI_FORMAT, onnx_weight_bytes(model / "model.onnx")))
-        else:
-            gguf = options.gguf or llama_cpp_gguf(options.hf)
-            systems.append(System(PEER_LABELS[peer], peer, "trtspec.bench.peers:run_llama_cpp", {"model": str(gguf)},
-                                  gguf.name, gguf_weight_bytes(gguf)))
+            continue
+        gguf = options.gguf or llama_cpp_gguf(options.hf)
+        facts = gguf_facts(gguf)
+        if vocab_size is not None and facts["vocab_size"] != vocab_size:
+            raise ConfigError(f"{gguf}: a vocabulary of {facts['vocab_size']} tokens, the engines have {vocab_size}: "
+                              "give --gguf the GGUF of the engines' model")
+        kwargs = {"model": str(gguf)}
+        label = facts["format"]
+        if peer == LLAMA_CPP_LOOKUP:
+            n, k = options.llama_lookup
+            kwargs["lookup"] = {"max_ngram_size": n, "num_pred_tokens": k}
+            label += f"; n≤{n} K={k}"
+        systems.append(System(PEER_LABELS[peer], peer, "trtspec.bench.peers:run_llama_cpp", kwargs, label,
+                              gguf_weight_bytes(gguf)))
     return systems, skipped
+
+
+def gguf_facts(gguf: Path) -> dict:
+    """A GGUF model's vocabulary size and format label: `Q4_1, lm_head Q8_0` (the GGUF type of the transformer
+    blocks' matrices, then the lm_head's, an untied `output` or the tied `token_embd`, where it differs)."""
+    from collections import Counter
+
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf))
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    blocks = Counter(t.tensor_type.name for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2)
+    linear = blocks.most_common(1)[0][0] if blocks else "?"
+    head = types.get("output.weight", types.get("token_embd.weight", linear))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    return {"vocab_size": len(tokens.data) if tokens is not None else None,
+            "format": linear + ("" if head == linear else f", lm_head {head}")}
 
 
 # ---- the run ------------------------------------------------------------------------------------------------
@@ -396,7 +440,7 @@ def run_benchmark(options: FormatsOptions, *, show: Callable[[str], None] = prin
     systems = [System(e["name"], "engine", "trtspec.bench.formats:run_engine", {"engine": e["path"]}, e["format"],
                       onnx_weight_bytes(Path(e["path"]) / e["generation"]), engine_methods(e, options.methods))
                for e in engines]
-    peers, skipped = peer_systems(options, work, show)
+    peers, skipped = peer_systems(options, work, show, vocab_size=engines[0]["vocab_size"])
     systems += peers
 
     common = {"max_tokens": options.max_tokens, "threads": options.threads}
@@ -467,21 +511,33 @@ def summarize(systems: list[System], samples: dict[str, list[dict]], prompts: li
                 cells = {}
                 for s in ["all", *sets]:
                     chosen = [r for r in rows if s == "all" or prompts[r["prompt"]]["set"] == s]
-                    spec = [r["runs"][method] for r in chosen]
-                    base = [r["runs"][PLAIN] for r in chosen]
-                    accepted, steps = sum(r["accepted"] for r in spec), sum(r["steps"] for r in spec)
-                    rates, plain_rates = _rates(spec), _rates(base)
-                    cells[s] = {**rates,
-                                "speedup": round(plain_rates["total_s"] / rates["total_s"], 3),
-                                "decode_speedup": round(rates["decode_tokens_per_s"]
-                                                        / plain_rates["decode_tokens_per_s"], 3)
-                                if rates["decode_tokens_per_s"] and plain_rates["decode_tokens_per_s"] else None,
-                                "tau": round((accepted + steps) / steps, 3) if steps else None,
-                                "identical": sum(a["output_ids"] == b["output_ids"] for a, b in zip(spec, base)),
-                                "compared": len(spec)}
+                    cells[s] = _speculation_cell([r["runs"][method] for r in chosen],
+                                                 [r["runs"][PLAIN] for r in chosen])
                 entry["methods"][method] = cells
         report["systems"][system.label] = entry
+    lookup, plain = (PEER_LABELS[LLAMA_CPP_LOOKUP], PEER_LABELS[LLAMA_CPP])
+    if lookup in samples and plain in samples:  # llama.cpp's own speculation against its plain decoding
+        plain_runs = {(r["prompt"], r["round"]): r for r in samples[plain]}
+        report["systems"][lookup]["versus"] = {"system": plain, "cells": {}}
+        for s in ["all", *sets]:
+            chosen = [r for r in samples[lookup] if s == "all" or prompts[r["prompt"]]["set"] == s]
+            spec = [{**r, "accepted": max(0, r["tokens"] - 1 - r["steps"])} for r in chosen]
+            report["systems"][lookup]["versus"]["cells"][s] = _speculation_cell(
+                spec, [plain_runs[r["prompt"], r["round"]] for r in chosen])
     return report
+
+
+def _speculation_cell(spec: list[dict], base: list[dict]) -> dict:
+    """Speculative runs against plain runs of the same prompts: rates, speedups, τ, token-identical outputs."""
+    accepted, steps = sum(r["accepted"] for r in spec), sum(r["steps"] for r in spec)
+    rates, plain_rates = _rates(spec), _rates(base)
+    return {**rates,
+            "speedup": round(plain_rates["total_s"] / rates["total_s"], 3),
+            "decode_speedup": round(rates["decode_tokens_per_s"] / plain_rates["decode_tokens_per_s"], 3)
+            if rates["decode_tokens_per_s"] and plain_rates["decode_tokens_per_s"] else None,
+            "tau": round((accepted + steps) / steps, 3) if steps else None,
+            "identical": sum(a["output_ids"] == b["output_ids"] for a, b in zip(spec, base)),
+            "compared": len(spec)}
 
 
 def targets(report: dict, skipped: dict) -> list[dict]:
@@ -549,14 +605,19 @@ def render_table(report: dict) -> list[str]:
     bw = report["bandwidth"]
     lines.append(f"floor = weight bytes a plain step reads ÷ {bw['gbps']:.1f} GB/s read bandwidth ({bw['method']}, "
                  f"measured in this run)")
-    lines += ["", "speculation on each engine against its own plain decoding (tok/s end to end; decode: after the "
-                  "first token)",
+    lines += ["", "speculation on each engine (and llama.cpp's prompt lookup) against its own plain decoding (tok/s "
+                  "end to end; decode: after the first token)",
               f"{'engine':<{w}}{'set':<19}{'method':<9}{'tok/s':>7}{'plain':>7}{'speedup':>8}{'decode':>8}"
               f"{'plain':>7}{'speedup':>8}{'τ':>6}{'same':>7}"]
     for label, entry in report["systems"].items():
-        for method, cells in entry.get("methods", {}).items():
+        cells_by_method = dict(entry.get("methods", {}))
+        plain_of = {method: entry["plain"] for method in cells_by_method}
+        if versus := entry.get("versus"):  # a peer's own speculation against the peer's plain decoding
+            cells_by_method["lookup"] = versus["cells"]
+            plain_of["lookup"] = report["systems"][versus["system"]]["plain"]
+        for method, cells in cells_by_method.items():
             for name in [*report["sets"], "all"]:
-                c, p = cells[name], entry["plain"][name]
+                c, p = cells[name], plain_of[method][name]
                 lines.append(f"{label:<{w}}{name:<19}{method:<9}{_num(c['tokens_per_s']):>7}"
                              f"{_num(p['tokens_per_s']):>7}{c['speedup']:>7.2f}×{_num(c['decode_tokens_per_s']):>8}"
                              f"{_num(p['decode_tokens_per_s']):>7}{_num(c['decode_speedup'], 2):>7}×"
@@ -587,20 +648,25 @@ def plot(report: dict, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (bars, curves) = plt.subplots(1, 2, figsize=(12, 4.5))
-    labels, plain, spec = [], [], {}
+    fig, (bars, curves) = plt.subplots(1, 2, figsize=(13, 5.5))
+    labels, plain, spec, own = [], {}, {}, {}
     for label, entry in report["systems"].items():
         labels.append(f"{label}\n{entry['format']}")
-        plain.append(entry["plain"]["all"][TARGET_RATE] or 0)
+        rate = entry["plain"]["all"][TARGET_RATE] or 0
+        if "versus" in entry:  # a peer's own speculation (llama.cpp's prompt lookup): not a plain bar
+            own[len(labels) - 1] = rate
+        else:
+            plain[len(labels) - 1] = rate
         for method, cells in entry.get("methods", {}).items():
             spec.setdefault(method, {})[len(labels) - 1] = cells["all"][TARGET_RATE] or 0
     width = 0.8 / (1 + len(spec))
     x = np.arange(len(labels))
-    bars.bar(x, plain, width, label="plain")
-    for i, (method, values) in enumerate(spec.items(), start=1):
+    series = [("plain", plain), *spec.items()] + ([("peer's own speculation", own)] if own else [])
+    for i, (name, values) in enumerate(series):
         where = sorted(values)
-        bars.bar(x[where] + i * width, [values[j] for j in where], width, label=method)
-    bars.set_xticks(x + width * len(spec) / 2, labels, fontsize=8)
+        offset = 0 if values is own else i * width
+        bars.bar(x[where] + offset, [values[j] for j in where], width, label=name)
+    bars.set_xticks(x + width * len(spec) / 2, labels, fontsize=7, rotation=25, ha="right")
     bars.set(ylabel="decode tokens/s (after the first token)", title="plain decoding and speculation, same prompt ids")
     bars.legend()
     for label, entry in report["systems"].items():

@@ -23,7 +23,7 @@ from trtspec.errors import ConfigError
 GENAI_MODULES = ("onnxruntime_genai", "onnx_ir")  # the builder imports onnx_ir but does not declare it
 GENAI_INSTALL = "pip install onnxruntime-genai onnx-ir"
 LLAMA_CPP_MODULES = ("llama_cpp",)
-LLAMA_CPP_INSTALL = "pip install llama-cpp-python"
+LLAMA_CPP_INSTALL = "bash scripts/setup-peers.sh builds llama-cpp-python from source"
 TRANSFORMERS_MODULES = ("transformers", "torch")
 TRANSFORMERS_INSTALL = "pip install 'trtspec[build]'"
 GENAI_CONFIG = "genai_config.json"
@@ -147,17 +147,34 @@ def run_genai_lookup(model: str, prompts: list[list[int]], *, max_tokens: int, t
 
 # ---- llama.cpp ----------------------------------------------------------------------------------------------
 
-def run_llama_cpp(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int) -> Iterator[dict]:
+def run_llama_cpp(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int,
+                  lookup: dict | None = None) -> Iterator[dict]:
     """Greedy decoding of a GGUF model with llama-cpp-python (`Llama.generate` at temperature 0, top_k 1, no
-    repetition penalty), stopping at its end-of-sequence token or after `max_tokens`."""
+    repetition penalty), stopping at its end-of-sequence token or after `max_tokens`. Every prompt starts from an
+    empty cache (`Llama.reset`: generate would otherwise reuse the previous prompt's common prefix, which no other
+    system does). `lookup` = {"max_ngram_size", "num_pred_tokens"}: llama-cpp-python's own speculation, prompt
+    lookup (`llama_cpp.llama_speculative.LlamaPromptLookupDecoding` as the draft model; greedy, so its output should
+    equal plain decoding's), rows as for plain decoding plus the drafted and accepted token counts."""
     from llama_cpp import Llama
 
-    n_ctx = max(len(ids) for ids in prompts) + max_tokens + 8
-    loaded = Llama(model_path=model, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
+    draft = None
+    if lookup is not None:
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        draft = _CountingDraft(LlamaPromptLookupDecoding(**lookup))
+    margin = 8 + (lookup or {}).get("num_pred_tokens", 0)
+    n_ctx = max(len(ids) for ids in prompts) + max_tokens + margin
+    # with a draft model, Llama keeps every position's logits but sizes that array by the logits_all argument
+    # (llama-cpp-python 0.3.36 `Llama.__init__`): without logits_all=True a sequence past n_batch tokens overflows it
+    loaded = Llama(model_path=model, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False,
+                   draft_model=draft, logits_all=draft is not None)
     eos = loaded.token_eos()
 
     def generate(ids: list[int], new_tokens: int) -> tuple[list[int], float, float, float]:
         out: list[int] = []
+        loaded.reset()
+        if draft is not None:
+            draft.drafted = draft.calls = 0
         start = time.perf_counter()
         first = start
         for token in loaded.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
@@ -170,7 +187,25 @@ def run_llama_cpp(model: str, prompts: list[list[int]], *, max_tokens: int, thre
 
     generate(prompts[0], WARMUP_TOKENS)
     for index, ids in enumerate(prompts):
-        yield _sample(index, *generate(ids, max_tokens))
+        row = _sample(index, *generate(ids, max_tokens))
+        if draft is not None:
+            row.update(drafted=draft.drafted, steps=draft.calls)  # a decode step follows every draft
+        yield row
+
+
+class _CountingDraft:
+    """A llama-cpp-python draft model that counts its calls and the tokens the wrapped one drafts. `Llama.generate`
+    asks for a draft after each evaluation whose tokens it has yielded and evaluates it with the next token, so the
+    calls made while a generation is read are its decode steps."""
+
+    def __init__(self, draft):
+        self.draft, self.drafted, self.calls = draft, 0, 0
+
+    def __call__(self, input_ids, /, **kwargs):
+        tokens = self.draft(input_ids, **kwargs)
+        self.drafted += len(tokens)
+        self.calls += 1
+        return tokens
 
 
 # ---- transformers -------------------------------------------------------------------------------------------

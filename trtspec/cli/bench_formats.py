@@ -8,17 +8,21 @@ from pathlib import Path
 import click
 
 from trtspec.cli.app import DIR, EXISTING_DIR, user_errors
-from trtspec.cli.bench import _csv, bench
+from trtspec.cli.bench import _csv, _pair, bench
 
 
 @bench.command("formats")
 @click.argument("engines", nargs=-1, required=True, type=EXISTING_DIR)
-@click.option("--peers", callback=_csv(str), default="onnxruntime-genai,llama.cpp", show_default=True,
-              help="onnxruntime-genai (int4, its own builder) and/or llama.cpp (Q4 GGUF, llama-cpp-python): plain "
-                   "decoding on the same ids (needs --hf); pass '' for none.")
+@click.option("--peers", callback=_csv(str), default="onnxruntime-genai,llama.cpp,llama.cpp-lookup",
+              show_default=True,
+              help="onnxruntime-genai (int4, its own builder), llama.cpp (Q4 GGUF, llama-cpp-python: "
+                   "scripts/setup-peers.sh builds it) and llama.cpp-lookup (the same with its prompt-lookup "
+                   "speculation): decoding on the same ids (needs --hf); pass '' for none.")
 @click.option("--hf", type=EXISTING_DIR, help="The engines' Hugging Face model folder (for --peers).")
 @click.option("--gguf", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="llama.cpp's model (default: the GGUF the --hf folder was converted from).")
+@click.option("--llama-lookup", callback=_pair, default="2,2", show_default=True, metavar="N,K",
+              help="llama.cpp-lookup: LlamaPromptLookupDecoding's max_ngram_size, num_pred_tokens.")
 @click.option("--sets", callback=_csv(str), default="sharegpt-grounded,code-edit", show_default=True,
               help="Prompt sets (their measure splits); the targets read the grounded ones.")
 @click.option("--methods", callback=_csv(str), default="ngram", show_default=True,
