@@ -171,7 +171,7 @@ def test_tune_predicts_measures_and_writes_the_winner(engine, tuned, tmp_path):
     assert all(s["measured"]["identical"] == "2/2" for s in measured)
     # at T = 0 the replay over the evaluation prompts is the measured run, step for step
     assert all(s["measured"]["replayed_tau"] == s["measured"]["tau"] for s in measured)
-    assert report["anchored_curve"]["scale"] > 0
+    assert report["step_model"]["scale"] > 0
     assert report["winner"]["name"] in report["measured"]
     # every replayed setting carries the range a measurement on that many prompts would scatter over
     for s in report["settings"][1:]:
