@@ -42,7 +42,9 @@ from trtspec.progress import progress_bar
 from trtspec.runtime.loop import GenerationConfig
 
 TRAINING_FREE = ("ngram", "suffix")
-CURVE_ROUNDS = 5  # the verify curve at each calibration context: rounds per profile (the cached curve's are 15)
+CURVE_ROUNDS = 5  # advise's verify curve at the requests' context: rounds per profile (the cached curve's are 15)
+# tune's curve at each of its three contexts: a noisy plain step there would scale every step (the anchor)
+STEP_MODEL_ROUNDS = 12
 PLAIN = "none"
 
 
@@ -142,7 +144,7 @@ def run_tune(options: TuneOptions, show=print) -> dict:
     k = engine.max_draft_len
     generator.generate(list(calibration[0].ids), GenerationConfig(max_tokens=8, no_spec=True))  # warm up
     lengths = [len(p.ids) for p in calibration]
-    unanchored = measure_steps(engine, measured_pasts(lengths, options.max_tokens), rounds=CURVE_ROUNDS)
+    unanchored = measure_steps(engine, measured_pasts(lengths, options.max_tokens), rounds=STEP_MODEL_ROUNDS)
     budgets = sorted({b for b in options.budgets if b <= k})
     skipped = sorted(b for b in options.budgets if b > k)
     eagle_depth = _eagle_depth(budgets, manifest, k) if eagle else 0
