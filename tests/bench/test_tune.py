@@ -162,10 +162,12 @@ def test_a_set_stored_by_category_is_split_across_its_categories(tmp_path):
     assert not {p.id for p in calibration} & {p.id for p in evaluation}
     assert split_prompts(options, None, show=lambda line: None)[2] == how
     assert "spread across its categories, prompts 1-4 (what `trtspec bench --limit 4` measures)" in how["evaluation"]
+    assert "--evaluation 8 --calibration 16 measures one of each" in how["note"]
     eight = split_prompts(TuneOptions(engine=tmp_path, prompt_set="mt-bench", calibration=8, evaluation=8), None,
                           show=lambda line: None)[2]
     assert eight["evaluation_categories"] == eight["calibration_categories"] == dict.fromkeys(
         PROMPT_SETS["mt-bench"].categories, 1)
+    assert "note" not in eight
 
 
 @pytest.fixture(scope="module")

@@ -112,6 +112,11 @@ def split_prompts(options: TuneOptions, generator, show=print) -> tuple[list, li
                              f"{options.evaluation}` measures)",
                "calibration": f"{order}, prompts {options.evaluation + 1}-"
                               f"{options.evaluation + options.calibration}"}
+        if spread and len(evaluation) < len(source.categories):
+            n = len(source.categories)
+            how["note"] = (f"the evaluation holds {len(evaluation)} of {options.prompt_set}'s {n} categories, the "
+                           f"calibration every one: --evaluation {n} --calibration {2 * n} measures one of each and "
+                           "calibrates on two")
     if not calibration or not evaluation:
         raise ConfigError(f"--prompt-set {options.prompt_set}: {len(calibration)} calibration and {len(evaluation)} "
                           "evaluation prompts fit the engine; both need at least one (raise the limits)")
@@ -514,6 +519,7 @@ def format_tune(report: dict) -> list[str]:
              f"{report['load_average']['after'][0]}",
              f"calibration: {split['calibration']}{_categories(split.get('calibration_categories'))}; "
              f"evaluation: {split['evaluation']}{_categories(split.get('evaluation_categories'))}",
+             *([split["note"]] if split.get("note") else []),
              _format_model(report["step_model"])]
     if report["budgets_over_k"]:
         lines.append(f"budgets over K = {report['max_draft_len']} left out: {report['budgets_over_k']}")
