@@ -90,7 +90,7 @@ def split_prompts(options: TuneOptions, generator, show=print) -> tuple[list, li
     them; else the first `evaluation` prompts as `trtspec bench --limit N` takes them (a known set of several
     categories: spread across them, `spread_categories`) and the next `calibration` of that same order, so both
     are drawn across the categories and never share a prompt."""
-    from trtspec.bench.workload import load_bench_prompts
+    from trtspec.bench.workload import load_bench_prompts, spreads
     from trtspec.data.prompts import PROMPT_SETS
 
     source = PROMPT_SETS.get(options.prompt_set)
@@ -106,7 +106,7 @@ def split_prompts(options: TuneOptions, generator, show=print) -> tuple[list, li
         both = load_bench_prompts(options.prompt_set, limit=options.evaluation + options.calibration, split=None,
                                   **common)
         evaluation, calibration = both[:options.evaluation], both[options.evaluation:]
-        spread = source is not None and len(source.categories) > 1
+        spread = spreads(options.prompt_set)
         order = f"{options.prompt_set} spread across its categories" if spread else f"{options.prompt_set}"
         how = {"evaluation": f"{order}, prompts 1-{options.evaluation} (what `trtspec bench --limit "
                              f"{options.evaluation}` measures)",

@@ -69,8 +69,7 @@ def load_bench_prompts(name: str, *, limit: int | None, split: str | None = "mea
 
     source = PROMPT_SETS.get(name)
     use_split = split if source is not None and source.measure_size else None
-    spread = use_split is None and source is not None and len(source.categories) > 1
-    prompts = load_prompts(name, limit=limit, split=use_split, spread=spread)
+    prompts = load_prompts(name, limit=limit, split=use_split, spread=use_split is None and spreads(name))
     out = []
     for p in prompts:
         messages = tuple(p.messages)
@@ -91,6 +90,15 @@ def load_bench_prompts(name: str, *, limit: int | None, split: str | None = "mea
             continue
         out.append(BenchPrompt(p.id, p.category, messages, tuple(ids)))
     return out
+
+
+def spreads(name: str) -> bool:
+    """Whether `load_bench_prompts` takes a set spread across its categories: a known set of several categories
+    without a measurement split."""
+    from trtspec.data.prompts import PROMPT_SETS
+
+    source = PROMPT_SETS.get(name)
+    return source is not None and not source.measure_size and len(source.categories) > 1
 
 
 class LocalTarget:
