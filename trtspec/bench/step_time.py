@@ -9,7 +9,7 @@ there, levelled so that no profile costs more than a larger one (a step may alwa
 
 The loop's own work on a step's rows is added: accepting a draft takes the argmax of each verified row (a plain step's
 one row is in the plain step already), timed per profile right after a real verify step, on its own output as the
-loop gets it (`acceptance_ms`: over the same rows again, hot in the cache, it takes a tenth of that).
+loop gets it (`acceptance_ms`: over the same rows again, hot in the cache, it took a quarter of that here).
 
 `anchored` scales the lines so that plain decoding costs what the calibration run's own plain steps took, at their
 contexts: the curve gives the shape, the loop as it runs now the level (a curve measured alone misses the loop's
