@@ -191,6 +191,22 @@ def test_two_turn_set_needs_an_engine():
         load_bench_prompts("mt-bench-2turn", limit=1)
 
 
+def test_limit_takes_a_set_stored_by_category_across_its_categories(prompt_file):
+    """MT-Bench lists ten writing prompts first: --limit 8 measures one of each category; sets with a measurement
+    split and prompt files keep their order."""
+    from trtspec.bench.workload import load_bench_prompts, spreads
+    from trtspec.data.prompts import PROMPT_SETS, load_prompts
+
+    eight = load_bench_prompts("mt-bench", limit=8)
+    assert [p.category for p in eight] == list(PROMPT_SETS["mt-bench"].categories)
+    assert spreads("mt-bench") and spreads("champ") and not spreads("humaneval")
+    assert not spreads("sharegpt-grounded") and not spreads(str(prompt_file))
+    assert [p.id for p in load_bench_prompts("code-edit", limit=3)] == [
+        p.id for p in load_prompts("code-edit", split="measure", limit=3)]
+    assert [p.id for p in load_bench_prompts(str(prompt_file), limit=2)] == [
+        p.id for p in load_prompts(str(prompt_file), limit=2)]
+
+
 @pytest.mark.slow
 def test_serving_mode_measures_the_engine_in_process_and_served(engine, prompt_file, tmp_path):
     """`bench serving` (= `bench ENGINE --serve`): every request in process and through a real tritonserver, the

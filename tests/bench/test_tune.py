@@ -17,6 +17,7 @@ from trtspec.bench.replay import record_greedy, replay_drafter, replay_tree
 from trtspec.bench.tune import TuneOptions, run_tune, split_prompts
 from trtspec.recipe.tuned import write_winner_recipe
 from trtspec.cli import cli
+from trtspec.data.prompts import PROMPT_SETS
 from trtspec.errors import ConfigError
 from trtspec.recipe.schema import load_recipe
 from trtspec.runtime.generator import LocalGenerator
@@ -145,6 +146,30 @@ def test_split_never_shares_prompts(generator, prompt_file):
     assert how["evaluation_ids"] == ["p0", "p1"] and "prompts 1-2" in how["evaluation"]
 
 
+def test_a_set_stored_by_category_is_split_across_its_categories(tmp_path):
+    """MT-Bench lists ten writing prompts, then ten roleplay, ...: evaluation and calibration are both drawn across
+    the categories, never share a prompt, come out the same every time, and the evaluation is what `bench --limit`
+    measures."""
+    from trtspec.bench.workload import load_bench_prompts
+
+    options = TuneOptions(engine=tmp_path, prompt_set="mt-bench", calibration=12, evaluation=4)
+    calibration, evaluation, how = split_prompts(options, None, show=lambda line: None)
+    assert [p.id for p in evaluation] == [p.id for p in load_bench_prompts("mt-bench", limit=4)]
+    assert how["evaluation_categories"] == {"writing": 1, "roleplay": 1, "reasoning": 1, "math": 1}
+    # every category calibrates, none more than twice
+    assert set(how["calibration_categories"]) == set(PROMPT_SETS["mt-bench"].categories)
+    assert max(how["calibration_categories"].values()) == 2 and len(calibration) == 12
+    assert not {p.id for p in calibration} & {p.id for p in evaluation}
+    assert split_prompts(options, None, show=lambda line: None)[2] == how
+    assert "spread across its categories, prompts 1-4 (what `trtspec bench --limit 4` measures)" in how["evaluation"]
+    assert "--evaluation 8 --calibration 16 measures one of each" in how["note"]
+    eight = split_prompts(TuneOptions(engine=tmp_path, prompt_set="mt-bench", calibration=8, evaluation=8), None,
+                          show=lambda line: None)[2]
+    assert eight["evaluation_categories"] == eight["calibration_categories"] == dict.fromkeys(
+        PROMPT_SETS["mt-bench"].categories, 1)
+    assert "note" not in eight
+
+
 @pytest.fixture(scope="module")
 def tuned(engine, prompt_file, tmp_path_factory):
     """One `trtspec tune --write-recipe` run: (its report, the recipe it wrote)."""
@@ -171,7 +196,12 @@ def test_tune_predicts_measures_and_writes_the_winner(engine, tuned, tmp_path):
     assert all(s["measured"]["identical"] == "2/2" for s in measured)
     # at T = 0 the replay over the evaluation prompts is the measured run, step for step
     assert all(s["measured"]["replayed_tau"] == s["measured"]["tau"] for s in measured)
-    assert report["anchored_curve"]["scale"] > 0
+    # the step model: the curve after the calibration's shortest, median and longest contexts; each measured run
+    # priced on its own steps beside its measured step time
+    model = report["step_model"]
+    assert model["scale"] > 0 and len(model["measured_ms"]) == len(model["pasts"]) >= 2
+    assert model["acceptance_ms"][0] == 0 and model["profiles"][0] == 1
+    assert all(s["measured"]["modelled_ms_per_step"] > 0 for s in measured)
     assert report["winner"]["name"] in report["measured"]
     # every replayed setting carries the range a measurement on that many prompts would scatter over
     for s in report["settings"][1:]:

@@ -10,7 +10,7 @@ import pytest
 
 from trtspec.data import PROMPT_SETS, Prompt, load_jsonl_prompts, load_prompts
 from trtspec.data.prompts import (CODE_EDIT_INSTRUCTIONS, CODE_LINE, MEASURE_SIZE, grounded_category, iter_json_array,
-                                  prompt_set_names, second_turn)
+                                  prompt_set_names, second_turn, spread_categories)
 from trtspec.errors import ConfigError
 
 
@@ -28,6 +28,36 @@ def test_mt_bench_category_and_limit():
     assert len(coding) == 10 and {p.category for p in coding} == {"coding"}
     assert load_prompts("mt-bench", category="coding", limit=3) == coding[:3]
     assert load_prompts("mt-bench", limit=0) == []
+
+
+def _prompts(categories: str) -> list[Prompt]:
+    """One prompt per letter, its category the letter, its id the letter and its place in the list."""
+    return [Prompt(f"{c}{i}", c, ()) for i, c in enumerate(categories)]
+
+
+def test_spread_categories_takes_each_category_in_its_share():
+    # equal categories: one of each in turn, each category in its own order
+    assert [p.id for p in spread_categories(_prompts("aaabbbccc"))] == ["a0", "b3", "c6", "a1", "b4", "c7", "a2",
+                                                                        "b5", "c8"]
+    # 3:1 — every first N holds about three a's to one b, the b's spread out (ties: the first category seen first)
+    spread = spread_categories(_prompts("aaaaaabb"))
+    assert "".join(p.category for p in spread) == "aabaaaba"
+    for n in range(1, len(spread) + 1):
+        assert abs(sum(p.category == "b" for p in spread[:n]) - n / 4) <= 1
+    # a permutation, the same every time; one category (or none) keeps the order as it is
+    mixed = _prompts("cabbcaacbbba")
+    assert sorted(p.id for p in spread_categories(mixed)) == sorted(p.id for p in mixed)
+    assert spread_categories(mixed) == spread_categories(list(mixed))
+    assert spread_categories(_prompts("aaaa")) == _prompts("aaaa") and spread_categories([]) == []
+
+
+def test_mt_bench_spread_holds_every_category_in_each_first_eight():
+    spread = load_prompts("mt-bench", spread=True)
+    assert sorted(p.id for p in spread) == sorted(p.id for p in load_prompts("mt-bench"))
+    for start in range(0, 80, 8):
+        assert {p.category for p in spread[start:start + 8]} == set(PROMPT_SETS["mt-bench"].categories)
+    assert [p.id for p in spread[:2]] == ["mt-bench/81", "mt-bench/91"]  # writing's first, then roleplay's
+    assert load_prompts("mt-bench", spread=True, limit=3) == spread[:3]
 
 
 def test_humaneval_prompts_ask_for_the_completion():

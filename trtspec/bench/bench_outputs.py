@@ -19,7 +19,7 @@ def format_table(report: dict) -> list[str]:
     lines = [f"{' trtspec bench ':=^{RULE}}",
              f"{'Target:':<28}{report['target']} ({report['mode']})",
              f"{'Prompts:':<28}{report['prompt_set']}" + (f" ({report['split']} split)" if report["split"] else "")
-             + f", {report['prompts']}",
+             + (" (spread across its categories)" if report.get("spread") else "") + f", {report['prompts']}",
              f"{'Max tokens, temperature:':<28}{report['max_tokens']}, {report['temperature']:g}",
              f"{'Load average before/after:':<28}{report['load_average']['before'][0]} / "
              f"{report['load_average']['after'][0]}",

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trtspec.bench.summary import PLAIN, RequestRecord, mark_identical, record, summarize
-from trtspec.bench.workload import BenchPrompt, LocalTarget, ServedTarget, load_bench_prompts
+from trtspec.bench.workload import BenchPrompt, LocalTarget, ServedTarget, load_bench_prompts, spreads
 from trtspec.errors import ConfigError
 from trtspec.progress import progress_bar
 from trtspec.runtime.loop import GenerationConfig
@@ -287,6 +287,7 @@ def _report(options: BenchOptions, target, prompts: list[BenchPrompt], methods, 
         + (" and served" if isinstance(target, LocalTarget) and serving_mode(options) else ""),
         "prompt_set": options.prompt_set,
         "split": "measure" if source is not None and source.measure_size else None,
+        "spread": spreads(options.prompt_set),  # the first --limit taken across the set's categories
         "prompts": len(prompts), "prompt_ids": [p.id for p in prompts],
         "categories": list(dict.fromkeys(p.category for p in prompts)),
         "methods": [PLAIN, *methods], "concurrency": list(options.concurrency),

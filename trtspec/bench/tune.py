@@ -1,22 +1,26 @@
 """`trtspec tune`: pick the drafting setting for an engine on this machine, predicted first, then measured.
 
-1. The verify curve (a step's milliseconds per slot profile, `runtime.verify_curve`), measured at the calibration
-   prompts' context length (their median + half of max_tokens: a longer past flattens it).
-2. Calibration prompts, never the evaluation ones (`split_prompts` says which are which), decoded plainly once and
-   recorded (`replay.record_greedy`).
+1. The step-time model (`step_time`): the verify curve (a step's milliseconds per slot profile,
+   `runtime.verify_curve`) measured after the calibration prompts' shortest, median and longest contexts, a line
+   per profile through them (a step over several slots costs more the longer its past), plus the loop's
+   acceptance of a step's rows.
+2. Calibration prompts, never the evaluation ones (`split_prompts` says which are which: sets stored by category
+   are spread across them), decoded plainly once and recorded (`replay.record_greedy`).
 3. Per setting, τ predicted by replaying the drafter over those recordings: the training-free methods (ngram,
    suffix) per node budget; on a Medusa engine the Medusa paper's greedy tree per node budget (`medusa_tree`) and the
    shipped tree; on an EAGLE-1 engine the same over its draft's ranks, recorded by teacher-forcing the draft along
    the recordings (`eagle_tree`), each tree's drafting time measured on the runtime's own proposer; an EAGLE-2
    engine's dynamic tree is run on the calibration prompts instead, its per-depth acceptance reported. Predicted
-   decode tokens/s = tokens ÷ (Σ over the replayed steps of step_ms(profile) + the drafter's own time), i.e. τ ÷
-   step time; plain = 1 ÷ step_ms(1 slot). The curve's milliseconds are scaled so that its
-   plain step equals the plain decode step the calibration run itself took (`_anchored`): the curve gives the shape,
-   the loop as it runs now the level.
+   decode tokens/s = tokens ÷ (Σ over the replayed steps of step_ms(profile, the prompt's mean context) + the
+   drafter's own time), i.e. τ ÷ step time; plain the same over one-slot steps. The model's lines are scaled so
+   that plain steps cost what the calibration run's own plain steps took (`StepModel.anchored`): the curve gives the
+   shape, the loop as it runs now the level.
 4. The best predicted settings (and plain decoding, and the shipped tree) measured on the evaluation prompts at
    T = 0, interleaved prompt by prompt; the winner is the fastest measured decode. Predicted and measured stand side
    by side in the report, with τ replayed over the evaluation prompts themselves (recorded too): the replay's own
-   error is the gap between that and the measured τ, the rest is the calibration prompts differing.
+   error is the gap between that and the measured τ, the rest is the calibration prompts differing; and the step
+   model priced on the measured run's own steps and contexts beside the measured step time: the step model's own
+   error.
 """
 
 from __future__ import annotations
@@ -32,13 +36,15 @@ from trtspec.bench.eagle_tree import depth_accuracies, drafting_ms, expected_len
 from trtspec.bench.eagle_tree import node_probabilities, record_features, roots, teacher_force
 from trtspec.bench.medusa_tree import expected_length as medusa_expected, greedy_tree
 from trtspec.bench.replay import HEAD_RANKS, Replayed, record_greedy, replay_drafter, replay_tree
+from trtspec.bench.step_time import StepModel, mean_past, measured_pasts, measure as measure_steps
 from trtspec.errors import ConfigError
 from trtspec.progress import progress_bar
 from trtspec.runtime.loop import GenerationConfig
-from trtspec.runtime.verify_curve import measure as measure_curve
 
 TRAINING_FREE = ("ngram", "suffix")
-CURVE_ROUNDS = 5  # the verify curve at the calibration context: rounds per profile (the cached curve's are 15)
+CURVE_ROUNDS = 5  # advise's verify curve at the requests' context: rounds per profile (the cached curve's are 15)
+# tune's curve at each of its three contexts: a noisy plain step there would scale every step (the anchor)
+STEP_MODEL_ROUNDS = 12
 PLAIN = "none"
 
 
@@ -81,9 +87,10 @@ class Setting:
 
 def split_prompts(options: TuneOptions, generator, show=print) -> tuple[list, list, dict]:
     """(calibration prompts, evaluation prompts, how they were split): a set's tune and measure splits where it has
-    them, else its first `evaluation` prompts for evaluation (what `trtspec bench --limit N` measures) and the next
-    `calibration` for calibration."""
-    from trtspec.bench.workload import load_bench_prompts
+    them; else the first `evaluation` prompts as `trtspec bench --limit N` takes them (a known set of several
+    categories: spread across them, `spread_categories`) and the next `calibration` of that same order, so both
+    are drawn across the categories and never share a prompt."""
+    from trtspec.bench.workload import load_bench_prompts, spreads
     from trtspec.data.prompts import PROMPT_SETS
 
     source = PROMPT_SETS.get(options.prompt_set)
@@ -99,16 +106,33 @@ def split_prompts(options: TuneOptions, generator, show=print) -> tuple[list, li
         both = load_bench_prompts(options.prompt_set, limit=options.evaluation + options.calibration, split=None,
                                   **common)
         evaluation, calibration = both[:options.evaluation], both[options.evaluation:]
-        how = {"evaluation": f"{options.prompt_set} prompts 1-{options.evaluation} (what `trtspec bench --limit "
+        spread = spreads(options.prompt_set)
+        order = f"{options.prompt_set} spread across its categories" if spread else f"{options.prompt_set}"
+        how = {"evaluation": f"{order}, prompts 1-{options.evaluation} (what `trtspec bench --limit "
                              f"{options.evaluation}` measures)",
-               "calibration": f"{options.prompt_set} prompts {options.evaluation + 1}-"
+               "calibration": f"{order}, prompts {options.evaluation + 1}-"
                               f"{options.evaluation + options.calibration}"}
+        if spread and len(evaluation) < len(source.categories):
+            n = len(source.categories)
+            how["note"] = (f"the evaluation holds {len(evaluation)} of {options.prompt_set}'s {n} categories, the "
+                           f"calibration every one: --evaluation {n} --calibration {2 * n} measures one of each and "
+                           "calibrates on two")
     if not calibration or not evaluation:
         raise ConfigError(f"--prompt-set {options.prompt_set}: {len(calibration)} calibration and {len(evaluation)} "
                           "evaluation prompts fit the engine; both need at least one (raise the limits)")
     how["calibration_ids"] = [p.id for p in calibration]
     how["evaluation_ids"] = [p.id for p in evaluation]
+    how["calibration_categories"] = _category_counts(calibration)
+    how["evaluation_categories"] = _category_counts(evaluation)
     return calibration, evaluation, how
+
+
+def _category_counts(prompts) -> dict[str, int]:
+    """Prompts per category, in the order the categories first appear."""
+    counts: dict[str, int] = {}
+    for p in prompts:
+        counts[p.category] = counts.get(p.category, 0) + 1
+    return counts
 
 
 def run_tune(options: TuneOptions, show=print) -> dict:
@@ -124,8 +148,8 @@ def run_tune(options: TuneOptions, show=print) -> dict:
     eagle = manifest.method.value == "eagle" and engine.has_eagle_draft
     k = engine.max_draft_len
     generator.generate(list(calibration[0].ids), GenerationConfig(max_tokens=8, no_spec=True))  # warm up
-    context = int(np.median([len(p.ids) for p in calibration])) + options.max_tokens // 2
-    timed = measure_curve(engine, rounds=CURVE_ROUNDS, past=context)  # at the calibration prompts' context length
+    lengths = [len(p.ids) for p in calibration]
+    unanchored = measure_steps(engine, measured_pasts(lengths, options.max_tokens), rounds=STEP_MODEL_ROUNDS)
     budgets = sorted({b for b in options.budgets if b <= k})
     skipped = sorted(b for b in options.budgets if b > k)
     eagle_depth = _eagle_depth(budgets, manifest, k) if eagle else 0
@@ -133,13 +157,20 @@ def run_tune(options: TuneOptions, show=print) -> dict:
     forced_s: dict[str, float] = {}  # the EAGLE draft's teacher forcing, seconds per prompt set
     recordings = _record(generator, calibration, options.max_tokens + k, heads, eagle_depth, "calibration", options,
                          forced_s)
-    curve = _anchored(timed, recordings)
-    settings = [Setting(PLAIN, PLAIN, 0, predicted=_predicted_plain(curve["step_ms"][0]))]
+    model = unanchored.anchored([(len(r.output_ids) - 1, mean_past(len(r.prompt_ids), len(r.output_ids) - 1),
+                                  r.plain_decode_s) for r in recordings])
+    context = float(np.median([mean_past(n, options.max_tokens - 1) for n in lengths]))
+    plain = Setting(PLAIN, PLAIN, 0)
+    plain.predicted = _predict(_replays(generator, plain, recordings, options.max_tokens, costs), lengths, model)
+    settings = [plain]
+    costing = {"lengths": lengths, "model": model, "prompts": len(evaluation),
+               "plain_ms": 1000 / plain.predicted["decode_tokens_per_s"] if plain.predicted["decode_tokens_per_s"]
+               else 0.0}
     for method in TRAINING_FREE if k >= 1 else ():
         for budget in budgets:
             setting = Setting(f"{method}/{budget}", method, budget)
-            setting.predicted = _prediction(*_replay(generator, setting, recordings, options.max_tokens, costs), curve)
-            _set_range(setting, generator, recordings, options.max_tokens, costs, curve, len(evaluation))
+            setting.predicted = _predict(_replays(generator, setting, recordings, options.max_tokens, costs),
+                                         **costing)
             settings.append(setting)
     accuracies, probabilities = None, None
     if heads:
@@ -147,10 +178,8 @@ def run_tune(options: TuneOptions, show=print) -> dict:
         head_ms = 1000 * sum(r.head_s for r in recordings) / max(1, sum(len(r.output_ids) for r in recordings))
         for name, choices in trees:
             expected = {"expected_tau_independent_heads": round(medusa_expected(accuracies, choices), 3)}
-            settings.append(_tree_setting(name, "medusa", choices, recordings, costs, curve, options.max_tokens,
+            settings.append(_tree_setting(name, "medusa", choices, recordings, costs, costing, options.max_tokens,
                                           head_ms, expected))
-            _set_range(settings[-1], generator, recordings, options.max_tokens, costs, curve, len(evaluation),
-                       head_ms)
     own = manifest.method.value
     if eagle:
         probabilities, trees = _eagle_trees(recordings, budgets, manifest, options.max_tokens, eagle_depth)
@@ -158,16 +187,14 @@ def run_tune(options: TuneOptions, show=print) -> dict:
                                options.max_tokens)
         for name, choices in trees:
             expected = {"expected_tau_per_root": round(eagle_expected(probabilities, choices), 3)}
-            settings.append(_tree_setting(name, "eagle", choices, recordings, costs, curve, options.max_tokens,
+            settings.append(_tree_setting(name, "eagle", choices, recordings, costs, costing, options.max_tokens,
                                           draft_ms[name], expected))
-            _set_range(settings[-1], generator, recordings, options.max_tokens, costs, curve, len(evaluation),
-                       draft_ms[name])
     elif own not in (PLAIN, "medusa"):  # EAGLE-2's dynamic tree: run on the calibration prompts
-        settings.append(_calibrated_setting(generator, own, calibration, options.max_tokens, curve))
+        settings.append(_calibrated_setting(generator, own, calibration, options.max_tokens, costing))
     chosen = _candidates(settings, options.candidates)
     held_out = _record(generator, evaluation, options.max_tokens + k, heads, eagle_depth, "evaluation", options,
                        forced_s)
-    _measure(generator, chosen, evaluation, options, show)
+    _measure(generator, chosen, evaluation, options, model, show)
     for s in chosen:  # the replay on the evaluation prompts themselves: how much of the error is the prompts'
         replayable = s.method in (PLAIN, "medusa", *TRAINING_FREE) or (s.method == "eagle" and eagle)
         s.measured["replayed_tau"] = _tau(*_replay(generator, s, held_out, options.max_tokens, costs)) \
@@ -176,8 +203,10 @@ def run_tune(options: TuneOptions, show=print) -> dict:
     return {
         "engine": str(options.engine), "method": manifest.method.value, "max_draft_len": k,
         "prompt_set": options.prompt_set, "split": split, "max_tokens": options.max_tokens, "temperature": 0,
-        "threads": options.threads, "spin": engine.spin, "verify_curve": timed.to_dict(), "curve_past": context,
-        "cached_verify_curve": costs.to_dict(), "anchored_curve": curve,
+        "threads": options.threads, "spin": engine.spin,
+        # the step model: the curve measured after several pasts, its lines, the acceptance, the anchor's scale;
+        # and its steps at the calibration prompts' median context, for a glance
+        "step_model": model.to_dict(at=context), "cached_verify_curve": costs.to_dict(),
         "budgets": budgets, "budgets_over_k": skipped,
         "head_accuracies": None if accuracies is None else [[round(x, 4) for x in row] for row in accuracies],
         "eagle_depth": eagle_depth or None,
@@ -291,23 +320,6 @@ def _candidates(settings: list[Setting], count: int) -> list[Setting]:
     return chosen
 
 
-def _predicted_plain(plain_ms: float) -> dict:
-    return {"tau": 1.0, "acceptance_rate": 0.0, "decode_tokens_per_s": round(1000 / plain_ms, 2) if plain_ms else 0.0,
-            "draft_ms_per_step": 0.0}
-
-
-def _anchored(costs, recordings) -> dict:
-    """The verify curve's milliseconds scaled so that its plain step equals the plain decode step the calibration
-    run measured (the curve's shape, the loop's level: a curve measured alone misses the loop's own work and the
-    machine's load of the moment)."""
-    tokens = sum(len(r.output_ids) - 1 for r in recordings)
-    plain_s = sum(r.plain_decode_s for r in recordings)
-    measured = 1000 * plain_s / tokens if tokens and plain_s else costs.step_ms[0]
-    scale = measured / costs.step_ms[0]
-    return {"profiles": list(costs.profiles), "step_ms": [round(ms * scale, 3) for ms in costs.step_ms],
-            "scale": round(scale, 4)}
-
-
 def _replay(generator, setting: Setting, recordings, max_tokens: int, costs) -> tuple:
     """(statistics, tokens after the first) of a setting replayed over recordings in order, learning as a run."""
     total = Replayed()
@@ -323,7 +335,8 @@ def _replays(generator, setting: Setting, recordings, max_tokens: int, costs) ->
     from trtspec.speculative.stats import SpecStats
 
     if setting.method == PLAIN:
-        return [Replayed(SpecStats(steps=n), n) for n in (min(max_tokens, len(r.output_ids)) - 1 for r in recordings)]
+        return [Replayed(SpecStats(steps=n, profile_steps={1: n} if n else {}), n)
+                for n in (min(max_tokens, len(r.output_ids)) - 1 for r in recordings)]
     if setting.method in ("medusa", "eagle"):  # a tree over the recorded ranks (the heads', the EAGLE draft's)
         return [Replayed(replay_tree([r], setting.choices, max_tokens, costs), min(max_tokens, len(r.output_ids)) - 1)
                 for r in recordings]
@@ -355,34 +368,49 @@ def speedup_range(per_prompt: list[tuple[int, float]], plain_ms: float, prompts:
     return [round(float(lo), 3), round(float(hi), 3)]
 
 
-def _predicted_ms(stats, curve: dict, draft_ms: float | None = None) -> float:
-    """A replay's predicted decode time: each step's profile at the anchored curve, plus the drafter's own time
-    (its measured time, or `draft_ms` a step)."""
-    step_ms = dict(zip(curve["profiles"], curve["step_ms"]))
-    verify = sum(step_ms[slots] * n for slots, n in stats.profile_steps.items())
-    return verify + (1000 * stats.draft_s if draft_ms is None else stats.steps * draft_ms)
+def _costed(replays: list[Replayed], lengths: list[int], model: StepModel,
+            draft_ms: float | None = None) -> list[tuple[int, float, float]]:
+    """Each replayed prompt's (tokens after the first, its steps' ms, its drafter's ms): the steps priced by the
+    step model after the prompt's mean context, the drafter's own measured time (or `draft_ms` a step)."""
+    return [(one.tokens, model.steps_ms(one.stats.profile_steps, mean_past(n, one.tokens)),
+             1000 * one.stats.draft_s if draft_ms is None else one.stats.steps * draft_ms)
+            for one, n in zip(replays, lengths)]
 
 
-def _set_range(setting: Setting, generator, recordings, max_tokens: int, costs, curve: dict, prompts: int,
-               draft_ms: float | None = None) -> None:
-    per = [(r.tokens, _predicted_ms(r.stats, curve, draft_ms))
-           for r in _replays(generator, setting, recordings, max_tokens, costs)]
-    setting.predicted["speedup_range"] = speedup_range(per, curve["step_ms"][0], prompts)
+def _predict(replays: list[Replayed], lengths: list[int], model: StepModel, plain_ms: float = 0.0, prompts: int = 0,
+             draft_ms: float | None = None) -> dict:
+    """τ, decode tokens/s and the steps' and drafter's ms of replayed prompts (`_costed`), and the speedup range
+    over `prompts` prompts drawn like them (`speedup_range`, against plain decoding's `plain_ms` a token)."""
+    costed = _costed(replays, lengths, model, draft_ms)
+    total = Replayed()
+    for one in replays:
+        total = total.merge(one)
+    stats, tokens = total.stats, total.tokens
+    verify_ms, own_ms = sum(v for _, v, _ in costed), sum(d for *_, d in costed)
+    ms = verify_ms + own_ms
+    out = {"tau": _tau(stats, tokens), "acceptance_rate": round(stats.acceptance_rate, 3),
+           "decode_tokens_per_s": round(1000 * tokens / ms, 2) if ms else 0.0,
+           "draft_ms_per_step": round(own_ms / stats.steps, 3) if stats.steps else 0.0,
+           "other_ms_per_step": round(verify_ms / stats.steps, 3) if stats.steps else 0.0,
+           "per_position_acceptance": [round(x, 3) for x in stats.per_position_acceptance],
+           "steps_per_profile": {str(s): n for s, n in sorted(stats.profile_steps.items())}}
+    if prompts:
+        out["speedup_range"] = speedup_range([(t, v + d) for t, v, d in costed], plain_ms, prompts)
+    return out
 
 
-def _calibrated_setting(generator, method: str, prompts, max_tokens: int, curve: dict) -> Setting:
+def _calibrated_setting(generator, method: str, prompts, max_tokens: int, costing: dict) -> Setting:
     """The engine's own dynamic tree (EAGLE-2), not replayed offline: run for real on the calibration prompts,
-    its steps and drafting time then costed on the curve as the replayed ones are."""
+    its steps and drafting time then costed by the step model as the replayed ones are."""
     from trtspec.runtime.loop import GenerationConfig, generate
-    from trtspec.speculative.stats import SpecStats
 
     config = GenerationConfig(max_tokens=max_tokens, end_id=generator.manifest.model.end_id)
-    stats, tokens = SpecStats(), 0
+    runs = []
     for p in prompts:
         result = generate(generator.engine, list(p.ids), generator.proposer(GenerationConfig(method=method)), config)
-        stats, tokens = stats.merge(result.stats), tokens + len(result.output_ids) - 1
+        runs.append(Replayed(result.stats, len(result.output_ids) - 1))
     setting = Setting(f"{method} (shipped)", method, generator.engine.max_draft_len)
-    setting.predicted = {**_prediction(stats, tokens, curve), "calibration": "run, not replayed"}
+    setting.predicted = {**_predict(runs, **costing), "calibration": "run, not replayed"}
     return setting
 
 
@@ -390,39 +418,26 @@ def _tau(stats, tokens: int) -> float:
     return round(tokens / stats.steps, 3) if stats.steps else 1.0
 
 
-def _tree_setting(name: str, method: str, choices, recordings, costs, curve: dict, max_tokens: int,
+def _tree_setting(name: str, method: str, choices, recordings, costs, costing: dict, max_tokens: int,
                   draft_ms: float, expected: dict) -> Setting:
     """A Medusa or EAGLE-1 tree replayed over the recorded ranks, its drafter's time per step (`draft_ms`: the
     heads' run, or the EAGLE proposer's drafting) added to every step."""
     setting = Setting(name, method, len(choices), choices)
-    stats, tokens = _replay(None, setting, recordings, max_tokens, costs)
-    stats.draft_s = stats.steps * draft_ms / 1000
-    setting.predicted = {**_prediction(stats, tokens, curve), **expected}
+    setting.predicted = {**_predict(_replays(None, setting, recordings, max_tokens, costs), **costing,
+                                    draft_ms=draft_ms), **expected}
     return setting
 
 
-def _prediction(stats, tokens: int, curve: dict) -> dict:
-    """τ and decode tokens/s of replayed steps: each step's profile at the anchored curve's milliseconds, plus the
-    drafter's own time."""
-    step_ms = dict(zip(curve["profiles"], curve["step_ms"]))
-    verify_ms = sum(step_ms[slots] * n for slots, n in stats.profile_steps.items())
-    ms = verify_ms + 1000 * stats.draft_s
-    return {"tau": _tau(stats, tokens), "acceptance_rate": round(stats.acceptance_rate, 3),
-            "decode_tokens_per_s": round(1000 * tokens / ms, 2) if ms else 0.0,
-            "draft_ms_per_step": round(1000 * stats.draft_s / stats.steps, 3) if stats.steps else 0.0,
-            "other_ms_per_step": round(verify_ms / stats.steps, 3) if stats.steps else 0.0,
-            "per_position_acceptance": [round(x, 3) for x in stats.per_position_acceptance],
-            "steps_per_profile": {str(s): n for s, n in sorted(stats.profile_steps.items())}}
-
-
-def _measure(generator, settings: list[Setting], prompts, options: TuneOptions, show) -> None:
-    """Every setting on every evaluation prompt, T = 0, the order rotating per prompt; decode tokens/s and τ."""
+def _measure(generator, settings: list[Setting], prompts, options: TuneOptions, model: StepModel, show) -> None:
+    """Every setting on every evaluation prompt, T = 0, the order rotating per prompt; decode tokens/s and τ, and
+    the step model priced on each run's own steps and contexts (what it would have predicted knowing them)."""
     from trtspec.runtime.loop import GenerationConfig, generate
     from trtspec.speculative.stats import SpecStats
 
     config = GenerationConfig(max_tokens=options.max_tokens, end_id=generator.manifest.model.end_id)
     learnt = {s.name: _learning_state() for s in settings}
-    sums = {s.name: {"tokens": 0, "decode_s": 0.0, "stats": SpecStats(), "outputs": []} for s in settings}
+    sums = {s.name: {"tokens": 0, "decode_s": 0.0, "stats": SpecStats(), "outputs": [], "modelled_ms": 0.0}
+            for s in settings}
     for s in settings:  # warm-up
         generate(generator.engine, list(prompts[0].ids), _proposer(generator, s, learnt[s.name]),
                  GenerationConfig(max_tokens=8, end_id=config.end_id))
@@ -438,6 +453,8 @@ def _measure(generator, settings: list[Setting], prompts, options: TuneOptions, 
                 acc["decode_s"] += result.total_s - result.ttft_s
                 acc["stats"] = acc["stats"].merge(result.stats)
                 acc["outputs"].append(result.output_ids)
+                acc["modelled_ms"] += model.steps_ms(result.stats.profile_steps,
+                                                     mean_past(len(prompt.ids), len(result.output_ids) - 1))
                 advance()
     plain = sums[PLAIN]
     for s in settings:
@@ -452,6 +469,9 @@ def _measure(generator, settings: list[Setting], prompts, options: TuneOptions, 
                       # the rest of a step (the verify step, acceptance, the loop), beside the curve's prediction
                       "other_ms_per_step": round(1000 * (acc["decode_s"] - acc["stats"].draft_s) / acc["stats"].steps,
                                                  3) if acc["stats"].steps else 0.0,
+                      # the step model on this run's own steps (profiles, contexts): its error beside the line above
+                      "modelled_ms_per_step": round(acc["modelled_ms"] / acc["stats"].steps, 3)
+                      if acc["stats"].steps else 0.0,
                       "identical": f"{sum(a == b for a, b in zip(acc['outputs'], plain['outputs']))}/{len(prompts)}"}
         base = plain["tokens"] / plain["decode_s"] if plain["decode_s"] else 0.0
         s.measured["speedup"] = round(tps / base, 3) if base else None
@@ -497,15 +517,15 @@ def format_tune(report: dict) -> list[str]:
     lines = [f"engine {report['engine']} (method {report['method']}, K {report['max_draft_len']}), "
              f"{report['max_tokens']} tokens, T = 0, load average {report['load_average']['before'][0]} / "
              f"{report['load_average']['after'][0]}",
-             f"calibration: {split['calibration']}; evaluation: {split['evaluation']}",
-             f"verify curve after {report['curve_past']} tokens: " + ", ".join(f"{p} slots {ms:.1f} ms" for p, ms in
-                                          zip(report["verify_curve"]["profiles"], report["verify_curve"]["step_ms"]))
-             + f"; scaled x{report['anchored_curve']['scale']:.2f} to the calibration run's plain step"]
+             f"calibration: {split['calibration']}{_categories(split.get('calibration_categories'))}; "
+             f"evaluation: {split['evaluation']}{_categories(split.get('evaluation_categories'))}",
+             *([split["note"]] if split.get("note") else []),
+             _format_model(report["step_model"])]
     if report["budgets_over_k"]:
         lines.append(f"budgets over K = {report['max_draft_len']} left out: {report['budgets_over_k']}")
     lines.append(f"{'setting':<20} {'pred τ':>6} {'pred tok/s':>10} {'pred x':>7} | {'meas τ':>6} {'meas tok/s':>10} "
                  f"{'meas x':>7} {'error':>6} {'x error':>7} {'same':>5} {'replayed τ on eval':>18} "
-                 f"{'ms/step pred':>13} {'ms/step meas':>13}")
+                 f"{'ms/step pred':>13} {'ms/step meas':>13} {'model on meas':>13}")
     for s in report["settings"]:
         p, m = s["predicted"], s["measured"]
         row = f"{s['name']:<20} {p['tau']:>6.2f} {p['decode_tokens_per_s']:>10.1f} {_x(p.get('speedup')):>7} |"
@@ -514,7 +534,7 @@ def format_tune(report: dict) -> list[str]:
             x_err = "-" if m.get("speedup_error") is None else f"{m['speedup_error']:+.0%}"
             row += (f" {m['tau']:>6.2f} {m['decode_tokens_per_s']:>10.1f} {_x(m['speedup']):>7} {err:>6} {x_err:>7} "
                     f"{m['identical']:>5} {_num(m.get('replayed_tau')):>18} "
-                    f"{_split_ms(p):>13} {_split_ms(m):>13}")
+                    f"{_split_ms(p):>13} {_split_ms(m):>13} {_num(m.get('modelled_ms_per_step'), 1):>13}")
         lines.append(row)
     for s in report["settings"]:
         span, m = s["predicted"].get("speedup_range"), s["measured"]
@@ -529,6 +549,23 @@ def format_tune(report: dict) -> list[str]:
     return lines
 
 
+def _format_model(model: dict) -> str:
+    """The verify curve where it was measured, the acceptance, the anchor's scale."""
+    pasts = " / ".join(str(p) for p in model["pasts"])
+    per_profile = ", ".join(f"{p} slots " + " / ".join(f"{row[i]:.1f}" for row in model["measured_ms"])
+                            + (f" + {model['acceptance_ms'][i]:.2f}" if model["acceptance_ms"][i] >= 0.005 else "")
+                            for i, p in enumerate(model["profiles"]))
+    return (f"verify step ms after {pasts} tokens (+ acceptance): {per_profile}; scaled x{model['scale']:.2f} to the "
+            f"calibration run's plain steps")
+
+
+def _categories(counts: dict | None) -> str:
+    """" (writing 1, roleplay 2)": a split's categories; nothing for a set of one category."""
+    if not counts or len(counts) < 2:
+        return ""
+    return " (" + ", ".join(f"{c} {n}" for c, n in counts.items()) + ")"
+
+
 def _split_ms(figures: dict) -> str:
     """A step's milliseconds as the rest of the step + the drafter's."""
     if figures.get("other_ms_per_step") is None:
@@ -536,8 +573,8 @@ def _split_ms(figures: dict) -> str:
     return f"{figures['other_ms_per_step']:.1f}+{figures.get('draft_ms_per_step') or 0:.1f}"
 
 
-def _num(value) -> str:
-    return "-" if value is None else f"{value:.2f}"
+def _num(value, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _x(value) -> str:

@@ -60,14 +60,16 @@ class Timed:
 
 def load_bench_prompts(name: str, *, limit: int | None, split: str | None = "measure",
                        generator=None, max_tokens: int = 128, show=print) -> list[BenchPrompt]:
-    """A set's measured prompts (its measurement split where it has one); with an in-process `generator`, their
-    ids too, dropping those that do not fit the engine. Two-turn sets ask the second turn after the engine's own
-    plain, greedy first answer (in process only). May be empty."""
+    """A set's first `limit` measured prompts: its measurement split where it has one, else, for a known set of
+    several categories, its prompts spread across them (`spread_categories`: MT-Bench's first 8 are one of each
+    category, not its first 8 writing prompts); a .jsonl file's in its order. With an in-process `generator`,
+    their ids too, dropping those that do not fit the engine. Two-turn sets ask the second turn after the
+    engine's own plain, greedy first answer (in process only). May be empty."""
     from trtspec.data.prompts import PROMPT_SETS, load_prompts, second_turn
 
     source = PROMPT_SETS.get(name)
     use_split = split if source is not None and source.measure_size else None
-    prompts = load_prompts(name, limit=limit, split=use_split)
+    prompts = load_prompts(name, limit=limit, split=use_split, spread=use_split is None and spreads(name))
     out = []
     for p in prompts:
         messages = tuple(p.messages)
@@ -88,6 +90,15 @@ def load_bench_prompts(name: str, *, limit: int | None, split: str | None = "mea
             continue
         out.append(BenchPrompt(p.id, p.category, messages, tuple(ids)))
     return out
+
+
+def spreads(name: str) -> bool:
+    """Whether `load_bench_prompts` takes a set spread across its categories: a known set of several categories
+    without a measurement split."""
+    from trtspec.data.prompts import PROMPT_SETS
+
+    source = PROMPT_SETS.get(name)
+    return source is not None and not source.measure_size and len(source.categories) > 1
 
 
 class LocalTarget:

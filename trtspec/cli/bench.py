@@ -58,7 +58,9 @@ def _csv(kind):
 @click.option("--prompt-set", default="mt-bench", show_default=True,
               help="mt-bench, mt-bench-2turn (in process), humaneval, sharegpt, champ, sharegpt-grounded, code-edit "
                    "(their measure split) or a .jsonl file.")
-@click.option("--limit", type=click.IntRange(min=1), default=8, show_default=True, help="The set's first N prompts.")
+@click.option("--limit", type=click.IntRange(min=1), default=8, show_default=True,
+              help="The set's first N prompts (its measure split's; a set stored by category, e.g. mt-bench: spread "
+                   "across its categories).")
 @click.option("--method", "methods", callback=_csv(str), metavar="A,B",
               help="Drafters measured beside plain decoding (default: the engine's own; served: the deployment's).")
 @click.option("--concurrency", callback=_csv(int), default="1", show_default=True, metavar="1,4,16",
@@ -103,7 +105,8 @@ def bench_run(engine: Path | None, url: str | None, methods, concurrency, peers,
 @bench.command("perf-input")
 @click.option("--prompt-set", default="mt-bench", show_default=True,
               help="A known set (its measure split; first turns) or a .jsonl file.")
-@click.option("--limit", type=click.IntRange(min=1), default=16, show_default=True, help="The set's first N prompts.")
+@click.option("--limit", type=click.IntRange(min=1), default=16, show_default=True,
+              help="The set's first N prompts (spread across its categories, as `bench --limit` takes them).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens per request.")
 @click.option("--method", help="trtspec's CPU flavour: the drafter every request asks for (draft_method).")
 @click.option("--no-spec", is_flag=True, help="trtspec's CPU flavour: speculation off (use_speculation false).")

@@ -15,7 +15,8 @@ from trtspec.cli.bench import _csv
 @click.argument("engine", type=EXISTING_DIR)
 @click.option("--prompt-set", default="sharegpt-grounded", show_default=True,
               help="Calibrate on its tune split, measure on its measure split (sets without splits: the first "
-                   "--evaluation prompts are measured, the next --calibration calibrate).")
+                   "--evaluation prompts, as `bench --limit N` takes them, spread across the set's categories, "
+                   "are measured; the next --calibration of that order calibrate).")
 @click.option("--budget", "budgets", callback=_csv(int), default="4,8,16,32", show_default=True, metavar="4,8,16,32",
               help="Draft nodes per step to try (those over the engine's K are left out).")
 @click.option("--calibration", type=click.IntRange(min=1), default=12, show_default=True,
@@ -69,7 +70,8 @@ def tune(engine: Path, write_recipe: Path | None, template: Path | None, as_json
               help="The traffic's concurrent requests (in process: at most the engine's max_batch_size).")
 @click.option("--method", "methods", callback=_csv(str), metavar="A,B",
               help="Candidates (default: the engine's own drafter, ngram and suffix where it runs them).")
-@click.option("--limit", type=click.IntRange(min=1), default=4, show_default=True, help="Prompts measured.")
+@click.option("--limit", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Prompts measured (as `bench --limit` takes them).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens per prompt.")
 @click.option("--threads", type=int, default=2, show_default=True, help="ONNX Runtime intra-op threads.")
 @click.option("--spin/--no-spin", default=None, help=SPIN_HELP)

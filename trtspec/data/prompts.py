@@ -26,6 +26,10 @@ rules are restated, with examples, in docs/prompt-sets.md:
 
 `sharegpt-grounded` and `code-edit` have splits: `load_prompts(..., split="measure")` is the first
 MEASURE_SIZE (40) prompts, `split="tune"` the rest; tune drafters on one, measure on the other.
+
+Sets stored by category (MT-Bench: ten writing prompts, then ten roleplay, ...) can be read spread across their
+categories instead (`load_prompts(..., spread=True)`, `spread_categories`): every first N then holds the categories
+in about the set's proportions, which is how `trtspec bench --limit N` and `trtspec tune` take them.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import logging
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -275,11 +280,12 @@ def prompt_set_names() -> tuple[str, ...]:
 
 
 def load_prompts(name: str, *, limit: int | None = None, category: str | None = None,
-                 split: str | None = None) -> list[Prompt]:
+                 split: str | None = None, spread: bool = False) -> list[Prompt]:
     """Load the first `limit` prompts (of one category, if given) of a known set or a .jsonl file, in order.
 
     `split` ("measure" or "tune", sets with a `measure_size` only) first keeps the set's first
     `measure_size` prompts or the rest; the category and the limit then apply within the split.
+    `spread` orders the prompts across their categories first (`spread_categories`), then takes the limit.
     """
     source = PROMPT_SETS.get(name)
     if source is None and not name.endswith(".jsonl"):
@@ -304,7 +310,26 @@ def load_prompts(name: str, *, limit: int | None = None, category: str | None = 
         prompts = itertools.islice(prompts, source.measure_size)
     elif split == "tune":
         prompts = itertools.islice(prompts, source.measure_size, None)
+    if spread:
+        prompts = iter(spread_categories(list(prompts)))
     return _take(prompts, limit, category)
+
+
+def spread_categories(prompts: list[Prompt]) -> list[Prompt]:
+    """The prompts reordered so that every first N holds each category in about its share of the whole: the i-th
+    prompt (from 0) of a category of n stands at (i + 1/2) / n, ties in the order the categories first appear,
+    each category keeping its own order. Deterministic; one category (or none) leaves the order as it is. Ten
+    prompts in each of MT-Bench's eight categories: the first of each category in turn, then the second, ..."""
+    sizes: dict[str, int] = {}
+    for p in prompts:
+        sizes[p.category] = sizes.get(p.category, 0) + 1
+    first = {c: i for i, c in enumerate(sizes)}
+    seen: dict[str, int] = {}
+    keyed = []
+    for p in prompts:
+        i = seen[p.category] = seen.get(p.category, -1) + 1
+        keyed.append((Fraction(2 * i + 1, 2 * sizes[p.category]), first[p.category], i, p))
+    return [p for *_, p in sorted(keyed, key=lambda k: k[:3])]
 
 
 def generation_inputs(*, prompt: str | None = None, prompts_file: Path | str | None = None,

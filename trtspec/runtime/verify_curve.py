@@ -45,13 +45,15 @@ def curve_key(engine) -> dict:
             "past": min(PAST_TOKENS, engine.manifest.profile.max_input_len), "onnxruntime": onnxruntime.__version__}
 
 
-def measure(engine, *, rounds: int = ROUNDS, past: int = PAST_TOKENS) -> StepCosts:
-    """Time one verify step per profile (and the plain one-slot step) over one sequence, rounds alternating; then
-    the same over a batch of min(max_batch_size, BATCH) sequences (fewer rounds: the in-flight batch's budget)."""
+def measure(engine, *, rounds: int = ROUNDS, past: int = PAST_TOKENS, batch: bool = True) -> StepCosts:
+    """Time one verify step per profile (and the plain one-slot step) over one sequence after `past` tokens (up to
+    max_seq_len less the largest profile: a past longer than max_input_len is prefilled in chunks), rounds
+    alternating; then, unless `batch` is False, the same over a batch of min(max_batch_size, BATCH) sequences
+    (fewer rounds: the in-flight batch's budget)."""
     profiles = (1, *engine.slot_profiles)
-    past = max(1, min(past, engine.manifest.profile.max_input_len))
+    past = max_past(engine, past)
     ms = _times(engine, profiles, 1, rounds, past)
-    batch = min(engine.manifest.profile.max_batch_size, BATCH) if isinstance(engine, BatchedEngine) else 1
+    batch = min(engine.manifest.profile.max_batch_size, BATCH) if batch and isinstance(engine, BatchedEngine) else 1
     batch_ms = _times(engine, profiles, batch, BATCH_ROUNDS, past) if batch > 1 else []
     # rounded as the cache stores them, so a curve read back equals the one measured
     return StepCosts(profiles, tuple(round(t / ms[0], 4) for t in ms), tuple(round(t, 3) for t in ms),
@@ -65,9 +67,11 @@ def _times(engine, profiles: tuple[int, ...], batch: int, rounds: int, past: int
     rng = np.random.default_rng(0)
     seqs = [engine.open() for _ in range(batch)]
     times: dict[int, list[float]] = {p: [] for p in profiles}
+    chunk = engine.manifest.profile.max_input_len
     try:
         for seq in seqs:
-            engine.prefill(seq, rng.integers(0, engine.vocab_size, past))
+            for start in range(0, past, chunk):
+                engine.prefill(seq, rng.integers(0, engine.vocab_size, min(chunk, past - start)))
         for r in range(rounds + 1):
             for slots in profiles if r % 2 else profiles[::-1]:
                 tree = chain_tree(slots - 1)
@@ -86,13 +90,18 @@ def _times(engine, profiles: tuple[int, ...], batch: int, rounds: int, past: int
     return ms
 
 
+def max_past(engine, past: int) -> int:
+    """`past` within what a verify step can follow: 1 to max_seq_len less the largest slot profile."""
+    return max(1, min(int(past), engine.manifest.profile.max_seq_len - max(engine.slot_profiles, default=1)))
+
+
 def load_or_measure(engine) -> StepCosts:
     """The cached curve when it matches this engine and machine setup, else a fresh measurement (then cached)."""
     key, path = curve_key(engine), Path(engine.engine_dir) / CURVE_FILE
     cached = _read(path, key)
     if cached is not None:
         return cached
-    costs = measure(engine)
+    costs = measure(engine, past=key["past"])
     log.info("verify curve of %s: %s", engine.engine_dir,
              ", ".join(f"{p} slots {c:.2f}x" for p, c in zip(costs.profiles, costs.relative)))
     save(path, key, costs)
