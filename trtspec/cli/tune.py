@@ -19,9 +19,9 @@ from trtspec.cli.bench import _csv
                    "are measured; the next --calibration of that order calibrate).")
 @click.option("--budget", "budgets", callback=_csv(int), default="4,8,16,32", show_default=True, metavar="4,8,16,32",
               help="Draft nodes per step to try (those over the engine's K are left out).")
-@click.option("--calibration", type=click.IntRange(min=1), default=12, show_default=True,
+@click.option("--calibration", type=click.IntRange(min=1), default=16, show_default=True,
               help="Calibration prompts, decoded once and replayed.")
-@click.option("--evaluation", type=click.IntRange(min=1), default=4, show_default=True,
+@click.option("--evaluation", type=click.IntRange(min=1), default=8, show_default=True,
               help="Held-out prompts the best candidates are measured on.")
 @click.option("--candidates", type=click.IntRange(min=1), default=3, show_default=True,
               help="Best predicted settings measured (with plain decoding, each method's best and the shipped tree).")
