@@ -8,7 +8,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from trtspec.bench.advise import GO_MARGIN, GO_TAU, decide
+from trtspec.bench.advise import GO_MARGIN, GO_TAU, decide, format_advice
 from trtspec.cli import cli
 from trtspec.speculative.step_costs import StepCosts
 
@@ -81,3 +81,5 @@ def test_advise_command_on_a_tiny_engine(tmp_path_factory):
     text = CliRunner().invoke(cli, ["advise", str(root / "engine"), "--prompt-set", str(prompts), "--max-tokens", "8",
                                     "--threads", "1", "--no-progress"])
     assert text.exit_code == 0 and ("GO:" in text.stdout or "NO-GO:" in text.stdout), text.output
+    assert "speedup per method at concurrency 1: " in text.stdout and "; at 1:" not in text.stdout  # said once
+    assert "; at 1: " in "\n".join(format_advice(advice))  # at C = 2 both

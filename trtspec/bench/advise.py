@@ -166,8 +166,9 @@ def format_advice(advice: dict) -> list[str]:
              f"{advice['temperature']:g}, concurrency {advice['concurrency']}", head]
     for r in advice["reasons"]:
         lines.append(f"  {'+' if r['favours_speculation'] else '-'} {r['name']}: {r['text']}")
+    at_one = "" if advice["concurrency"] == 1 else "; at 1: " + ", ".join(
+        f"{m} {x:.2f}x" for m, x in advice["speedup_at_1"].items() if x)  # at 1 the same figures: said once
     lines.append("  speedup per method at concurrency " + f"{advice['concurrency']}: "
-                 + ", ".join(f"{m} {x:.2f}x" for m, x in advice["speedups"].items())
-                 + "; at 1: " + ", ".join(f"{m} {x:.2f}x" for m, x in advice["speedup_at_1"].items() if x))
+                 + ", ".join(f"{m} {x:.2f}x" for m, x in advice["speedups"].items()) + at_one)
     lines.append(f"  next: {rec['hint']}")
     return lines
