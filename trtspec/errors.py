@@ -25,6 +25,10 @@ class RuntimeEngineError(TrtspecError):
     """The engine runtime failed to serve a request."""
 
 
+class NativeLibraryError(TrtspecError):
+    """trtspec's compiled ONNX Runtime ops (trtspec/native) are not built, or cannot be built or loaded."""
+
+
 class RepositoryError(TrtspecError):
     """A Triton model repository cannot be written or is inconsistent."""
 
