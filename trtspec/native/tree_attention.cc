@@ -165,7 +165,7 @@ constexpr int kWidth = 16;
 typedef float Vec __attribute__((vector_size(kWidth * sizeof(float))));
 typedef int32_t IVec __attribute__((vector_size(kWidth * sizeof(int32_t))));
 
-inline Vec splat(float x) { return Vec{} + x; }
+inline Vec splat(float x) { return Vec{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }  // (not 0 + x: an add)
 
 inline Vec load(const float* p) {
   Vec v;
@@ -291,6 +291,23 @@ thread_local std::vector<Vec> t_scratch;
 
 constexpr int kRowBlock = 4;  // query rows whose output accumulators advance together over the values
 
+// acc[t] = sum over the past keys k, in order, of e[t][k] v_k (fused multiply-adds from zero), for N rows at once
+template <int C, int N>
+inline void accumulate_past(Vec (*acc)[C], const float* const* e, const float* values, int past, int hd, int tail) {
+  Vec sum[N][C];
+  for (int t = 0; t < N; ++t)
+    for (int c = 0; c < C; ++c) sum[t][c] = Vec{};
+  for (int k = 0; k < past; ++k) {
+    const float* value = values + size_t(k) * hd;
+    for (int c = 0; c < C; ++c) {
+      const Vec v = c + 1 < C ? load(value + c * kWidth) : load_part(value + c * kWidth, tail);
+      for (int t = 0; t < N; ++t) sum[t][c] = fma(splat(e[t][k]), v, sum[t][c]);
+    }
+  }
+  for (int t = 0; t < N; ++t)
+    for (int c = 0; c < C; ++c) acc[t][c] = sum[t][c];
+}
+
 // Attention of query heads [h_begin, h_end) of kv head `kvh` in batch row b, over all T slots, for a head of C
 // 16-float chunks (the last one `tail` = 8 or 16 floats wide). Key and value vectors are read once per block of
 // rows; each row's softmax sum and output accumulate key by key in key order. C is a compile-time constant so that
@@ -384,16 +401,13 @@ void attend(const Problem& p, int b, int kvh, int h_begin, int h_end) {
     // outputs: sum_k e_k v_k, lane by lane over hd, keys in order, fused multiply-adds from zero; the rows of the
     // block share each value vector
     Vec acc[kRowBlock][C];
-    for (int t = 0; t < kRowBlock; ++t)
-      for (int c = 0; c < C; ++c) acc[t][c] = Vec{};
     const float* e[kRowBlock];
-    for (int t = 0; t < kRowBlock; ++t) e[t] = score + size_t(r0 + std::min(t, n - 1)) * width;
-    for (int k = 0; k < past; ++k) {
-      const float* value = values + size_t(k) * hd;
-      for (int c = 0; c < C; ++c) {
-        const Vec v = c + 1 < C ? load(value + c * kWidth) : load_part(value + c * kWidth, tail);
-        for (int t = 0; t < kRowBlock; ++t) acc[t][c] = fma(splat(e[t][k]), v, acc[t][c]);  // rows >= n: unused
-      }
+    for (int t = 0; t < n; ++t) e[t] = score + size_t(r0 + t) * width;
+    switch (n) {
+      case 1: accumulate_past<C, 1>(acc, e, values, past, hd, tail); break;
+      case 2: accumulate_past<C, 2>(acc, e, values, past, hd, tail); break;
+      case 3: accumulate_past<C, 3>(acc, e, values, past, hd, tail); break;
+      default: accumulate_past<C, kRowBlock>(acc, e, values, past, hd, tail); break;
     }
     for (int j = 0; j < slots; ++j) {
       const float* value = values + size_t(past + j) * hd;
