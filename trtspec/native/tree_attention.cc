@@ -17,14 +17,20 @@
 // RoPE is the half-split form (GroupQueryAttention's do_rotary=1, rotary_interleaved=0). Query row (b, r, h) attends
 // to cache positions 0 .. past_b - 1, then to the new slots j with mask[b, r, j], in slot order.
 //
-// Why a row's result is invariant (the point of the op): a row's scores are dot products from one function (fixed
-// lane split, fixed final reduction), its maximum is exact, its exponentials come from one scalar expf each, and its
-// sum of exponentials and its output sum_j p_j v_j accumulate key by key in key order (vectorised only across the
-// independent hd lanes). Masked slots are skipped, never added as zeros. Work is split across threads by whole query
-// rows. So a row computes the same bits whether its call has 1 or 17 slots, whichever slot columns its ancestors sit
-// in, in a batch of 1 or 4, on 1 or 2 threads: its keys arrive in the same order (past, then ancestors, then itself)
-// through the same code. The build compiles with -fno-fast-math -ffp-contract=off so that no expression is
-// reassociated or fused differently in two places.
+// Why a row's result is invariant (the point of the op): every number a row needs is an elementwise function of its
+// operands or a sum in an order fixed by the source, never by the call's shape:
+//   - a score q.k: 16 lane sums, each a chain of fused multiply-adds over the head's 16-float chunks in order, then
+//     the 16 lanes added in one fixed tree (the same tree for every (row, key) pair, whichever block, lane or call);
+//   - the maximum over the visible keys (exact in any order);
+//   - exp(score - max): one vectorised function (range reduction and a polynomial), the same operations in every
+//     lane, used for every element (not libm's expf: scalar expf cost a quarter of the kernel);
+//   - the sum of the exponentials and the output sum_k e_k v_k: accumulated key by key in key order (the past, then
+//     the visible slots by index), vectorised only across rows (the sums) or the hd lanes (the outputs).
+// Masked slots are skipped, never added as zeros. Work is split across threads by whole query rows. So a row computes
+// the same bits whether its call has 1 or 17 slots, wherever its ancestors sit among the slots, in a batch of 1 or 4,
+// on 1 or 2 threads: its keys arrive in the same order (past, ancestors, itself) through the same arithmetic. The
+// build uses -fno-fast-math -ffp-contract=off so that no expression is reassociated, or fused in one place and not
+// another; the fused multiply-adds are explicit (all of them, or none where the CPU has no FMA).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -255,7 +261,8 @@ inline Vec reduce_16(Vec partial[kWidth]) {
   return tree_level(three[0], three[1], l4_low, l4_high);
 }
 
-// half-split rotary embedding of one head vector: out[i] = x[i] cos - x[i + h] sin, out[i + h] = x[i + h] cos + x[i] sin
+// half-split rotary embedding of one head vector (h = hd / 2):
+// out[i] = x[i] cos - x[i + h] sin, out[i + h] = x[i + h] cos + x[i] sin
 inline void rope(const float* x, const float* cos, const float* sin, int hd, float* out) {
   const int half = hd / 2;
   for (int i = 0; i < half; ++i) {
@@ -282,16 +289,23 @@ struct Problem {
   unsigned int csr;  // the calling thread's MXCSR (flush-to-zero / denormals-are-zero), set on every worker
 #endif
   size_t qkv_width() const { return size_t(heads + 2 * kv_heads) * hd; }
-  size_t cache_offset(int b, int kvh, int64_t row) const { return ((size_t(b) * kv_heads + kvh) * capacity + row) * hd; }
+  size_t cache_offset(int b, int kvh, int64_t row) const {
+    return ((size_t(b) * kv_heads + kvh) * capacity + row) * hd;
+  }
 };
 
-// per-thread scratch: rotated queries, each row's scores then exponentials, sums, output accumulators
+// per-thread scratch: the unit's rotated queries, then its rows' scores (turned into exponentials in place)
 thread_local std::vector<Vec> t_scratch;
-
 
 constexpr int kRowBlock = 4;  // query rows whose output accumulators advance together over the values
 
 // acc[t] = sum over the past keys k, in order, of e[t][k] v_k (fused multiply-adds from zero), for N rows at once
+// chunk c of a head vector of C chunks: 16 floats, or `tail` (8 or 16) for the last one, zeros after them
+template <int C>
+inline Vec chunk(const float* row, int c, int tail) {
+  return c + 1 < C ? load(row + c * kWidth) : load_part(row + c * kWidth, tail);
+}
+
 template <int C, int N>
 inline void accumulate_past(Vec (*acc)[C], const float* const* e, const float* values, int past, int hd, int tail) {
   Vec sum[N][C];
@@ -300,7 +314,7 @@ inline void accumulate_past(Vec (*acc)[C], const float* const* e, const float* v
   for (int k = 0; k < past; ++k) {
     const float* value = values + size_t(k) * hd;
     for (int c = 0; c < C; ++c) {
-      const Vec v = c + 1 < C ? load(value + c * kWidth) : load_part(value + c * kWidth, tail);
+      const Vec v = chunk<C>(value, c, tail);
       for (int t = 0; t < N; ++t) sum[t][c] = fma(splat(e[t][k]), v, sum[t][c]);
     }
   }
@@ -333,7 +347,7 @@ void attend(const Problem& p, int b, int kvh, int h_begin, int h_end) {
     for (int h = h_begin; h < h_end; ++h) {
       rope(x + size_t(h) * hd, p.cos + size_t(pos) * (hd / 2), p.sin + size_t(pos) * (hd / 2), hd, rotated);
       Vec* qi = q + size_t(r * hn + h - h_begin) * C;
-      for (int c = 0; c < C; ++c) qi[c] = load_part(rotated + c * kWidth, c + 1 < C ? kWidth : tail);
+      for (int c = 0; c < C; ++c) qi[c] = chunk<C>(rotated, c, tail);
     }
   }
 
@@ -349,19 +363,15 @@ void attend(const Problem& p, int b, int kvh, int h_begin, int h_end) {
       Vec qi[C];
       for (int c = 0; c < C; ++c) qi[c] = q[size_t(i) * C + c];
       Vec partial[kWidth];
-      if (count == kWidth) {
-        for (int j = 0; j < kWidth; ++j) partial[j] = fma(qi[0], C > 1 ? load(key + j * hd) : load_part(key + j * hd, tail), Vec{});
+      if (count == kWidth) {  // 16 keys' chains side by side
+        for (int j = 0; j < kWidth; ++j) partial[j] = fma(qi[0], chunk<C>(key + j * hd, 0, tail), Vec{});
         for (int c = 1; c < C; ++c)
-          for (int j = 0; j < kWidth; ++j)
-            partial[j] = fma(qi[c], c + 1 < C ? load(key + j * hd + c * kWidth) : load_part(key + j * hd + c * kWidth, tail),
-                             partial[j]);
-      } else {
+          for (int j = 0; j < kWidth; ++j) partial[j] = fma(qi[c], chunk<C>(key + j * hd, c, tail), partial[j]);
+      } else {  // the last block: the same chains for the keys there are, zeros after them
         for (int j = 0; j < kWidth; ++j) partial[j] = Vec{};
         for (int j = 0; j < count; ++j) {
-          partial[j] = fma(qi[0], C > 1 ? load(key + j * hd) : load_part(key + j * hd, tail), Vec{});
-          for (int c = 1; c < C; ++c)
-            partial[j] = fma(qi[c], c + 1 < C ? load(key + j * hd + c * kWidth) : load_part(key + j * hd + c * kWidth, tail),
-                             partial[j]);
+          partial[j] = fma(qi[0], chunk<C>(key + j * hd, 0, tail), Vec{});
+          for (int c = 1; c < C; ++c) partial[j] = fma(qi[c], chunk<C>(key + j * hd, c, tail), partial[j]);
         }
       }
       store(score + size_t(i) * width + first, reduce_16(partial));
@@ -383,7 +393,7 @@ void attend(const Problem& p, int b, int kvh, int h_begin, int h_end) {
         top_past = x > top_past ? x : top_past;
       }
       float top = -std::numeric_limits<float>::infinity();
-      for (int l = 0; l < kWidth; ++l) top = top_past[l] > top ? top_past[l] : top;  // the maximum is exact in any order
+      for (int l = 0; l < kWidth; ++l) top = top_past[l] > top ? top_past[l] : top;  // exact in any order
       for (; k < past; ++k) top = s[k] > top ? s[k] : top;
       for (int j = 0; j < slots; ++j)
         if (sees[j]) top = s[past + j] > top ? s[past + j] : top;
@@ -415,8 +425,7 @@ void attend(const Problem& p, int b, int kvh, int h_begin, int h_end) {
         if (!mask[size_t((r0 + t) / hn) * slots + j]) continue;
         const Vec w = splat(e[t][past + j]);
         for (int c = 0; c < C; ++c) {
-          const Vec v = c + 1 < C ? load(value + c * kWidth) : load_part(value + c * kWidth, tail);
-          acc[t][c] = fma(w, v, acc[t][c]);
+          acc[t][c] = fma(w, chunk<C>(value, c, tail), acc[t][c]);
         }
       }
     }
@@ -610,7 +619,9 @@ ONNXTensorElementDataType input_type(const OrtCustomOp*, size_t index) noexcept 
   return index < kInputCount ? kInputTypes[index] : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
 }
 size_t input_count(const OrtCustomOp*) noexcept { return kInputCount; }
-ONNXTensorElementDataType output_type(const OrtCustomOp*, size_t) noexcept { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+ONNXTensorElementDataType output_type(const OrtCustomOp*, size_t) noexcept {
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
 size_t output_count(const OrtCustomOp*) noexcept { return kOutputCount; }
 OrtCustomOpInputOutputCharacteristic required(const OrtCustomOp*, size_t) noexcept { return INPUT_OUTPUT_REQUIRED; }
 OrtMemType cpu_memory(const OrtCustomOp*, size_t) noexcept { return OrtMemTypeDefault; }
