@@ -39,7 +39,7 @@ class OpTime:
     runs: int
 
 
-def _graph(shape: AttentionShape, batch: int, slots: int, capacity: int):
+def graph(shape: AttentionShape, batch: int, slots: int, capacity: int):
     """The benchmark graph: TreeAttention, GroupQueryAttention, and (slots 1) GroupQueryAttention over 2 rows."""
     import onnx
     from onnx import TensorProto, helper
@@ -99,24 +99,26 @@ def _graph(shape: AttentionShape, batch: int, slots: int, capacity: int):
     return model
 
 
-def _chain_mask(slots: int) -> np.ndarray:
+def star_mask(slots: int) -> np.ndarray:
     """A verify step's tree at its widest: a root and its children (a star), each slot sees the root and itself."""
     mask = np.eye(slots, dtype=bool)
     mask[:, 0] = True
     return mask
 
 
-def _feeds(shape: AttentionShape, batch: int, slots: int, past: int, capacity: int,
-           rng: np.random.Generator) -> dict[str, np.ndarray]:
+def feeds(shape: AttentionShape, batch: int, slots: int, past: int, capacity: int,
+          rng: np.random.Generator, mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Inputs of `graph`: random q/k/v and caches, every row `past` tokens long, the tree `mask` [T, T] (default: a
+    star, each slot sees the root and itself) with each slot's depth as its position."""
     hd = shape.head_size
     half = hd // 2
     angles = np.arange(capacity)[:, None] * (1.0 / 10000.0 ** (np.arange(half) / half))[None, :]
-    mask = _chain_mask(slots)
+    mask = star_mask(slots) if mask is None else mask
     depth = mask.sum(axis=1) - 1
-    feeds = {"cos_cache": np.cos(angles).astype(np.float32), "sin_cache": np.sin(angles).astype(np.float32),
-             "qkv": rng.standard_normal((batch, slots, shape.qkv_width)).astype(np.float32) * 0.5,
-             "position_ids": np.tile(past + depth, (batch, 1)).astype(np.int64),
-             "past_lengths": np.full(batch, past, np.int32), "tree_mask": np.broadcast_to(mask, (batch, slots, slots))}
+    out = {"cos_cache": np.cos(angles).astype(np.float32), "sin_cache": np.sin(angles).astype(np.float32),
+           "qkv": rng.standard_normal((batch, slots, shape.qkv_width)).astype(np.float32) * 0.5,
+           "position_ids": np.tile(past + depth, (batch, 1)).astype(np.int64),
+           "past_lengths": np.full(batch, past, np.int32), "tree_mask": np.broadcast_to(mask, (batch, slots, slots))}
     cache = rng.standard_normal((batch, shape.kv_num_heads, capacity, hd)).astype(np.float32)
 
     def gqa_feeds(prefix, rows, mask):
@@ -128,15 +130,15 @@ def _feeds(shape: AttentionShape, batch: int, slots: int, past: int, capacity: i
                 f"{prefix}_total_sequence_length": np.array(total, np.int32),
                 f"{prefix}_attention_bias": bias, f"{prefix}_query_lengths": np.full(batch, rows, np.int32)}
 
-    feeds |= gqa_feeds(GQA, slots, mask)
+    out |= gqa_feeds(GQA, slots, mask)
     if slots == 1:  # the second row: zeros that see only the past (and themselves), seen by nobody
-        feeds["qkv_2rows"] = np.concatenate([feeds["qkv"], np.zeros_like(feeds["qkv"])], axis=1)
-        feeds["position_ids_2rows"] = np.concatenate([feeds["position_ids"], np.zeros((batch, 1), np.int64)], axis=1)
-        feeds |= gqa_feeds(GQA_PADDED, 2, np.eye(2, dtype=bool))
+        out["qkv_2rows"] = np.concatenate([out["qkv"], np.zeros_like(out["qkv"])], axis=1)
+        out["position_ids_2rows"] = np.concatenate([out["position_ids"], np.zeros((batch, 1), np.int64)], axis=1)
+        out |= gqa_feeds(GQA_PADDED, 2, np.eye(2, dtype=bool))
     for prefix in (TREE, GQA) + ((GQA_PADDED,) if slots == 1 else ()):
-        feeds[f"{prefix}_past_key"] = cache.copy()
-        feeds[f"{prefix}_past_value"] = cache.copy()
-    return {name: np.ascontiguousarray(value) for name, value in feeds.items()}
+        out[f"{prefix}_past_key"] = cache.copy()
+        out[f"{prefix}_past_value"] = cache.copy()
+    return {name: np.ascontiguousarray(value) for name, value in out.items()}
 
 
 def measure(shape: AttentionShape = SMOLLM2, *, batch: int = 1, slots: int = 1, past: int = 443, runs: int = 400,
@@ -153,11 +155,11 @@ def measure(shape: AttentionShape = SMOLLM2, *, batch: int = 1, slots: int = 1, 
     with tempfile.TemporaryDirectory(prefix="trtspec-attention-op-") as tmp:
         options.enable_profiling = True
         options.profile_file_prefix = os.path.join(tmp, "profile")
-        session = ort.InferenceSession(_graph(shape, batch, slots, capacity).SerializeToString(), options,
+        session = ort.InferenceSession(graph(shape, batch, slots, capacity).SerializeToString(), options,
                                        providers=["CPUExecutionProvider"])
-        feeds = _feeds(shape, batch, slots, past, capacity, np.random.default_rng(0))
+        inputs = feeds(shape, batch, slots, past, capacity, np.random.default_rng(0))
         io = session.io_binding()
-        for name, array in feeds.items():
+        for name, array in inputs.items():
             io.bind_input(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
         attn = {}
         for out in session.get_outputs():
@@ -165,7 +167,7 @@ def measure(shape: AttentionShape = SMOLLM2, *, batch: int = 1, slots: int = 1, 
                 attn[out.name] = np.empty(out.shape, np.float32)
                 io.bind_output(out.name, "cpu", 0, np.float32, out.shape, attn[out.name].ctypes.data)
             else:  # present_* on its past_* buffer: the cache appended in place, as the runtime binds it
-                past_array = feeds[out.name.replace("_present_", "_past_")]
+                past_array = inputs[out.name.replace("_present_", "_past_")]
                 io.bind_output(out.name, "cpu", 0, np.float32, list(past_array.shape), past_array.ctypes.data)
         for _ in range(warmup + runs):
             session.run_with_iobinding(io)
