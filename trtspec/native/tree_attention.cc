@@ -15,7 +15,9 @@
 // Attributes num_heads, kv_num_heads; query head h reads kv head h / (nh / nkv).
 //
 // RoPE is the half-split form (GroupQueryAttention's do_rotary=1, rotary_interleaved=0). Query row (b, r, h) attends
-// to cache positions 0 .. past_b - 1, then to the new slots j with mask[b, r, j], in slot order.
+// to cache positions 0 .. past_b - 1, then to the new slots j with mask[b, r, j], in slot order. A tree's slots come
+// in topological order (each slot's ancestors at smaller indices, as trtspec's trees are), so a slot meets its keys in
+// the order plain decoding would: the past, its ancestors root first, itself.
 //
 // Why a row's result is invariant (the point of the op): every number a row needs is an elementwise function of its
 // operands or a sum in an order fixed by the source, never by the call's shape:
