@@ -38,6 +38,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <mutex>
 #include <new>
 #include <string>
 #include <utility>
@@ -459,6 +460,7 @@ void attend_any(const Problem& p, int b, int kvh, int h0, int h1) {
 
 struct Work {
   const Problem* problem;
+  std::mutex lock;
   std::exception_ptr failure;  // the first task that threw (allocation), reported after the ParallelFor
 };
 
@@ -475,7 +477,8 @@ void run_unit(void* data, size_t unit) {
     const int h0 = kvh * p.group + s * p.group / p.splits, h1 = kvh * p.group + (s + 1) * p.group / p.splits;
     attend_any(p, b, kvh, h0, h1);
   } catch (...) {
-    if (!work.failure) work.failure = std::current_exception();  // a benign race: any one failure is reported
+    std::lock_guard<std::mutex> guard(work.lock);
+    if (!work.failure) work.failure = std::current_exception();
   }
 #if defined(__SSE__)
   _mm_setcsr(saved);
@@ -569,7 +572,8 @@ void compute(const Kernel& kernel, OrtKernelContext* context) {
   // work units: (batch row, kv head, a share of its query heads); with few (b, kv head) pairs each query head is a
   // unit of its own so that two threads share the work evenly (each re-reads its kv head's cache from L2)
   p.splits = p.batch * p.kv_heads >= 8 ? 1 : p.group;
-  Work work{&p, nullptr};
+  Work work;
+  work.problem = &p;
   const size_t units = size_t(p.batch) * p.kv_heads * p.splits;
   check(g_api->KernelContext_ParallelFor(context, run_unit, units, 0, &work));
   if (work.failure) std::rethrow_exception(work.failure);
