@@ -33,7 +33,7 @@ STAMP = BUILD_DIR / "libtrtspec_ops.stamp"  # the fingerprint of the sources, fl
 # calls rests on every expression being computed as written (no reassociation, no fused multiply-add in one place
 # and not another). -fvisibility=hidden: the library exports RegisterCustomOps alone.
 COMPILE_FLAGS = ("-std=c++17", "-O3", "-march=native", "-fno-fast-math", "-ffp-contract=off", "-fPIC", "-shared",
-                 "-fvisibility=hidden", "-Wall", "-Wextra")
+                 "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-psabi")
 SETUP_HINT = "bash scripts/setup.sh"
 
 

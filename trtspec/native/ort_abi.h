@@ -164,10 +164,10 @@ ORT_ABI_SLOT(KernelContext_ParallelFor, 274);
 static_assert(sizeof(OrtApi) == 275 * sizeof(void*), "OrtApi is declared up to slot 274, no further");
 
 // ---- OrtCustomOp ---------------------------------------------------------------------------------------------------
-// Declared with every field of the struct as of API 30 (25 function pointers after `version`), so that a reader of any later field
-// finds a null pointer, not past our object; we set `version` to kApiVersion (17), and ONNX Runtime reads only the
-// fields of that version: CreateKernelV2 / KernelComputeV2 (16) and GetStartVersion / GetEndVersion /
-// InferOutputShapeFn (17, left null: opset 1, types inferred from the declared element types).
+// Declared with every field of the struct as of API 30 (25 function pointers after `version`), so that a reader of
+// any later field finds a null pointer, not memory past our object. We set `version` to kApiVersion (17), and ONNX
+// Runtime reads only the fields of that version: CreateKernelV2 / KernelComputeV2 (16), and GetStartVersion /
+// GetEndVersion / InferOutputShapeFn (17; left null: opset 1, output types from the declared element types).
 struct OrtCustomOp {
   uint32_t version;
   void* (*CreateKernel)(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info) noexcept;  // 1

@@ -15,28 +15,38 @@
 // Attributes num_heads, kv_num_heads; query head h reads kv head h / (nh / nkv).
 //
 // RoPE is the half-split form (GroupQueryAttention's do_rotary=1, rotary_interleaved=0). Query row (b, r, h) attends
-// to cache positions 0 .. past_b - 1, then to the new slots j with mask[b, r, j], in slot order.
+// to cache positions 0 .. past_b - 1, then to the new slots j with mask[b, r, j], in slot order. A tree's slots come
+// in topological order (each slot's ancestors at smaller indices, as trtspec's trees are), so a slot meets its keys in
+// the order plain decoding would: the past, its ancestors root first, itself.
 //
-// Why a row's result is invariant (the point of the op): a row's scores are dot products from one function (fixed
-// lane split, fixed final reduction), its maximum is exact, its exponentials come from one scalar expf each, and its
-// sum of exponentials and its output sum_j p_j v_j accumulate key by key in key order (vectorised only across the
-// independent hd lanes). Masked slots are skipped, never added as zeros. Work is split across threads by whole query
-// rows. So a row computes the same bits whether its call has 1 or 17 slots, whichever slot columns its ancestors sit
-// in, in a batch of 1 or 4, on 1 or 2 threads: its keys arrive in the same order (past, then ancestors, then itself)
-// through the same code. The build compiles with -fno-fast-math -ffp-contract=off so that no expression is
-// reassociated or fused differently in two places.
-#include <cerrno>
+// Why a row's result is invariant (the point of the op): every number a row needs is an elementwise function of its
+// operands or a sum in an order fixed by the source, never by the call's shape:
+//   - a score q.k: 16 lane sums, each a chain of fused multiply-adds over the head's 16-float chunks in order, then
+//     the 16 lanes added in one fixed tree (the same tree for every (row, key) pair, whichever block, lane or call);
+//   - the maximum over the visible keys (exact in any order);
+//   - exp(score - max): one vectorised function (range reduction and a polynomial), the same operations in every
+//     lane, used for every element (not libm's expf: scalar expf cost a quarter of the kernel);
+//   - the sum of the exponentials and the output sum_k e_k v_k: accumulated key by key in key order (the past, then
+//     the visible slots by index), vectorised only across rows (the sums) or the hd lanes (the outputs).
+// Masked slots are skipped, never added as zeros. Work is split across threads by whole query rows. So a row computes
+// the same bits whether its call has 1 or 17 slots, wherever its ancestors sit among the slots, in a batch of 1 or 4,
+// on 1 or 2 threads: its keys arrive in the same order (past, ancestors, itself) through the same arithmetic. The
+// build uses -fno-fast-math -ffp-contract=off so that no expression is reassociated, or fused in one place and not
+// another; the fused multiply-adds are explicit (all of them, or none where the CPU has no FMA).
+#include <algorithm>
 #include <cmath>
 #include <algorithm>
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <mutex>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(__SSE__)
-#include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr: the caller's denormal mode, given to every worker
+#include <immintrin.h>  // _mm_getcsr / _mm_setcsr (the caller's denormal mode, given to every worker), FMA
 #endif
 
 #include "ort_abi.h"
@@ -47,7 +57,8 @@ namespace {
 
 constexpr const char* kDomain = "com.trtspec";
 constexpr const char* kOpName = "TreeAttention";
-constexpr int kLanes = 8;  // floats per vector; hd must be a multiple of it
+constexpr int kLanes = 8;         // hd must be a multiple of it ...
+constexpr int kMaxHeadSize = 256;  // ... and at most this (the kernels are instantiated per 16-float chunk count)
 
 const OrtApi* g_api = nullptr;
 
@@ -157,7 +168,14 @@ float* output(OrtKernelContext* context, size_t index, const std::vector<int64_t
 }
 
 // ---- the arithmetic (one definition of each step, used for every row) ----------------------------------------------
-typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+// Vectors of 16 floats (one AVX-512 register; two AVX2 ones elsewhere). Every floating-point result below is an
+// elementwise function of its own operands, or a reduction in an order fixed by the source: no path computes a row's
+// numbers differently from another.
+constexpr int kWidth = 16;
+typedef float Vec __attribute__((vector_size(kWidth * sizeof(float))));
+typedef int32_t IVec __attribute__((vector_size(kWidth * sizeof(int32_t))));
+
+inline Vec splat(float x) { return Vec{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }  // (not 0 + x: an add)
 
 inline Vec load(const float* p) {
   Vec v;
@@ -165,29 +183,90 @@ inline Vec load(const float* p) {
   return v;
 }
 
+// the first `n` floats at p (n is 8 or 16: hd is a multiple of 8), the other lanes zero
+inline Vec load_part(const float* p, int n) {
+  if (n == kWidth) return load(p);
+  Vec v = {};
+  std::memcpy(&v, p, sizeof(float) * 8);
+  return v;
+}
+
 inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof(v)); }
-
-// q · k over hd floats: even 8-float chunks into one lane accumulator, odd ones into another, then the two summed
-// and the 8 lanes reduced in a fixed tree. Never inlined: every score of every row comes from this one machine code.
-__attribute__((noinline)) float dot(const float* q, const float* k, int hd) {
-  Vec even = {0, 0, 0, 0, 0, 0, 0, 0}, odd = {0, 0, 0, 0, 0, 0, 0, 0};
-  int c = 0;
-  for (; c + 2 * kLanes <= hd; c += 2 * kLanes) {
-    even = even + load(q + c) * load(k + c);
-    odd = odd + load(q + c + kLanes) * load(k + c + kLanes);
-  }
-  if (c < hd) even = even + load(q + c) * load(k + c);
-  const Vec sum = even + odd;
-  return ((sum[0] + sum[4]) + (sum[2] + sum[6])) + ((sum[1] + sum[5]) + (sum[3] + sum[7]));
+inline void store_part(float* p, Vec v, int n) {
+  if (n == kWidth) store(p, v);
+  else std::memcpy(p, &v, sizeof(float) * 8);
 }
 
-// acc += p · v over hd floats (each lane on its own: the order over keys is the caller's)
-inline void accumulate(float* acc, float p, const float* v, int hd) {
-  const Vec scale = {p, p, p, p, p, p, p, p};
-  for (int c = 0; c < hd; c += kLanes) store(acc + c, load(acc + c) + scale * load(v + c));
+// a·b + c, one rounding where the CPU fuses (every call site of this build fuses, or none does)
+inline Vec fma(Vec a, Vec b, Vec c) {
+#if defined(__AVX512F__)
+  return (Vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+  __m256 lo = _mm256_fmadd_ps(_mm256_loadu_ps((const float*)&a), _mm256_loadu_ps((const float*)&b),
+                              _mm256_loadu_ps((const float*)&c));
+  __m256 hi = _mm256_fmadd_ps(_mm256_loadu_ps((const float*)&a + 8), _mm256_loadu_ps((const float*)&b + 8),
+                              _mm256_loadu_ps((const float*)&c + 8));
+  Vec out;
+  _mm256_storeu_ps((float*)&out, lo);
+  _mm256_storeu_ps((float*)&out + 8, hi);
+  return out;
+#else
+  return a * b + c;  // compiled with -ffp-contract=off: two roundings, everywhere alike
+#endif
 }
 
-// half-split rotary embedding of one head vector: out[i] = x[i] cos - x[i + h] sin, out[i + h] = x[i + h] cos + x[i] sin
+// e^x for x <= 0, lane by lane: x = n ln2 + r (Cody-Waite), e^r by a degree-6 polynomial (Horner), times 2^n;
+// 0 below -87.3 (where e^x leaves the normal range). Within 2 ulp of e^x; exactly 1 at x = 0.
+inline Vec exp_nonpositive(Vec x) {
+  const Vec round_magic = splat(12582912.0f);  // 1.5 · 2^23: adding it rounds to an integer (round to nearest)
+  const Vec n = (x * splat(1.44269504088896341f) + round_magic) - round_magic;
+  Vec r = x - n * splat(0.693145751953125f);   // ln 2, high part (exact products with n)
+  r = r - n * splat(1.42860682030941723212e-6f);  // ln 2, low part
+  Vec poly = splat(1.0f / 720.0f);
+  poly = poly * r + splat(1.0f / 120.0f);
+  poly = poly * r + splat(1.0f / 24.0f);
+  poly = poly * r + splat(1.0f / 6.0f);
+  poly = poly * r + splat(0.5f);
+  poly = poly * r + splat(1.0f);
+  poly = poly * r + splat(1.0f);
+  const IVec bits = (__builtin_convertvector(n, IVec) + 127) << 23;
+  Vec scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  const Vec result = poly * scale;
+  return x < splat(-87.3f) ? splat(0.0f) : result;
+}
+
+// q · k for one query row and 16 keys at once. Each key's dot product: 16 lane sums, each lane over the head's
+// 16-float chunks in order (fused multiply-adds), then the lanes added in one fixed tree,
+// ((l0+l8)+(l4+l12)) ... i.e. l+8, then l+4, then l+2, then l+1. The 16 keys' trees run side by side through
+// shuffles, each key's additions exactly those of its own tree.
+inline Vec tree_level(Vec x, Vec y, const IVec& low, const IVec& high) {
+  return __builtin_shuffle(x, y, low) + __builtin_shuffle(x, y, high);
+}
+
+// partial[j]: key j's 16 lane sums. Returns the 16 dot products, key j in lane j.
+inline Vec reduce_16(Vec partial[kWidth]) {
+  // level 1: lanes l and l + 8 of two keys a, b -> [a: 8 lanes | b: 8 lanes]
+  const IVec l1_low = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const IVec l1_high = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  // level 2: lanes l and l + 4 of each key's 8 -> [a: 4 | b: 4 | c: 4 | d: 4]
+  const IVec l2_low = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  const IVec l2_high = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+  // level 3: lanes l and l + 2 of each key's 4 -> 8 keys x 2 lanes
+  const IVec l3_low = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+  const IVec l3_high = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+  // level 4: lanes 0 and 1 of each key's 2 -> 16 keys x 1 lane
+  const IVec l4_low = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  const IVec l4_high = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+  Vec one[8], two[4], three[2];
+  for (int m = 0; m < 8; ++m) one[m] = tree_level(partial[2 * m], partial[2 * m + 1], l1_low, l1_high);
+  for (int m = 0; m < 4; ++m) two[m] = tree_level(one[2 * m], one[2 * m + 1], l2_low, l2_high);
+  for (int m = 0; m < 2; ++m) three[m] = tree_level(two[2 * m], two[2 * m + 1], l3_low, l3_high);
+  return tree_level(three[0], three[1], l4_low, l4_high);
+}
+
+// half-split rotary embedding of one head vector (h = hd / 2):
+// out[i] = x[i] cos - x[i + h] sin, out[i + h] = x[i + h] cos + x[i] sin
 inline void rope(const float* x, const float* cos, const float* sin, int hd, float* out) {
   const int half = hd / 2;
   for (int i = 0; i < half; ++i) {
@@ -214,104 +293,175 @@ struct Problem {
   unsigned int csr;  // the calling thread's MXCSR (flush-to-zero / denormals-are-zero), set on every worker
 #endif
   size_t qkv_width() const { return size_t(heads + 2 * kv_heads) * hd; }
-  size_t cache_offset(int b, int kvh, int64_t row) const { return ((size_t(b) * kv_heads + kvh) * capacity + row) * hd; }
+  size_t cache_offset(int b, int kvh, int64_t row) const {
+    return ((size_t(b) * kv_heads + kvh) * capacity + row) * hd;
+  }
 };
 
-// per-thread scratch: rotated queries, one accumulator per row, each row's scores then exponentials
-thread_local std::vector<float> t_scratch;
+// per-thread scratch: the unit's rotated queries, then its rows' scores (turned into exponentials in place)
+thread_local std::vector<Vec> t_scratch;
 
-// Attention of query heads [h_begin, h_end) of kv head `kvh` in batch row b, over all T slots: every key and value
-// vector is read once for all of those rows; each row keeps its own running sums in key order.
-void attend(const Problem& p, int b, int kvh, int h_begin, int h_end) {
-  const int hd = p.hd, slots = p.slots, hn = h_end - h_begin, rows = slots * hn;
-  const int past = p.past_lengths[b];
-  const int width = past + slots;  // score columns: the past, then the new slots
-  const size_t need = size_t(rows) * (2 * hd + width + 1);
-  if (t_scratch.size() < need) t_scratch.resize(need);
-  float* q = t_scratch.data();             // [rows, hd]
-  float* acc = q + size_t(rows) * hd;      // [rows, hd]
-  float* score = acc + size_t(rows) * hd;  // [rows, width]
-  float* sums = score + size_t(rows) * width;  // [rows]
-  const bool* mask = p.mask + size_t(b) * slots * slots;
+constexpr int kRowBlock = 4;  // query rows whose output accumulators advance together over the values
 
-  // row i = r * hn + (h - h_begin)
-  for (int r = 0; r < slots; ++r) {
-    const int64_t pos = p.position_ids[size_t(b) * slots + r];
-    const float* cos = p.cos + size_t(pos) * (hd / 2);
-    const float* sin = p.sin + size_t(pos) * (hd / 2);
-    const float* x = p.qkv + (size_t(b) * slots + r) * p.qkv_width();
-    for (int h = h_begin; h < h_end; ++h) rope(x + size_t(h) * hd, cos, sin, hd, q + size_t(r * hn + h - h_begin) * hd);
-  }
+// acc[t] = sum over the past keys k, in order, of e[t][k] v_k (fused multiply-adds from zero), for N rows at once
+// chunk c of a head vector of C chunks: 16 floats, or `tail` (8 or 16) for the last one, zeros after them
+template <int C>
+inline Vec chunk(const float* row, int c, int tail) {
+  return c + 1 < C ? load(row + c * kWidth) : load_part(row + c * kWidth, tail);
+}
 
-  const float* keys = p.key + p.cache_offset(b, kvh, 0);
-  const float* values = p.value + p.cache_offset(b, kvh, 0);
-  for (int k = 0; k < past; ++k) {
-    const float* key = keys + size_t(k) * hd;
-    for (int i = 0; i < rows; ++i) score[size_t(i) * width + k] = dot(q + size_t(i) * hd, key, hd);
-  }
-  for (int j = 0; j < slots; ++j) {
-    const float* key = keys + size_t(past + j) * hd;
-    for (int r = 0; r < slots; ++r) {
-      if (!mask[size_t(r) * slots + j]) continue;
-      for (int i = r * hn; i < (r + 1) * hn; ++i) score[size_t(i) * width + past + j] = dot(q + size_t(i) * hd, key, hd);
-    }
-  }
-
-  // softmax numerators in place of the scores, each row's sum of them in key order
-  for (int r = 0; r < slots; ++r) {
-    const bool* sees = mask + size_t(r) * slots;
-    for (int i = r * hn; i < (r + 1) * hn; ++i) {
-      float* s = score + size_t(i) * width;
-      float top = -std::numeric_limits<float>::infinity();
-      for (int k = 0; k < past; ++k) top = s[k] > top ? s[k] : top;
-      for (int j = 0; j < slots; ++j)
-        if (sees[j]) top = s[past + j] > top ? s[past + j] : top;
-      float sum = 0.0f;
-      for (int k = 0; k < past; ++k) {
-        s[k] = std::exp(s[k] - top);
-        sum += s[k];
-      }
-      for (int j = 0; j < slots; ++j)
-        if (sees[j]) {
-          s[past + j] = std::exp(s[past + j] - top);
-          sum += s[past + j];
-        }
-      sums[i] = sum;
-    }
-  }
-
-  std::memset(acc, 0, sizeof(float) * size_t(rows) * hd);
+template <int C, int N>
+inline void accumulate_past(Vec (*acc)[C], const float* const* e, const float* values, int past, int hd, int tail) {
+  Vec sum[N][C];
+  for (int t = 0; t < N; ++t)
+    for (int c = 0; c < C; ++c) sum[t][c] = Vec{};
   for (int k = 0; k < past; ++k) {
     const float* value = values + size_t(k) * hd;
-    for (int i = 0; i < rows; ++i) accumulate(acc + size_t(i) * hd, score[size_t(i) * width + k], value, hd);
+    for (int c = 0; c < C; ++c) {
+      const Vec v = chunk<C>(value, c, tail);
+      for (int t = 0; t < N; ++t) sum[t][c] = fma(splat(e[t][k]), v, sum[t][c]);
+    }
   }
-  for (int j = 0; j < slots; ++j) {
-    const float* value = values + size_t(past + j) * hd;
-    for (int r = 0; r < slots; ++r) {
-      if (!mask[size_t(r) * slots + j]) continue;
-      for (int i = r * hn; i < (r + 1) * hn; ++i)
-        accumulate(acc + size_t(i) * hd, score[size_t(i) * width + past + j], value, hd);
+  for (int t = 0; t < N; ++t)
+    for (int c = 0; c < C; ++c) acc[t][c] = sum[t][c];
+}
+
+// Attention of query heads [h_begin, h_end) of kv head `kvh` in batch row b, over all T slots, for a head of C
+// 16-float chunks (the last one `tail` = 8 or 16 floats wide). Key and value vectors are read once per block of
+// rows; each row's softmax sum and output accumulate key by key in key order. C is a compile-time constant so that
+// a row's query chunks and a row block's output accumulators stay in registers.
+template <int C>
+void attend(const Problem& p, int b, int kvh, int h_begin, int h_end) {
+  const int hd = p.hd, slots = p.slots, hn = h_end - h_begin, rows = slots * hn;
+  const int tail = hd - (C - 1) * kWidth;
+  const int past = p.past_lengths[b];
+  const int columns = past + slots;  // keys: the past, then the new slots
+  const int blocks = (columns + kWidth - 1) / kWidth, width = blocks * kWidth;
+  const size_t need = size_t(rows) * C + size_t(rows) * blocks + 1;
+  if (t_scratch.size() < need) t_scratch.resize(need);
+  Vec* q = t_scratch.data();                                       // [rows][C], zero past hd
+  float* score = reinterpret_cast<float*>(q + size_t(rows) * C);  // [rows][width]
+  const bool* mask = p.mask + size_t(b) * slots * slots;
+
+  // rotated queries, row i = r * hn + (h - h_begin)
+  float rotated[C * kWidth];
+  for (int r = 0; r < slots; ++r) {
+    const int64_t pos = p.position_ids[size_t(b) * slots + r];
+    const float* x = p.qkv + (size_t(b) * slots + r) * p.qkv_width();
+    for (int h = h_begin; h < h_end; ++h) {
+      rope(x + size_t(h) * hd, p.cos + size_t(pos) * (hd / 2), p.sin + size_t(pos) * (hd / 2), hd, rotated);
+      Vec* qi = q + size_t(r * hn + h - h_begin) * C;
+      for (int c = 0; c < C; ++c) qi[c] = chunk<C>(rotated, c, tail);
     }
   }
 
-  for (int r = 0; r < slots; ++r) {
-    float* out_row = p.out + (size_t(b) * slots + r) * size_t(p.heads) * hd;
-    for (int h = h_begin; h < h_end; ++h) {
-      const int i = r * hn + h - h_begin;
-      float* out = out_row + size_t(h) * hd;
-      const float* a = acc + size_t(i) * hd;
-      const float sum = sums[i];
-      if (sum > 0.0f) {
-        for (int d = 0; d < hd; ++d) out[d] = a[d] / sum;
-      } else {  // a row that sees no key at all (no past and its own slot masked): zeros, not 0/0
-        for (int d = 0; d < hd; ++d) out[d] = 0.0f;
+  // scores of every (row, key) pair, the new slots' columns included (masked ones are never read). Each key's 16
+  // lane sums: fused multiply-adds over its chunks in order from zero, the last chunk `tail` wide; one code for
+  // full and partial blocks alike.
+  const float* keys = p.key + p.cache_offset(b, kvh, 0);
+  const float* values = p.value + p.cache_offset(b, kvh, 0);
+  for (int block = 0; block < blocks; ++block) {
+    const int first = block * kWidth, count = std::min(kWidth, columns - first);
+    const float* key = keys + size_t(first) * hd;
+    for (int i = 0; i < rows; ++i) {
+      Vec qi[C];
+      for (int c = 0; c < C; ++c) qi[c] = q[size_t(i) * C + c];
+      Vec partial[kWidth];
+      if (count == kWidth) {  // 16 keys' chains side by side
+        for (int j = 0; j < kWidth; ++j) partial[j] = fma(qi[0], chunk<C>(key + j * hd, 0, tail), Vec{});
+        for (int c = 1; c < C; ++c)
+          for (int j = 0; j < kWidth; ++j) partial[j] = fma(qi[c], chunk<C>(key + j * hd, c, tail), partial[j]);
+      } else {  // the last block: the same chains for the keys there are, zeros after them
+        for (int j = 0; j < kWidth; ++j) partial[j] = Vec{};
+        for (int j = 0; j < count; ++j) {
+          partial[j] = fma(qi[0], chunk<C>(key + j * hd, 0, tail), Vec{});
+          for (int c = 1; c < C; ++c) partial[j] = fma(qi[c], chunk<C>(key + j * hd, c, tail), partial[j]);
+        }
+      }
+      store(score + size_t(i) * width + first, reduce_16(partial));
+    }
+  }
+
+  for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
+    const int n = std::min(kRowBlock, rows - r0);
+    // softmax numerators in place of the scores; each row's sum over its keys in key order
+    float sums[kRowBlock] = {};
+    for (int t = 0; t < n; ++t) {
+      const int i = r0 + t;
+      const bool* sees = mask + size_t(i / hn) * slots;
+      float* s = score + size_t(i) * width;
+      Vec top_past = splat(-std::numeric_limits<float>::infinity());
+      int k = 0;
+      for (; k + kWidth <= past; k += kWidth) {
+        const Vec x = load(s + k);
+        top_past = x > top_past ? x : top_past;
+      }
+      float top = -std::numeric_limits<float>::infinity();
+      for (int l = 0; l < kWidth; ++l) top = top_past[l] > top ? top_past[l] : top;  // exact in any order
+      for (; k < past; ++k) top = s[k] > top ? s[k] : top;
+      for (int j = 0; j < slots; ++j)
+        if (sees[j]) top = s[past + j] > top ? s[past + j] : top;
+      for (int k = 0; k < width; k += kWidth) store(s + k, exp_nonpositive(load(s + k) - splat(top)));
+    }
+    for (int k = 0; k < past; ++k)  // the rows' chains interleaved, each one in key order
+      for (int t = 0; t < kRowBlock; ++t)
+        if (t < n) sums[t] += score[size_t(r0 + t) * width + k];
+    for (int t = 0; t < n; ++t) {
+      const bool* sees = mask + size_t((r0 + t) / hn) * slots;
+      for (int j = 0; j < slots; ++j)
+        if (sees[j]) sums[t] += score[size_t(r0 + t) * width + past + j];
+    }
+
+    // outputs: sum_k e_k v_k, lane by lane over hd, keys in order, fused multiply-adds from zero; the rows of the
+    // block share each value vector
+    Vec acc[kRowBlock][C];
+    const float* e[kRowBlock];
+    for (int t = 0; t < n; ++t) e[t] = score + size_t(r0 + t) * width;
+    switch (n) {
+      case 1: accumulate_past<C, 1>(acc, e, values, past, hd, tail); break;
+      case 2: accumulate_past<C, 2>(acc, e, values, past, hd, tail); break;
+      case 3: accumulate_past<C, 3>(acc, e, values, past, hd, tail); break;
+      default: accumulate_past<C, kRowBlock>(acc, e, values, past, hd, tail); break;
+    }
+    for (int j = 0; j < slots; ++j) {
+      const float* value = values + size_t(past + j) * hd;
+      for (int t = 0; t < n; ++t) {
+        if (!mask[size_t((r0 + t) / hn) * slots + j]) continue;
+        const Vec w = splat(e[t][past + j]);
+        for (int c = 0; c < C; ++c) {
+          acc[t][c] = fma(w, chunk<C>(value, c, tail), acc[t][c]);
+        }
+      }
+    }
+
+    for (int t = 0; t < n; ++t) {
+      const int i = r0 + t, r = i / hn, h = h_begin + i % hn;
+      float* out = p.out + (size_t(b) * slots + r) * size_t(p.heads) * hd + size_t(h) * hd;
+      // a row that sees no key at all (no past, its own slot masked): zeros, not 0/0
+      const Vec sum = splat(sums[t]);
+      for (int c = 0; c < C; ++c) {
+        const Vec o = sums[t] > 0.0f ? acc[t][c] / sum : Vec{};
+        if (c + 1 < C) store(out + c * kWidth, o);
+        else store_part(out + c * kWidth, o, tail);
       }
     }
   }
 }
 
+constexpr int kMaxChunks = kMaxHeadSize / kWidth;
+
+template <int... C>
+void attend_dispatch(std::integer_sequence<int, C...>, int chunks, const Problem& p, int b, int kvh, int h0, int h1) {
+  ((chunks == C + 1 ? attend<C + 1>(p, b, kvh, h0, h1) : void()), ...);
+}
+
+void attend_any(const Problem& p, int b, int kvh, int h0, int h1) {
+  attend_dispatch(std::make_integer_sequence<int, kMaxChunks>{}, (p.hd + kWidth - 1) / kWidth, p, b, kvh, h0, h1);
+}
+
 struct Work {
   const Problem* problem;
+  std::mutex lock;
   std::exception_ptr failure;  // the first task that threw (allocation), reported after the ParallelFor
 };
 
@@ -326,9 +476,10 @@ void run_unit(void* data, size_t unit) {
     const int per_batch = p.kv_heads * p.splits;
     const int b = int(unit / per_batch), kvh = int(unit % per_batch) / p.splits, s = int(unit % p.splits);
     const int h0 = kvh * p.group + s * p.group / p.splits, h1 = kvh * p.group + (s + 1) * p.group / p.splits;
-    attend(p, b, kvh, h0, h1);
+    attend_any(p, b, kvh, h0, h1);
   } catch (...) {
-    if (!work.failure) work.failure = std::current_exception();  // a benign race: any one failure is reported
+    std::lock_guard<std::mutex> guard(work.lock);
+    if (!work.failure) work.failure = std::current_exception();
   }
 #if defined(__SSE__)
   _mm_setcsr(saved);
@@ -352,8 +503,9 @@ void compute(const Kernel& kernel, OrtKernelContext* context) {
   if (past_key.shape[0] != batch || kv_heads != kernel.kv_heads)
     throw OpError("input past_key has shape " + shape_text(past_key.shape) + ", expected [" + std::to_string(batch) +
                   ", " + std::to_string(kernel.kv_heads) + ", capacity, head_size]");
-  if (hd <= 0 || hd % kLanes != 0)
-    throw OpError("head size " + std::to_string(hd) + " is not a positive multiple of " + std::to_string(kLanes));
+  if (hd <= 0 || hd % kLanes != 0 || hd > kMaxHeadSize)
+    throw OpError("head size " + std::to_string(hd) + " is not a positive multiple of " + std::to_string(kLanes) +
+                  " up to " + std::to_string(kMaxHeadSize));
   expect_shape(2, past_value, past_key.shape);
   const int64_t width = (kernel.heads + 2 * int64_t(kernel.kv_heads)) * hd;
   if (qkv.shape[2] != width)
@@ -433,7 +585,8 @@ void compute(const Kernel& kernel, OrtKernelContext* context) {
   // work units: (batch row, kv head, a share of its query heads); with few (b, kv head) pairs each query head is a
   // unit of its own so that two threads share the work evenly (each re-reads its kv head's cache from L2)
   p.splits = p.batch * p.kv_heads >= 8 ? 1 : p.group;
-  Work work{&p, nullptr};
+  Work work;
+  work.problem = &p;
   const size_t units = size_t(p.batch) * p.kv_heads * p.splits;
   check(g_api->KernelContext_ParallelFor(context, run_unit, units, 0, &work));
   if (work.failure) std::rethrow_exception(work.failure);
@@ -460,9 +613,9 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi* api, const OrtKernelI
       check(api->CastTypeInfoToTensorInfo(type, &tensor));
       if (tensor != nullptr) {
         const std::vector<int64_t> shape = dims_of(tensor);
-        if (shape.size() == 4 && shape[3] > 0 && shape[3] % kLanes != 0)
+        if (shape.size() == 4 && shape[3] > 0 && (shape[3] % kLanes != 0 || shape[3] > kMaxHeadSize))
           throw OpError("head size " + std::to_string(shape[3]) + " (past_key's last dimension) is not a multiple of " +
-                        std::to_string(kLanes));
+                        std::to_string(kLanes) + " up to " + std::to_string(kMaxHeadSize));
       }
     } catch (...) {
       api->ReleaseTypeInfo(type);
@@ -485,7 +638,9 @@ ONNXTensorElementDataType input_type(const OrtCustomOp*, size_t index) noexcept 
   return index < kInputCount ? kInputTypes[index] : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
 }
 size_t input_count(const OrtCustomOp*) noexcept { return kInputCount; }
-ONNXTensorElementDataType output_type(const OrtCustomOp*, size_t) noexcept { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+ONNXTensorElementDataType output_type(const OrtCustomOp*, size_t) noexcept {
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
 size_t output_count(const OrtCustomOp*) noexcept { return kOutputCount; }
 OrtCustomOpInputOutputCharacteristic required(const OrtCustomOp*, size_t) noexcept { return INPUT_OUTPUT_REQUIRED; }
 OrtMemType cpu_memory(const OrtCustomOp*, size_t) noexcept { return OrtMemTypeDefault; }
