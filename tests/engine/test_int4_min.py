@@ -288,7 +288,10 @@ def test_smollm2_min_scheme_holds_its_q4_1_layers_and_speculates_losslessly(tmp_
     plain = [r.output_ids for r in generator.generate_many(prompts, dataclasses.replace(config, no_spec=True))]
     spec = generator.generate_many(prompts, dataclasses.replace(config, method="ngram"))
     assert [r.output_ids for r in spec] == plain
-    assert sum(r.result.stats.accepted_tokens for r in spec) > 20
+    # one at a time, drafts pay more than in a batch of 6 (where the engine's verify curve makes ngram draft little)
+    alone = [generator.generate(p, dataclasses.replace(config, method="ngram")) for p in prompts[:3]]
+    assert [r.output_ids for r in alone] == plain[:3]
+    assert sum(r.result.stats.accepted_tokens for r in alone) > 20
 
 
 def test_bench_labels_name_the_scheme(engines):
