@@ -4,8 +4,8 @@
 # slot profiles (2, 3, 5, 9, 17) and int8 weights (the fastest format within 5% of fp32's perplexity: +0.6% on
 # ShareGPT replies, +0.9% on HumanEval; int4 with block minima and an int8 lm_head scores +0.4% / +0.1% at int8's
 # speed in 26% fewer bytes, symmetric int4 is faster but +37%), deploy it as a Triton model repository serving the
-# training-free drafter (prompt lookup + Token Recycling's chains: a quantized engine verifies chains exactly, not
-# trees), serve it with the real tritonserver, send the prompts over gRPC (streamed), print the replies with
+# training-free drafter (prompt lookup + Token Recycling's trees, verified exactly by trtspec's TreeAttention, which
+# scripts/setup.sh compiles), serve it with the real tritonserver, send the prompts over gRPC (streamed), print the replies with
 # acceptance statistics, and stop the server. The README's "Quantized engines" has the measured speeds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
