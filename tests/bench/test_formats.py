@@ -317,9 +317,10 @@ def test_two_turn_set_and_foreign_engine_refused(tiny, tmp_path):
     with pytest.raises(ConfigError, match="vocabulary of"):
         run_benchmark(FormatsOptions(engines=(tiny["fp32"], other), peers=(), work=tmp_path),
                       show=lambda line: None, progress=False)
-    # a drafter a quantized engine does not run (lookahead verifies trees): one line before anything is measured
-    with pytest.raises(ConfigError, match=r"--methods lookahead: .*int4.* does not run it; it runs none, ngram"):
-        run_benchmark(FormatsOptions(engines=(tiny["fp32"], tiny["int4"]), peers=(), methods=("lookahead",),
+    # a drafter an engine does not run (Medusa on engines without heads): one line before anything is measured
+    with pytest.raises(ConfigError, match=r"--methods medusa: .*int4.* does not run it; it runs none, ngram, suffix, "
+                                          r"lookahead"):
+        run_benchmark(FormatsOptions(engines=(tiny["fp32"], tiny["int4"]), peers=(), methods=("medusa",),
                                      work=tmp_path), show=lambda line: None, progress=False)
 
 

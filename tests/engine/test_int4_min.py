@@ -209,7 +209,9 @@ def _proposer(method, engine):
                                          ("eagle", "eagle"), ("medusa", "hybrid")])
 def test_speculation_equals_plain_greedy_output(engines, name, method):
     engine = OrtEngine(engines[name], threads=1)
-    assert engine.chains_only and engine._min_slots in (1, 2)  # 1 where this CPU computes one row as two
+    # TreeAttention (the default for quantized weights): trees verify exactly; plain steps of 1 slot where this CPU
+    # computes one row as two
+    assert not engine.chains_only and engine._min_slots in (1, 2)
     config = GenerationConfig(max_tokens=30)
     prompts = _prompts(10, seed=len(method))
     plain = [generate(engine, p, make_proposer("none", engine), config).output_ids for p in prompts]
@@ -286,7 +288,10 @@ def test_smollm2_min_scheme_holds_its_q4_1_layers_and_speculates_losslessly(tmp_
     plain = [r.output_ids for r in generator.generate_many(prompts, dataclasses.replace(config, no_spec=True))]
     spec = generator.generate_many(prompts, dataclasses.replace(config, method="ngram"))
     assert [r.output_ids for r in spec] == plain
-    assert sum(r.result.stats.accepted_tokens for r in spec) > 20
+    # one at a time, drafts pay more than in a batch of 6 (where the engine's verify curve makes ngram draft little)
+    alone = [generator.generate(p, dataclasses.replace(config, method="ngram")) for p in prompts[:3]]
+    assert [r.output_ids for r in alone] == plain[:3]
+    assert sum(r.result.stats.accepted_tokens for r in alone) > 20
 
 
 def test_bench_labels_name_the_scheme(engines):

@@ -35,16 +35,18 @@ def ckpts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engines(ckpts, tmp_path_factory):
-    """int4 / int8 engines: plain (K = 8 for ngram), Medusa and EAGLE, heads quantized too."""
+    """int4 / int8 engines: plain (K = 8 for ngram), Medusa and EAGLE, heads quantized too; (weights, name) as built
+    by default (TreeAttention), (weights, name, "gqa") with --attention gqa (GroupQueryAttention padded to 2 rows)."""
     root = tmp_path_factory.mktemp("qengines")
     out = {}
     for weights in ("int4", "int8"):
         for name, ckpt, extra in (("none", ckpts["none"], {"max_draft_len": 8}),
                                   ("medusa", ckpts["medusa"], {"choices": TREE}),
                                   ("eagle", ckpts["eagle"], {"choices": TREE})):
-            out[weights, name] = root / f"{name}-{weights}"
-            build(BuildOptions(source=ckpt, out=out[weights, name], max_input_len=64, max_seq_len=160,
-                               weights=weights, **extra))
+            for kernel, key in (("tree", (weights, name)), ("gqa", (weights, name, "gqa"))):
+                out[key] = root / f"{name}-{weights}-{kernel}"
+                build(BuildOptions(source=ckpt, out=out[key], max_input_len=64, max_seq_len=160,
+                                   weights=weights, attention=None if kernel == "tree" else kernel, **extra))
     return out
 
 
@@ -214,8 +216,9 @@ def test_the_generation_graph_pads_attention_so_one_slot_computes_as_two(engines
     one-token step itself: fed 1 slot or 2 (the second masked), a step gives the same logits bit for bit where the
     products compute one row as they do many: the 8-bit kernels everywhere measured, the 4-bit ones on some CPUs
     (test_matmul_nbits_rows_are_invariant_from_two_rows). The engine feeds 1 slot exactly when that holds."""
-    assert read_manifest(engines[weights, "none"]).attention_rows == 2
-    engine = OrtEngine(engines[weights, "none"], threads=1)
+    manifest = read_manifest(engines[weights, "none", "gqa"])
+    assert manifest.attention_rows == 2 and manifest.attention == "gqa"
+    engine = OrtEngine(engines[weights, "none", "gqa"], threads=1)
     seq = engine.open()
     engine.prefill(seq, np.array([3, 1, 4, 1, 5, 9, 2, 6]))
     cache = engine._seqs[seq].base
@@ -231,8 +234,9 @@ def test_an_engine_built_before_attention_padding_feeds_plain_steps_two_slots(en
     """A quantized engine whose manifest has no attention_rows (built by an earlier trtspec: its graph does not pad
     attention) still gets every plain step fed as 2 slots; fp32 engines 1."""
     engine_dir = tmp_path / "old"
-    shutil.copytree(engines["int8", "none"], engine_dir)
+    shutil.copytree(engines["int8", "none", "gqa"], engine_dir)
     data = json.loads((engine_dir / "manifest.json").read_text())
+    assert "attention" not in data  # gqa: as earlier manifests read
     del data["attention_rows"]
     (engine_dir / "manifest.json").write_text(json.dumps(data))
     assert read_manifest(engine_dir).attention_rows == 1
@@ -493,10 +497,10 @@ def _recording(proposer, trees: list):
 @pytest.mark.parametrize("weights", ["int4", "int8"])
 @pytest.mark.parametrize("name,method", [("none", "ngram"), ("none", "suffix"), ("medusa", "medusa"),
                                          ("eagle", "eagle"), ("medusa", "hybrid")])
-def test_a_quantized_engine_drafts_chains_only(engines, weights, name, method):
-    """Only a chain's slots compute exactly as plain steps on a quantized engine, so every drafter drafts chains
-    there, and stays lossless; lookahead (a tree by construction) is refused in one line."""
-    engine = OrtEngine(engines[weights, name], threads=1)
+def test_a_quantized_engine_with_group_query_attention_drafts_chains_only(engines, weights, name, method):
+    """Only a chain's slots compute exactly as plain steps on a quantized engine built with --attention gqa, so every
+    drafter drafts chains there, and stays lossless; lookahead (a tree by construction) is refused in one line."""
+    engine = OrtEngine(engines[weights, name, "gqa"], threads=1)
     assert engine.chains_only and "lookahead" not in engine.manifest.runnable_methods()
     config = GenerationConfig(max_tokens=30)
     trees = []
@@ -521,10 +525,11 @@ def test_an_fp32_engine_drafts_trees(engines, ckpts, tmp_path):
 
 
 @pytest.mark.parametrize("weights", ["int4", "int8"])
-def test_the_slots_of_a_chain_compute_exactly_as_plain_steps(engines, weights):
+@pytest.mark.parametrize("kernel", ["tree", "gqa"])
+def test_the_slots_of_a_chain_compute_exactly_as_plain_steps(engines, weights, kernel):
     """What drafting chains relies on: slot k of a 9-slot chain step has the logits a plain step after the chain's
-    first k tokens has, bit for bit, and so does the leading chain of a tree laid out first."""
-    engine = OrtEngine(engines[weights, "none"], threads=1)
+    first k tokens has, bit for bit, and so does the leading chain of a tree laid out first (either kernel)."""
+    engine = OrtEngine(engines[(weights, "none") + (() if kernel == "tree" else ("gqa",))], threads=1)
     prompt, draft = np.array([3, 1, 4, 1, 5, 9, 2, 6]), np.array([5, 3, 5, 8, 9, 7, 9, 3, 2])
     one = (np.zeros(1, np.int64), np.ones((1, 1), bool))
 
@@ -554,9 +559,88 @@ def test_the_slots_of_a_chain_compute_exactly_as_plain_steps(engines, weights):
         assert np.array_equal(tree.logits[k], plain_after(draft[:k + 1])), k
 
 
-def test_deploying_lookahead_on_a_quantized_engine_is_a_one_line_error(engines, tmp_path):
-    result = CliRunner().invoke(cli, ["deploy", str(engines["int8", "none"]), "--out", str(tmp_path / "repo"),
+def test_deploying_lookahead_on_a_quantized_gqa_engine_is_a_one_line_error(engines, tmp_path):
+    result = CliRunner().invoke(cli, ["deploy", str(engines["int8", "none", "gqa"]), "--out", str(tmp_path / "repo"),
                                       "--method", "lookahead"])
     assert result.exit_code == 1, result.output
     assert "lookahead" in result.output and "quantized" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "repo").exists()
+
+
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_every_slot_of_a_tree_computes_exactly_as_plain_steps_with_tree_attention(engines, weights):
+    """TreeAttention (the default for quantized weights): a slot anywhere in a tree, second branches included, has
+    the logits plain steps along its path have, bit for bit, alone and batched with other sequences."""
+    manifest = read_manifest(engines[weights, "none"])
+    assert manifest.attention == "tree" and manifest.attention_rows == 1 and not manifest.chains_only
+    engine = OrtEngine(engines[weights, "none"], threads=1)
+    assert engine._min_slots == 1 and not engine.chains_only
+    prompts = [np.array([3, 1, 4, 1, 5, 9, 2, 6]), np.array([2, 7, 1, 8, 2, 8])]
+    tokens = np.array([5, 3, 11, 8, 12, 9, 13, 7])
+    parents = [-1, 0, 0, 1, 2, 2, 4, 3]  # branches below the root, below slot 2, a leaf at depth 3 on each side
+    depths, mask = np.zeros(8, np.int64), np.eye(8, dtype=bool)
+    for i in range(1, 8):
+        depths[i], mask[i] = depths[parents[i]] + 1, mask[parents[i]]
+        mask[i, i] = True
+    one = (np.zeros(1, np.int64), np.ones((1, 1), bool))
+
+    def plain_along(prompt, slot):
+        path = []
+        while slot >= 0:
+            path.insert(0, slot)
+            slot = parents[slot]
+        seq = engine.open()
+        engine.prefill(seq, prompt)
+        for s in path:
+            out = engine.verify(seq, tokens[s:s + 1], *one)
+            engine.commit(seq, (0,))
+        engine.close(seq)
+        return out.logits[0]
+
+    seqs = [engine.open() for _ in prompts]
+    for seq, prompt in zip(seqs, prompts):
+        engine.prefill(seq, prompt)
+    alone = engine.verify(seqs[0], tokens, depths, mask)
+    engine.close(seqs[0])
+    seqs[0] = engine.open()
+    engine.prefill(seqs[0], prompts[0])
+    batched = engine.verify_batch([(seq, tokens, depths, mask) for seq in seqs])
+    for seq in seqs:
+        engine.close(seq)
+    for slot in range(8):
+        expected = plain_along(prompts[0], slot)
+        assert np.array_equal(alone.logits[slot], expected), slot
+        assert np.array_equal(batched[0].logits[slot], expected), slot
+        assert np.array_equal(batched[1].logits[slot], plain_along(prompts[1], slot)), slot
+
+
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+@pytest.mark.parametrize("name,method", [("none", "ngram"), ("none", "lookahead"), ("medusa", "medusa"),
+                                         ("eagle", "eagle"), ("medusa", "hybrid")])
+def test_a_quantized_engine_with_tree_attention_drafts_trees_losslessly(engines, weights, name, method):
+    """With TreeAttention every drafter keeps its trees on a quantized engine (lookahead included), and speculation
+    equals plain greedy decoding, alone and batched."""
+    engine = OrtEngine(engines[weights, name], threads=1)
+    assert not engine.chains_only and "lookahead" in engine.manifest.runnable_methods()
+    config = GenerationConfig(max_tokens=30)
+    trees, prompts = [], _prompts(6, seed=5)
+    plain = [generate(engine, p, make_proposer("none", engine), config).output_ids for p in prompts]
+    assert [generate(engine, p, _recording(_proposer(method, engine), trees), config).output_ids
+            for p in prompts] == plain
+    batched = generate_batch(engine, [Request(p, _proposer(method, engine), config) for p in prompts],
+                             max_batch_size=4)
+    assert [r.output_ids for r in batched] == plain
+    if method != "ngram":  # ngram drafts a tree only when no long match is found; the others draft theirs
+        assert any(not _is_chain(t) for t in trees if t.num_nodes)
+
+
+def test_attention_kernel_flag(ckpts, tmp_path):
+    """--attention: tree or gqa on any weights (fp32 defaults to gqa); anything else is a one-line error."""
+    assert plan_build(BuildOptions(source=ckpts["none"], out=tmp_path / "a", max_input_len=64)).attention == "gqa"
+    assert plan_build(BuildOptions(source=ckpts["none"], out=tmp_path / "a", max_input_len=64, attention="tree")).attention == "tree"
+    m = plan_build(BuildOptions(source=ckpts["none"], out=tmp_path / "a", max_input_len=64, weights="int8", attention="gqa"))
+    assert (m.attention, m.attention_rows, m.chains_only) == ("gqa", 2, True)
+    with pytest.raises(ConfigError, match="--attention 'flash'"):
+        plan_build(BuildOptions(source=ckpts["none"], out=tmp_path / "a", max_input_len=64, attention="flash"))
+    result = CliRunner().invoke(cli, ["build", str(ckpts["none"]), "--out", str(tmp_path / "b"), "--attention", "x"])
+    assert result.exit_code == 2 and "--attention" in result.output

@@ -263,7 +263,7 @@ def test_inconsistent_inputs_fail_the_run_with_the_reason(bad):
     feeds = make_feeds(TINY, rng, [4, 6], [[-1, 0], [-1, 0]])
     expected = {
         "value-capacity": "past_value has shape",
-        "past-too-long": "do not fit the cache",
+        "past-too-long": "is outside the cache",
         "position": "outside the rotary cache",
         "mask": "tree_mask has shape",
         "lengths": "past_lengths has shape",
@@ -271,7 +271,7 @@ def test_inconsistent_inputs_fail_the_run_with_the_reason(bad):
     if bad == "value-capacity":
         feeds["past_value"] = feeds["past_value"][:, :, :-1].copy()
     elif bad == "past-too-long":
-        feeds["past_lengths"][1] = CAPACITY - 1
+        feeds["past_lengths"][1] = CAPACITY + 1
     elif bad == "position":
         feeds["position_ids"][0, 1] = POSITIONS
     elif bad == "mask":
@@ -280,3 +280,18 @@ def test_inconsistent_inputs_fail_the_run_with_the_reason(bad):
         feeds["past_lengths"] = np.array([4, 6, 1], np.int32)
     with pytest.raises(Exception, match=expected):
         run(make_session(TINY), feeds, in_place=False)
+
+
+def test_a_present_not_bound_to_the_past_grows_to_hold_the_new_slots():
+    """As GroupQueryAttention's: unbound, the present has max(capacity, past + T) rows, the past copied into it and the
+    new rows after each row's past (the build's check feeds a cache of the past's rows only); bound to the past's
+    buffer, slots that do not fit are an error, not a write past its end."""
+    rng = np.random.default_rng(11)
+    feeds = make_feeds(TINY, rng, [6, 3], [[-1, 0, 1], [-1, 0, 0]], capacity=6)
+    attn, key, value = run(make_session(TINY), feeds, in_place=False)
+    assert key.shape == value.shape == (2, TINY.kv_num_heads, 9, TINY.head_size)
+    np.testing.assert_array_equal(key[0, :, :6], feeds["past_key"][0])
+    np.testing.assert_array_equal(value[1, :, :3], feeds["past_value"][1, :, :3])
+    np.testing.assert_allclose(attn, reference(TINY, feeds), rtol=1e-5, atol=1e-5)
+    with pytest.raises(Exception, match="do not fit|computed output shape"):  # ONNX Runtime checks it first
+        run(make_session(TINY), feeds, in_place=True)

@@ -274,7 +274,7 @@ def _budget_trees(method: str, accuracies, budgets: list[int], depth: int, manif
     cannot fill gives an earlier budget's tree: kept once), then the shipped tree. An engine that verifies chains only
     exactly (quantized weights) gets the top-1 chain of each budget's depth instead, which is what it drafts
     (make_proposer)."""
-    chains = manifest.weights.chains_only
+    chains = manifest.chains_only
     trees, seen = [], []
     for b in budgets:
         choices = [[0] * d for d in range(1, min(b, depth) + 1)] if chains else greedy_tree(accuracies, b)[0]

@@ -137,6 +137,11 @@ def tree(choices: str | None, preset: str | None, as_json: bool, png: Path | Non
 @click.option("--block-size", type=int, help="onnx, int8 / int4: values per scale, 32, 64 or 128 (default 32).")
 @click.option("--int4-scheme", help="onnx, int4: symmetric (the default: (q - 8) x scale) or min (a float minimum per "
                                     "block too, u x scale + min, llama.cpp's Q4_1; exact on Q4_1 GGUF weights).")
+@click.option("--attention", type=click.Choice(["tree", "gqa"]),
+              help="onnx: the generation graph's attention kernel: tree (trtspec's TreeAttention: a slot computes "
+                   "exactly as a plain step at any place of any tree, so quantized engines verify trees; built by "
+                   "scripts/setup.sh) or gqa (ONNX Runtime's GroupQueryAttention; quantized engines then draft "
+                   "chains). Default: tree for quantized weights, gqa for fp32.")
 @click.option("--quantize-heads/--no-quantize-heads", default=None,
               help="The Medusa heads / EAGLE draft in the --weights format too (default: onnx yes, else fp32; "
                    "trtllm no: kept in the base dtype, see TensorRT-LLM#2115, #1845).")
@@ -194,6 +199,8 @@ def _build_trtllm(source: Path, eagle2: str | None, dry_run: bool, *, as_json: b
                   **flags) -> None:
     if flags.pop("int4_scheme") is not None:
         raise click.UsageError("--int4-scheme applies to --backend onnx only")
+    if flags.pop("attention") is not None:
+        raise click.UsageError("--attention applies to --backend onnx only")
     if flags.pop("lm_head_weights") is not None:
         raise click.UsageError("--lm-head-weights applies to --backend onnx only (quantize.py keeps lm_head in the "
                                "base dtype unless --quantize_lm_head)")

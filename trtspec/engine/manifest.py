@@ -295,12 +295,23 @@ class Manifest:
     # the graph (onnx_ops.prelude; OrtEngine then feeds plain steps 1 slot where this CPU's kernels allow); 1 in
     # earlier manifests, whose quantized engines get plain steps of 2 slots
     attention_rows: int = 1
+    # onnx backend: the target generation graph's attention kernel (onnx_ops.ATTENTION_KERNELS): "gqa" (ONNX
+    # Runtime's GroupQueryAttention; earlier manifests) or "tree" (trtspec's TreeAttention, trtspec/native: a slot
+    # computes exactly as a plain step at any place of any tree, so quantized engines verify trees too)
+    attention: str = "gqa"
+
+    @property
+    def chains_only(self) -> bool:
+        """Whether verify steps compute a slot exactly as a plain step only on a chain: quantized target weights
+        with GroupQueryAttention (see the note on quantize.PLAIN_STEP_SLOTS); drafters then draft chains. With
+        TreeAttention every slot of a tree is exact."""
+        return self.weights.chains_only and self.attention != "tree"
 
     def runnable_methods(self) -> tuple[str, ...]:
         """The methods a CPU engine with this manifest runs (`generate --method`, a deployment's `method`)."""
         from trtspec.speculative.methods import runnable_methods
 
-        return runnable_methods(self.method.value, self.profile.max_draft_len, chains_only=self.weights.chains_only)
+        return runnable_methods(self.method.value, self.profile.max_draft_len, chains_only=self.chains_only)
 
     @property
     def world_size(self) -> int:
@@ -311,7 +322,7 @@ class Manifest:
         d["backend"], d["method"] = self.backend.value, self.method.value
         d["tree"] = [list(c) for c in self.tree] if self.tree is not None else None
         d["weights"] = self.weights.to_dict()
-        for name, default in (("quantization", None), ("attention_rows", 1)):
+        for name, default in (("quantization", None), ("attention_rows", 1), ("attention", "gqa")):
             if d[name] == default:
                 del d[name]  # as earlier manifests read
         return d
@@ -334,6 +345,9 @@ class Manifest:
         data["profile"] = _from_dict(Profile, data.get("profile"), f"{where}: profile")
         if data.get("tree") is not None:
             data["tree"] = tuple(tuple(c) for c in data["tree"])
+        if data.get("attention", "gqa") not in ("gqa", "tree"):
+            raise ConfigError(f"{where}: attention {data['attention']!r} is not an attention kernel this trtspec runs "
+                              "(gqa, tree)")
         if "weights" in data:
             data["weights"] = EngineWeights.from_dict(data["weights"], f"{where}: weights")
         else:  # written before quantized engines: every component fp32

@@ -60,6 +60,7 @@ class BuildOptions(EngineBuildOptions):
     block_size: int | None = None  # `--block-size 32|64|128` (quantized weights; default 32)
     int4_scheme: str | None = None  # `--int4-scheme symmetric|min` (int4 components; default symmetric)
     quantize_heads: bool = True  # the Medusa heads / EAGLE draft in the --weights format too (else fp32)
+    attention: str | None = None  # `--attention tree|gqa` (default: attention_kernel)
 
 
 def plan_build(opts: BuildOptions) -> Manifest:
@@ -95,7 +96,26 @@ def plan_build(opts: BuildOptions) -> Manifest:
                     dynamic_tree=vars(opts.dynamic_tree) if method is Method.EAGLE2 else None,
                     source=str(Path(opts.source).resolve()), versions=_versions(), graph_format=ONNX_GRAPH_FORMAT,
                     weights=_engine_weights(plan, cfg, embedding_gathered=_gathers_embedding(plan, cfg)),
-                    attention_rows=plan.attention_rows)
+                    **_attention(opts, plan))
+
+
+def attention_kernel(opts: BuildOptions, plan) -> str:
+    """The target generation graph's attention kernel: --attention, else TreeAttention where the target's weights
+    are quantized (int8 activation rounding turns GroupQueryAttention's last-bit differences between a plain step
+    and a tree slot into different tokens; see quantize.PLAIN_STEP_SLOTS) and GroupQueryAttention for fp32."""
+    from trtspec.model.onnx_ops import ATTENTION_KERNELS  # onnx, imported when a build is planned
+
+    if opts.attention is not None:
+        if opts.attention not in ATTENTION_KERNELS:
+            raise ConfigError(f"--attention {opts.attention!r}: expected one of {', '.join(ATTENTION_KERNELS)}")
+        return opts.attention
+    return "tree" if plan.attention_rows > 1 else "gqa"
+
+
+def _attention(opts: BuildOptions, plan) -> dict:
+    """The manifest's attention fields: the kernel, and the rows GroupQueryAttention is padded to (1 for tree)."""
+    kernel = attention_kernel(opts, plan)
+    return {"attention": kernel, "attention_rows": plan.attention_rows if kernel == "gqa" else 1}
 
 
 def _awq_group_size(source: Path, raw_config: dict) -> int:
@@ -199,11 +219,12 @@ def build(opts: BuildOptions) -> Manifest:
     with atomic_output_dir(Path(opts.out), force=opts.force) as tmp:
         p = manifest.profile  # a step's slots may reach K + 1 positions past max_seq_len - 1 (see OrtEngine)
         plan = weight_plan(opts, ckpt.config)
-        graphs = export_graphs(ckpt, tmp, max_positions=p.max_seq_len + p.tokens_per_step, weights=plan)
+        graphs = export_graphs(ckpt, tmp, max_positions=p.max_seq_len + p.tokens_per_step, weights=plan,
+                               attention=manifest.attention)
         gathered = "GatherBlockQuantized" in graphs["context"].ops
         manifest = replace(manifest, weights=_engine_weights(plan, ModelShape.from_trtllm(ckpt.config),
                                                              embedding_gathered=gathered),
-                           attention_rows=plan.attention_rows)
+                           **_attention(opts, plan))
         for graph in graphs.values():
             check_graph(graph.path)
         numerics = _numerics(opts, tmp, graphs, plan, generation_tokens=max(p.tokens_per_step, 2))

@@ -74,7 +74,7 @@ def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], 
     diffs = {}
     for role, graph in graphs.items():
         model = models["draft_" if role.startswith("draft_") else ""]
-        session = ort_session(graph.path)
+        session = ort_session(graph.path, native_ops="TreeAttention" in graph.ops)
         if role == "medusa":
             diffs["medusa.medusa_logits"] = _compare_medusa(session, model, rng)
             continue

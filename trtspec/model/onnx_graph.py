@@ -24,7 +24,7 @@ from onnx import TensorProto, helper
 
 from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.errors import BuildError
-from trtspec.model.onnx_ops import (HEAD_DIM_MULTIPLE, Dims, Graph, Residual, WeightFile, decoder_layer, embed,
+from trtspec.model.onnx_ops import (ATTENTION_KERNELS, HEAD_DIM_MULTIPLE, Dims, Graph, Residual, WeightFile, decoder_layer, embed,
                                     linear, logits, prelude, tie_quantized)
 from trtspec.model.quantize import QuantSpec, min_step_slots, pack
 from trtspec.progress import progress_bar
@@ -300,11 +300,12 @@ def _io(c: ModelShape, tokens: int | None, tree: bool, extra_inputs=(),
 
 
 def base_graph(c: ModelShape, layout: _Layout, wf: WeightFile, tokens: int | None,
-               positions: int, *, tree: bool, attention_rows: int = 1) -> onnx.ModelProto:
+               positions: int, *, tree: bool, attention_rows: int = 1, attention: str = "gqa") -> onnx.ModelProto:
     """The base network over T = `tokens` new tokens (None: dynamic) at positions below `positions`; a generation
-    graph (tree) takes tree positions and mask, a context graph is causal. `attention_rows`: see prelude."""
+    graph (tree) takes tree positions and mask, a context graph is causal. `attention_rows`, `attention` (the
+    kernel): see prelude."""
     g = Graph(wf)
-    pre = prelude(g, _inv_freq(c), positions, tokens, tree=tree, attention_rows=attention_rows)
+    pre = prelude(g, _inv_freq(c), positions, tokens, tree=tree, attention_rows=attention_rows, kernel=attention)
     x = Residual(embed(g, "input_ids", tied=layout.tied))  # [B, T, H]
     for layer in range(c.num_layers):
         x = decoder_layer(g, _dims(c), pre, x, f"layers.{layer}", layer, c.intermediate_size)
@@ -386,14 +387,20 @@ def _draft_vocab_logits(g: Graph, hidden: str, target_ids: tuple[int, ...], voca
 # ---- export, check, compare ---------------------------------------------------------------------------------
 
 def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, max_positions: int,
-                  generation_tokens: int | None = None, weights: WeightPlan = WeightPlan()) -> dict[str, ExportedGraph]:
+                  generation_tokens: int | None = None, weights: WeightPlan = WeightPlan(),
+                  attention: str = "gqa") -> dict[str, ExportedGraph]:
     """Write context.onnx / generation.onnx over weights.bin (and the EAGLE draft pair over draft_weights.bin).
 
     The generation graphs take any number of slots T (`generation_tokens` None, what `build` writes: the runtime
     feeds them the slot counts of the engine's profiles, one session holding one prepacked copy of the weights
     for all of them) or exactly `generation_tokens` (engines of earlier trtspec versions had T = K + 1 fixed).
     `max_positions` sizes the graphs' RoPE tables: every position a step uses must be below it. `weights`: which
-    matrices to quantize (one tensor in memory at a time; a progress bar over the layers and heads when any is)."""
+    matrices to quantize (one tensor in memory at a time; a progress bar over the layers and heads when any is).
+    `attention`: the target generation graph's attention kernel (onnx_ops.ATTENTION_KERNELS; "tree" needs T dynamic
+    and runs unpadded); context graphs and the EAGLE draft's run GroupQueryAttention."""
+    if attention not in ATTENTION_KERNELS or (attention == "tree" and generation_tokens is not None):
+        raise BuildError(f"attention kernel {attention!r}: expected one of {', '.join(ATTENTION_KERNELS)} "
+                         "(tree: a generation graph of dynamic T)")
     checked = (("max_positions", max_positions),) + ((("generation_tokens", generation_tokens),)
                                                      if generation_tokens is not None else ())
     for name, value in checked:
@@ -417,20 +424,24 @@ def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, max_positions: int,
                 layout = write(_Source(ckpt, advance), wf, c, weights)
             finally:
                 wf.close()
-            # the target's generation graph pads attention's rows (quantized matrices, T dynamic; the draft's
-            # steps need not compute like anything else)
-            rows = weights.attention_rows if build is base_graph and generation_tokens is None else 1
+            # the target's generation graph runs TreeAttention, or pads GroupQueryAttention's rows (quantized
+            # matrices, T dynamic); the draft's steps need not compute like anything else
+            target = build is base_graph
+            kernel = attention if target else "gqa"
+            rows = weights.attention_rows if target and generation_tokens is None and kernel == "gqa" else 1
             graphs.update(_build_graphs(c, layout, wf, role_prefix, build, out_dir, max_positions, generation_tokens,
-                                        rows))
+                                        rows, kernel))
     return graphs
 
 
 def _build_graphs(c: ModelShape, layout: _Layout, wf: WeightFile, role_prefix: str, build, out_dir: Path,
                   max_positions: int, generation_tokens: int | None,
-                  attention_rows: int = 1) -> dict[str, ExportedGraph]:
+                  attention_rows: int = 1, attention: str = "gqa") -> dict[str, ExportedGraph]:
     graphs = {}
     for role, tokens, tree in (("context", None, False), ("generation", generation_tokens, True)):
         extra = {"attention_rows": attention_rows} if attention_rows > 1 and tree else {}
+        if attention != "gqa" and tree:
+            extra["attention"] = attention
         graphs[role_prefix + role] = _save(build(c, layout, wf, tokens, max_positions, tree=tree, **extra),
                                            out_dir / f"{role_prefix}{role}.onnx")
     if layout.medusa_lm_heads:

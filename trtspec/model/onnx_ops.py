@@ -22,6 +22,11 @@ OPSET = 23  # RMSNormalization is standard from opset 23 (ONNX Runtime >= 1.22 r
 IR_VERSION = 10
 # SkipSimplifiedLayerNormalization, GroupQueryAttention: ONNX Runtime contrib ops with CPU kernels
 MS_DOMAIN = "com.microsoft"
+# TreeAttention: trtspec's own CPU kernel (trtspec/native), registered on the session by trtspec.native
+TRTSPEC_DOMAIN = "com.trtspec"
+# the attention kernels a generation graph runs: ONNX Runtime's GroupQueryAttention, or trtspec's TreeAttention,
+# whose query row computes the same whatever the rows around it (see attention())
+ATTENTION_KERNELS = ("gqa", "tree")
 # ONNX Runtime's CPU GroupQueryAttention rejects other head sizes at run time (1.32: "head_size shall be a
 # multiple of 16")
 HEAD_DIM_MULTIPLE = 16
@@ -168,6 +173,8 @@ class Graph:
     def model(self, name: str, inputs: list, outputs: list) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, name, inputs, outputs, initializer=list(self.used.values()))
         opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)]
+        if any(n.domain == TRTSPEC_DOMAIN for n in self.nodes):
+            opsets.append(helper.make_opsetid(TRTSPEC_DOMAIN, 1))
         return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION,
                                  producer_name="trtspec")
 
@@ -197,10 +204,12 @@ class Prelude:
     # as an int64 [1] to cut the attention's output back to; "" when attention runs over the T rows fed
     attention_pads: str = ""
     rows: str = ""
+    kernel: str = "gqa"  # "tree": TreeAttention, which reads past_lengths and the tree mask itself (no seqlens, bias)
+    tree_mask: str = ""  # [B, T, T] bool, what TreeAttention reads ("" otherwise)
 
 
 def prelude(g: Graph, inv_freq: np.ndarray, positions: int, tokens: int | None, *, tree: bool,
-            attention_rows: int = 1) -> Prelude:
+            attention_rows: int = 1, kernel: str = "gqa") -> Prelude:
     """The attention inputs a graph over T = `tokens` new tokens needs (None: T dynamic, read from input_ids).
 
     A context graph (tree False) appends consecutive positions after each row's past and is causal; a generation
@@ -209,7 +218,17 @@ def prelude(g: Graph, inv_freq: np.ndarray, positions: int, tokens: int | None, 
     `attention_rows` > 1 (a generation graph with T dynamic): attention runs over T' = max(T, attention_rows) rows,
     the new ones zeros that see only the past and that no fed row sees; every other op runs over the T rows fed.
     That is how a quantized engine's one-token plain step computes its token exactly as a verify step's first slot
-    (see quantize.PLAIN_STEP_SLOTS) without paying for a second slot in every MatMul and norm."""
+    (see quantize.PLAIN_STEP_SLOTS) without paying for a second slot in every MatMul and norm.
+
+    `kernel` "tree" (a generation graph): attention runs in TreeAttention, which needs only the RoPE tables, the
+    position ids, past_lengths and the tree mask (and no padding: its one-row path is its many-row path)."""
+    if kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"attention kernel {kernel!r}: expected one of {', '.join(ATTENTION_KERNELS)}")
+    if kernel == "tree":
+        if not tree or attention_rows > 1:
+            raise ValueError("TreeAttention runs a generation graph's attention, unpadded")
+        cos, sin = _rope_tables(g, inv_freq, positions)
+        return Prelude("", "", "", cos, sin, "position_ids", "", kernel="tree", tree_mask="tree_mask")
     t = (g.const([tokens], np.int32) if tokens is not None
          else g.op("Cast", g.op("Shape", "input_ids", start=1, end=2), to=TensorProto.INT32))  # [1]
     pads = rows = ""
@@ -231,13 +250,18 @@ def prelude(g: Graph, inv_freq: np.ndarray, positions: int, tokens: int | None, 
     longest = g.op("ReduceMax", "past_lengths", keepdims=1)  # [1]
     total = g.op("Squeeze", g.op("Add", longest, t), g.const([0]), name="total_sequence_length")
     query_lengths = g.op("Expand", t, g.op("Shape", "past_lengths"), name="query_lengths")
-    angles = g.op("Mul", g.op("Unsqueeze", g.op("Range", *(g.const(v, np.float32) for v in (0, positions, 1))),
-                              g.const([-1])), g.const(inv_freq, np.float32))  # [positions, hd/2]
-    cos, sin = g.op("Cos", angles, name="cos_cache"), g.op("Sin", angles, name="sin_cache")
+    cos, sin = _rope_tables(g, inv_freq, positions)
     if not tree:
         return Prelude(seqlens, total, query_lengths, cos, sin, "", "")
     return Prelude(seqlens, total, query_lengths, cos, sin, position_ids, _tree_bias(g, total, t, tree_mask),
                    pads, rows)
+
+
+def _rope_tables(g: Graph, inv_freq: np.ndarray, positions: int) -> tuple[str, str]:
+    """cos_cache / sin_cache [positions, hd/2] (constant: ONNX Runtime folds them when the session loads)."""
+    angles = g.op("Mul", g.op("Unsqueeze", g.op("Range", *(g.const(v, np.float32) for v in (0, positions, 1))),
+                              g.const([-1])), g.const(inv_freq, np.float32))  # [positions, hd/2]
+    return g.op("Cos", angles, name="cos_cache"), g.op("Sin", angles, name="sin_cache")
 
 
 def _tree_bias(g: Graph, total: str, tokens: str, tree_mask: str = "tree_mask") -> str:
@@ -301,12 +325,24 @@ def linear(g: Graph, x: str, weight: str, name: str) -> str:
 
 
 def attention(g: Graph, d: Dims, pre: Prelude, x: str, prefix: str, layer: int) -> str:
-    """Attention of x [B, T, H] over each row's past and the new tokens, in one GroupQueryAttention node.
+    """Attention of x [B, T, H] over each row's past and the new tokens, in one GroupQueryAttention node (or, with
+    the prelude's kernel "tree", one TreeAttention node).
 
     It applies RoPE to the packed q/k/v, reads past_key_{l} / past_value_{l} [B, nkv, capacity, hd] and writes
     the new rows into present_key_{l} / present_value_{l} at each row's past length: the runtime binds past and
-    present to one buffer, so the cache is appended to in place."""
+    present to one buffer, so the cache is appended to in place.
+
+    TreeAttention computes a query row from its visible keys alone, in their order (the past, then its ancestors'
+    slots): the row comes out bit for bit the same in a one-slot plain step and in any verify step, at any slot of
+    any tree, where GroupQueryAttention's one-row path and its column-dependent partial sums differ in the last bits
+    (see quantize.PLAIN_STEP_SLOTS)."""
     qkv = linear(g, x, f"{prefix}.qkv", f"{prefix}.qkv")  # [B, T, (nh + 2 nkv) hd], q pre-scaled by 1/sqrt(hd)
+    if pre.kernel == "tree":  # the same inputs and cache binding; a query row's arithmetic is its own (trtspec/native)
+        out, _, _ = g.op("TreeAttention", qkv, f"past_key_{layer}", f"past_value_{layer}", "past_lengths",
+                         pre.position_ids, pre.tree_mask, pre.cos, pre.sin, domain=TRTSPEC_DOMAIN,
+                         outputs=(f"{prefix}.attn", f"present_key_{layer}", f"present_value_{layer}"),
+                         num_heads=d.num_heads, kv_num_heads=d.num_kv_heads)
+        return linear(g, out, f"{prefix}.o", f"{prefix}.o")
     if pre.attention_pads:  # rows of zeros up to the attention's T' (their K/V land after the fed rows', unread)
         qkv = g.op("Pad", qkv, pre.attention_pads)
     out, _, _ = g.ms("GroupQueryAttention", qkv, "", "", f"past_key_{layer}", f"past_value_{layer}", pre.seqlens_k,

@@ -12,7 +12,8 @@ if TYPE_CHECKING:
 SPIN_ENV = "TRTSPEC_ORT_SPIN"  # "0": intra-op workers sleep between ops (shared hosts); default "1": they spin
 
 
-def session_options(threads: int | None = None, spin: bool | None = None) -> onnxruntime.SessionOptions:
+def session_options(threads: int | None = None, spin: bool | None = None, *,
+                    native_ops: bool = False) -> onnxruntime.SessionOptions:
     """The ONNX Runtime options the engine runs with: all graph optimisations, sequential, `threads` intra-op.
 
     Workers spin between ops unless `spin` is False (None: TRTSPEC_ORT_SPIN, default "1"), as onnxruntime-genai's
@@ -34,6 +35,10 @@ def session_options(threads: int | None = None, spin: bool | None = None) -> onn
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     options.add_session_config_entry("session.force_spinning_stop", "0" if spin else "1")
     options.add_session_config_entry("session.set_denormal_as_zero", "1")
+    if native_ops:
+        from trtspec import native
+
+        native.register(options)
     return options
 
 
@@ -42,8 +47,9 @@ def effective_spin(spin: bool | None) -> bool:
     return os.environ.get(SPIN_ENV, "1") != "0" if spin is None else spin
 
 
-def ort_session(path: Path, threads: int | None = None) -> onnxruntime.InferenceSession:
-    """A CPU session over one graph file with the engine's options."""
+def ort_session(path: Path, threads: int | None = None, *, native_ops: bool = False) -> onnxruntime.InferenceSession:
+    """A CPU session over one graph file with the engine's options (`native_ops`: see session_options)."""
     import onnxruntime as ort
 
-    return ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), session_options(threads, native_ops=native_ops),
+                                providers=["CPUExecutionProvider"])

@@ -10,8 +10,8 @@
 //          6 cos_cache     float [P, hd / 2]
 //          7 sin_cache     float [P, hd / 2]
 // Outputs  0 attn          float [B, T, nh hd]
-//          1 present_key   float [B, nkv, capacity, hd]   past + the new rows at past_lengths[b] + j
-//          2 present_value float [B, nkv, capacity, hd]   (in place when bound to the past's buffer)
+//          1 present_key   float [B, nkv, S, hd]   past + the new rows at past_lengths[b] + j; S = max(capacity, past + T)
+//          2 present_value float [B, nkv, S, hd]   (in place when bound to the past's buffer, then S = capacity)
 // Attributes num_heads, kv_num_heads; query head h reads kv head h / (nh / nkv).
 //
 // RoPE is the half-split form (GroupQueryAttention's do_rotary=1, rotary_interleaved=0). Query row (b, r, h) attends
@@ -35,6 +35,7 @@
 // another; the fused multiply-adds are explicit (all of them, or none where the CPU has no FMA).
 #include <algorithm>
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -529,10 +530,12 @@ void compute(const Kernel& kernel, OrtKernelContext* context) {
 
   const int32_t* past_lengths = static_cast<const int32_t*>(lengths.data);
   const int64_t* position_ids = static_cast<const int64_t*>(positions.data);
+  int64_t needed = capacity;  // the present's rows: the past's, or more when a row's new slots run past them
   for (int64_t b = 0; b < batch; ++b) {
-    if (past_lengths[b] < 0 || past_lengths[b] + slots > capacity)
-      throw OpError("row " + std::to_string(b) + ": past length " + std::to_string(past_lengths[b]) + " + " +
-                    std::to_string(slots) + " new slots do not fit the cache's " + std::to_string(capacity) + " rows");
+    if (past_lengths[b] < 0 || past_lengths[b] > capacity)
+      throw OpError("row " + std::to_string(b) + ": past length " + std::to_string(past_lengths[b]) +
+                    " is outside the cache's " + std::to_string(capacity) + " rows");
+    needed = std::max(needed, int64_t(past_lengths[b]) + slots);
     for (int64_t r = 0; r < slots; ++r) {
       const int64_t pos = position_ids[b * slots + r];
       if (pos < 0 || pos >= cos.shape[0])
@@ -542,17 +545,27 @@ void compute(const Kernel& kernel, OrtKernelContext* context) {
   }
 
   float* out = output(context, 0, {batch, slots, kernel.heads * hd});
-  float* present_key = output(context, 1, past_key.shape);
-  float* present_value = output(context, 2, past_value.shape);
-  const size_t cache_floats = size_t(batch) * kv_heads * capacity * hd;
-  // bound to the past's own buffer (the runtime's IO binding): append in place; else start from a copy of the past
-  if (present_key != past_key.data) std::memcpy(present_key, past_key.data, cache_floats * sizeof(float));
-  if (present_value != past_value.data) std::memcpy(present_value, past_value.data, cache_floats * sizeof(float));
+  // present [B, nkv, max(capacity, past + T), hd], as GroupQueryAttention's: bound to the past's own buffer (the
+  // runtime's IO binding, which sizes the cache for every step) the new rows are appended in place; otherwise the
+  // present starts as a copy of the past, with room for the new rows
+  const std::vector<int64_t> present_shape{batch, kv_heads, needed, hd};
+  float* present_key = output(context, 1, present_shape);
+  float* present_value = output(context, 2, present_shape);
+  if ((present_key == past_key.data || present_value == past_value.data) && needed != capacity)
+    throw OpError("the present cache shares the past's buffer but the new slots do not fit its rows");
+  const float* pasts[] = {static_cast<const float*>(past_key.data), static_cast<const float*>(past_value.data)};
+  float* presents[] = {present_key, present_value};
+  for (int i = 0; i < 2; ++i) {
+    if (presents[i] == pasts[i]) continue;
+    const size_t block = size_t(capacity) * hd, stride = size_t(needed) * hd;
+    for (size_t head = 0; head < size_t(batch) * kv_heads; ++head)
+      std::memcpy(presents[i] + head * stride, pasts[i] + head * block, block * sizeof(float));
+  }
   if (batch == 0 || slots == 0) return;
 
   Problem p{};
   p.batch = int(batch), p.slots = int(slots), p.heads = kernel.heads, p.kv_heads = kernel.kv_heads;
-  p.group = kernel.heads / kernel.kv_heads, p.hd = int(hd), p.capacity = int(capacity), p.positions = int(cos.shape[0]);
+  p.group = kernel.heads / kernel.kv_heads, p.hd = int(hd), p.capacity = int(needed), p.positions = int(cos.shape[0]);
   p.qkv = static_cast<const float*>(qkv.data), p.past_lengths = past_lengths, p.position_ids = position_ids;
   p.mask = static_cast<const bool*>(mask.data);
   p.cos = static_cast<const float*>(cos.data), p.sin = static_cast<const float*>(sin.data);

@@ -173,7 +173,8 @@ class OrtEngine:
             log.info("%s: the drafter runs in its own ONNX Runtime session; intra-op workers do not spin (pass "
                      "--spin to force it)", self.engine_dir)
             spin = False
-        options = session_options(threads, spin)  # spin None: TRTSPEC_ORT_SPIN decides (default: spin)
+        # spin None: TRTSPEC_ORT_SPIN decides (default: spin); TreeAttention engines need trtspec's own kernels
+        options = session_options(threads, spin, native_ops=self.manifest.attention == "tree")
         self.threads, self.spin = options.intra_op_num_threads, effective_spin(spin)
         graph = lambda role: _Graph(self.engine_dir / files[role], options) if role in files else None  # noqa: E731
         self._context, self._generation = graph("context"), graph("generation")
@@ -192,11 +193,12 @@ class OrtEngine:
         self._decode = (self._generation if self._generation is not None and
                         not isinstance(self._generation.tokens, int) else self._context)
         # quantized weights: a plain step must compute its token as a verify step's first slot does (see
-        # EngineWeights.min_step_slots), so that speculation stays lossless: 1 slot where the graph pads attention
-        # itself and this host's kernels compute one row as they do many, else 2 slots (one masked)
+        # EngineWeights.min_step_slots), so that speculation stays lossless: 1 slot where the graph's attention
+        # computes one row as many (TreeAttention, or GroupQueryAttention padded inside the graph) and this host's
+        # kernels compute one row as they do many, else 2 slots (one masked)
         self._min_slots = self._plain_step_slots() if self._decode is self._generation else 1
         # ... which makes a chain's slots exact, not a tree's second branches: drafters draft chains on such engines
-        self.chains_only = self.manifest.weights.chains_only
+        self.chains_only = self.manifest.chains_only
         self._size = p.max_seq_len + p.tokens_per_step  # room for one padded step past max_seq_len
         self._costs = None
         self._seqs: dict[int, _Sequence] = {}
@@ -332,10 +334,11 @@ class OrtEngine:
         as in a verify step: ONNX Runtime's GroupQueryAttention takes another path for one row, and its 4-bit
         MatMulNBits kernels do on some CPUs (bit-identical on an AVX-512 VNNI EPYC, not on another host; the 8-bit
         kernels agree everywhere measured). A graph that pads attention to 2 rows itself (Manifest.attention_rows)
-        leaves the products: one slot is fed when a plain step of one slot gives bit-identical logits to the same
+        leaves the products (as does TreeAttention, whose one-row path is its many-row path): one slot is fed when a
+        plain step of one slot gives bit-identical logits to the same
         token fed as 2 slots on this host (checked here once, on a scratch cache); else 2 slots, as before."""
         need = self.manifest.weights.min_step_slots
-        if need == 1 or self.manifest.attention_rows < need:
+        if need == 1 or (self.manifest.attention_rows < need and self.manifest.attention != "tree"):
             return need
         m, vocab = self.manifest.model, self.manifest.model.vocab_size
         cache = _Cache.allocate(m.num_layers, 16, m.num_kv_heads, m.head_dim)

@@ -2,7 +2,8 @@
 in-flight batch, measured once and cached.
 
 `load_or_measure(engine)` returns the engine's `StepCosts`: from `verify_curve.json` beside the engine when a curve
-there was measured for the same slot profiles, thread count, spinning and ONNX Runtime version, else measured now (a second or
+there was measured for the same slot profiles, thread count, spinning, ONNX Runtime version (and build of trtspec's
+TreeAttention, for engines that run it), else measured now (a second or
 ten for SmolLM2-135M: every profile's step after a 256-token past, rounds alternating between profiles, the median of
 each, levelled so that no profile costs more than a larger one; then the same over a batch of up to 8 sequences) and
 added there atomically (kept in memory only when the engine folder is read-only). The file keeps one curve per
@@ -41,8 +42,13 @@ def curve_key(engine) -> dict:
     """What a cached curve must match to be reused."""
     import onnxruntime
 
-    return {"slot_profiles": list(engine.slot_profiles), "threads": engine.threads, "spin": engine.spin,
-            "past": min(PAST_TOKENS, engine.manifest.profile.max_input_len), "onnxruntime": onnxruntime.__version__}
+    key = {"slot_profiles": list(engine.slot_profiles), "threads": engine.threads, "spin": engine.spin,
+           "past": min(PAST_TOKENS, engine.manifest.profile.max_input_len), "onnxruntime": onnxruntime.__version__}
+    if getattr(engine.manifest, "attention", "gqa") == "tree":  # trtspec's own kernel: the build of it that ran
+        from trtspec import native
+
+        key["native_ops"] = native.fingerprint()[:16]
+    return key
 
 
 def measure(engine, *, rounds: int = ROUNDS, past: int = PAST_TOKENS, batch: bool = True) -> StepCosts:

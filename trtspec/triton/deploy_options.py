@@ -101,7 +101,7 @@ def check_method(manifest: Manifest, method: str, what: str = "--method") -> Non
     if method == "lookahead" and manifest.profile.max_draft_len < 2:
         raise ConfigError(f"{what} lookahead: the engine was built with max_draft_len "
                           f"{manifest.profile.max_draft_len}; its smallest step, (W, N, G) = 2,2,1, drafts 2")
-    if method == "lookahead" and manifest.weights.chains_only:
+    if method == "lookahead" and manifest.chains_only:
         raise ConfigError(f"{what} lookahead: {manifest.name} has quantized weights, whose verify steps compute only "
                           "chains exactly like plain steps, and lookahead verifies a tree; use ngram or suffix")
     runs = manifest.runnable_methods()
