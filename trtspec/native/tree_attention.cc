@@ -244,26 +244,26 @@ inline Vec tree_level(Vec x, Vec y, const IVec& low, const IVec& high) {
   return __builtin_shuffle(x, y, low) + __builtin_shuffle(x, y, high);
 }
 
-// partial[j]: key j's 16 lane sums. Returns the 16 dot products, key j in lane j.
-inline Vec reduce_16(Vec partial[kWidth]) {
-  // level 1: lanes l and l + 8 of two keys a, b -> [a: 8 lanes | b: 8 lanes]
-  const IVec l1_low = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-  const IVec l1_high = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-  // level 2: lanes l and l + 4 of each key's 8 -> [a: 4 | b: 4 | c: 4 | d: 4]
-  const IVec l2_low = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-  const IVec l2_high = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
-  // level 3: lanes l and l + 2 of each key's 4 -> 8 keys x 2 lanes
-  const IVec l3_low = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-  const IVec l3_high = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
-  // level 4: lanes 0 and 1 of each key's 2 -> 16 keys x 1 lane
-  const IVec l4_low = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-  const IVec l4_high = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
-  Vec one[8], two[4], three[2];
-  for (int m = 0; m < 8; ++m) one[m] = tree_level(partial[2 * m], partial[2 * m + 1], l1_low, l1_high);
-  for (int m = 0; m < 4; ++m) two[m] = tree_level(one[2 * m], one[2 * m + 1], l2_low, l2_high);
-  for (int m = 0; m < 2; ++m) three[m] = tree_level(two[2 * m], two[2 * m + 1], l3_low, l3_high);
-  return tree_level(three[0], three[1], l4_low, l4_high);
+constexpr IVec kLevel1Low = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+constexpr IVec kLevel1High = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+constexpr IVec kLevel2Low = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+constexpr IVec kLevel2High = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+constexpr IVec kLevel3Low = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+constexpr IVec kLevel3High = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+constexpr IVec kLevel4Low = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+constexpr IVec kLevel4High = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+
+// partial[j]: key j's 16 lane sums, for 8 keys. Levels 1-3 of their trees: lanes l + 8 -> [a: 8 | b: 8], then
+// l + 4 -> [a: 4 | b: 4 | c: 4 | d: 4], then l + 2 -> 8 keys x 2 lanes (key j in lanes 2j, 2j + 1).
+inline Vec reduce_8_keys(const Vec partial[8]) {
+  Vec one[4], two[2];
+  for (int m = 0; m < 4; ++m) one[m] = tree_level(partial[2 * m], partial[2 * m + 1], kLevel1Low, kLevel1High);
+  for (int m = 0; m < 2; ++m) two[m] = tree_level(one[2 * m], one[2 * m + 1], kLevel2Low, kLevel2High);
+  return tree_level(two[0], two[1], kLevel3Low, kLevel3High);
 }
+
+// level 4 of 16 keys' trees (keys 0-7 from `first`, 8-15 from `second`): lanes 0 + 1 -> key j in lane j
+inline Vec reduce_16_keys(Vec first, Vec second) { return tree_level(first, second, kLevel4Low, kLevel4High); }
 
 // half-split rotary embedding of one head vector (h = hd / 2):
 // out[i] = x[i] cos - x[i + h] sin, out[i + h] = x[i + h] cos + x[i] sin
@@ -366,19 +366,24 @@ void attend(const Problem& p, int b, int kvh, int h_begin, int h_end) {
     for (int i = 0; i < rows; ++i) {
       Vec qi[C];
       for (int c = 0; c < C; ++c) qi[c] = q[size_t(i) * C + c];
-      Vec partial[kWidth];
-      if (count == kWidth) {  // 16 keys' chains side by side
-        for (int j = 0; j < kWidth; ++j) partial[j] = fma(qi[0], chunk<C>(key + j * hd, 0, tail), Vec{});
-        for (int c = 1; c < C; ++c)
-          for (int j = 0; j < kWidth; ++j) partial[j] = fma(qi[c], chunk<C>(key + j * hd, c, tail), partial[j]);
-      } else {  // the last block: the same chains for the keys there are, zeros after them
-        for (int j = 0; j < kWidth; ++j) partial[j] = Vec{};
-        for (int j = 0; j < count; ++j) {
-          partial[j] = fma(qi[0], chunk<C>(key + j * hd, 0, tail), Vec{});
-          for (int c = 1; c < C; ++c) partial[j] = fma(qi[c], chunk<C>(key + j * hd, c, tail), partial[j]);
+      Vec half[2];  // keys 0-7 and 8-15, each reduced to 2 lanes a key (8 keys at a time: fewer live registers)
+      for (int g = 0; g < 2; ++g) {
+        const float* base = key + g * 8 * hd;
+        Vec partial[8];
+        if (count >= (g + 1) * 8) {  // 8 keys' chains side by side
+          for (int j = 0; j < 8; ++j) partial[j] = fma(qi[0], chunk<C>(base + j * hd, 0, tail), Vec{});
+          for (int c = 1; c < C; ++c)
+            for (int j = 0; j < 8; ++j) partial[j] = fma(qi[c], chunk<C>(base + j * hd, c, tail), partial[j]);
+        } else {  // the last block: the same chains for the keys there are, zeros after them
+          for (int j = 0; j < 8; ++j) partial[j] = Vec{};
+          for (int j = 0; j < count - g * 8; ++j) {
+            partial[j] = fma(qi[0], chunk<C>(base + j * hd, 0, tail), Vec{});
+            for (int c = 1; c < C; ++c) partial[j] = fma(qi[c], chunk<C>(base + j * hd, c, tail), partial[j]);
+          }
         }
+        half[g] = reduce_8_keys(partial);
       }
-      store(score + size_t(i) * width + first, reduce_16(partial));
+      store(score + size_t(i) * width + first, reduce_16_keys(half[0], half[1]));
     }
   }
 
