@@ -443,8 +443,8 @@ def test_tune_builds_and_measures_eagle_trees(eagle_engine, prompt_file, tmp_pat
 
 
 def test_a_quantized_medusa_engine_is_tuned_over_chains(generator, recordings):
-    """A quantized engine drafts chains only, so tune predicts chains for it: each budget's top-1 chain and the
-    shipped tree's chain, never a tree it would not draft."""
+    """A quantized engine with GroupQueryAttention drafts chains only, so tune predicts chains for it: each budget's
+    top-1 chain and the shipped tree's chain, never a tree it would not draft."""
     from dataclasses import replace
 
     from trtspec.bench.tune import _medusa_trees
@@ -455,7 +455,7 @@ def test_a_quantized_medusa_engine_is_tuned_over_chains(generator, recordings):
     _, trees = _medusa_trees(recordings[1], [2, 3, 8], manifest)
     assert any(c[-1] != 0 for _, choices in trees for c in choices)  # fp32: real trees, with second choices
     int8 = WeightFormat(dtype=WeightDtype.INT8, block_size=32, accuracy_level=4)
-    quantized = replace(manifest, weights=EngineWeights(linear=int8, lm_head=int8, embedding=int8))
+    quantized = replace(manifest, weights=EngineWeights(linear=int8, lm_head=int8, embedding=int8), attention="gqa")
     _, trees = _medusa_trees(recordings[1], [2, 3, 8], quantized)
     chains = dict(trees)
     assert all(c == [[0] * d for d in range(1, len(c) + 1)] for c in chains.values())
@@ -490,7 +490,7 @@ def test_a_quantized_eagle_engine_is_tuned_over_chains(eagle_recordings):
     _, trees = _eagle_trees(recordings, [2, 8], manifest, MAX_TOKENS, depth=8)
     assert any(c[-1] != 0 for _, choices in trees for c in choices)  # fp32: real trees, with second choices
     int8 = WeightFormat(dtype=WeightDtype.INT8, block_size=32, accuracy_level=4)
-    quantized = replace(manifest, weights=EngineWeights(linear=int8, lm_head=int8, embedding=int8))
+    quantized = replace(manifest, weights=EngineWeights(linear=int8, lm_head=int8, embedding=int8), attention="gqa")
     chains = dict(_eagle_trees(recordings, [2, 8], quantized, MAX_TOKENS, depth=3)[1])
     assert chains == {"eagle-tree/2": [[0], [0, 0]], "eagle-tree/3": [[0], [0, 0], [0, 0, 0]],
                       "eagle (shipped)": [[0], [0, 0]]}

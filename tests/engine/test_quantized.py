@@ -635,12 +635,18 @@ def test_a_quantized_engine_with_tree_attention_drafts_trees_losslessly(engines,
 
 
 def test_attention_kernel_flag(ckpts, tmp_path):
-    """--attention: tree or gqa on any weights (fp32 defaults to gqa); anything else is a one-line error."""
-    assert plan_build(BuildOptions(source=ckpts["none"], out=tmp_path / "a", max_input_len=64)).attention == "gqa"
-    assert plan_build(BuildOptions(source=ckpts["none"], out=tmp_path / "a", max_input_len=64, attention="tree")).attention == "tree"
-    m = plan_build(BuildOptions(source=ckpts["none"], out=tmp_path / "a", max_input_len=64, weights="int8", attention="gqa"))
+    """--attention: tree (the default, any weights) or gqa; anything else is a one-line error."""
+    def plan(**options):
+        return plan_build(BuildOptions(source=ckpts["none"], out=tmp_path / "a", max_input_len=64, **options))
+
+    assert (plan().attention, plan(weights="int8").attention) == ("tree", "tree")
+    assert plan(weights="int8").attention_rows == 1 and not plan(weights="int8").chains_only
+    m = plan(weights="int8", attention="gqa")
     assert (m.attention, m.attention_rows, m.chains_only) == ("gqa", 2, True)
+    m = plan(attention="gqa")
+    assert (m.attention, m.attention_rows, m.chains_only) == ("gqa", 1, False)  # fp32: trees, to ~2e-5
+    assert "attention" not in m.to_dict()  # as earlier manifests read
     with pytest.raises(ConfigError, match="--attention 'flash'"):
-        plan_build(BuildOptions(source=ckpts["none"], out=tmp_path / "a", max_input_len=64, attention="flash"))
+        plan(attention="flash")
     result = CliRunner().invoke(cli, ["build", str(ckpts["none"]), "--out", str(tmp_path / "b"), "--attention", "x"])
     assert result.exit_code == 2 and "--attention" in result.output

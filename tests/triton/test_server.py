@@ -385,9 +385,15 @@ def test_the_gauges_move_as_requests_queue_and_finish(long_repo):
               "trtspec_kv_rows_free", "trtspec_engine_last_step_sequences")
 
     def wait_for(expected):
+        from urllib.error import URLError
+
         seen = {}
         for _ in range(60):
-            seen = read_counters(running.metrics_url)
+            try:
+                seen = read_counters(running.metrics_url)
+            except URLError:  # the metrics endpoint may open a moment after the server reports ready
+                time.sleep(0.25)
+                continue
             if all(seen.get(name) == value for name, value in expected.items()):
                 return seen
             time.sleep(0.25)

@@ -100,16 +100,19 @@ def plan_build(opts: BuildOptions) -> Manifest:
 
 
 def attention_kernel(opts: BuildOptions, plan) -> str:
-    """The target generation graph's attention kernel: --attention, else TreeAttention where the target's weights
-    are quantized (int8 activation rounding turns GroupQueryAttention's last-bit differences between a plain step
-    and a tree slot into different tokens; see quantize.PLAIN_STEP_SLOTS) and GroupQueryAttention for fp32."""
+    """The target generation graph's attention kernel: --attention, else TreeAttention. Its query rows compute
+    alike in plain and verify steps at any place of any tree, so speculation is exact on every engine: with
+    GroupQueryAttention a tree slot on a second branch differs from plain decoding in the last bits (fp32: 2e-5 in
+    the logits, which flips a token only at such a near-tie; quantized: int8 activation rounding turns it into
+    different tokens, so those engines draft chains; see quantize.PLAIN_STEP_SLOTS). It decodes fp32 as fast and
+    quantized weights faster (README, TreeAttention)."""
     from trtspec.model.onnx_ops import ATTENTION_KERNELS  # onnx, imported when a build is planned
 
     if opts.attention is not None:
         if opts.attention not in ATTENTION_KERNELS:
             raise ConfigError(f"--attention {opts.attention!r}: expected one of {', '.join(ATTENTION_KERNELS)}")
         return opts.attention
-    return "tree" if plan.attention_rows > 1 else "gqa"
+    return "tree"
 
 
 def _attention(opts: BuildOptions, plan) -> dict:

@@ -32,6 +32,8 @@ def engine_summary(directory: Path) -> dict:
     if m.tree:
         out["tree"] = [list(c) for c in m.tree]
     if m.backend.value == "onnx":  # the drafters `generate --method` / `draft_method` may ask for
+        out["attention"] = ("TreeAttention (trtspec's kernel: every tree slot exact)" if m.attention == "tree" else
+                            "GroupQueryAttention" + (" (quantized: chains only)" if m.chains_only else ""))
         out["methods"] = list(m.runnable_methods())
     out["files"] = {rel: (directory / rel).stat().st_size for rel in sorted(set(m.files.values()))}
     curve = directory / CURVE_FILE

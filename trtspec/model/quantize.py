@@ -81,7 +81,7 @@ PLAIN_STEP_SLOTS = 2
 # differed by 0.3-0.6 in the logits (fp32 engines: 2e-5), and greedy ngram decoding with Token-Recycling trees
 # departed from plain decoding on 1 of 12 real prompts, at a near-tie. So quantized engines built with
 # GroupQueryAttention (`--attention gqa`) draft chains only (speculative.engine's `chains_only`). Engines built with
-# trtspec's own TreeAttention (trtspec/native; the default for quantized weights) compute a query row from its visible
+# trtspec's own TreeAttention (trtspec/native; the default) compute a query row from its visible
 # keys alone, in their order, whatever the rows around it: a slot anywhere in a tree is bit-identical to plain steps
 # along its path, and plain steps run one slot, unpadded (tests/engine/test_quantized.py).
 
