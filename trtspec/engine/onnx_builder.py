@@ -99,7 +99,7 @@ def plan_build(opts: BuildOptions) -> Manifest:
                     **_attention(opts, plan))
 
 
-def attention_kernel(opts: BuildOptions, plan) -> str:
+def attention_kernel(opts: BuildOptions) -> str:
     """The target generation graph's attention kernel: --attention, else TreeAttention. Its query rows compute
     alike in plain and verify steps at any place of any tree, so speculation is exact on every engine: with
     GroupQueryAttention a tree slot on a second branch differs from plain decoding in the last bits (fp32: 2e-5 in
@@ -117,7 +117,7 @@ def attention_kernel(opts: BuildOptions, plan) -> str:
 
 def _attention(opts: BuildOptions, plan) -> dict:
     """The manifest's attention fields: the kernel, and the rows GroupQueryAttention is padded to (1 for tree)."""
-    kernel = attention_kernel(opts, plan)
+    kernel = attention_kernel(opts)
     return {"attention": kernel, "attention_rows": plan.attention_rows if kernel == "gqa" else 1}
 
 

@@ -24,8 +24,8 @@ from onnx import TensorProto, helper
 
 from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.errors import BuildError
-from trtspec.model.onnx_ops import (ATTENTION_KERNELS, HEAD_DIM_MULTIPLE, Dims, Graph, Residual, WeightFile, decoder_layer, embed,
-                                    linear, logits, prelude, tie_quantized)
+from trtspec.model.onnx_ops import (ATTENTION_KERNELS, HEAD_DIM_MULTIPLE, Dims, Graph, Residual, WeightFile,
+                                    decoder_layer, embed, linear, logits, prelude, tie_quantized)
 from trtspec.model.quantize import QuantSpec, min_step_slots, pack
 from trtspec.progress import progress_bar
 
