@@ -91,3 +91,17 @@ def test_the_cpu_flavours_own_checks(tiny_engine, tmp_path):
 def _problems(findings):
     """The errors and warnings (a note is a fact, e.g. which request tensor names the ensemble takes)."""
     return [f for f in findings if f.severity != "note"]
+
+
+def test_an_engine_running_tree_attention_needs_the_native_library(tiny_engine, tmp_path, monkeypatch):
+    """A repository whose engine runs TreeAttention on a machine where trtspec's ops are not built: doctor says the
+    model fails to load and names the setup script."""
+    from trtspec import native
+    from trtspec.engine.manifest import read_manifest
+
+    assert read_manifest(tiny_engine).attention == "tree"
+    repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "repo"))
+    assert _problems(doctor(repo)) == []
+    monkeypatch.setattr(native, "LIBRARY", tmp_path / "missing" / "libtrtspec_ops.so")
+    problems = _problems(doctor(repo))
+    assert len(problems) == 1 and "TreeAttention" in str(problems[0]) and "scripts/setup.sh" in str(problems[0]), problems
