@@ -650,3 +650,21 @@ def test_attention_kernel_flag(ckpts, tmp_path):
         plan(attention="flash")
     result = CliRunner().invoke(cli, ["build", str(ckpts["none"]), "--out", str(tmp_path / "b"), "--attention", "x"])
     assert result.exit_code == 2 and "--attention" in result.output
+
+
+def test_a_tree_attention_build_without_the_native_library_fails_first(ckpts, tmp_path, monkeypatch):
+    """Without trtspec's compiled ops a TreeAttention build stops before it writes anything, naming the setup
+    script; --attention gqa still builds; an engine that needs the library fails to load in the same one line."""
+    from trtspec import native
+    from trtspec.errors import NativeLibraryError
+
+    built = build(BuildOptions(source=ckpts["none"], out=tmp_path / "tree", max_input_len=64, max_seq_len=160))
+    monkeypatch.setattr(native, "LIBRARY", tmp_path / "missing" / "libtrtspec_ops.so")
+    with pytest.raises(NativeLibraryError, match="scripts/setup.sh"):
+        build(BuildOptions(source=ckpts["none"], out=tmp_path / "e", max_input_len=64, max_seq_len=160))
+    assert not (tmp_path / "e").exists()
+    assert build(BuildOptions(source=ckpts["none"], out=tmp_path / "g", max_input_len=64, max_seq_len=160,
+                              attention="gqa")).attention == "gqa"
+    assert built.attention == "tree"
+    with pytest.raises(NativeLibraryError, match="scripts/setup.sh"):
+        OrtEngine(tmp_path / "tree", threads=1)

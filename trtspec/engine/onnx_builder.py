@@ -218,6 +218,10 @@ def build(opts: BuildOptions) -> Manifest:
 
     manifest = plan_build(opts)
     check_output_dir(Path(opts.out), force=opts.force)
+    if manifest.attention == "tree":  # the numerics check runs the graphs: say so now, not after the export
+        from trtspec import native
+
+        native.library_path()
     ckpt = read_trtllm_checkpoint(opts.source)
     with atomic_output_dir(Path(opts.out), force=opts.force) as tmp:
         p = manifest.profile  # a step's slots may reach K + 1 positions past max_seq_len - 1 (see OrtEngine)
