@@ -12,7 +12,7 @@ import pytest
 from trtspec.bench import attention_op
 from trtspec.model.ort_session import session_options
 from trtspec.native import register
-from trtspec.native.graph import SMOLLM2
+from trtspec.model.tree_attention_graph import SMOLLM2
 
 
 def tree_of(parents: list[int]) -> np.ndarray:

@@ -76,7 +76,7 @@ def test_a_fresh_process_with_the_engines_session_options_loads_the_op_and_keeps
         import onnxruntime as ort
         from trtspec.model.ort_session import session_options
         from trtspec.native import register
-        from trtspec.native.graph import SMOLLM2, tree_attention_model
+        from trtspec.model.tree_attention_graph import SMOLLM2, tree_attention_model
         options = session_options(threads=2, spin=True)
         register(options)
         session = ort.InferenceSession(tree_attention_model(SMOLLM2).SerializeToString(), options,

@@ -11,7 +11,7 @@ import pytest
 
 from trtspec.model.ort_session import session_options
 from trtspec.native import register
-from trtspec.native.graph import INPUTS, SMOLLM2, AttentionShape, tree_attention_model
+from trtspec.model.tree_attention_graph import INPUTS, SMOLLM2, AttentionShape, tree_attention_model
 
 TINY = AttentionShape(4, 2, 8)
 ODD_CHUNKS = AttentionShape(2, 1, 24)  # hd / 8 odd: the dot product's last chunk has no partner

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trtspec.native.graph import SMOLLM2, AttentionShape
+from trtspec.model.tree_attention_graph import SMOLLM2, AttentionShape
 
 TREE = "tree_attention"
 GQA = "group_query_attention"

@@ -16,14 +16,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from trtspec import native
 from trtspec.model.quantize import QuantizedMatrix, QuantSpec, quantize
 
 OPSET = 23  # RMSNormalization is standard from opset 23 (ONNX Runtime >= 1.22 runs it)
 IR_VERSION = 10
 # SkipSimplifiedLayerNormalization, GroupQueryAttention: ONNX Runtime contrib ops with CPU kernels
 MS_DOMAIN = "com.microsoft"
-# TreeAttention: trtspec's own CPU kernel (trtspec/native), registered on the session by trtspec.native
-TRTSPEC_DOMAIN = "com.trtspec"
 # the attention kernels a generation graph runs: ONNX Runtime's GroupQueryAttention, or trtspec's TreeAttention,
 # whose query row computes the same whatever the rows around it (see attention())
 ATTENTION_KERNELS = ("gqa", "tree")
@@ -173,8 +172,8 @@ class Graph:
     def model(self, name: str, inputs: list, outputs: list) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, name, inputs, outputs, initializer=list(self.used.values()))
         opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)]
-        if any(n.domain == TRTSPEC_DOMAIN for n in self.nodes):
-            opsets.append(helper.make_opsetid(TRTSPEC_DOMAIN, 1))
+        if any(n.domain == native.DOMAIN for n in self.nodes):  # TreeAttention: trtspec's own kernel (trtspec/native)
+            opsets.append(helper.make_opsetid(native.DOMAIN, 1))
         return helper.make_model(graph, opset_imports=opsets, ir_version=IR_VERSION,
                                  producer_name="trtspec")
 
@@ -338,8 +337,8 @@ def attention(g: Graph, d: Dims, pre: Prelude, x: str, prefix: str, layer: int) 
     (see quantize.PLAIN_STEP_SLOTS)."""
     qkv = linear(g, x, f"{prefix}.qkv", f"{prefix}.qkv")  # [B, T, (nh + 2 nkv) hd], q pre-scaled by 1/sqrt(hd)
     if pre.kernel == "tree":  # the same inputs and cache binding; a query row's arithmetic is its own (trtspec/native)
-        out, _, _ = g.op("TreeAttention", qkv, f"past_key_{layer}", f"past_value_{layer}", "past_lengths",
-                         pre.position_ids, pre.tree_mask, pre.cos, pre.sin, domain=TRTSPEC_DOMAIN,
+        out, _, _ = g.op(native.TREE_ATTENTION, qkv, f"past_key_{layer}", f"past_value_{layer}", "past_lengths",
+                         pre.position_ids, pre.tree_mask, pre.cos, pre.sin, domain=native.DOMAIN,
                          outputs=(f"{prefix}.attn", f"present_key_{layer}", f"present_value_{layer}"),
                          num_heads=d.num_heads, kv_num_heads=d.num_kv_heads)
         return linear(g, out, f"{prefix}.o", f"{prefix}.o")

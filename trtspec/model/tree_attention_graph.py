@@ -1,16 +1,15 @@
 """A graph of one TreeAttention node (com.trtspec), its inputs and outputs named as the op's, for tests and
-micro-benchmarks of the op alone. Needs onnx (the build extra)."""
+micro-benchmarks of the op alone (trtspec/native). Needs onnx (the build extra)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trtspec.model.onnx_ops import IR_VERSION, OPSET
 from trtspec.native import DOMAIN, TREE_ATTENTION
 
 INPUTS = ("qkv", "past_key", "past_value", "past_lengths", "position_ids", "tree_mask", "cos_cache", "sin_cache")
 OUTPUTS = ("attn", "present_key", "present_value")
-OPSET = 23
-IR_VERSION = 10
 
 
 @dataclass(frozen=True)
