@@ -241,6 +241,11 @@ class EngineWeights:
         return max(min_step_slots(f.dtype) for f in (self.linear, self.lm_head))
 
     @property
+    def has_block_minima(self) -> bool:
+        """Whether a component is int4 with a minimum per block (its products end in trtspec's AddBlockOffsets)."""
+        return any(f is not None and f.scheme is QuantScheme.MIN for f in (self.linear, self.lm_head, self.drafter))
+
+    @property
     def chains_only(self) -> bool:
         """Whether the engine's verify steps compute a slot exactly as a plain step only on a chain (quantized target
         weights; see the note on quantize.PLAIN_STEP_SLOTS): drafters then draft chains."""
@@ -306,6 +311,17 @@ class Manifest:
         with GroupQueryAttention (see the note on quantize.PLAIN_STEP_SLOTS); drafters then draft chains. With
         TreeAttention every slot of a tree is exact."""
         return self.weights.chains_only and self.attention != "tree"
+
+    @property
+    def native_ops(self) -> tuple[str, ...]:
+        """trtspec's own ONNX Runtime ops (trtspec/native) the engine's graphs run, which its sessions must load:
+        TreeAttention (attention "tree") and AddBlockOffsets (int4 weights with block minima)."""
+        from trtspec import native  # no onnx, no numpy: the serving path's import
+
+        ops = (native.TREE_ATTENTION,) if self.attention == "tree" else ()
+        if self.weights.has_block_minima:
+            ops += (native.ADD_BLOCK_OFFSETS,)
+        return ops
 
     def runnable_methods(self) -> tuple[str, ...]:
         """The methods a CPU engine with this manifest runs (`generate --method`, a deployment's `method`)."""

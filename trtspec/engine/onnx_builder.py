@@ -218,7 +218,7 @@ def build(opts: BuildOptions) -> Manifest:
 
     manifest = plan_build(opts)
     check_output_dir(Path(opts.out), force=opts.force)
-    if manifest.attention == "tree":  # the numerics check runs the graphs: say so now, not after the export
+    if manifest.native_ops:  # the numerics check runs the graphs: say so now, not after the export
         from trtspec import native
 
         native.library_path()

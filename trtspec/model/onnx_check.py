@@ -14,7 +14,7 @@ from trtspec.errors import BuildError
 from trtspec.model.onnx_graph import ExportedGraph, WeightPlan
 from trtspec.model.quantize import QuantSpec, fake_quantize
 from trtspec.model.ort_session import ort_session
-from trtspec.native import TREE_ATTENTION
+from trtspec import native
 
 
 def check_graph(path: Path) -> None:
@@ -75,7 +75,7 @@ def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], 
     diffs = {}
     for role, graph in graphs.items():
         model = models["draft_" if role.startswith("draft_") else ""]
-        session = ort_session(graph.path, native_ops=TREE_ATTENTION in graph.ops)
+        session = ort_session(graph.path, native_ops=not graph.ops.isdisjoint(native.OPS))
         if role == "medusa":
             diffs["medusa.medusa_logits"] = _compare_medusa(session, model, rng)
             continue

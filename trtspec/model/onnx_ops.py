@@ -76,11 +76,9 @@ class WeightFile:
         self._append(f"{name}.q", m.packed, TensorProto.UINT8)
         self._append(f"{name}.scales", np.ascontiguousarray((m.scales * factor).reshape(-1), np.float32),
                      TensorProto.FLOAT)
-        if m.offsets is not None:  # the min scheme: [blocks, n], the right operand of the block sums' MatMul
-            self.add(f"{name}.offsets", (m.offsets * factor).T)
-            ones = block_sums_matrix(m.blocks, m.block_size)
-            if ones not in self:
-                self.add(ones, np.kron(np.eye(m.blocks, dtype=np.float32), np.ones((m.block_size, 1), np.float32)))
+        if m.offsets is not None:  # the min scheme: [blocks, n], what AddBlockOffsets reads (see matmul_nbits)
+            self._append(f"{name}.offsets", np.ascontiguousarray((m.offsets * factor).T.astype(np.float16)),
+                         TensorProto.FLOAT16)
         self.quantized[name] = QuantizedInfo(k=m.k, n=m.n, blocks=m.blocks, bits=m.bits, block_size=m.block_size,
                                              accuracy_level=accuracy_level, offsets=m.offsets is not None)
 
@@ -132,7 +130,6 @@ class Graph:
         self.nodes: list[onnx.NodeProto] = []
         self.used: dict[str, TensorProto] = {}
         self.consts: dict[tuple, str] = {}
-        self.block_sums: dict[tuple[str, int], str] = {}  # (activation, block size) → its block sums
         self._ids = itertools.count()
 
     def op(self, op_type: str, *inputs: str, name: str | None = None, outputs: int | tuple[str, ...] = 1,
@@ -292,24 +289,8 @@ def matmul_nbits(g: Graph, x: str, weight: str, name: str | None = None) -> str:
              K=q.k, N=q.n, bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
     if not q.offsets:
         return y
-    # the min scheme: + sum_b blocksum_b(x) * offsets[b, :] (fp32), the block sums shared by products of one input
-    return g.op("Add", y, g.op("MatMul", block_sums(g, x, q.block_size, q.blocks), g.w(f"{weight}.offsets")),
-                name=name)
-
-
-def block_sums(g: Graph, x: str, block_size: int, blocks: int) -> str:
-    """x [..., blocks · block_size] → [..., blocks]: the sum of each block of inputs, computed once per input as one
-    MatMul with a 0/1 matrix (rank-agnostic, one op: a Reshape + ReduceSum took four with the shape arithmetic, and
-    each op costs a decode step a few microseconds)."""
-    key = (x, block_size)
-    if key not in g.block_sums:
-        g.block_sums[key] = g.op("MatMul", x, g.w(block_sums_matrix(blocks, block_size)))
-    return g.block_sums[key]
-
-
-def block_sums_matrix(blocks: int, block_size: int) -> str:
-    """The weight [blocks · block_size, blocks] of 0 / 1 that sums blocks (WeightFile writes it once per shape)."""
-    return f"block_sums.{blocks}x{block_size}"
+    # the min scheme: + sum_b blocksum_b(x) * offsets[b, :] (fp32), in one trtspec op (trtspec/native/block_offsets.cc)
+    return g.op(native.ADD_BLOCK_OFFSETS, y, x, g.w(f"{weight}.offsets"), domain=native.DOMAIN, name=name)
 
 
 def linear(g: Graph, x: str, weight: str, name: str) -> str:
@@ -418,8 +399,8 @@ def embed(g: Graph, ids: str, *, tied: bool) -> str:
         if not q.offsets:
             return rows
         # the min scheme: each block of a row + its offset (the lm_head's [blocks, V] table, gathered by column)
-        offsets = g.op("Unsqueeze", g.op("Transpose", g.op("Gather", g.w("lm_head.weight.offsets"), ids, axis=1),
-                                         perm=[1, 2, 0]), g.const([-1]))  # [B, T, blocks, 1]
+        gathered = g.op("Cast", g.op("Gather", g.w("lm_head.weight.offsets"), ids, axis=1), to=TensorProto.FLOAT)
+        offsets = g.op("Unsqueeze", g.op("Transpose", gathered, perm=[1, 2, 0]), g.const([-1]))  # [B, T, blocks, 1]
         blocked = g.op("Reshape", rows, g.const([0, 0, q.blocks, q.block_size]))
         return g.op("Reshape", g.op("Add", blocked, offsets), g.const([0, 0, q.k]), name="embedding")
     return g.op("Gather", g.w("lm_head.weight" if tied else "embedding.weight"), ids, axis=0, name="embedding")

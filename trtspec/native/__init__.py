@@ -1,6 +1,7 @@
-"""trtspec's own ONNX Runtime ops, compiled from C++ at setup: the library that adds the domain com.trtspec
-(TreeAttention: rotary attention over a KV cache and a tree of new slots whose result for a query row does not
-depend on the other rows of the call) to a session.
+"""trtspec's own ONNX Runtime ops, compiled from C++ at setup: the library that adds the domain com.trtspec to a
+session, with TreeAttention (rotary attention over a KV cache and a tree of new slots whose result for a query row
+does not depend on the other rows of the call) and AddBlockOffsets (what an int4 product with a minimum per block
+adds to MatMulNBits' output, in one op).
 
 `bash scripts/setup.sh` builds it (python -m trtspec.native.build) into this package's _build folder for the
 machine it runs on; nothing compiles at run time. `register(options)` adds it to an onnxruntime.SessionOptions.
@@ -22,10 +23,12 @@ if TYPE_CHECKING:
 
 DOMAIN = "com.trtspec"
 TREE_ATTENTION = "TreeAttention"
+ADD_BLOCK_OFFSETS = "AddBlockOffsets"
+OPS = (TREE_ATTENTION, ADD_BLOCK_OFFSETS)  # every op the library adds to the domain
 
 SOURCE_DIR = Path(__file__).resolve().parent
-SOURCES = ("tree_attention.cc",)
-HEADERS = ("ort_abi.h",)
+SOURCES = ("ops.cc", "tree_attention.cc", "block_offsets.cc")
+HEADERS = ("ort_abi.h", "op_support.h")
 BUILD_DIR = SOURCE_DIR / "_build"
 LIBRARY = BUILD_DIR / "libtrtspec_ops.so"
 STAMP = BUILD_DIR / "libtrtspec_ops.stamp"  # the fingerprint of the sources, flags and CPU the library was built from
@@ -75,5 +78,5 @@ def library_path() -> Path:
 
 
 def register(options: onnxruntime.SessionOptions) -> None:
-    """Add the com.trtspec ops (TreeAttention) to `options`, for every session created with them."""
+    """Add the com.trtspec ops (TreeAttention, AddBlockOffsets) to `options`, for every session created with them."""
     options.register_custom_ops_library(os.fspath(library_path()))

@@ -53,6 +53,7 @@ enum ONNXTensorElementDataType : int {
   ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 = 6,
   ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 = 7,
   ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL = 9,
+  ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 = 10,
 };
 
 enum OrtCustomOpInputOutputCharacteristic : int {

@@ -35,102 +35,22 @@
 // another; the fused multiply-adds are explicit (all of them, or none where the CPU has no FMA).
 #include <algorithm>
 #include <cmath>
-#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <limits>
 #include <mutex>
-#include <new>
 #include <string>
 #include <utility>
 #include <vector>
 
-#if defined(__SSE__)
-#include <immintrin.h>  // _mm_getcsr / _mm_setcsr (the caller's denormal mode, given to every worker), FMA
-#endif
+#include "op_support.h"
 
-#include "ort_abi.h"
-
-using namespace ort_abi;
-
+namespace trtspec_ops {
 namespace {
 
-constexpr const char* kDomain = "com.trtspec";
 constexpr const char* kOpName = "TreeAttention";
 constexpr int kLanes = 8;         // hd must be a multiple of it ...
 constexpr int kMaxHeadSize = 256;  // ... and at most this (the kernels are instantiated per 16-float chunk count)
-
-const OrtApi* g_api = nullptr;
-
-// ---- errors: exceptions inside, OrtStatus at the ABI boundary -------------------------------------------------------
-struct OpError : std::exception {
-  explicit OpError(std::string text, OrtErrorCode code = ORT_INVALID_ARGUMENT) : message(std::move(text)), code(code) {}
-  const char* what() const noexcept override { return message.c_str(); }
-  std::string message;
-  OrtErrorCode code;
-};
-
-void check(OrtStatus* status) {
-  if (status == nullptr) return;
-  std::string text = g_api->GetErrorMessage(status);
-  OrtErrorCode code = g_api->GetErrorCode(status);
-  g_api->ReleaseStatus(status);
-  throw OpError(text, code);
-}
-
-template <typename Body>
-OrtStatus* guarded(Body body) noexcept {
-  try {
-    body();
-    return nullptr;
-  } catch (const OpError& e) {
-    return g_api->CreateStatus(e.code, (std::string(kOpName) + ": " + e.message).c_str());
-  } catch (const std::bad_alloc&) {
-    return g_api->CreateStatus(ORT_FAIL, "TreeAttention: out of memory");
-  } catch (const std::exception& e) {
-    return g_api->CreateStatus(ORT_FAIL, (std::string(kOpName) + ": " + e.what()).c_str());
-  } catch (...) {
-    return g_api->CreateStatus(ORT_FAIL, "TreeAttention: unknown error");
-  }
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
-// ---- tensors --------------------------------------------------------------------------------------------------------
-struct TensorView {
-  void* data = nullptr;
-  std::vector<int64_t> shape;
-  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-};
-
-std::vector<int64_t> dims_of(const OrtTensorTypeAndShapeInfo* info) {
-  size_t rank = 0;
-  check(g_api->GetDimensionsCount(info, &rank));
-  std::vector<int64_t> shape(rank);
-  if (rank) check(g_api->GetDimensions(info, shape.data(), rank));
-  return shape;
-}
-
-TensorView view_of(const OrtValue* value) {
-  TensorView view;
-  OrtTensorTypeAndShapeInfo* info = nullptr;
-  check(g_api->GetTensorTypeAndShape(value, &info));
-  try {
-    check(g_api->GetTensorElementType(info, &view.type));
-    view.shape = dims_of(info);
-  } catch (...) {
-    g_api->ReleaseTensorTypeAndShapeInfo(info);
-    throw;
-  }
-  g_api->ReleaseTensorTypeAndShapeInfo(info);
-  // GetTensorMutableData is the API-17 way to read an input's buffer; inputs are only read through the pointer
-  check(g_api->GetTensorMutableData(const_cast<OrtValue*>(value), &view.data));
-  return view;
-}
 
 const char* const kInputNames[] = {"qkv", "past_key", "past_value", "past_lengths",
                                    "position_ids", "tree_mask", "cos_cache", "sin_cache"};
@@ -141,48 +61,15 @@ const ONNXTensorElementDataType kInputTypes[] = {
 constexpr size_t kInputCount = sizeof(kInputTypes) / sizeof(kInputTypes[0]);
 constexpr size_t kOutputCount = 3;
 
-TensorView input(const OrtKernelContext* context, size_t index, size_t rank) {
-  const OrtValue* value = nullptr;
-  check(g_api->KernelContext_GetInput(context, index, &value));
-  if (value == nullptr) throw OpError(std::string("input ") + kInputNames[index] + " is missing");
-  TensorView view = view_of(value);
-  if (view.shape.size() != rank)
-    throw OpError(std::string("input ") + kInputNames[index] + " has shape " + shape_text(view.shape) + ", expected " +
-                  std::to_string(rank) + " dimensions");
-  return view;
+TensorView input(const OrtKernelContext* context, size_t index, int rank) {
+  return trtspec_ops::input(context, index, rank, kInputNames[index]);
 }
 
 void expect_shape(size_t index, const TensorView& view, const std::vector<int64_t>& expected) {
-  if (view.shape != expected)
-    throw OpError(std::string("input ") + kInputNames[index] + " has shape " + shape_text(view.shape) +
-                  ", expected " + shape_text(expected));
+  trtspec_ops::expect_shape(kInputNames[index], view, expected);
 }
 
-float* output(OrtKernelContext* context, size_t index, const std::vector<int64_t>& shape) {
-  OrtValue* value = nullptr;
-  check(g_api->KernelContext_GetOutput(context, index, shape.data(), shape.size(), &value));
-  if (value == nullptr) throw OpError("output " + std::to_string(index) + " is missing");
-  void* data = nullptr;
-  check(g_api->GetTensorMutableData(value, &data));
-  return static_cast<float*>(data);
-}
-
-// ---- the arithmetic (one definition of each step, used for every row) ----------------------------------------------
-// Vectors of 16 floats (one AVX-512 register; two AVX2 ones elsewhere). Every floating-point result below is an
-// elementwise function of its own operands, or a reduction in an order fixed by the source: no path computes a row's
-// numbers differently from another.
-constexpr int kWidth = 16;
-typedef float Vec __attribute__((vector_size(kWidth * sizeof(float))));
-typedef int32_t IVec __attribute__((vector_size(kWidth * sizeof(int32_t))));
-
-inline Vec splat(float x) { return Vec{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }  // (not 0 + x: an add)
-
-inline Vec load(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
+// ---- the arithmetic (one definition of each step, used for every row; the vector type is op_support.h's) ----------
 // the first `n` floats at p (n is 8 or 16: hd is a multiple of 8), the other lanes zero
 inline Vec load_part(const float* p, int n) {
   if (n == kWidth) return load(p);
@@ -195,24 +82,6 @@ inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof(v)); }
 inline void store_part(float* p, Vec v, int n) {
   if (n == kWidth) store(p, v);
   else std::memcpy(p, &v, sizeof(float) * 8);
-}
-
-// a·b + c, one rounding where the CPU fuses (every call site of this build fuses, or none does)
-inline Vec fma(Vec a, Vec b, Vec c) {
-#if defined(__AVX512F__)
-  return (Vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
-#elif defined(__FMA__)
-  __m256 lo = _mm256_fmadd_ps(_mm256_loadu_ps((const float*)&a), _mm256_loadu_ps((const float*)&b),
-                              _mm256_loadu_ps((const float*)&c));
-  __m256 hi = _mm256_fmadd_ps(_mm256_loadu_ps((const float*)&a + 8), _mm256_loadu_ps((const float*)&b + 8),
-                              _mm256_loadu_ps((const float*)&c + 8));
-  Vec out;
-  _mm256_storeu_ps((float*)&out, lo);
-  _mm256_storeu_ps((float*)&out + 8, hi);
-  return out;
-#else
-  return a * b + c;  // compiled with -ffp-contract=off: two roundings, everywhere alike
-#endif
 }
 
 // e^x for x <= 0, lane by lane: x = n ln2 + r (Cody-Waite), e^r by a degree-6 polynomial (Horner), times 2^n;
@@ -289,9 +158,7 @@ struct Problem {
   const float* key;    // present_key (the past already in it)
   const float* value;  // present_value
   float* out;
-#if defined(__SSE__)
-  unsigned int csr;  // the calling thread's MXCSR (flush-to-zero / denormals-are-zero), set on every worker
-#endif
+  CallerMode mode;  // the calling thread's floating-point mode, set on every worker
   size_t qkv_width() const { return size_t(heads + 2 * kv_heads) * hd; }
   size_t cache_offset(int b, int kvh, int64_t row) const {
     return ((size_t(b) * kv_heads + kvh) * capacity + row) * hd;
@@ -473,10 +340,7 @@ struct Work {
 void run_unit(void* data, size_t unit) {
   Work& work = *static_cast<Work*>(data);
   const Problem& p = *work.problem;
-#if defined(__SSE__)
-  const unsigned int saved = _mm_getcsr();
-  _mm_setcsr(p.csr);
-#endif
+  const WorkerMode mode(p.mode);
   try {
     const int per_batch = p.kv_heads * p.splits;
     const int b = int(unit / per_batch), kvh = int(unit % per_batch) / p.splits, s = int(unit % p.splits);
@@ -486,9 +350,6 @@ void run_unit(void* data, size_t unit) {
     std::lock_guard<std::mutex> guard(work.lock);
     if (!work.failure) work.failure = std::current_exception();
   }
-#if defined(__SSE__)
-  _mm_setcsr(saved);
-#endif
 }
 
 // ---- the kernel -----------------------------------------------------------------------------------------------------
@@ -498,9 +359,7 @@ struct Kernel {
 };
 
 void compute(const Kernel& kernel, OrtKernelContext* context) {
-  size_t count = 0;
-  check(g_api->KernelContext_GetInputCount(context, &count));
-  if (count != kInputCount) throw OpError("expects 8 inputs, got " + std::to_string(count));
+  expect_input_count(context, kInputCount);
 
   const TensorView qkv = input(context, 0, 3), past_key = input(context, 1, 4), past_value = input(context, 2, 4);
   const int64_t batch = qkv.shape[0], slots = qkv.shape[1];
@@ -570,9 +429,6 @@ void compute(const Kernel& kernel, OrtKernelContext* context) {
   p.mask = static_cast<const bool*>(mask.data);
   p.cos = static_cast<const float*>(cos.data), p.sin = static_cast<const float*>(sin.data);
   p.key = present_key, p.value = present_value, p.out = out;
-#if defined(__SSE__)
-  p.csr = _mm_getcsr();
-#endif
 
   // the new keys (rotated) and values into the cache at past + j: one pass, before any row reads them
   for (int b = 0; b < p.batch; ++b)
@@ -600,7 +456,7 @@ void compute(const Kernel& kernel, OrtKernelContext* context) {
 // ---- the OrtCustomOp callbacks --------------------------------------------------------------------------------------
 OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo* info, void** kernel) noexcept {
   if (g_api == nullptr) g_api = api;
-  return guarded([&] {
+  return guarded(kOpName, [&] {
     int64_t heads = 0, kv_heads = 0;
     check(api->KernelInfoGetAttribute_int64(info, "num_heads", &heads));
     check(api->KernelInfoGetAttribute_int64(info, "kv_num_heads", &kv_heads));
@@ -632,69 +488,16 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi* api, const OrtKernelI
 }
 
 OrtStatus* compute_kernel(void* kernel, OrtKernelContext* context) noexcept {
-  return guarded([&] { compute(*static_cast<const Kernel*>(kernel), context); });
+  return guarded(kOpName, [&] { compute(*static_cast<const Kernel*>(kernel), context); });
 }
 
 void destroy_kernel(void* kernel) noexcept { delete static_cast<Kernel*>(kernel); }
 
-const char* op_name(const OrtCustomOp*) noexcept { return kOpName; }
-const char* op_provider(const OrtCustomOp*) noexcept { return "CPUExecutionProvider"; }
-ONNXTensorElementDataType input_type(const OrtCustomOp*, size_t index) noexcept {
-  return index < kInputCount ? kInputTypes[index] : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-}
-size_t input_count(const OrtCustomOp*) noexcept { return kInputCount; }
-ONNXTensorElementDataType output_type(const OrtCustomOp*, size_t) noexcept {
-  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-}
-size_t output_count(const OrtCustomOp*) noexcept { return kOutputCount; }
-OrtCustomOpInputOutputCharacteristic required(const OrtCustomOp*, size_t) noexcept { return INPUT_OUTPUT_REQUIRED; }
-OrtMemType cpu_memory(const OrtCustomOp*, size_t) noexcept { return OrtMemTypeDefault; }
-int one(const OrtCustomOp*) noexcept { return 1; }
-
-OrtCustomOp make_op() {
-  OrtCustomOp op;
-  std::memset(&op, 0, sizeof(op));
-  op.version = kApiVersion;
-  op.GetName = op_name;
-  op.GetExecutionProviderType = op_provider;
-  op.GetInputType = input_type;
-  op.GetInputTypeCount = input_count;
-  op.GetOutputType = output_type;
-  op.GetOutputTypeCount = output_count;
-  op.KernelDestroy = destroy_kernel;
-  op.GetInputCharacteristic = required;
-  op.GetOutputCharacteristic = required;
-  op.GetInputMemoryType = cpu_memory;
-  op.GetVariadicInputMinArity = one;
-  op.GetVariadicInputHomogeneity = one;
-  op.GetVariadicOutputMinArity = one;
-  op.GetVariadicOutputHomogeneity = one;
-  op.CreateKernelV2 = create_kernel;
-  op.KernelComputeV2 = compute_kernel;
-  return op;
-}
-
-const OrtCustomOp g_op = make_op();
+const OpRecord g_record = make_record(kOpName, kInputTypes, kInputCount, kOutputCount, create_kernel, compute_kernel,
+                                      destroy_kernel);
 
 }  // namespace
 
-// ONNX Runtime's entry point for a custom-op library (SessionOptions.register_custom_ops_library): adds the domain
-// com.trtspec with TreeAttention to `options`. The domain lives as long as the process (sessions keep pointers to it).
-extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
-                                                                               const OrtApiBase* base) noexcept {
-  const OrtApi* api = base->GetApi(kApiVersion);
-  if (api == nullptr) {
-    // CreateStatus is slot 0 of every version's table (upstream asserts it), so version 1's table can report this
-    const OrtApi* v1 = base->GetApi(1);
-    std::string text = std::string("trtspec TreeAttention needs ONNX Runtime API version ") +
-                       std::to_string(kApiVersion) + " (1.17 or later); this is " + base->GetVersionString();
-    return v1 ? v1->CreateStatus(ORT_FAIL, text.c_str()) : nullptr;
-  }
-  g_api = api;
-  return guarded([&] {
-    OrtCustomOpDomain* domain = nullptr;
-    check(api->CreateCustomOpDomain(kDomain, &domain));
-    check(api->CustomOpDomain_Add(domain, &g_op));
-    check(api->AddCustomOpDomain(options, domain));
-  });
-}
+const OrtCustomOp* tree_attention_op() { return &g_record.op; }
+
+}  // namespace trtspec_ops

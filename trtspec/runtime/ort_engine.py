@@ -173,8 +173,8 @@ class OrtEngine:
             log.info("%s: the drafter runs in its own ONNX Runtime session; intra-op workers do not spin (pass "
                      "--spin to force it)", self.engine_dir)
             spin = False
-        # spin None: TRTSPEC_ORT_SPIN decides (default: spin); TreeAttention engines need trtspec's own kernels
-        options = session_options(threads, spin, native_ops=self.manifest.attention == "tree")
+        # spin None: TRTSPEC_ORT_SPIN decides (default: spin); the manifest says which of trtspec's own kernels it runs
+        options = session_options(threads, spin, native_ops=bool(self.manifest.native_ops))
         self.threads, self.spin = options.intra_op_num_threads, effective_spin(spin)
         graph = lambda role: _Graph(self.engine_dir / files[role], options) if role in files else None  # noqa: E731
         self._context, self._generation = graph("context"), graph("generation")

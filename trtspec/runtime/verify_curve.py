@@ -44,7 +44,7 @@ def curve_key(engine) -> dict:
 
     key = {"slot_profiles": list(engine.slot_profiles), "threads": engine.threads, "spin": engine.spin,
            "past": min(PAST_TOKENS, engine.manifest.profile.max_input_len), "onnxruntime": onnxruntime.__version__}
-    if engine.manifest.attention == "tree":  # trtspec's own kernel: the build of it that ran
+    if engine.manifest.native_ops:  # trtspec's own kernels: the build of them that ran
         from trtspec import native
 
         key["native_ops"] = native.fingerprint()[:16]

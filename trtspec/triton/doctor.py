@@ -374,14 +374,14 @@ def check_cpu_engine(models: dict[str, dict], repo: Path, engine_dir: Path | Non
             continue
         if engine_dir is not None and Path(engine_dir).resolve() != path and not _same_engine(engine_dir, manifest):
             out.append(Finding("warning", name, "engine_dir", f"loads {path}, not the ENGINE given ({engine_dir})"))
-        if manifest.attention == "tree":  # the engine's TreeAttention needs trtspec's compiled ops on this machine
+        if manifest.native_ops:  # the engine's own kernels need trtspec's compiled ops on this machine
             from trtspec import native
 
             try:
                 native.library_path()
             except TrtspecError as e:
-                out.append(Finding("error", name, "engine_dir", f"{path} runs TreeAttention: {e}; the model fails "
-                                                                "to load"))
+                out.append(Finding("error", name, "engine_dir", f"{path} runs {' and '.join(manifest.native_ops)}: "
+                                                                f"{e}; the model fails to load"))
         w = manifest.weights
         if any(f is not None and f.dtype.value != "fp32" for f in (w.linear, w.lm_head, w.embedding, w.drafter)):
             out.append(Finding("note", name, "weights", ", ".join(f"{k} {v}" for k, v in w.summary().items())))

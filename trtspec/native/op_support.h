@@ -1,0 +1,320 @@
+// What every com.trtspec op shares: the ONNX Runtime API table, errors (exceptions inside an op, an OrtStatus at the
+// ABI boundary), views of input tensors, outputs, the 16-float vector arithmetic whose results do not depend on a
+// call's shape, and the OrtCustomOp record an op is registered with (ops.cc adds them all to the domain).
+#pragma once
+
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#if defined(__SSE__)
+#include <immintrin.h>  // _mm_getcsr / _mm_setcsr (the caller's denormal mode, given to every worker), FMA
+#endif
+
+#include "ort_abi.h"
+
+namespace trtspec_ops {
+
+using namespace ort_abi;
+
+constexpr const char* kDomain = "com.trtspec";
+
+// the API table, set by RegisterCustomOps (ops.cc) before any op runs
+extern const OrtApi* g_api;
+
+// ---- errors ---------------------------------------------------------------------------------------------------------
+struct OpError : std::exception {
+  explicit OpError(std::string text, OrtErrorCode code = ORT_INVALID_ARGUMENT) : message(std::move(text)), code(code) {}
+  const char* what() const noexcept override { return message.c_str(); }
+  std::string message;
+  OrtErrorCode code;
+};
+
+inline void check(OrtStatus* status) {
+  if (status == nullptr) return;
+  std::string text = g_api->GetErrorMessage(status);
+  OrtErrorCode code = g_api->GetErrorCode(status);
+  g_api->ReleaseStatus(status);
+  throw OpError(text, code);
+}
+
+// runs `body`, turning what it throws into an OrtStatus whose message starts with the op's name
+template <typename Body>
+OrtStatus* guarded(const char* op, Body body) noexcept {
+  try {
+    body();
+    return nullptr;
+  } catch (const OpError& e) {
+    return g_api->CreateStatus(e.code, (std::string(op) + ": " + e.message).c_str());
+  } catch (const std::bad_alloc&) {
+    return g_api->CreateStatus(ORT_FAIL, (std::string(op) + ": out of memory").c_str());
+  } catch (const std::exception& e) {
+    return g_api->CreateStatus(ORT_FAIL, (std::string(op) + ": " + e.what()).c_str());
+  } catch (...) {
+    return g_api->CreateStatus(ORT_FAIL, (std::string(op) + ": unknown error").c_str());
+  }
+}
+
+inline std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+// ---- tensors --------------------------------------------------------------------------------------------------------
+struct TensorView {
+  void* data = nullptr;
+  std::vector<int64_t> shape;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+};
+
+inline std::vector<int64_t> dims_of(const OrtTensorTypeAndShapeInfo* info) {
+  size_t rank = 0;
+  check(g_api->GetDimensionsCount(info, &rank));
+  std::vector<int64_t> shape(rank);
+  if (rank) check(g_api->GetDimensions(info, shape.data(), rank));
+  return shape;
+}
+
+inline TensorView view_of(const OrtValue* value) {
+  TensorView view;
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  check(g_api->GetTensorTypeAndShape(value, &info));
+  try {
+    check(g_api->GetTensorElementType(info, &view.type));
+    view.shape = dims_of(info);
+  } catch (...) {
+    g_api->ReleaseTensorTypeAndShapeInfo(info);
+    throw;
+  }
+  g_api->ReleaseTensorTypeAndShapeInfo(info);
+  // GetTensorMutableData is the API-17 way to read an input's buffer; inputs are only read through the pointer
+  check(g_api->GetTensorMutableData(const_cast<OrtValue*>(value), &view.data));
+  return view;
+}
+
+// input `index` (called `name` in messages) of `rank` dimensions (-1: any rank)
+inline TensorView input(const OrtKernelContext* context, size_t index, int rank, const char* name) {
+  const OrtValue* value = nullptr;
+  check(g_api->KernelContext_GetInput(context, index, &value));
+  if (value == nullptr) throw OpError(std::string("input ") + name + " is missing");
+  TensorView view = view_of(value);
+  if (rank >= 0 && view.shape.size() != size_t(rank))
+    throw OpError(std::string("input ") + name + " has shape " + shape_text(view.shape) + ", expected " +
+                  std::to_string(rank) + " dimensions");
+  return view;
+}
+
+inline void expect_shape(const char* name, const TensorView& view, const std::vector<int64_t>& expected) {
+  if (view.shape != expected)
+    throw OpError(std::string("input ") + name + " has shape " + shape_text(view.shape) + ", expected " +
+                  shape_text(expected));
+}
+
+inline float* output(OrtKernelContext* context, size_t index, const std::vector<int64_t>& shape) {
+  OrtValue* value = nullptr;
+  check(g_api->KernelContext_GetOutput(context, index, shape.data(), shape.size(), &value));
+  if (value == nullptr) throw OpError("output " + std::to_string(index) + " is missing");
+  void* data = nullptr;
+  check(g_api->GetTensorMutableData(value, &data));
+  return static_cast<float*>(data);
+}
+
+// the number of inputs a kernel was given, checked against the op's
+inline void expect_input_count(const OrtKernelContext* context, size_t expected) {
+  size_t count = 0;
+  check(g_api->KernelContext_GetInputCount(context, &count));
+  if (count != expected)
+    throw OpError("expects " + std::to_string(expected) + " inputs, got " + std::to_string(count));
+}
+
+// ---- the worker threads' floating-point mode ------------------------------------------------------------------------
+// ONNX Runtime's pool threads may run with another MXCSR (flush-to-zero, denormals-are-zero) than the caller:
+// a task sets the caller's for its duration, so that a number comes out the same on whichever thread computes it.
+struct CallerMode {
+#if defined(__SSE__)
+  unsigned int csr = _mm_getcsr();
+#endif
+};
+
+class WorkerMode {
+ public:
+  explicit WorkerMode(const CallerMode& caller) {
+#if defined(__SSE__)
+    saved_ = _mm_getcsr();
+    _mm_setcsr(caller.csr);
+#else
+    (void)caller;
+#endif
+  }
+  ~WorkerMode() {
+#if defined(__SSE__)
+    _mm_setcsr(saved_);
+#endif
+  }
+  WorkerMode(const WorkerMode&) = delete;
+  WorkerMode& operator=(const WorkerMode&) = delete;
+
+ private:
+#if defined(__SSE__)
+  unsigned int saved_ = 0;
+#endif
+};
+
+// ---- vector arithmetic ----------------------------------------------------------------------------------------------
+// Vectors of 16 floats (one AVX-512 register; two AVX2 ones elsewhere). Every floating-point result of an op is an
+// elementwise function of its own operands, or a reduction in an order fixed by the source: no path computes a row's
+// numbers differently from another.
+constexpr int kWidth = 16;
+typedef float Vec __attribute__((vector_size(kWidth * sizeof(float))));
+typedef int32_t IVec __attribute__((vector_size(kWidth * sizeof(int32_t))));
+
+inline Vec splat(float x) { return Vec{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }  // (not 0 + x: an add)
+
+inline Vec load(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof(v)); }
+
+// IEEE half (binary16) to float: exact, so every path below gives the same floats
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | (mantissa << 13);  // inf, nan
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;  // ±0
+  } else {  // subnormal: normalise
+    int e = -1;
+    uint32_t m = mantissa;
+    do {
+      ++e;
+      m <<= 1;
+    } while ((m & 0x400u) == 0);
+    bits = sign | uint32_t(112 - e) << 23 | ((m & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// 16 halves at p, as floats (F16C / AVX-512 conversions where the CPU has them; the same values either way)
+inline Vec load_half(const uint16_t* p) {
+#if defined(__AVX512F__)
+  return (Vec)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(__F16C__)
+  Vec out;
+  _mm256_storeu_ps((float*)&out, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  _mm256_storeu_ps((float*)&out + 8, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8))));
+  return out;
+#else
+  float f[kWidth];
+  for (int i = 0; i < kWidth; ++i) f[i] = half_to_float(p[i]);
+  return load(f);
+#endif
+}
+
+// a·b + c, one rounding where the CPU fuses (every call site of this build fuses, or none does)
+inline Vec fma(Vec a, Vec b, Vec c) {
+#if defined(__AVX512F__)
+  return (Vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+  __m256 lo = _mm256_fmadd_ps(_mm256_loadu_ps((const float*)&a), _mm256_loadu_ps((const float*)&b),
+                              _mm256_loadu_ps((const float*)&c));
+  __m256 hi = _mm256_fmadd_ps(_mm256_loadu_ps((const float*)&a + 8), _mm256_loadu_ps((const float*)&b + 8),
+                              _mm256_loadu_ps((const float*)&c + 8));
+  Vec out;
+  _mm256_storeu_ps((float*)&out, lo);
+  _mm256_storeu_ps((float*)&out + 8, hi);
+  return out;
+#else
+  return a * b + c;  // compiled with -ffp-contract=off: two roundings, everywhere alike
+#endif
+}
+
+// the 16 lanes of v added in one fixed tree: lane l + 8, then l + 4, l + 2, l + 1
+inline float lane_sum(Vec v) {
+  float s[kWidth];
+  std::memcpy(s, &v, sizeof(s));
+  for (int step = kWidth / 2; step >= 1; step /= 2)
+    for (int l = 0; l < step; ++l) s[l] = s[l] + s[l + step];
+  return s[0];
+}
+
+// ---- an op's registration record ------------------------------------------------------------------------------------
+// OrtCustomOp first, so that the pointer ONNX Runtime hands every callback is the record's own; the rest says what
+// the callbacks report. Every output is float32; every input is required and lives in CPU memory.
+struct OpRecord {
+  OrtCustomOp op;
+  const char* name;
+  const ONNXTensorElementDataType* input_types;
+  size_t inputs;
+  size_t outputs;
+};
+
+namespace record_callbacks {
+inline const OpRecord& of(const OrtCustomOp* op) { return *reinterpret_cast<const OpRecord*>(op); }
+inline const char* name(const OrtCustomOp* op) noexcept { return of(op).name; }
+inline const char* provider(const OrtCustomOp*) noexcept { return "CPUExecutionProvider"; }
+inline ONNXTensorElementDataType input_type(const OrtCustomOp* op, size_t index) noexcept {
+  return index < of(op).inputs ? of(op).input_types[index] : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+}
+inline size_t input_count(const OrtCustomOp* op) noexcept { return of(op).inputs; }
+inline ONNXTensorElementDataType output_type(const OrtCustomOp*, size_t) noexcept {
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+}
+inline size_t output_count(const OrtCustomOp* op) noexcept { return of(op).outputs; }
+inline OrtCustomOpInputOutputCharacteristic required(const OrtCustomOp*, size_t) noexcept {
+  return INPUT_OUTPUT_REQUIRED;
+}
+inline OrtMemType cpu_memory(const OrtCustomOp*, size_t) noexcept { return OrtMemTypeDefault; }
+inline int one(const OrtCustomOp*) noexcept { return 1; }
+}  // namespace record_callbacks
+
+using CreateKernel = OrtStatus* (*)(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*, void**) noexcept;
+using ComputeKernel = OrtStatus* (*)(void*, OrtKernelContext*) noexcept;
+using DestroyKernel = void (*)(void*) noexcept;
+
+inline OpRecord make_record(const char* name, const ONNXTensorElementDataType* input_types, size_t inputs,
+                            size_t outputs, CreateKernel create, ComputeKernel compute, DestroyKernel destroy) {
+  namespace cb = record_callbacks;
+  OpRecord record;
+  std::memset(&record.op, 0, sizeof(record.op));
+  OrtCustomOp& op = record.op;
+  op.version = kApiVersion;
+  op.GetName = cb::name;
+  op.GetExecutionProviderType = cb::provider;
+  op.GetInputType = cb::input_type;
+  op.GetInputTypeCount = cb::input_count;
+  op.GetOutputType = cb::output_type;
+  op.GetOutputTypeCount = cb::output_count;
+  op.KernelDestroy = destroy;
+  op.GetInputCharacteristic = cb::required;
+  op.GetOutputCharacteristic = cb::required;
+  op.GetInputMemoryType = cb::cpu_memory;
+  op.GetVariadicInputMinArity = cb::one;
+  op.GetVariadicInputHomogeneity = cb::one;
+  op.GetVariadicOutputMinArity = cb::one;
+  op.GetVariadicOutputHomogeneity = cb::one;
+  op.CreateKernelV2 = create;
+  op.KernelComputeV2 = compute;
+  record.name = name;
+  record.input_types = input_types;
+  record.inputs = inputs;
+  record.outputs = outputs;
+  return record;
+}
+
+// the ops of the library (defined in their own files)
+const OrtCustomOp* tree_attention_op();
+const OrtCustomOp* add_block_offsets_op();
+
+}  // namespace trtspec_ops
