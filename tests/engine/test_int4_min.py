@@ -198,6 +198,30 @@ def test_the_build_matches_the_reference_and_records_the_scheme(engines):
         WeightFormat(dtype="int8", block_size=32, accuracy_level=4, scheme="min")
 
 
+def test_block_minima_need_the_compiled_ops_with_either_attention(engines, ckpts, tmp_path, monkeypatch):
+    """A min engine's products end in AddBlockOffsets, so its sessions load trtspec's library whatever the attention
+    kernel: the manifest says which ops; without the library a GroupQueryAttention min build stops before it writes
+    anything, naming the setup script, and the engine fails to load in the same one line."""
+    from trtspec.errors import NativeLibraryError
+
+    assert read_manifest(engines["none"]).native_ops == (native.TREE_ATTENTION, native.ADD_BLOCK_OFFSETS)
+    gqa = build(BuildOptions(source=ckpts["none"], out=tmp_path / "gqa", max_input_len=64, max_seq_len=160,
+                             max_draft_len=4, weights="int4", int4_scheme="min", attention="gqa"))
+    assert gqa.native_ops == (native.ADD_BLOCK_OFFSETS,)
+    assert OrtEngine(tmp_path / "gqa", threads=1).manifest.native_ops == gqa.native_ops  # loads, with the library
+    symmetric = build(BuildOptions(source=ckpts["none"], out=tmp_path / "sym", max_input_len=64, max_seq_len=160,
+                                   weights="int4", attention="gqa"))
+    assert symmetric.native_ops == ()
+    monkeypatch.setattr(native, "LIBRARY", tmp_path / "missing" / "libtrtspec_ops.so")
+    with pytest.raises(NativeLibraryError, match="scripts/setup.sh"):
+        build(BuildOptions(source=ckpts["none"], out=tmp_path / "e", max_input_len=64, max_seq_len=160,
+                           weights="int4", int4_scheme="min", attention="gqa"))
+    assert not (tmp_path / "e").exists()
+    with pytest.raises(NativeLibraryError, match="scripts/setup.sh"):
+        OrtEngine(tmp_path / "gqa", threads=1)
+    OrtEngine(tmp_path / "sym", threads=1)  # needs none of it
+
+
 def test_an_int8_lm_head_keeps_its_symmetric_blocks(ckpts, tmp_path):
     m = build(BuildOptions(source=ckpts["none"], out=tmp_path / "e", max_input_len=64, max_seq_len=160,
                            weights="int4", lm_head_weights="int8", int4_scheme="min"))

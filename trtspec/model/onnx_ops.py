@@ -289,7 +289,8 @@ def matmul_nbits(g: Graph, x: str, weight: str, name: str | None = None) -> str:
              K=q.k, N=q.n, bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
     if not q.offsets:
         return y
-    # the min scheme: + sum_b blocksum_b(x) * offsets[b, :] (fp32), in one trtspec op (trtspec/native/block_offsets.cc)
+    # the min scheme: + sum_b blocksum_b(x) * offsets[b, :] (float16 offsets, float32 arithmetic), in one trtspec op
+    # (trtspec/native/block_offsets.cc) whose rows compute alike in calls of any size
     return g.op(native.ADD_BLOCK_OFFSETS, y, x, g.w(f"{weight}.offsets"), domain=native.DOMAIN, name=name)
 
 
