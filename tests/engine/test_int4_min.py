@@ -191,6 +191,7 @@ def test_the_build_matches_the_reference_and_records_the_scheme(engines):
     result = CliRunner().invoke(cli, ["inspect", str(engines["medusa"])])
     assert result.exit_code == 0, result.output
     assert "linear: int4 (block 32, with block minima, accuracy level 4)" in result.output
+    assert "TreeAttention, AddBlockOffsets (trtspec/native" in result.output
     old = WeightFormat(dtype="int4", block_size=32, accuracy_level=4)  # written before the scheme existed
     assert EngineWeights.from_dict({"linear": {"dtype": "int4", "block_size": 32, "accuracy_level": 4}}, "w").linear \
         == old and "scheme" not in EngineWeights(linear=old).to_dict()["linear"]
