@@ -99,6 +99,7 @@ def test_offsets_as_a_graph_input_and_an_empty_call():
     (lambda p, x, o: {"product": p, "x": x[:1], "offsets": o}, "same leading dimensions"),
     (lambda p, x, o: {"product": p, "x": x, "offsets": o[:, :10]}, "expected [blocks, 64]"),
     (lambda p, x, o: {"product": p, "x": x[:, :48], "offsets": o}, "not 2 blocks of a multiple of 16"),
+    (lambda p, x, o: {"product": p, "x": x[:, :0], "offsets": o}, "x's 0 inputs are not 2 blocks"),
 ])
 def test_inputs_it_cannot_run_are_one_error_naming_the_op(feeds, message):
     rng = np.random.default_rng(4)

@@ -7,8 +7,9 @@
 // Output   0 y        float [..., N]        product + sum_b blocksum_b(x) · offsets[b, :]
 // block_size = K / blocks (a multiple of 16); blocksum_b(x) = x[b · block_size] + ... + x[(b + 1) · block_size - 1].
 //
-// It replaces three nodes a product (a MatMul with a 0 / 1 matrix for the block sums, a MatMul with the offsets, an
-// Add), twelve a decoder layer, whose launch costs were most of what the scheme cost a decode step.
+// It replaces three nodes a product (a MatMul with a 0 / 1 matrix for the block sums, a MatMul with float32 offsets,
+// an Add), twelve a decoder layer; with it and the offsets in half precision SmolLM2-135M's min-scheme engine decodes
+// 13% faster (README, "Block minima in one op").
 //
 // A row's numbers do not depend on the call's shape (so a slot of a verify step computes as a plain step): a block
 // sum is 16-float partial sums over the block's chunks in order, then the 16 lanes added in one fixed tree; an
@@ -138,7 +139,7 @@ void compute(OrtKernelContext* context) {
   if (offsets.shape[1] != n)
     throw OpError("input offsets has shape " + shape_text(offsets.shape) + ", expected [blocks, " + std::to_string(n) +
                   "] (the product's columns)");
-  if (blocks <= 0 || k % blocks != 0 || (k / blocks) % kWidth != 0)
+  if (blocks <= 0 || k % blocks != 0 || k / blocks == 0 || (k / blocks) % kWidth != 0)
     throw OpError("x's " + std::to_string(k) + " inputs are not " + std::to_string(blocks) +
                   " blocks of a multiple of " + std::to_string(kWidth));
   int64_t rows = 1;
