@@ -13,8 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from trtspec.bench import formats
-from trtspec.bench.formats import (FormatsOptions, System, format_label, gguf_facts, gguf_weight_bytes, measure_curve,
-                                   onnx_weight_bytes, render_table, run_benchmark, run_engine, summarize, targets)
+from trtspec.bench.formats import (FormatsOptions, System, curve_from_samples, format_label, gguf_facts,
+                                   gguf_weight_bytes, measure_curve, merge_curves, onnx_weight_bytes, render_table,
+                                   run_benchmark, run_engine, summarize, targets)
 from trtspec.bench.peers import GENAI_MODULES, LLAMA_CPP_MODULES, missing_modules
 from trtspec.cli import cli
 from trtspec.engine.onnx_builder import BuildOptions, build
@@ -104,6 +105,19 @@ def test_verify_curve_covers_every_slot_count(report):
         costs = curve["step_costs"]
         assert costs["profiles"][0] == 1 and costs["profiles"][-1] == K + 1
         assert costs["step_ms"] == sorted(costs["step_ms"])  # levelled: no profile costs more than a larger one
+        # measured in both rounds (the engines alternating), one timed step per slot count each: pooled
+        assert curve["repeats"] == 2 and all(len(v) == 2 for v in curve["samples"].values())
+
+
+def test_merged_curves_pool_their_samples_and_level_the_profiles():
+    def part(samples):
+        return curve_from_samples("e", 8, {str(n): v for n, v in samples.items()}, [1, 2, 3])
+
+    merged = merge_curves([part({1: [10.0], 2: [12.0], 3: [11.0]}), part({1: [20.0, 30.0], 2: [14.0], 3: [15.0]})])
+    assert merged["samples"] == {"1": [10.0, 20.0, 30.0], "2": [12.0, 14.0], "3": [11.0, 15.0]}
+    assert [p["ms"] for p in merged["points"]] == [20.0, 13.0, 13.0]  # medians of the pooled samples
+    assert merged["points"][1]["ratio"] == 0.65 and merged["repeats"] == 2
+    assert merged["step_costs"]["step_ms"] == [13.0, 13.0, 13.0]  # levelled down to the larger profiles' cost
 
 
 def test_floor_and_weight_bytes_per_format(report, tiny):

@@ -88,7 +88,7 @@ class FormatsOptions:
     threads: int = 2
     rounds: int = 2  # rounds over all systems, the order reversed every other round
     past: int = 256  # the verify curve's prefilled length
-    repeats: int = 10  # timed steps per slot count of the verify curve
+    repeats: int = 10  # timed steps per slot count of the verify curve, split over the rounds
     work: Path | None = None  # the peers' builds and the children's log (default: the cache's bench/formats)
 
     def __post_init__(self):
@@ -199,7 +199,8 @@ def prompt_ids(engines: list[dict], sets: tuple[str, ...], limit: int, max_token
 def measure_curve(engine: str, *, threads: int, past: int = 256, repeats: int = 10, warmup: int = 2) -> dict:
     """Median time of one verify step of n chain slots, n = 1 .. K + 1, after a `past`-token prefill; rounds
     alternate ascending and descending slot counts. Also the engine's step costs per slot profile (for the drafters
-    of this run), levelled so that no profile costs more than a larger one."""
+    of this run), levelled so that no profile costs more than a larger one, and the timed samples (ms per slot
+    count: `merge_curves` pools those of several calls)."""
     from trtspec.runtime.ort_engine import OrtEngine
 
     ort_engine = OrtEngine(engine, threads=threads)
@@ -220,15 +221,31 @@ def measure_curve(engine: str, *, threads: int, past: int = 256, repeats: int = 
                     times[n].append(time.perf_counter() - start)
     finally:
         ort_engine.close(seq)
-    ms = {n: 1000 * statistics.median(times[n]) for n in counts}
+    samples = {str(n): [round(1000 * t, 4) for t in times[n]] for n in counts}
+    return curve_from_samples(engine, past, samples, [1, *(s for s in ort_engine.slot_profiles if s > 1)])
+
+
+def curve_from_samples(engine: str, past: int, samples: dict[str, list[float]], profiles: list[int]) -> dict:
+    """A curve from timed samples (ms per slot count, keys as str): medians, ratios to one slot, and the step costs
+    per profile levelled so that no profile costs more than a larger one."""
+    counts = sorted(int(n) for n in samples)
+    ms = {n: statistics.median(samples[str(n)]) for n in counts}
     points = [{"slots": n, "ms": round(ms[n], 3), "ratio": round(ms[n] / ms[1], 4)} for n in counts]
-    profiles = [1, *(s for s in ort_engine.slot_profiles if s > 1)]
     step_ms = [ms[p] for p in profiles]
     for i in range(len(step_ms) - 2, -1, -1):
         step_ms[i] = min(step_ms[i], step_ms[i + 1])
     costs = {"profiles": profiles, "relative": [round(t / step_ms[0], 4) for t in step_ms],
              "step_ms": [round(t, 3) for t in step_ms]}
-    return {"engine": engine, "past": past, "repeats": repeats, "points": points, "step_costs": costs}
+    return {"engine": engine, "past": past, "repeats": min(len(v) for v in samples.values()), "points": points,
+            "step_costs": costs, "samples": samples}
+
+
+def merge_curves(parts: list[dict]) -> dict:
+    """One engine's curve from several `measure_curve` calls (rounds that alternated with other engines): their
+    samples pooled, the medians and step costs taken again."""
+    first = parts[0]
+    samples = {n: [t for part in parts for t in part["samples"][n]] for n in first["samples"]}
+    return curve_from_samples(first["engine"], first["past"], samples, first["step_costs"]["profiles"])
 
 
 def run_engine(engine: str, prompts: list[list[int]], *, methods: list[str], max_tokens: int, threads: int,
@@ -444,14 +461,22 @@ def run_benchmark(options: FormatsOptions, *, show: Callable[[str], None] = prin
     systems += peers
 
     common = {"max_tokens": options.max_tokens, "threads": options.threads}
-    curves = {}
-    with progress_bar("verify curves", total=len(engines), enabled=progress) as advance:
-        for system in systems[:len(engines)]:
-            (curves[system.label],) = run_child("trtspec.bench.formats:measure_curve", {
-                "engine": system.kwargs["engine"], "threads": options.threads, "past": options.past,
-                "repeats": options.repeats}, log=log, threads=options.threads)
-            system.kwargs.update(methods=list(system.methods), step_costs=curves[system.label]["step_costs"])
-            advance()
+    # the curves in rounds too, the engines' order reversed every other round: a machine whose speed drifts over the
+    # minutes of the run (this project's VMs do, by 30-40%) then shows in every engine's samples alike, not as one
+    # engine measured in a fast minute and the next in a slow one
+    engine_systems = systems[:len(engines)]
+    per_round = -(-options.repeats // options.rounds)
+    parts: dict[str, list[dict]] = {s.label: [] for s in engine_systems}
+    with progress_bar("verify curves", total=options.rounds * len(engines), enabled=progress) as advance:
+        for r in range(options.rounds):
+            for system in engine_systems[::-1] if r % 2 else engine_systems:
+                parts[system.label] += run_child("trtspec.bench.formats:measure_curve", {
+                    "engine": system.kwargs["engine"], "threads": options.threads, "past": options.past,
+                    "repeats": per_round}, log=log, threads=options.threads)
+                advance()
+    curves = {label: merge_curves(p) for label, p in parts.items()}
+    for system in engine_systems:
+        system.kwargs.update(methods=list(system.methods), step_costs=curves[system.label]["step_costs"])
     samples: dict[str, list[dict]] = {s.label: [] for s in systems}
     with progress_bar("decode", total=options.rounds * len(systems) * len(ids), enabled=progress) as advance:
         for r in range(options.rounds):

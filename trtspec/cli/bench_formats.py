@@ -33,11 +33,12 @@ from trtspec.cli.bench import _csv, _pair, bench
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
               help="Intra-op threads of every system.")
 @click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Rounds over all systems, the order reversed every other round.")
+              help="Rounds over all systems (the engines' verify curves, then decoding), the order reversed every "
+                   "other round.")
 @click.option("--past", type=click.IntRange(min=1), default=256, show_default=True,
               help="Prefilled length of the verify curve.")
 @click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True,
-              help="Timed steps per slot count of the verify curve.")
+              help="Timed steps per slot count of the verify curve (over all rounds).")
 @click.option("--work", type=DIR, help="The peers' builds and the children's log (default: the cache's bench/formats).")
 @click.option("--out", type=DIR, help="Write summary.json and formats.png here.")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json instead of the table.")
