@@ -9,7 +9,7 @@
 //
 // It replaces three nodes a product (a MatMul with a 0 / 1 matrix for the block sums, a MatMul with float32 offsets,
 // an Add), twelve a decoder layer; with it and the offsets in half precision SmolLM2-135M's min-scheme engine decodes
-// 13% faster (README, "Block minima in one op").
+// 11-13% faster (README, "Block minima in one op").
 //
 // A row's numbers do not depend on the call's shape (so a slot of a verify step computes as a plain step): a block
 // sum is 16-float partial sums over the block's chunks in order, then the 16 lanes added in one fixed tree; an
