@@ -95,3 +95,35 @@ def test_a_fresh_process_with_the_engines_session_options_loads_the_op_and_keeps
                             text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("ok ")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64-v2"])
+def test_builds_for_older_cpus_keep_every_ops_test(tmp_path, march):
+    """The setup compiles for the machine (-march=native: AVX-512 here). A CPU with AVX2, FMA and F16C (x86-64-v3)
+    compiles the 256-bit paths, one with neither FMA nor F16C (x86-64-v2) the separate multiply and add and the
+    software half conversion: each such build passes both ops' own tests (numbers, bit-identical rows, errors) in
+    a fresh process, with the library of that build in place of the setup's."""
+    import platform
+    import shutil
+
+    if platform.machine() != "x86_64" or shutil.which("g++") is None:
+        pytest.skip("the -march levels are x86-64's; needs g++")
+    flags = [f"-march={march}" if flag == "-march=native" else flag for flag in native.COMPILE_FLAGS]
+    library = tmp_path / "libtrtspec_ops.so"
+    subprocess.run(["g++", *flags, "-o", str(library), *(str(native.SOURCE_DIR / s) for s in native.SOURCES)],
+                   check=True, capture_output=True)
+    run = textwrap.dedent("""
+        import sys, pytest, trtspec.native as native
+        library, loaded = sys.argv[1], []
+        native.library_path = lambda: library
+        native.register = lambda options: (loaded.append(library), options.register_custom_ops_library(library))
+        code = pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[2:]])
+        sys.exit(code or (0 if loaded else 3))  # 3: no session loaded this build
+    """)
+    tests = Path(__file__).parent
+    result = subprocess.run([sys.executable, "-c", run, str(library), str(tests / "test_tree_attention.py"),
+                             str(tests / "test_block_offsets.py")], capture_output=True, text=True,
+                            cwd=Path(trtspec.__file__).parents[1])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "failed" not in result.stdout and "error" not in result.stdout.lower()
