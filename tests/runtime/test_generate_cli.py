@@ -38,8 +38,9 @@ def _run(*args):
 
 
 def test_json_lines_and_speculation_off_identical(engine, prompts_file):
+    # --no-backoff: the random heads' drafts never pay, and the full tree is drafted every step all the same
     spec, plain = (_run(engine, "--prompts", prompts_file, "--max-tokens", 24, "--json", *extra)
-                   for extra in ((), ("--no-spec",)))
+                   for extra in (("--no-backoff",), ("--no-spec",)))
     assert spec.exit_code == 0 and plain.exit_code == 0, spec.output + plain.output
     spec_rows, plain_rows = ([json.loads(line) for line in r.output.splitlines()] for r in (spec, plain))
     assert [r["prompt_index"] for r in spec_rows] == list(range(10))
@@ -48,6 +49,10 @@ def test_json_lines_and_speculation_off_identical(engine, prompts_file):
     assert set(stats) == {"steps", "draft_tokens", "accepted_tokens", "acceptance_rate", "acceptance_length",
                           "ttft_ms", "tokens_per_second", "steps_per_profile"}
     assert stats["draft_tokens"] == 8 * stats["steps"] and plain_rows[0]["stats"]["draft_tokens"] == 0
+    backed_off = _run(engine, "--prompts", prompts_file, "--max-tokens", 24, "--json")
+    rows = [json.loads(line) for line in backed_off.output.splitlines()]
+    assert [r["output_ids"] for r in rows] == [r["output_ids"] for r in plain_rows]
+    assert sum(r["stats"]["draft_tokens"] for r in rows) < sum(r["stats"]["draft_tokens"] for r in spec_rows)
     # an 8-node tree runs in the 9-slot profile every step; plain decoding in the one-slot step
     assert stats["steps_per_profile"] == {"9": stats["steps"]}
     assert plain_rows[0]["stats"]["steps_per_profile"] == {"1": plain_rows[0]["stats"]["steps"]}

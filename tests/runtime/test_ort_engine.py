@@ -42,12 +42,13 @@ def _prompts(n, seed=0):
     return [rng.integers(0, MODEL.vocab_size, size=int(rng.integers(1, 48))) for _ in range(n)]
 
 
-def _proposer(name, engine, no_spec=False):
+def _proposer(name, engine, no_spec=False, backoff=False):
+    """The method's full tree every step (backoff False: the random drafters' trees would rest), or backed off."""
     if no_spec:
         return make_proposer("none", engine)
     if name == "eagle2":
-        return make_proposer("eagle2", engine, dynamic=DynamicTree(depth=3, top_k=3, total_tokens=8))
-    return make_proposer(name, engine, tree=build_tree(eval(TREE)))
+        return make_proposer("eagle2", engine, dynamic=DynamicTree(depth=3, top_k=3, total_tokens=8), backoff=backoff)
+    return make_proposer(name, engine, tree=build_tree(eval(TREE)), backoff=backoff)
 
 
 @pytest.mark.parametrize("name", ["medusa", "eagle", "eagle2"])
@@ -63,8 +64,9 @@ def test_ort_engine_matches_torch_reference_step_by_step(engines, name):
         assert ort_stats == torch_stats
 
 
+@pytest.mark.parametrize("backoff", [False, True])
 @pytest.mark.parametrize("name", ["medusa", "eagle", "eagle2"])
-def test_speculative_equals_no_spec_on_the_same_engine(engines, name):
+def test_speculative_equals_no_spec_on_the_same_engine(engines, name, backoff):
     engine = engines[name][0]
     rng = np.random.default_rng(1)
     for prompt in _prompts(50, seed=2):
@@ -73,7 +75,7 @@ def test_speculative_equals_no_spec_on_the_same_engine(engines, name):
         end_id = plain.output_ids[-1] if rng.random() < 0.3 else None
         config = GenerationConfig(max_tokens=max_tokens, end_id=end_id)
         plain = generate(engine, prompt, _proposer(name, engine, no_spec=True), config)
-        spec = generate(engine, prompt, _proposer(name, engine), config)
+        spec = generate(engine, prompt, _proposer(name, engine, backoff=backoff), config)
         assert spec.output_ids == plain.output_ids and spec.finish_reason == plain.finish_reason
 
 
@@ -135,6 +137,9 @@ def test_in_flight_batch_equals_each_sequence_alone(engines, name):
     assert (max(heads, default=0) >= 2) == (name == "medusa")
     # sequences left in every order, yet each batch ran in the pool's rows in place, never through a staging copy
     assert engine._rows == [] and engine._staging == {}
+    # backed off, drafters rest and look again at different steps of different rows (deferred entries caught up)
+    requests = [Request(p, _proposer(name, engine, s, backoff=True), c) for p, c, s in zip(prompts, configs, no_spec)]
+    assert [r.output_ids for r in generate_batch(engine, requests, max_batch_size=3)] == alone
 
 
 @pytest.mark.parametrize("name", ["medusa", "eagle"])

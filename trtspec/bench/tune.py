@@ -410,7 +410,8 @@ def _calibrated_setting(generator, method: str, prompts, max_tokens: int, costin
     config = GenerationConfig(max_tokens=max_tokens, end_id=generator.manifest.model.end_id)
     runs = []
     for p in prompts:
-        result = generate(generator.engine, list(p.ids), generator.proposer(GenerationConfig(method=method)), config)
+        proposer = generator.proposer(GenerationConfig(method=method, backoff=False))  # the tree as the model costs it
+        result = generate(generator.engine, list(p.ids), proposer, config)
         runs.append(Replayed(result.stats, len(result.output_ids) - 1))
     setting = Setting(f"{method} (shipped)", method, generator.engine.max_draft_len)
     setting.predicted = {**_predict(runs, **costing), "calibration": "run, not replayed"}
@@ -505,10 +506,11 @@ def _proposer(generator, setting: Setting, state):
     engine = generator.engine
     if setting.method == PLAIN:
         return make_proposer(PLAIN, engine)
+    # trees are measured whole every step, as the step model predicts them (no back-off)
     if setting.method in ("medusa", "eagle") and setting.choices is not None:
-        return make_proposer(setting.method, engine, tree=build_tree(setting.choices))
+        return make_proposer(setting.method, engine, tree=build_tree(setting.choices), backoff=False)
     if setting.method not in TRAINING_FREE:  # the engine's own trained drafter, as it ships
-        return generator.proposer(GenerationConfig(method=setting.method))
+        return generator.proposer(GenerationConfig(method=setting.method, backoff=False))
     model, recent = state
     return make_proposer(setting.method, engine, ngram=NgramConfig(max_draft_len=setting.budget), acceptance=model,
                          recent=recent)

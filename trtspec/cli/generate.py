@@ -39,6 +39,9 @@ from trtspec.cli.app import _sampling_flag
 @click.option("--lookahead", "lookahead_text", metavar="W,N,G",
               help="--method lookahead: window, n-gram and verification-set sizes (TensorRT-LLM's; default: the "
                    "engine's, or the largest of 4,3,4 / 3,3,3 / 2,3,2 / 2,2,2 / 2,2,1 that fits its K).")
+@click.option("--backoff/--no-backoff", default=True, show_default=True,
+              help="Medusa, EAGLE and lookahead drafts shrink, or rest, while they do not pay on the engine's "
+                   "verify curve; --no-backoff drafts the full tree every step (as TensorRT-LLM does).")
 @click.option("--wait", "wait_s", type=float, default=0.0, help="--url: wait up to this many seconds for the server.")
 @click.option("--stream/--no-stream", default=None,
               help="Print text as it is generated (default: on with --url, off locally, where prompts are batched).")
@@ -65,6 +68,8 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
     if datastore is not None and url is not None:
         raise click.UsageError("--datastore applies to a local ENGINE (a server's is set at deploy: "
                                "`trtspec deploy --method suffix --datastore FILE`)")
+    if not flags["backoff"] and url is not None:
+        raise click.UsageError("--no-backoff applies to a local ENGINE (a server's drafters always back off)")
     if sum(x is not None for x in (prompt, prompts_file, prompt_set)) != 1:
         raise click.UsageError("pass exactly one of --prompt, --prompts or --prompt-set")
     if (engine is None) == (url is None):

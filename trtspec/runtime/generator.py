@@ -78,7 +78,7 @@ class LocalGenerator:
         dynamic = DynamicTree(**self.manifest.dynamic_tree) if self.manifest.method is Method.EAGLE2 else None
         return make_proposer(method, self.engine, tree=self._tree, dynamic=dynamic, ngram=config.ngram,
                              acceptance=self.acceptance, datastore=self.datastore, recent=self.recent,
-                             lookahead=config.lookahead)
+                             lookahead=config.lookahead, backoff=config.backoff)
 
     def encode(self, prompt: str | list[dict] | list[int]) -> list[int]:
         """Token ids of a prompt: ids as is; text and chat messages through the tokenizer's chat template."""

@@ -50,6 +50,7 @@ class GenerationConfig:
     method: str | None = None  # none, ngram, suffix, lookahead, hybrid or the engine's own; None: the deployment's
     ngram: NgramConfig | None = None  # methods ngram / suffix: their options (None: the defaults)
     lookahead: LookaheadConfig | None = None  # method lookahead: (W, N, G) (None: the engine's, or one fitting K)
+    backoff: bool = True  # Medusa / EAGLE / lookahead: shrink or rest drafts that do not pay (False: the full tree)
 
     def __post_init__(self):
         if self.max_tokens < 1:

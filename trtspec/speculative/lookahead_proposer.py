@@ -91,7 +91,13 @@ class LookaheadConfig:
 
 
 class LookaheadProposer:
-    """Jacobi lookahead plus n-gram verification over one sequence (module docstring)."""
+    """Jacobi lookahead plus n-gram verification over one sequence (module docstring).
+
+    Its window's guesses are worth more than their own acceptance (they become the pool's n-grams), so a back-off
+    (`speculative.backoff`) takes its draft whole or not at all (`prunable`); while it rests, `defer` / `catch_up`
+    add the committed text's n-grams to the pool and restart the window from its newest tokens."""
+
+    prunable = False
 
     def __init__(self, config: LookaheadConfig = LookaheadConfig()):
         self.config = config
@@ -102,13 +108,33 @@ class LookaheadProposer:
         self._slot_of: dict[tuple[int, int], int] = {}  # (level, column) → the draft slot that holds it
 
     def start(self, engine, seq, prefill, prompt_ids, root) -> None:
-        prompt = [int(t) for t in np.asarray(prompt_ids).tolist()] + [int(root)]
-        n = self.config.ngram_size
-        for i in range(len(prompt) - n + 1):
-            self._remember(prompt[i:i + n])
-        # the first guesses: the prompt's tokens (Fu et al. initialise the window from the prompt), newest last
-        guesses = (prompt * (self.levels.size // len(prompt) + 1))[-self.levels.size:]
+        self.tokens = [int(t) for t in np.asarray(prompt_ids).tolist()] + [int(root)]
+        self._learn_text(0)
+        self._restart_window()
+
+    def _learn_text(self, since: int) -> None:
+        """Remember the n-grams of the text that end at position `since` or later."""
+        text, n = self.tokens, self.config.ngram_size
+        for i in range(max(since - n + 1, 0), len(text) - n + 1):
+            self._remember(text[i:i + n])
+
+    def _restart_window(self) -> None:
+        """Guesses from the text's newest tokens (Fu et al. initialise the window from the prompt), newest last."""
+        text = self.tokens
+        guesses = (text * (self.levels.size // len(text) + 1))[-self.levels.size:]
         self.levels[:] = np.asarray(guesses, np.int64).reshape(self.levels.shape)
+
+    # while a back-off rests the drafter: only the committed tokens are kept, then learnt in one go
+    @staticmethod
+    def defer(verify, accepted) -> list[int]:
+        return [int(t) for t in accepted.tokens]
+
+    def catch_up(self, entries: list[list[int]]) -> None:
+        since = len(self.tokens)
+        for tokens in entries:
+            self.tokens += tokens
+        self._learn_text(since)
+        self._restart_window()
 
     def _remember(self, gram: list[int]) -> None:
         entries = self.pool.setdefault(gram[0], deque(maxlen=POOL_PER_TOKEN))
@@ -149,6 +175,7 @@ class LookaheadProposer:
         return self._draft
 
     def observe(self, verify, accepted) -> None:
+        self.tokens += [int(t) for t in accepted.tokens]
         cfg, draft = self.config, self._draft
         w, last = cfg.window_size, cfg.ngram_size - 2
         guess = verify.logits.argmax(axis=-1)  # the target's next token after every slot

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from trtspec.errors import ConfigError
+from trtspec.speculative.backoff import Backoff
 from trtspec.speculative.engine import CostedEngine, Engine
 from trtspec.speculative.eagle_proposer import EagleProposer
 from trtspec.speculative.tree import DynamicTree
@@ -38,12 +39,16 @@ def runnable_methods(own: str, max_draft_len: int, *, chains_only: bool = False)
 def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dynamic: DynamicTree | None = None,
                   ngram: NgramConfig | None = None, acceptance: AcceptanceModel | None = None,
                   datastore: Datastore | None = None, recent: RecentOutputs | None = None,
-                  lookahead: LookaheadConfig | None = None) -> Proposer:
+                  lookahead: LookaheadConfig | None = None, backoff: bool = True) -> Proposer:
     """A fresh proposer for one sequence; `tree` for medusa / eagle (EAGLE-1), `dynamic` for eagle2, `ngram` (and
     an `acceptance` model shared across sequences) for ngram and suffix; suffix also looks up the shared `recent`
     outputs and the `datastore` corpus (either may be None); lookahead runs `lookahead`'s (W, N, G) (default: the
     engine's, else the largest of LOOKAHEAD_DEFAULTS that fits its K); hybrid merges the engine's own drafter (`tree` or
     `dynamic` as for it) with suffix's candidates.
+
+    Medusa, EAGLE and lookahead drafts are shrunk to what the engine's verify curve says pays, and rest while nothing
+    does (`backoff.Backoff`; `backoff=False`: the drafter's full tree every step, as TensorRT-LLM drafts);
+    ngram, suffix and hybrid budget their drafts themselves.
 
     On an engine that verifies chains only exactly (`Engine.chains_only`) every method drafts a chain: Medusa and
     EAGLE-1 the top-1 path as deep as their tree, EAGLE-2 its top-1 path `depth` deep, ngram / suffix / hybrid their
@@ -63,7 +68,7 @@ def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dyna
             raise ConfigError(f"method {method} needs an engine built with --max-draft-len K >= 1 (this one has "
                               "K = 0)")
         if method == "lookahead":
-            return LookaheadProposer(lookahead_config(engine, lookahead))
+            return _backed_off(LookaheadProposer(lookahead_config(engine, lookahead)), engine, backoff)
         sources = ()
         if method == "suffix":
             sources = tuple((kind, source) for kind, source in ((SUFFIX_RECENT, recent), (SUFFIX_CORPUS, datastore))
@@ -79,7 +84,7 @@ def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dyna
                               "use ngram or suffix with this one")
         from trtspec.speculative.hybrid_proposer import HybridProposer
 
-        drafter = make_proposer(own, engine, tree=tree, dynamic=dynamic)
+        drafter = make_proposer(own, engine, tree=tree, dynamic=dynamic, backoff=False)
         sources = tuple((kind, source) for kind, source in ((SUFFIX_RECENT, recent), (SUFFIX_CORPUS, datastore))
                         if source is not None)
         return HybridProposer(drafter, step_costs(engine), ngram or NgramConfig(), model=acceptance,
@@ -92,10 +97,15 @@ def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dyna
     if method == "medusa":
         if not engine.num_medusa_heads:
             raise ConfigError("method medusa needs an engine built from a Medusa checkpoint (it has no heads)")
-        return MedusaProposer(tree, engine.num_medusa_heads)
+        return _backed_off(MedusaProposer(tree, engine.num_medusa_heads), engine, backoff)
     if not engine.has_eagle_draft:
         raise ConfigError(f"method {method} needs an engine built from an EAGLE checkpoint (it has no draft)")
-    return EagleProposer(tree) if method == "eagle" else EagleProposer(dynamic=dynamic)
+    drafter = EagleProposer(tree) if method == "eagle" else EagleProposer(dynamic=dynamic)
+    return _backed_off(drafter, engine, backoff)
+
+
+def _backed_off(drafter: Proposer, engine: Engine, backoff: bool) -> Proposer:
+    return Backoff(drafter, step_costs(engine)) if backoff else drafter
 
 
 def chains_only(engine: Engine) -> bool:

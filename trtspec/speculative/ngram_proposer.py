@@ -88,19 +88,21 @@ class AcceptanceModel:
     """Conditional acceptance rates per node kind, counted over every drafted node whose parent was accepted.
 
     One model may be shared by every sequence of a generator (rates converge across requests); it only steers how
-    much is drafted, never what is emitted."""
+    much is drafted, never what is emitted. `decay` < 1 weighs a kind's older trials down at each new one (a model
+    that follows the text it drafts for); `prior_weight` is how many trials the prior counts for."""
 
-    def __init__(self):
+    def __init__(self, *, prior_weight: float = PRIOR_WEIGHT, decay: float = 1.0):
         self.counts: dict[tuple, list[float]] = {}
+        self.prior_weight, self.decay = prior_weight, decay
 
     def rate(self, kind: tuple) -> float:
         hits, trials = self.counts.get(kind, (0.0, 0.0))
-        return (hits + PRIOR_WEIGHT * _prior(kind)) / (trials + PRIOR_WEIGHT)
+        return (hits + self.prior_weight * _prior(kind)) / (trials + self.prior_weight)
 
     def record(self, kind: tuple, accepted: bool) -> None:
         counts = self.counts.setdefault(kind, [0.0, 0.0])
-        counts[0] += accepted
-        counts[1] += 1
+        counts[0] = self.decay * counts[0] + accepted
+        counts[1] = self.decay * counts[1] + 1
 
     def to_dict(self) -> dict:
         return {"/".join(map(str, k)): round(self.rate(k), 3) for k in sorted(self.counts, key=str)}
