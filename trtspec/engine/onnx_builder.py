@@ -228,7 +228,7 @@ def build(opts: BuildOptions) -> Manifest:
         plan = weight_plan(opts, ckpt.config)
         graphs = export_graphs(ckpt, tmp, max_positions=p.max_seq_len + p.tokens_per_step, weights=plan,
                                attention=manifest.attention)
-        gathered = "GatherBlockQuantized" in graphs["context"].ops
+        gathered = graphs["context"].embeds_quantized_lm_head
         manifest = replace(manifest, weights=_engine_weights(plan, ModelShape.from_trtllm(ckpt.config),
                                                              embedding_gathered=gathered),
                            **_attention(opts, plan))

@@ -65,12 +65,17 @@ def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], 
     from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
 
     rng = np.random.default_rng(seed)
+    # per network (the target "", the EAGLE draft "draft_"): whether its graphs' embedding reads the quantized lm_head
+    gathers = {prefix: any(g.embeds_quantized_lm_head for role, g in graphs.items()
+                           if role.startswith("draft_") == bool(prefix)) for prefix in ("", "draft_")}
     models = {"": ReferenceModel.from_checkpoint(Path(ckpt_dir))}
-    dequantize_reference(models[""], weights.base, weights.drafter, weights.lm_head)
+    dequantize_reference(models[""], weights.base, weights.drafter, weights.lm_head,
+                         embedding_from_lm_head=gathers[""])
     draft_vocab = None
     if any(role.startswith("draft_") for role in graphs):
         models["draft_"] = EagleDraftModel.from_checkpoint(Path(ckpt_dir))
-        dequantize_reference(models["draft_"], weights.drafter, None, weights.drafter)
+        dequantize_reference(models["draft_"], weights.drafter, None, weights.drafter,
+                             embedding_from_lm_head=gathers["draft_"])
         draft_vocab = read_checkpoint_vocab(Path(ckpt_dir), models["draft_"].config.vocab_size)
     diffs = {}
     for role, graph in graphs.items():
@@ -95,16 +100,18 @@ def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], 
 
 
 def dequantize_reference(model, spec: QuantSpec | None, heads: QuantSpec | None,
-                         lm_head: QuantSpec | None) -> None:
+                         lm_head: QuantSpec | None, *, embedding_from_lm_head: bool) -> None:
     """Give a ReferenceModel / EagleDraftModel the weights a quantized engine computes with: every nn.Linear
     fake-quantized (the Medusa heads' with `heads`, the lm_head with `lm_head`, the others' with `spec`; None: fp32),
-    in place. A tied embedding becomes the dequantized lm_head, as the engine gathers its rows from the quantized
-    lm_head."""
+    in place. `embedding_from_lm_head`: the exported graph gathers its embedding rows from the quantized lm_head
+    (ExportedGraph.embeds_quantized_lm_head), so the embedding becomes the dequantized lm_head; otherwise it stays the
+    checkpoint's fp32 table, as the graph's does, whether or not the checkpoint ties the two."""
     import torch
     from torch import nn
 
+    if embedding_from_lm_head and lm_head is None:
+        raise ValueError("an embedding gathered from the quantized lm_head needs the lm_head's QuantSpec")
     with torch.no_grad():
-        tied = torch.equal(model.vocab_embedding.weight, model.lm_head.weight)
         for name, module in model.named_modules():
             use = heads if name.startswith("medusa_heads.") else lm_head if name == "lm_head" else spec
             if use is not None and use.prequantized:  # the checkpoint's codes: the reference read them dequantized
@@ -112,7 +119,7 @@ def dequantize_reference(model, spec: QuantSpec | None, heads: QuantSpec | None,
             if isinstance(module, nn.Linear) and use is not None:
                 w = module.weight.detach().float().numpy()
                 module.weight.copy_(torch.from_numpy(fake_quantize(w, use.bits, use.block_size, use.scheme)))
-        if tied and lm_head is not None and model.config.hidden_size % lm_head.block_size == 0:
+        if embedding_from_lm_head:
             model.vocab_embedding.weight.copy_(model.lm_head.weight)
 
 

@@ -49,6 +49,14 @@ class ExportedGraph:
     outputs: tuple[str, ...]
     ops: frozenset[str] = frozenset()  # the op types it holds
 
+    @property
+    def embeds_quantized_lm_head(self) -> bool:
+        """Its token embedding gathers rows of the quantized lm_head (a tied embedding whose rows are whole blocks,
+        onnx_ops.embed): what the graph computes, so the reference and the manifest follow it rather than guess. A
+        draft with a reduced vocabulary keeps an fp32 table even when its checkpoint ties the two (its lm_head holds
+        the draft vocabulary's rows only)."""
+        return "GatherBlockQuantized" in self.ops
+
 
 @dataclass(frozen=True)
 class WeightPlan:
