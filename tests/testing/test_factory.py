@@ -85,6 +85,7 @@ def expected_base(m: TinyModel) -> dict[str, tuple[int, ...]]:
     ({"num_layers": 0}, "num_layers must be a positive int"),
     ({"vocab_size": 2.5}, "vocab_size must be a positive int"),
     ({"rope_scaling": "linear"}, "rope_scaling must be a dict"),
+    ({"embedding_std": 0}, "embedding_std must be a positive number"),
 ])
 def test_tiny_model_validation(kwargs: dict, error: str | None) -> None:
     if error is None:
@@ -172,6 +173,20 @@ def test_random_values_are_distinct_and_scaled(tmp_path: Path) -> None:
     assert abs(float(norm.mean()) - 1.0) < 0.05 and 0.05 < float(norm.std()) < 0.15
     bias = state["model.layers.0.self_attn.q_proj.bias"]
     assert float(bias.abs().max()) < 0.2 and float(bias.abs().sum()) > 0
+
+
+def test_embedding_std_scales_the_vocabulary_tables_only(tmp_path: Path) -> None:
+    """embedding_std sizes embed_tokens and lm_head (base and EAGLE draft), every other value stays as seeded."""
+    default = read_state(write_hf_base(tmp_path / "default"))
+    scaled = read_state(write_hf_base(tmp_path / "scaled", TinyModel(embedding_std=0.1), storage="sharded"))
+    for key in default:
+        if key in ("model.embed_tokens.weight", "lm_head.weight"):
+            assert torch.allclose(scaled[key], 5 * default[key]), key
+            assert 0.08 < float(scaled[key].std()) < 0.12
+        else:
+            assert torch.equal(scaled[key], default[key]), key
+    draft = torch.load(write_eagle_draft(tmp_path / "eagle", TinyModel(embedding_std=0.1)) / "pytorch_model.bin")
+    assert 0.08 < float(draft["embed_tokens.weight"].std()) < 0.12 and float(draft["fc.weight"].std()) < 0.03
 
 
 def test_hf_base_rejects_unknown_storage(tmp_path: Path) -> None:

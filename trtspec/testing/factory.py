@@ -27,6 +27,7 @@ EAGLE_STORAGES = ("bin", "safetensors")
 BASE_SEED = 0  # seed of the base weights inside full-model Medusa checkpoints (= write_hf_base's default)
 MAX_SHARD_BYTES = 256 * 2**20  # sharded storage never puts more than this (or half the model) in one file
 MODELOPT_PRODUCER = {"name": "modelopt", "version": "0.15.0"}
+VOCAB_TABLES = ("embed_tokens.weight", "lm_head.weight")  # the tensors TinyModel.embedding_std sizes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +47,9 @@ class TinyModel:
     rope_scaling: dict | None = None
     max_position_embeddings: int = 512
     rms_norm_eps: float = 1e-6
+    # std of the vocabulary tables (embed_tokens, a base's lm_head); a trained model's are several times its other
+    # weights' (SmolLM2-135M's embedding: 0.14), so a token's embedding weighs in an EAGLE fc as it does there
+    embedding_std: float = 0.02
 
     def __post_init__(self) -> None:
         _check_choice("arch", self.arch, tuple(ARCHITECTURES))
@@ -59,6 +63,9 @@ class TinyModel:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}; "
                              "pick a num_kv_heads that divides num_heads")
+        if isinstance(self.embedding_std, bool) or not isinstance(self.embedding_std, (int, float)) \
+                or not self.embedding_std > 0:
+            raise ValueError(f"embedding_std must be a positive number, got {self.embedding_std!r}")
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
             raise ValueError(f"rope_scaling must be a dict or None, got {type(self.rope_scaling).__name__}")
 
@@ -176,16 +183,19 @@ def _pack_shards(groups: list[Shapes], dtype: torch.dtype) -> list[Shapes]:
 
 # ---- random values --------------------------------------------------------------------------------------
 
-def _random_tensors(shapes: Shapes, dtype: torch.dtype, gen: torch.Generator) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield seeded random tensors: norms ~ 1 + 0.1·N(0,1), weights and biases ~ 0.02·N(0,1)."""
+def _random_tensors(shapes: Shapes, dtype: torch.dtype, gen: torch.Generator,
+                    embedding_std: float = 0.02) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield seeded random tensors: norms ~ 1 + 0.1·N(0,1), the vocabulary tables (embed_tokens, lm_head)
+    ~ embedding_std·N(0,1), other weights and biases ~ 0.02·N(0,1)."""
     for key, shape in shapes.items():
-        mean, std = (1.0, 0.1) if key.endswith("norm.weight") else (0.0, 0.02)
+        mean, std = ((1.0, 0.1) if key.endswith("norm.weight") else
+                     (0.0, embedding_std) if key.endswith(VOCAB_TABLES) else (0.0, 0.02))
         yield key, torch.empty(shape, dtype=torch.float32).normal_(mean, std, generator=gen).to(dtype)
 
 
-def _random_state(shapes: Shapes, dtype: torch.dtype, seed: int) -> StateDict:
+def _random_state(shapes: Shapes, dtype: torch.dtype, seed: int, embedding_std: float = 0.02) -> StateDict:
     """Return a state dict of seeded random tensors for shapes."""
-    return dict(_random_tensors(shapes, dtype, torch.Generator().manual_seed(seed)))
+    return dict(_random_tensors(shapes, dtype, torch.Generator().manual_seed(seed), embedding_std))
 
 
 # ---- configs (pure) -------------------------------------------------------------------------------------
@@ -252,7 +262,8 @@ def _write_sharded(out: Path, m: TinyModel, seed: int) -> None:
     weight_map: dict[str, str] = {}
     for k, shapes in enumerate(shards, start=1):
         name = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        _save_safetensors(dict(_random_tensors(shapes, m.torch_dtype, gen)), out / name)  # one shard in memory
+        state = dict(_random_tensors(shapes, m.torch_dtype, gen, m.embedding_std))  # one shard in memory
+        _save_safetensors(state, out / name)
         weight_map |= dict.fromkeys(shapes, name)
     total = sum(_nbytes(s, m.torch_dtype) for s in shards)
     _write_json(out / "model.safetensors.index.json",
@@ -264,7 +275,7 @@ def _write_streamed(out: Path, m: TinyModel, seed: int) -> None:
     from trtspec.checkpoint.safetensors_writer import PlannedTensor, write_safetensors
 
     shapes: Shapes = {k: v for group in _base_groups(m) for k, v in group.items()}
-    values = _random_tensors(shapes, m.torch_dtype, torch.Generator().manual_seed(seed))
+    values = _random_tensors(shapes, m.torch_dtype, torch.Generator().manual_seed(seed), m.embedding_std)
     planned = [PlannedTensor(k, tuple(s), m.torch_dtype, lambda: next(values)[1]) for k, s in shapes.items()]
     write_safetensors(out / "model.safetensors", planned)
 
@@ -272,7 +283,7 @@ def _write_streamed(out: Path, m: TinyModel, seed: int) -> None:
 def _base_state(m: TinyModel, seed: int) -> StateDict:
     """Return the whole HF base state dict (same values as every storage with this seed)."""
     shapes: Shapes = {k: v for group in _base_groups(m) for k, v in group.items()}
-    return _random_state(shapes, m.torch_dtype, seed)
+    return _random_state(shapes, m.torch_dtype, seed, m.embedding_std)
 
 
 def _mkdir(out_dir: str | Path) -> Path:
@@ -355,7 +366,7 @@ def write_eagle_draft(out_dir: str | Path, model: TinyModel = TinyModel(), *, fc
     _check_positive("num_layers", num_layers)
     out = _mkdir(out_dir)
     shapes = _eagle_shapes(model, fc_bias=fc_bias, embed_tokens=embed_tokens, num_layers=num_layers)
-    state = _random_state(shapes, model.torch_dtype, seed)
+    state = _random_state(shapes, model.torch_dtype, seed, model.embedding_std)
     if draft_vocab_size is not None:
         state["d2t"], state["t2d"] = _draft_vocab(model.vocab_size, draft_vocab_size,
                                                   torch.Generator().manual_seed(seed))
@@ -386,7 +397,8 @@ def write_eagle3_draft(out_dir: str | Path, model: TinyModel = TinyModel(), *, d
                          "pass a draft_vocab_size <= vocab_size")
     out = _mkdir(out_dir)
     gen = torch.Generator().manual_seed(seed)
-    state = dict(_random_tensors(_eagle3_shapes(model, draft_vocab_size, embed_tokens), model.torch_dtype, gen))
+    state = dict(_random_tensors(_eagle3_shapes(model, draft_vocab_size, embed_tokens), model.torch_dtype, gen,
+                                 model.embedding_std))
     state["d2t"], state["t2d"] = _draft_vocab(model.vocab_size, draft_vocab_size, gen)
     _save_safetensors(state, out / "model.safetensors")
     _write_json(out / "config.json", _eagle3_config(model, draft_vocab_size))
