@@ -95,7 +95,7 @@ def test_tree_replay_reproduces_a_real_medusa_run(generator, recordings):
     engine = generator.engine
     real = SpecStats()
     for ids in prompts:
-        real = real.merge(generate(engine, ids, make_proposer("medusa", engine, tree=build_tree(choices)),
+        real = real.merge(generate(engine, ids, make_proposer("medusa", engine, tree=build_tree(choices), backoff=False),
                                    GenerationConfig(max_tokens=MAX_TOKENS,
                                                     end_id=generator.manifest.model.end_id)).stats)
     replayed = replay_tree(recs, choices, MAX_TOKENS, engine.step_costs())
@@ -351,7 +351,7 @@ def _eagle_run(generator, prompts, choices) -> SpecStats:
     real = SpecStats()
     for ids in prompts:
         real = real.merge(generate(generator.engine, ids, make_proposer("eagle", generator.engine,
-                                                                         tree=build_tree(choices)),
+                                                                         tree=build_tree(choices), backoff=False),
                                    GenerationConfig(max_tokens=MAX_TOKENS,
                                                     end_id=generator.manifest.model.end_id)).stats)
     return real

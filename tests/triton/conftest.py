@@ -48,8 +48,9 @@ def tiny_datastore(tiny_engine, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_repo(tiny_engine, tiny_datastore, tmp_path_factory):
+    # whole trees (no back-off): the random heads' drafts would rest, and these tests count drafts and acceptance
     return deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path_factory.mktemp("repos") / "repo", threads=1,
-                                datastore=tiny_datastore))
+                                datastore=tiny_datastore, backoff=False))
 
 
 @pytest.fixture(scope="session")

@@ -90,6 +90,9 @@ def test_options_reach_the_configs(tiny_engine, tmp_path):
     assert engine.parameters["method"].string_value == "auto"  # the manifest's method
     repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "t", method="ngram"))
     assert _config(repo, "tensorrt_llm").parameters["method"].string_value == "ngram"
+    assert engine.parameters["backoff"].string_value == "true"  # drafts shrink or rest while they do not pay
+    repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "w", backoff=False))
+    assert _config(repo, "tensorrt_llm").parameters["backoff"].string_value == "false"
 
 
 def test_a_datastore_is_referenced_or_copied_and_checked(tiny_engine, tmp_path):

@@ -104,10 +104,11 @@ def run_benchmark(engines: list[Path], *, peers: tuple[str, ...] = (), hf: Path 
 
 def measure(engines: list[Path], *, sets=DEFAULT_SETS, methods=("ngram",), limit: int = 8, max_tokens: int = 128,
             threads: int | None = 2, spin: bool | None = None, datastore: Path | None = None,
-            step_costs=None, show=print) -> tuple[dict, dict[str, list[list[int]]]]:
+            step_costs=None, backoff: bool = True, show=print) -> tuple[dict, dict[str, list[list[int]]]]:
     """Each method against plain decoding on the same engine, prompt by prompt, the order rotating: the report
     (per set and method, `Cell.to_dict()`'s figures) and the token ids of each set's measured prompts.
-    `step_costs` (a StepCosts) replaces the engines' measured verify curve in the drafters' budgets."""
+    `step_costs` (a StepCosts) replaces the engines' measured verify curve in the drafters' budgets. A method named
+    `METHOD:full` runs METHOD's whole tree every step (no back-off; so does every method when `backoff` is False)."""
     from trtspec.runtime.generator import LocalGenerator
     from trtspec.runtime.loop import GenerationConfig
     from trtspec.speculative.datastore import RecentOutputs
@@ -158,7 +159,9 @@ def measure(engines: list[Path], *, sets=DEFAULT_SETS, methods=("ngram",), limit
                     continue
                 g, method = runs_of[m]
                 g.recent = recent[m]
-                results[m] = g.generate(ids, GenerationConfig(max_tokens=max_tokens, method=method)).result
+                method, _, whole = method.partition(":")
+                config = GenerationConfig(max_tokens=max_tokens, method=method, backoff=backoff and whole != "full")
+                results[m] = g.generate(ids, config).result
             for m in labels:  # outputs compared with their own engine's plain decoding (another's differs anyway)
                 i = engine_of[m]
                 cells[m].add(results[m], results["none"], results["none"] if i == 0 else results.get(label("none", i)))

@@ -51,11 +51,15 @@ class BenchOptions:
     work: Path | None = None  # the peers' logs and builds (default: the cache's bench/peers)
     serve: bool = False  # serving mode: deploy ENGINE, serve it here and measure it beside in process
     no_spec: bool = False  # plain decoding alone (no method beside it)
+    backoff: bool = True  # Medusa / EAGLE / lookahead drafts shrink or rest while they do not pay (False: whole trees)
     show_progress: bool = True
 
     def __post_init__(self):
         if self.engine is None and self.url is None:
             raise ConfigError("pass ENGINE_DIR or --url HOST:PORT (or both: ENGINE in process beside the server)")
+        if not self.backoff and self.url is not None:
+            raise ConfigError("--no-backoff applies to ENGINE in process (a server's deployment decides: "
+                              "`trtspec deploy --no-backoff`)")
         if self.serve and (self.engine is None or self.url is not None):
             raise ConfigError("--serve deploys and serves ENGINE_DIR itself: pass ENGINE_DIR and no --url")
         if not self.concurrency or min(self.concurrency) < 1:
@@ -123,7 +127,7 @@ def _started_server(options: BenchOptions, local, show):
             self._tmp = tempfile.TemporaryDirectory(prefix="trtspec-bench-serve-")
             engine = local.generator.engine
             repo = deploy(DeployOptions(engine_dir=options.engine, out=Path(self._tmp.name) / "repo",
-                                        threads=engine.threads, spin=engine.spin))
+                                        threads=engine.threads, spin=engine.spin, backoff=options.backoff))
             self._server = TritonServer(ServerOptions(repository=repo, grpc_port=free_port(), http_port=free_port(),
                                                       metrics_port=free_port(), exit_timeout_s=5),
                                         on_log=lambda line: None)
@@ -156,7 +160,7 @@ def _run(options: BenchOptions, target, served, metrics, show) -> BenchRun:
             raise ConfigError(f"engine {options.engine} has no drafter of its own; name one with --method ngram (an "
                               "engine built with --max-draft-len K >= 1 runs ngram and suffix)")
         methods = ()  # serving mode: plain decoding alone, in process and served
-    base = GenerationConfig(max_tokens=options.max_tokens,
+    base = GenerationConfig(max_tokens=options.max_tokens, backoff=options.backoff,
                             sampling=SamplingParams(temperature=options.temperature, seed=options.seed))
     runs = {PLAIN: replace(base, no_spec=True),
             **{m: replace(base, method=None if m == "spec" else m) for m in methods}}

@@ -83,6 +83,9 @@ def _csv(kind):
 @click.option("--out", type=DIR, help="Write summary.json, requests.csv and PNG plots here.")
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json instead of the table.")
 @click.option("--no-spec", is_flag=True, help="Plain decoding alone (e.g. the serving overhead without drafting).")
+@click.option("--backoff/--no-backoff", default=True, show_default=True,
+              help="Medusa, EAGLE and lookahead drafts shrink, or rest, while they do not pay; --no-backoff: the "
+                   "whole tree every step.")
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
 @user_errors
 def bench_run(engine: Path | None, url: str | None, methods, concurrency, peers, out: Path | None, as_json: bool,
@@ -171,7 +174,9 @@ def _pair(ctx, param, value):
 @click.argument("engines", nargs=-1, required=True, type=EXISTING_DIR)
 @click.option("--sets", callback=_csv(str), default="sharegpt-grounded,code-edit,mt-bench-2turn,mt-bench",
               show_default=True, help="Prompt sets (their measure splits where they have one).")
-@click.option("--methods", callback=_csv(str), default="ngram", show_default=True, help="Drafters.")
+@click.option("--methods", callback=_csv(str), default="ngram", show_default=True,
+              help="Drafters; METHOD:full runs METHOD's whole tree every step (no back-off), e.g. "
+                   "lookahead,lookahead:full.")
 @click.option("--datastore", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Method suffix: the corpus it looks up (`trtspec datastore build`); it also learns from its own "
                    "earlier outputs.")

@@ -35,6 +35,9 @@ from trtspec.cli.app import DIR, EXISTING_DIR, SPIN_HELP, cli, user_errors
 @click.option("--datastore", type=click.Path(dir_okay=False, path_type=Path),
               help="CPU flavour: the corpus method suffix looks up (`trtspec datastore build`), for --method suffix "
                    "or requests that ask for it (referenced; copied with --copy-engine).")
+@click.option("--backoff/--no-backoff", default=True, show_default=True,
+              help="CPU flavour: Medusa, EAGLE and lookahead drafts shrink, or rest, while they do not pay on the "
+                   "engine's verify curve; --no-backoff drafts the full tree every step (as TensorRT-LLM does).")
 @click.option("--draft-engine", "draft_engine_dir", type=EXISTING_DIR,
               help="trtllm, draft-target engines: the draft model's engine (served as tensorrt_llm_draft).")
 @click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=0.9, show_default=True,

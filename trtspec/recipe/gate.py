@@ -59,7 +59,9 @@ class GateResult:
 
 
 def measure_slice(recipe, engine_dir: Path, show=print) -> tuple[dict, dict]:
-    """Measure the baseline's slice: (per prompt set the method's figures, the whole drafting report)."""
+    """Measure the baseline's slice: (per prompt set the method's figures, the whole drafting report). The drafter's
+    whole tree every step (no back-off, whose choices follow the drafter's measured time): τ then depends on the
+    code and the baseline's verify curve only."""
     from trtspec.bench.drafting import measure
 
     b, bench = recipe.baseline, recipe.bench
@@ -74,7 +76,8 @@ def measure_slice(recipe, engine_dir: Path, show=print) -> tuple[dict, dict]:
         report, _ = measure([engine_dir], sets=b.prompt_sets, methods=[method], limit=b.limit,
                             max_tokens=b.max_tokens, threads=bench.threads if bench is not None else None,
                             spin=bench.spin if bench is not None else None,
-                            datastore=Path(datastore) if datastore else None, step_costs=costs, show=show)
+                            datastore=Path(datastore) if datastore else None, step_costs=costs,
+                            backoff=False, show=show)
     except ConfigError as e:
         if costs is None or "verify curve" not in str(e):
             raise

@@ -47,10 +47,11 @@ class LocalGenerator:
     """An engine dir opened for generation: ONNX Runtime sessions, tokenizer, and the manifest's method."""
 
     def __init__(self, engine_dir: str | Path, *, threads: int | None = None, spin: bool | None = None,
-                 datastore: str | Path | None = None, method: str | None = None):
+                 datastore: str | Path | None = None, method: str | None = None, backoff: bool = True):
         self.engine = OrtEngine(engine_dir, threads=threads, spin=spin)
         self.manifest = self.engine.manifest
         self.method = method  # the drafter of requests that name none (None: the manifest's)
+        self.backoff = backoff  # False: every request's Medusa / EAGLE / lookahead drafts are whole trees
         self.tokenizer = None
         if self.manifest.tokenizer is not None:
             from trtspec.runtime.tokenizer import Tokenizer
@@ -78,7 +79,7 @@ class LocalGenerator:
         dynamic = DynamicTree(**self.manifest.dynamic_tree) if self.manifest.method is Method.EAGLE2 else None
         return make_proposer(method, self.engine, tree=self._tree, dynamic=dynamic, ngram=config.ngram,
                              acceptance=self.acceptance, datastore=self.datastore, recent=self.recent,
-                             lookahead=config.lookahead, backoff=config.backoff)
+                             lookahead=config.lookahead, backoff=config.backoff and self.backoff)
 
     def encode(self, prompt: str | list[dict] | list[int]) -> list[int]:
         """Token ids of a prompt: ids as is; text and chat messages through the tokenizer's chat template."""

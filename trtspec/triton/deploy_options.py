@@ -33,6 +33,7 @@ class DeployOptions:
     # server, model_args.served_spin: spin unless TRTSPEC_ORT_SPIN=0)
     method: str | None = None  # CPU flavour: the drafter requests get (none / ngram / suffix / the engine's own)
     datastore: Path | None = None  # CPU flavour: the corpus of method suffix (`trtspec datastore build`)
+    backoff: bool = True  # CPU flavour: Medusa / EAGLE / lookahead drafts shrink or rest while they do not pay
     force: bool = False
     # trtllm flavour knobs (the tensorrt_llm model's parameters)
     batching_strategy: str = "inflight_fused_batching"
@@ -69,6 +70,9 @@ def check_options(manifest: Manifest, options: DeployOptions) -> int:
         check_method(manifest, options.method)
     if options.datastore is not None:
         check_datastore(manifest, Path(options.engine_dir), Path(options.datastore))
+    if not options.backoff and manifest.backend is not Backend.ONNX:
+        raise ConfigError("--no-backoff applies to the CPU flavour only (a TensorRT-LLM engine drafts its whole tree "
+                          "every step)")
     return batch
 
 
