@@ -6,21 +6,27 @@ ship; losslessness does not depend on their quality, and the identity heads do g
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
+from pathlib import Path
 
 import pytest
 
 from trtspec import ConvertOptions, convert
 from trtspec.data.prompts import load_prompts
-from trtspec.engine.onnx_builder import BuildOptions, build
+from trtspec.engine.onnx_builder import NUMERICS_TOLERANCE, BuildOptions, build
 from trtspec.hub.fetch import fetch_model
 from trtspec.runtime.generator import LocalGenerator
 from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.sampling import SamplingParams
 from trtspec.speculative.tree import DynamicTree
 from trtspec.testing import TinyModel, write_eagle_draft
 from trtspec.train.init_heads import write_initial_medusa_heads
 
 pytestmark = pytest.mark.slow
+
+ASSETS = Path(__file__).resolve().parents[2] / "recipes" / "assets"
 
 SMOLLM2 = TinyModel(hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3, intermediate_size=1536,
                     vocab_size=49152, tie_word_embeddings=True, rope_theta=100000.0, max_position_embeddings=8192)
@@ -65,3 +71,29 @@ def test_smollm2_answers_a_real_question(engines):
     out = engines["medusa"].generate("What is the capital of France? Answer in one sentence.",
                                      GenerationConfig(max_tokens=32))
     assert "Paris" in out.text and out.result.finish_reason == "end_id"
+
+
+def test_smollm2_int4_with_the_shipped_eagle_draft_is_lossless(tmp_path):
+    """The shipped EAGLE drafter (a reduced draft vocabulary; its embedding is SmolLM2's, so the checkpoint ties it to
+    its lm_head) with SmolLM2 at --weights int4: the build's check against the dequantized reference passes for the
+    draft graphs too, and EAGLE greedy decoding equals the same engine's plain decoding token for token on MT-Bench
+    prompts, with drafts accepted."""
+    drafter = ASSETS / "smollm2-135m-eagle"
+    tree = json.loads((drafter / "tree.json").read_text())
+    convert(ConvertOptions(base=fetch_model("smollm2-135m"), eagle=drafter, num_eagle_layers=tree["num_eagle_layers"],
+                           out=tmp_path / "ckpt"), show_progress=False)
+    manifest = build(BuildOptions(source=tmp_path / "ckpt", out=tmp_path / "engine", max_input_len=256,
+                                  max_seq_len=512, choices=json.dumps(tree["choices"]), weights="int4"))
+    shutil.rmtree(tmp_path / "ckpt")
+    assert 0 < manifest.model.draft_vocab_size < manifest.model.vocab_size
+    assert manifest.weights.drafter.dtype.value == "int4" and manifest.weights.embedding.dtype.value == "int4"
+    draft = [role for role in manifest.numerics if role.startswith("draft_")]
+    assert draft and max(manifest.numerics.values()) < NUMERICS_TOLERANCE, manifest.numerics
+    generator = LocalGenerator(tmp_path / "engine", threads=2)
+    prompts = [list(p.messages) for p in load_prompts("mt-bench", limit=4)]
+    config = GenerationConfig(max_tokens=64, sampling=SamplingParams(temperature=0.0))
+    plain = generator.generate_many(prompts, dataclasses.replace(config, no_spec=True))
+    spec = generator.generate_many(prompts, dataclasses.replace(config, method="eagle"))
+    assert [g.output_ids for g in spec] == [g.output_ids for g in plain]
+    assert all(len(g.output_ids) > 0 for g in plain)
+    assert sum(g.result.stats.accepted_tokens for g in spec) > 0
