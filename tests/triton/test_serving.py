@@ -4,6 +4,7 @@ its KV row, and a cancelled request still queued never starts; other requests ar
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -59,6 +60,17 @@ def _item(prompt=(5, 6, 7), max_tokens=100):
     return ItemRequest(list(prompt), GenerationConfig(max_tokens=max_tokens), streaming=True)
 
 
+def _wait_until(condition, timeout=TIMEOUT) -> bool:
+    """Whether `condition()` turned true within `timeout` s: waits for another thread (the watcher, the scheduler)
+    to act; the timeout only catches a hang."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
 def test_a_stop_request_ends_its_request_within_a_step_and_frees_its_row(generator):
     service = _service(generator)
     try:
@@ -85,7 +97,9 @@ def test_a_cancellation_seen_by_the_watcher_ends_the_request(generator):
     service = _service(generator, cancel_poll_s=0.005)
     try:
         job = Recorder([_item(max_tokens=120), _item((3, 4), 120)], is_cancelled=cancelled.is_set)
-        job.on_first = cancelled.set
+        # the scheduler waits in the first prefill until the watcher has seen the cancellation: without the wait, a
+        # scheduler that outran the watcher's poll (a loaded machine) finished the request before it was seen
+        job.on_first = lambda: (cancelled.set(), _wait_until(lambda: job.job.stopped))
         service.submit(job.job)
         assert job.ended.wait(TIMEOUT)
         assert {r.finish_reason for r in job.results.values()} == {"cancelled"}
@@ -100,6 +114,9 @@ def test_a_cancelled_request_still_queued_never_starts(generator):
     try:
         running = Recorder([_item(max_tokens=60)])
         queued = Recorder([_item((1, 2, 3), 60)], is_cancelled=lambda: True)
+        # the running request holds the only row until the watcher has stopped the queued one (else, on a loaded
+        # machine, the row could free before the watcher's first poll and the queued request start)
+        running.on_second = lambda: _wait_until(lambda: queued.job.stopped)
         service.submit(running.job)
         service.submit(queued.job)
         assert queued.ended.wait(TIMEOUT)
@@ -134,16 +151,39 @@ def test_queued_and_in_flight_counts(generator):
         second = Recorder([_item((2, 3), 10)])
         service.submit(first.job)
         service.submit(second.job)
-        deadline = threading.Event()
-        for _ in range(200):
-            if service.in_flight == 1 and service.queued == 1:
-                break
-            deadline.wait(0.01)
-        assert (service.in_flight, service.queued) == (1, 1)
+        # held there, the counts stay (1, 1): wait for them as long as a hang takes
+        assert _wait_until(lambda: (service.in_flight, service.queued) == (1, 1))
         release.set()
         assert first.ended.wait(TIMEOUT) and second.ended.wait(TIMEOUT)
         assert (service.in_flight, service.queued) == (0, 0)
         assert service.last_step[0] == 1 and service.last_step[1] >= 1
+    finally:
+        service.shutdown()
+
+
+def test_jobs_queued_together_share_every_step(generator):
+    """In-flight batching across jobs, with arrival controlled: the scheduler is held in the first job's prefill until
+    three more jobs are queued, so from the next step on all four run in one verify step (their 30 tokens cannot be
+    done in one step, K + 1 = 9 a step at most). Every step's sequences add up to the steps each job took part in,
+    and every output equals its prompt's alone."""
+    service = _service(generator, max_batch_size=4)
+    try:
+        queued = threading.Event()
+        prompts = [(5, 6, 7), (9, 8), (3, 4, 5, 6), (2, 7)]
+        jobs = [Recorder([_item(p, 30)]) for p in prompts]
+        jobs[0].on_first = lambda: queued.wait(TIMEOUT)  # hold the scheduler until every job is queued
+        for job in jobs:
+            service.submit(job.job)
+        queued.set()
+        assert all(job.ended.wait(TIMEOUT) for job in jobs)
+        results = [job.results[0] for job in jobs]
+        for prompt, result in zip(prompts, results):
+            alone = generate(generator.engine, list(prompt), generator.proposer(), GenerationConfig(max_tokens=30))
+            assert result.output_ids == alone.output_ids and result.finish_reason == "length"
+        stats = service.stats
+        assert stats.max_sequences == 4
+        assert stats.sequences == sum(r.stats.steps for r in results)
+        assert stats.steps < stats.sequences  # steps were shared
     finally:
         service.shutdown()
 
@@ -153,24 +193,27 @@ def test_a_drain_ends_what_is_left_with_an_error_and_reports_idle(generator, tmp
     service = _service(generator, cancel_poll_s=0.005, drain=drain)
     try:
         job = Recorder([_item(max_tokens=120)])
-        job.on_first = lambda: (drain.start(), drain.end())
+        # the scheduler waits in the prefill until the watcher has ended the job (else a fast scheduler could finish
+        # the request before the watcher looked at the drain file)
+        job.on_first = lambda: (drain.start(), drain.end(), _wait_until(lambda: job.job.stopped))
         service.submit(job.job)
         assert job.ended.wait(TIMEOUT)
         assert job.errors == {0: DRAIN_MESSAGE} and not job.results
-        for _ in range(400):
-            if drain.idle():
-                break
-            threading.Event().wait(0.01)
-        assert drain.idle() and generator.engine.kv_rows[0] == 0
+        assert _wait_until(drain.idle) and generator.engine.kv_rows[0] == 0
     finally:
         service.shutdown()
 
 
 def test_no_idle_report_before_a_drain_is_asked_for(generator, tmp_path):
     drain = DrainSignal(tmp_path / "drain")
+    looks = []
+    requested = drain.requested
+    drain.requested = lambda: looks.append(1) or requested()  # counts the watcher's looks at the drain file
     service = _service(generator, cancel_poll_s=0.005, drain=drain)
     try:
-        threading.Event().wait(0.1)
+        # a fixed sleep proved nothing on a loaded machine (the watcher might not have looked yet): wait for a
+        # whole round of the idle watcher's loop (it looks at the file once per round) instead
+        assert _wait_until(lambda: len(looks) >= 2)
         assert not drain.idle()
     finally:
         service.shutdown()
