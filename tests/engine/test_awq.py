@@ -136,7 +136,7 @@ def test_an_awq_medusa_checkpoint_quantizes_its_heads_here(ckpts, tmp_path):
 
     prompt = np.arange(3, 30)
     plain = generate(engine, prompt, make_proposer("none", engine), GenerationConfig(max_tokens=16)).output_ids
-    spec = generate(engine, prompt, make_proposer("medusa", engine, tree=build_tree([[0], [1], [0, 0]])),
+    spec = generate(engine, prompt, make_proposer("medusa", engine, tree=build_tree([[0], [1], [0, 0]]), backoff=False),
                     GenerationConfig(max_tokens=16))
     assert spec.output_ids == plain
 

@@ -249,10 +249,11 @@ def _prompts(n, seed):
             else rng.integers(0, MODEL.vocab_size, int(rng.integers(1, 40))) for i in range(n)]
 
 
-def _proposer(method, engine):
+def _proposer(method, engine, backoff=False):
+    """The method's whole tree every step (backoff False: the random drafters' trees would rest), or backed off."""
     if method in ("medusa", "eagle", "hybrid"):
-        return make_proposer(method, engine, tree=build_tree(eval(TREE)))
-    return make_proposer(method, engine)
+        return make_proposer(method, engine, tree=build_tree(eval(TREE)), backoff=backoff)
+    return make_proposer(method, engine, backoff=backoff)
 
 
 @pytest.mark.parametrize("name,method", [("none", "ngram"), ("none", "suffix"), ("medusa", "medusa"),
