@@ -17,15 +17,20 @@ def tiny_engine(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def long_repo(tmp_path_factory):
-    """A small model with room for 1,500-token answers: requests that run for half a minute (cancellation tests).
-    Its steps (~20 ms) are slower than the ensemble's per-response path (~2.6 ms on 2 cores), as a real model's are:
-    with the tiny model the engine runs ahead of its streams and a cancellation is seen only after the backlog."""
+def long_engine(tmp_path_factory):
+    """A small model with room for 1,500-token answers: requests that run for half a minute (cancellation tests,
+    and a request held in flight while others arrive). Its steps (~20 ms) are slower than the ensemble's
+    per-response path (~2.6 ms on 2 cores), as a real model's are: with the tiny model the engine runs ahead of its
+    streams and a cancellation is seen only after the backlog."""
     root = tmp_path_factory.mktemp("triton-long")
     model = TinyModel(hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=4, intermediate_size=2048,
                       max_position_embeddings=2048)
-    engine = build_tiny_engine(root, model, max_input_len=64, max_seq_len=1600, max_batch_size=8)
-    return deploy(DeployOptions(engine_dir=engine, out=root / "repo", threads=1))
+    return build_tiny_engine(root, model, max_input_len=64, max_seq_len=1600, max_batch_size=8)
+
+
+@pytest.fixture(scope="session")
+def long_repo(long_engine):
+    return deploy(DeployOptions(engine_dir=long_engine, out=long_engine.parent / "repo", threads=1))
 
 
 CORPUS_PROMPTS = ("Medusa heads tokens", "quick brown fox the target model", "speculative decoding Hello world")
