@@ -1,5 +1,5 @@
-"""Greedy decode runners for the CPU engine benchmark (trtspec, onnxruntime-genai, transformers), each run in its
-own child process so that no two systems share threads, allocators or warm caches.
+"""Greedy decode runners for the CPU engine benchmark (trtspec, onnxruntime-genai, llama.cpp, OpenVINO GenAI,
+transformers), each run in its own child process so that no two systems share threads, allocators or warm caches.
 
 A runner takes prompt token ids and yields one row per prompt: output ids, time to first token, total time.
 `run_child("trtspec.bench.peers:run_trtspec", {...})` starts `python -m trtspec.bench.peers`, which calls
@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -24,10 +25,33 @@ GENAI_MODULES = ("onnxruntime_genai", "onnx_ir")  # the builder imports onnx_ir 
 GENAI_INSTALL = "pip install onnxruntime-genai onnx-ir"
 LLAMA_CPP_MODULES = ("llama_cpp",)
 LLAMA_CPP_INSTALL = "bash scripts/setup-peers.sh builds llama-cpp-python from source"
+OPENVINO_MODULES = ("openvino_genai", "openvino", "openvino_tokenizers")
+OPENVINO_INSTALL = "PEERS=openvino bash scripts/setup-peers.sh installs OpenVINO GenAI and its exporter"
 TRANSFORMERS_MODULES = ("transformers", "torch")
 TRANSFORMERS_INSTALL = "pip install 'trtspec[build]'"
 GENAI_CONFIG = "genai_config.json"
 WARMUP_TOKENS = 8  # a short generation before timing: first-run allocations and lazy initialisation
+# OpenVINO's model exporter (optimum-intel's `optimum-cli export openvino`) lives in a venv of its own, which
+# scripts/setup-peers.sh makes: optimum-intel needs an older transformers than trtspec's venv holds
+OPENVINO_EXPORTER = Path(__file__).resolve().parents[2] / ".venv-tools" / "openvino-export" / "bin" / "optimum-cli"
+OPENVINO_IR = "openvino_model.xml"
+# optimum-cli's weight compression (nncf) per weight format, each matched to trtspec's engines of that format:
+# - int8: nncf's int8 mode, asymmetric with one scale and zero point per output channel, on every matrix (the tied
+#   embedding / lm_head too): OpenVINO's default int8 layout (its CPU kernels' fast path); per channel int8 keeps
+#   about the precision of trtspec's symmetric block-32 int8.
+# - int4: symmetric, group size 32, every matrix (--ratio 1.0: no share left in int8; --all-layers: the tied embedding
+#   / lm_head too, which nncf otherwise keeps in int8): the grid of trtspec's int4 engines (symmetric, block 32, lm_head
+#   int4), so neither side's quality comes from a finer format. Group size 128 reads a quarter of the scales and is
+#   OpenVINO's fastest int4, but coarser than trtspec's block 32: it would buy its speed with quality.
+# - fp32: no compression (bench drafting's peer for fp32 engines).
+OPENVINO_WEIGHTS = {
+    "fp32": ("--weight-format", "fp32"),
+    "int8": ("--weight-format", "int8"),
+    "int4": ("--weight-format", "int4", "--group-size", "32", "--ratio", "1.0", "--sym", "--all-layers"),
+}
+# prompt lookup's defaults, (GenerationConfig.max_ngram_size, num_assistant_tokens): the values of openvino.genai's
+# prompt lookup sample (samples/python/text_generation/prompt_lookup_decoding_lm.py)
+OPENVINO_LOOKUP_SETTINGS = (3, 5)
 
 
 def missing_modules(modules: Iterable[str]) -> list[str]:
@@ -206,6 +230,136 @@ class _CountingDraft:
         self.drafted += len(tokens)
         self.calls += 1
         return tokens
+
+
+# ---- OpenVINO GenAI -----------------------------------------------------------------------------------------
+
+def build_openvino_model(hf_dir: Path, out: Path, *, log: Path, weights: str = "int8") -> Path:
+    """Export a local HF folder to OpenVINO IR with optimum-intel (`optimum-cli export openvino --task
+    text-generation-with-past`, the `OPENVINO_WEIGHTS[weights]` compression; its tokenizer converted beside it);
+    reuse a finished export. The export lands in `out` only once complete, so a failed or interrupted one is never
+    reused."""
+    if (out / OPENVINO_IR).is_file():
+        return out
+    if weights not in OPENVINO_WEIGHTS:
+        raise ConfigError(f"OpenVINO weight format {weights}: choose from {', '.join(OPENVINO_WEIGHTS)}")
+    if not OPENVINO_EXPORTER.is_file():
+        raise ConfigError(f"OpenVINO's exporter is not installed ({OPENVINO_EXPORTER}): run `{OPENVINO_INSTALL}`")
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    cmd = [str(OPENVINO_EXPORTER), "export", "openvino", "--model", str(hf_dir), "--task", "text-generation-with-past",
+           *OPENVINO_WEIGHTS[weights], str(partial)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    with open(log, "w") as f:
+        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    if code or not (partial / OPENVINO_IR).is_file():
+        raise ConfigError(f"OpenVINO's export of {hf_dir} ({weights}) failed (exit code {code}); see {log}")
+    partial.rename(out)
+    return out
+
+
+def _openvino_pipeline(model: str, threads: int, **options):
+    """An `openvino_genai.LLMPipeline` on the CPU with `threads` inference threads (the CPU plugin's
+    INFERENCE_NUM_THREADS property; the plugin's other defaults as they are)."""
+    import openvino_genai as ov_genai
+
+    return ov_genai.LLMPipeline(model, "CPU", INFERENCE_NUM_THREADS=threads, **options)
+
+
+def _openvino_config(pipeline, max_tokens: int, lookup: tuple[int, int] | None = None):
+    """Greedy search for `max_tokens` new tokens, stopping at the model's end-of-sequence token(s) as the pipeline
+    reads them from generation_config.json; `lookup` = (max_ngram_size, num_assistant_tokens) for prompt lookup."""
+    import openvino_genai as ov_genai
+
+    own = pipeline.get_generation_config()
+    config = ov_genai.GenerationConfig()
+    config.max_new_tokens = max_tokens
+    config.do_sample = False
+    config.apply_chat_template = False  # for text input only; token ids go in as they are (no template, no BOS)
+    config.eos_token_id = own.eos_token_id
+    config.stop_token_ids = own.stop_token_ids
+    if lookup is not None:
+        config.max_ngram_size, config.num_assistant_tokens = lookup
+    return config
+
+
+def _openvino_generate(pipeline, ids: list[int], config) -> tuple[list[int], float, float, float, int]:
+    """One generation from token ids (an int64 [1, n] tensor: the pipeline neither tokenizes nor adds anything): the
+    new ids, start, first-token and end times, and the streamer's calls. The pipeline hands the streamer each
+    step's new tokens at once (openvino_genai.StreamerBase.write takes a token or a list of them), so after the
+    first call, which brings the prompt's token, every call is one decode step."""
+    import numpy as np
+    import openvino as ov
+    import openvino_genai as ov_genai
+
+    class Clock(ov_genai.StreamerBase):
+        def __init__(self):
+            super().__init__()
+            self.first, self.calls = None, 0
+
+        def write(self, token):
+            if self.first is None:
+                self.first = time.perf_counter()
+            self.calls += 1
+            return ov_genai.StreamingStatus.RUNNING
+
+        def end(self):
+            pass
+
+    clock = Clock()
+    tensor = ov.Tensor(np.asarray([ids], dtype=np.int64))
+    start = time.perf_counter()
+    result = pipeline.generate(tensor, config, clock)
+    end = time.perf_counter()
+    return [int(t) for t in result.tokens[0]], start, clock.first or end, end, clock.calls
+
+
+def run_openvino(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int) -> Iterator[dict]:
+    """Greedy decoding with OpenVINO GenAI's `LLMPipeline` on the CPU (an IR folder `build_openvino_model` wrote) from
+    the prompts' token ids."""
+    pipeline = _openvino_pipeline(model, threads)
+    _openvino_generate(pipeline, prompts[0], _openvino_config(pipeline, WARMUP_TOKENS))
+    config = _openvino_config(pipeline, max_tokens)
+    for index, ids in enumerate(prompts):
+        yield _sample(index, *_openvino_generate(pipeline, ids, config)[:4])
+
+
+def run_openvino_lookup(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int,
+                        max_ngram_size: int = OPENVINO_LOOKUP_SETTINGS[0],
+                        num_assistant_tokens: int = OPENVINO_LOOKUP_SETTINGS[1]) -> Iterator[dict]:
+    """OpenVINO GenAI's own speculation, prompt lookup (`LLMPipeline(..., prompt_lookup=True)`, GenerationConfig's
+    num_assistant_tokens drafted from n-grams of up to max_ngram_size tokens), greedy: rows as `run_openvino`'s plus
+    its decode steps (a step verifies one draft and yields its accepted tokens and one more)."""
+    pipeline = _openvino_pipeline(model, threads, prompt_lookup=True)
+    lookup = (max_ngram_size, num_assistant_tokens)
+    _openvino_generate(pipeline, prompts[0], _openvino_config(pipeline, WARMUP_TOKENS, lookup))
+    config = _openvino_config(pipeline, max_tokens, lookup)
+    for index, ids in enumerate(prompts):
+        out, start, first, end, calls = _openvino_generate(pipeline, ids, config)
+        yield {**_sample(index, out, start, first, end), "steps": max(0, calls - 1)}
+
+
+def run_openvino_lookup_against_plain(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int,
+                                      max_ngram_size: int = OPENVINO_LOOKUP_SETTINGS[0],
+                                      num_assistant_tokens: int = OPENVINO_LOOKUP_SETTINGS[1]) -> Iterator[dict]:
+    """OpenVINO GenAI's prompt lookup against its own greedy decoding (two pipelines of the same IR in this process)
+    on each prompt, the order alternating; one row per prompt with both times, whether the outputs are identical and
+    the lookup's decode steps (as `run_genai_lookup`'s rows, for bench drafting)."""
+    plain = _openvino_pipeline(model, threads)
+    lookup = _openvino_pipeline(model, threads, prompt_lookup=True)
+    settings = (max_ngram_size, num_assistant_tokens)
+    configs = {False: _openvino_config(plain, max_tokens), True: _openvino_config(lookup, max_tokens, settings)}
+    pipelines = {False: plain, True: lookup}
+    _openvino_generate(plain, prompts[0], _openvino_config(plain, WARMUP_TOKENS))
+    _openvino_generate(lookup, prompts[0], _openvino_config(lookup, WARMUP_TOKENS, settings))
+    for index, ids in enumerate(prompts):
+        runs = {}
+        for speculative in (False, True) if index % 2 else (True, False):
+            out, start, _, end, calls = _openvino_generate(pipelines[speculative], ids, configs[speculative])
+            runs[speculative] = (out, end - start, calls)
+        (plain_ids, plain_s, _), (spec_ids, spec_s, calls) = runs[False], runs[True]
+        yield {"prompt": index, "tokens": len(plain_ids), "plain_s": plain_s, "lookup_s": spec_s,
+               "identical": plain_ids == spec_ids, "steps": max(0, calls - 1), "lookup_tokens": len(spec_ids)}
 
 
 # ---- transformers -------------------------------------------------------------------------------------------
