@@ -1,8 +1,9 @@
-"""`trtspec bench formats`: weight formats side by side in one run, against the int4 peers.
+"""`trtspec bench formats`: weight formats side by side in one run, against the quantized peers.
 
-    trtspec bench formats ENGINE [ENGINE ...] [--peers onnxruntime-genai,llama.cpp,llama.cpp-lookup --hf HF_DIR
-        [--gguf FILE] [--llama-lookup 2,2]] [--sets sharegpt-grounded,code-edit] [--methods ngram] [--limit 4]
-        [--max-tokens 128] [--threads 2] [--rounds 2] [--past 256] [--repeats 10] [--work DIR] [--out DIR] [--json]
+    trtspec bench formats ENGINE [ENGINE ...] [--peers onnxruntime-genai,llama.cpp,llama.cpp-lookup,openvino,
+        openvino-lookup --hf HF_DIR [--gguf FILE] [--llama-lookup 2,2] [--openvino-lookup 3,5]]
+        [--sets sharegpt-grounded,code-edit] [--methods ngram] [--limit 4] [--max-tokens 128] [--threads 2]
+        [--rounds 2] [--past 256] [--repeats 10] [--work DIR] [--out DIR] [--json]
 
 Given engines of one model in several weight formats (fp32 / int8 / int4 builds of the same checkpoint), one run
 measures, all on the same prompt token ids:
@@ -12,11 +13,15 @@ measures, all on the same prompt token ids:
   alone (after the first token). Peers: onnxruntime-genai int4 (its own model builder, `-p int4 -e cpu`, run offline
   on the HF folder and cached under --work) and llama.cpp Q4 through llama-cpp-python (the GGUF the HF folder was
   converted from, `trtspec-model.json`, or --gguf; `scripts/setup-peers.sh` builds it), every prompt from an empty
-  cache; a peer that is not installed is skipped with one line.
+  cache; OpenVINO GenAI (`openvino`) at each quantized format among the engines, int8 against the int8 engines and
+  int4 against the int4 ones (`LLMPipeline` on the CPU, the HF folder exported once per format by optimum-intel into
+  --work: `peers.OPENVINO_WEIGHTS` says how); a peer that is not installed is skipped with one line.
 - **llama.cpp's own speculation** (`llama.cpp-lookup`): the same GGUF with llama-cpp-python's prompt lookup
   (`LlamaPromptLookupDecoding`, --llama-lookup max n-gram size, drafted tokens), a row of its own, against
   llama.cpp's plain decoding of the same prompts and rounds: speedup, τ and token-identical outputs (llama.cpp
   evaluates a draft in one batch, which rounds differently from one token at a time: greedy texts part at near ties).
+  Likewise **OpenVINO's own speculation** (`openvino-lookup`, at each of its formats): its prompt lookup
+  (`LLMPipeline(prompt_lookup=True)`, --openvino-lookup max n-gram size, drafted tokens) against its plain decoding.
 - **speculation on top**: in the same child as each engine's plain runs, prompt by prompt, the order rotating,
   each --methods drafter (and the engine's own drafter, if it has one) against plain decoding on that engine:
   tokens/s, speedup, τ and how many outputs are token-identical to plain decoding (the lossless check).
@@ -29,8 +34,14 @@ measures, all on the same prompt token ids:
   (`cpu_engine.read_bandwidth`); decoding time per token ÷ that floor.
 - **the targets** set for quantized engines (int4 plain ≥ 1.0× onnxruntime-genai int4 plain; int4 + speculation
   ≥ 1.5× onnxruntime-genai int4 plain and ≥ 2× llama.cpp Q4 plain on the grounded prompt sets), on decoding rates
-  (tokens after the first ÷ the time after the first token; the best drafter per set), each a pass / fail line, or
-  "not measured" with the reason.
+  (tokens after the first ÷ the time after the first token; the best drafter per set); and against OpenVINO GenAI at
+  int8 and at int4, on every set, in tokens/s end to end: the engine's plain decoding ≥ 1.2× OpenVINO's plain
+  decoding of that format, and its best lossless speculation (the fastest drafter whose outputs on the set are all
+  token-identical to the engine's plain decoding) ≥ 1.1× OpenVINO's prompt lookup. Each a pass / fail line, or "not
+  measured" with the reason.
+
+Two-turn sets (mt-bench-2turn) ask their second turn after the first ENGINE's plain, greedy first answer (made in
+this process before anything is timed), so that every system decodes the same ids.
 
 `--out DIR` writes summary.json and formats.png (tokens/s per format and peer, plain and speculative; the verify
 curves). The load average before and after says how quiet the machine was: run it alone.
@@ -38,6 +49,7 @@ curves). The load average before and after says how quiet the machine was: run i
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -49,6 +61,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trtspec.bench.peers import OPENVINO_LOOKUP_SETTINGS
 from trtspec.errors import ConfigError
 
 GROUNDED_SETS = ("sharegpt-grounded", "code-edit")
@@ -56,9 +69,15 @@ DEFAULT_SETS = GROUNDED_SETS
 GENAI = "onnxruntime-genai"
 LLAMA_CPP = "llama.cpp"
 LLAMA_CPP_LOOKUP = "llama.cpp-lookup"  # llama-cpp-python's own speculation on the same GGUF
-PEERS = (GENAI, LLAMA_CPP, LLAMA_CPP_LOOKUP)
+OPENVINO = "openvino"  # OpenVINO GenAI at each quantized format among the engines
+OPENVINO_LOOKUP = "openvino-lookup"  # OpenVINO GenAI's own speculation (prompt lookup) on the same IR
+PEERS = (GENAI, LLAMA_CPP, LLAMA_CPP_LOOKUP, OPENVINO, OPENVINO_LOOKUP)
 PEER_LABELS = {GENAI: "onnxruntime-genai int4", LLAMA_CPP: "llama.cpp Q4",
-               LLAMA_CPP_LOOKUP: "llama.cpp Q4 + prompt lookup"}
+               LLAMA_CPP_LOOKUP: "llama.cpp Q4 + prompt lookup", OPENVINO: "OpenVINO GenAI",
+               OPENVINO_LOOKUP: "OpenVINO GenAI + prompt lookup"}
+LOOKUP_PEERS = {LLAMA_CPP_LOOKUP: LLAMA_CPP, OPENVINO_LOOKUP: OPENVINO}  # a peer's own speculation: its plain peer
+OPENVINO_FORMATS = ("int8", "int4")  # the engines' formats OpenVINO is matched to (their linear layers' dtype)
+OPENVINO_FORMAT_LABELS = {"int8": "int8 asym per channel", "int4": "int4 sym g32"}  # peers.OPENVINO_WEIGHTS
 # LlamaPromptLookupDecoding(max_ngram_size, num_pred_tokens): its default n-gram size; llama-cpp-python's README
 # (Speculative Decoding) says 10 drafted tokens suit a GPU and 2 a CPU-only machine
 LLAMA_LOOKUP = (2, 2)
@@ -69,6 +88,10 @@ WARMUP_TOKENS = 8
 TARGET_PLAIN = 1.0  # int4 plain ÷ onnxruntime-genai int4 plain
 TARGET_SPEC_GENAI = 1.5  # int4 + speculation ÷ onnxruntime-genai int4 plain, grounded sets
 TARGET_SPEC_LLAMA = 2.0  # int4 + speculation ÷ llama.cpp Q4 plain, grounded sets
+# against OpenVINO GenAI at the engine's format, on every set, end to end (TARGET_OPENVINO_RATE)
+TARGET_OPENVINO_PLAIN = 1.2  # engine plain ÷ OpenVINO plain
+TARGET_OPENVINO_SPEC = 1.1  # engine + its best lossless drafter ÷ OpenVINO + prompt lookup
+TARGET_OPENVINO_RATE = "tokens_per_s"
 # the rate the targets compare: decoding after the first token (the prompt's prefill is TTFT, not decoding speed;
 # on grounded prompts of 500-1500 tokens it would otherwise weigh more than the decoding the targets are about)
 TARGET_RATE = "decode_tokens_per_s"
@@ -81,6 +104,7 @@ class FormatsOptions:
     hf: Path | None = None  # the HF folder the peers build from (onnxruntime-genai) or whose GGUF they read
     gguf: Path | None = None  # llama.cpp's model (default: the GGUF the HF folder was converted from)
     llama_lookup: tuple[int, int] = LLAMA_LOOKUP  # the llama.cpp-lookup peer's (max n-gram size, drafted tokens)
+    openvino_lookup: tuple[int, int] = OPENVINO_LOOKUP_SETTINGS  # the openvino-lookup peer's (the same two)
     sets: tuple[str, ...] = DEFAULT_SETS
     methods: tuple[str, ...] = ("ngram",)
     limit: int = 4  # prompts per set
@@ -101,13 +125,17 @@ class FormatsOptions:
         for peer in self.peers:
             if peer not in PEERS:
                 raise ConfigError(f"--peers {peer}: unknown peer; choose from {', '.join(PEERS)}")
-        need_hf = [p for p in self.peers if p == GENAI or self.gguf is None]  # llama.cpp reads --gguf when given
+        # llama.cpp reads --gguf when given; the other peers build or export their model from the HF folder
+        need_hf = [p for p in self.peers if p not in (LLAMA_CPP, LLAMA_CPP_LOOKUP) or self.gguf is None]
         if need_hf and self.hf is None:
             raise ConfigError(f"--peers {','.join(need_hf)}: needs --hf DIR, the engines' Hugging Face model folder "
                               "(or --gguf FILE for llama.cpp; --peers '' measures the engines only)")
         if len(self.llama_lookup) != 2 or min(self.llama_lookup) < 1:
             raise ConfigError(f"--llama-lookup {','.join(map(str, self.llama_lookup))}: give N,K (the longest n-gram "
                               "matched, the tokens drafted), each at least 1")
+        if len(self.openvino_lookup) != 2 or min(self.openvino_lookup) < 1:
+            raise ConfigError(f"--openvino-lookup {','.join(map(str, self.openvino_lookup))}: give N,K "
+                              "(max_ngram_size, num_assistant_tokens), each at least 1")
         if PLAIN in self.methods:
             raise ConfigError(f"--methods {PLAIN}: plain decoding is always measured; name drafters only")
 
@@ -124,7 +152,8 @@ def read_engine(engine: Path) -> dict:
             "vocab_size": m.model.vocab_size, "max_draft_len": m.profile.max_draft_len,
             "max_input_len": m.profile.max_input_len, "max_seq_len": m.profile.max_seq_len,
             "tokenizer": m.tokenizer, "generation": m.files["generation"], "weights": weights,
-            "format": format_label(weights), "runnable": m.runnable_methods()}
+            "format": format_label(weights), "dtype": (weights.get("linear") or {}).get("dtype", "fp32"),
+            "runnable": m.runnable_methods()}
 
 
 def format_label(weights: dict) -> str:
@@ -166,9 +195,11 @@ def engine_methods(engine: dict, methods: tuple[str, ...]) -> tuple[str, ...]:
 # ---- prompts ------------------------------------------------------------------------------------------------
 
 def prompt_ids(engines: list[dict], sets: tuple[str, ...], limit: int, max_tokens: int,
-               show: Callable[[str], None] = print) -> list[dict]:
+               show: Callable[[str], None] = print, threads: int = 2) -> list[dict]:
     """Each set's first `limit` measured prompts through the engines' tokenizer (chat template), those that fit every
-    engine: [{"set", "id", "ids"}]. Two-turn sets would need each engine's own first answer: refused."""
+    engine: [{"set", "id", "ids"}]. A two-turn set's second turn follows the first engine's plain, greedy first answer
+    (of up to `max_tokens` tokens, decoded here with `threads` threads): one answer for all, so that every system
+    decodes the same ids."""
     from trtspec.bench.workload import load_bench_prompts
     from trtspec.data.prompts import PROMPT_SETS
     from trtspec.runtime.tokenizer import Tokenizer
@@ -177,12 +208,17 @@ def prompt_ids(engines: list[dict], sets: tuple[str, ...], limit: int, max_token
     max_input = min(e["max_input_len"] for e in engines)
     max_seq = min(e["max_seq_len"] for e in engines)
     out = []
+    first_answers = None
     for name in sets:
         source = PROMPT_SETS.get(name)
+        generator = None
         if source is not None and source.two_turn:
-            raise ConfigError(f"--sets {name}: a two-turn set asks after each engine's own first answer, so the "
-                              "systems would not decode the same ids; use its first turns (mt-bench)")
-        for p in load_bench_prompts(name, limit=limit, show=show):
+            if first_answers is None:
+                from trtspec.runtime.generator import LocalGenerator
+
+                first_answers = LocalGenerator(engines[0]["path"], threads=threads, spin=False)  # untimed
+            generator = first_answers
+        for p in load_bench_prompts(name, limit=limit, generator=generator, max_tokens=max_tokens, show=show):
             ids = tokenizer.encode_chat(list(p.messages))
             if len(ids) > max_input or len(ids) + max_tokens > max_seq:
                 show(f"  {name} {p.id}: {len(ids)} prompt tokens + {max_tokens} do not fit every engine "
@@ -342,6 +378,47 @@ def gguf_weight_bytes(gguf: Path) -> dict:
     return {"read": sum(tensors.values()) - gathered, "gathered": gathered}
 
 
+# OpenVINO IR ops that a compressed weight passes through on its way to the op that uses it (nncf's decompression:
+# Convert, Subtract of the zero point, Multiply by the scale, Reshape of the groups)
+OPENVINO_DECOMPRESSION = {"Convert", "Subtract", "Multiply", "Reshape", "Unsqueeze", "Squeeze", "Transpose"}
+
+
+def openvino_weight_bytes(xml: Path) -> dict:
+    """The bytes of weights one decode step of an OpenVINO IR reads: every constant's bytes in the .bin (each region
+    counted once), less those only gathered from (an untied embedding table: constants whose every use, through
+    their decompression ops, is a Gather's data input). Returns {"read": bytes, "gathered": bytes left out}."""
+    import xml.etree.ElementTree as ElementTree
+
+    root = ElementTree.parse(xml).getroot()
+    kinds = {layer.get("id"): layer.get("type") for layer in root.iter("layer")}
+    consumers: dict[str, list[tuple[str, str]]] = {}
+    for edge in root.iter("edge"):
+        consumers.setdefault(edge.get("from-layer"), []).append((edge.get("to-layer"), edge.get("to-port")))
+    first_input = {layer.get("id"): layer.find("input")[0].get("id") for layer in root.iter("layer")
+                   if layer.find("input") is not None and len(layer.find("input"))}
+
+    @functools.cache
+    def gathered_only(layer: str) -> bool:
+        uses = consumers.get(layer, [])
+        for to, port in uses:
+            if kinds[to] in OPENVINO_DECOMPRESSION:
+                if not gathered_only(to):
+                    return False
+            elif not (kinds[to] == "Gather" and port == first_input.get(to)):  # a Gather's data input
+                return False
+        return bool(uses)
+
+    regions: dict[tuple[int, int], bool] = {}  # (offset, size) → read whole by some op
+    for layer in root.iter("layer"):
+        data = layer.find("data")
+        if layer.get("type") != "Const" or data is None or data.get("size") is None:
+            continue
+        key = (int(data.get("offset")), int(data.get("size")))
+        regions[key] = regions.get(key, False) or not gathered_only(layer.get("id"))
+    return {"read": sum(size for (_, size), whole in regions.items() if whole),
+            "gathered": sum(size for (_, size), whole in regions.items() if not whole)}
+
+
 def bandwidth_floor(weight_bytes: int, gbps: float, decode_tps: float) -> dict:
     """Time per token at `decode_tps` ÷ the time to read `weight_bytes` once at `gbps`."""
     floor_ms = 1000 * weight_bytes / (gbps * 1e9)
@@ -378,24 +455,35 @@ class System:
     function: str  # the child runner
     kwargs: dict
     format: str
-    weights: dict = field(default_factory=dict)  # onnx_weight_bytes / gguf_weight_bytes
+    weights: dict = field(default_factory=dict)  # onnx_weight_bytes / gguf_weight_bytes / openvino_weight_bytes
     methods: tuple[str, ...] = ()
+    matches: str | None = None  # a peer at several formats: the engines' format (linear dtype) this one is matched to
 
 
 def peer_systems(options: FormatsOptions, work: Path, show: Callable[[str], None],
-                 vocab_size: int | None = None) -> tuple[list[System], dict]:
+                 vocab_size: int | None = None, formats: tuple[str, ...] = ()) -> tuple[list[System], dict]:
     """The installed peers ready to run (onnxruntime-genai's int4 model built once under `work`; llama.cpp's GGUF
-    checked against the engines' vocabulary of `vocab_size` tokens); the others with the reason, each shown as one
-    line."""
+    checked against the engines' vocabulary of `vocab_size` tokens; OpenVINO at each of the engines' `formats` it
+    is matched to, exported once under `work`); the others with the reason, each shown as one line."""
     from trtspec.bench.peers import (GENAI_INSTALL, GENAI_MODULES, LLAMA_CPP_INSTALL, LLAMA_CPP_MODULES,
-                                     build_genai_model, missing_modules)
+                                     OPENVINO_INSTALL, OPENVINO_MODULES, build_genai_model, missing_modules)
 
+    llama, openvino = (LLAMA_CPP_MODULES, LLAMA_CPP_INSTALL), (OPENVINO_MODULES, OPENVINO_INSTALL)
+    requirements = {GENAI: (GENAI_MODULES, GENAI_INSTALL), LLAMA_CPP: llama, LLAMA_CPP_LOOKUP: llama,
+                    OPENVINO: openvino, OPENVINO_LOOKUP: openvino}
     systems, skipped = [], {}
     for peer in options.peers:
-        modules, install = (GENAI_MODULES, GENAI_INSTALL) if peer == GENAI else (LLAMA_CPP_MODULES, LLAMA_CPP_INSTALL)
+        modules, install = requirements[peer]
         if missing := missing_modules(modules):
             skipped[peer] = f"{', '.join(missing)} not installed ({install})"
             show(f"{PEER_LABELS[peer]}: skipped, {skipped[peer]}")
+            continue
+        if peer in (OPENVINO, OPENVINO_LOOKUP):
+            matched = [f for f in OPENVINO_FORMATS if f in formats]
+            if not matched:
+                skipped[peer] = f"no {' or '.join(OPENVINO_FORMATS)} engine among ENGINES to match"
+                show(f"{PEER_LABELS[peer]}: skipped, {skipped[peer]}")
+            systems += [openvino_system(options, peer, dtype, work) for dtype in matched]
             continue
         if peer == GENAI:
             model = build_genai_model(options.hf, work / "genai-int4", log=work / "genai-int4-build.log",
@@ -417,6 +505,22 @@ def peer_systems(options: FormatsOptions, work: Path, show: Callable[[str], None
         systems.append(System(PEER_LABELS[peer], peer, "trtspec.bench.peers:run_llama_cpp", kwargs, label,
                               gguf_weight_bytes(gguf)))
     return systems, skipped
+
+
+def openvino_system(options: FormatsOptions, peer: str, dtype: str, work: Path) -> System:
+    """OpenVINO GenAI at weight format `dtype` (the HF folder exported once under `work`), plain decoding or, for
+    openvino-lookup, its prompt lookup at --openvino-lookup."""
+    from trtspec.bench.peers import OPENVINO_IR, build_openvino_model
+
+    model = build_openvino_model(options.hf, work / f"openvino-{dtype}", log=work / f"openvino-{dtype}-export.log",
+                                 weights=dtype)
+    label, fmt, kwargs = f"OpenVINO GenAI {dtype}", OPENVINO_FORMAT_LABELS[dtype], {"model": str(model)}
+    function = "trtspec.bench.peers:run_openvino"
+    if peer == OPENVINO_LOOKUP:
+        n, k = options.openvino_lookup
+        label, fmt, function = f"{label} + prompt lookup", f"{fmt}; n≤{n} K={k}", f"{function}_lookup"
+        kwargs.update(max_ngram_size=n, num_assistant_tokens=k)
+    return System(label, peer, function, kwargs, fmt, openvino_weight_bytes(model / OPENVINO_IR), matches=dtype)
 
 
 def gguf_facts(gguf: Path) -> dict:
@@ -452,12 +556,13 @@ def run_benchmark(options: FormatsOptions, *, show: Callable[[str], None] = prin
     log.write_text("")
     engines = [read_engine(e) for e in options.engines]
     check_engines(engines)
-    prompts = prompt_ids(engines, options.sets, options.limit, options.max_tokens, show=show)
+    prompts = prompt_ids(engines, options.sets, options.limit, options.max_tokens, show=show, threads=options.threads)
     ids = [p["ids"] for p in prompts]
     systems = [System(e["name"], "engine", "trtspec.bench.formats:run_engine", {"engine": e["path"]}, e["format"],
                       onnx_weight_bytes(Path(e["path"]) / e["generation"]), engine_methods(e, options.methods))
                for e in engines]
-    peers, skipped = peer_systems(options, work, show, vocab_size=engines[0]["vocab_size"])
+    peers, skipped = peer_systems(options, work, show, vocab_size=engines[0]["vocab_size"],
+                                  formats=tuple(e["dtype"] for e in engines))
     systems += peers
 
     common = {"max_tokens": options.max_tokens, "threads": options.threads}
@@ -526,6 +631,8 @@ def summarize(systems: list[System], samples: dict[str, list[dict]], prompts: li
             run["set"] = prompts[row["prompt"]]["set"]
         entry = {"kind": system.kind, "format": system.format, "weights": system.weights,
                  "plain": {"all": _rates(plain), **{s: _rates([r for r in plain if r["set"] == s]) for s in sets}}}
+        if system.matches is not None:
+            entry["matches"] = system.matches
         decode_tps = entry["plain"]["all"]["decode_tokens_per_s"]
         if decode_tps:
             entry["floor"] = bandwidth_floor(system.weights["read"], bandwidth["gbps"], decode_tps)
@@ -540,8 +647,7 @@ def summarize(systems: list[System], samples: dict[str, list[dict]], prompts: li
                                                  [r["runs"][PLAIN] for r in chosen])
                 entry["methods"][method] = cells
         report["systems"][system.label] = entry
-    lookup, plain = (PEER_LABELS[LLAMA_CPP_LOOKUP], PEER_LABELS[LLAMA_CPP])
-    if lookup in samples and plain in samples:  # llama.cpp's own speculation against its plain decoding
+    for lookup, plain in lookup_pairs(systems):  # a peer's own speculation against its plain decoding
         plain_runs = {(r["prompt"], r["round"]): r for r in samples[plain]}
         report["systems"][lookup]["versus"] = {"system": plain, "cells": {}}
         for s in ["all", *sets]:
@@ -550,6 +656,14 @@ def summarize(systems: list[System], samples: dict[str, list[dict]], prompts: li
             report["systems"][lookup]["versus"]["cells"][s] = _speculation_cell(
                 spec, [plain_runs[r["prompt"], r["round"]] for r in chosen])
     return report
+
+
+def lookup_pairs(systems: list[System]) -> list[tuple[str, str]]:
+    """(label of a peer's own speculation, label of that peer's plain decoding at the same format) for each such pair
+    among `systems` (llama.cpp-lookup with llama.cpp; openvino-lookup int4 with openvino int4, ...)."""
+    plain = {(s.kind, s.matches): s.label for s in systems}
+    return [(s.label, plain[LOOKUP_PEERS[s.kind], s.matches]) for s in systems
+            if s.kind in LOOKUP_PEERS and (LOOKUP_PEERS[s.kind], s.matches) in plain]
 
 
 def _speculation_cell(spec: list[dict], base: list[dict]) -> dict:
@@ -566,7 +680,13 @@ def _speculation_cell(spec: list[dict], base: list[dict]) -> dict:
 
 
 def targets(report: dict, skipped: dict) -> list[dict]:
-    """The quantized engines' targets for every int4 engine: pass / fail, or not measured with the reason."""
+    """The quantized engines' targets, each pass / fail, or not measured with the reason: every int4 engine against
+    onnxruntime-genai and llama.cpp, then every int8 and int4 engine against OpenVINO GenAI at its format."""
+    return int4_targets(report, skipped) + openvino_targets(report, skipped)
+
+
+def int4_targets(report: dict, skipped: dict) -> list[dict]:
+    """The targets of every int4 engine against onnxruntime-genai int4 and llama.cpp Q4 (decoding rates)."""
     systems = report["systems"]
     peers = {entry["kind"]: label for label, entry in systems.items() if entry["kind"] != "engine"}
     int4 = [label for label, entry in systems.items()
@@ -608,6 +728,73 @@ def targets(report: dict, skipped: dict) -> list[dict]:
     return out
 
 
+def openvino_targets(report: dict, skipped: dict) -> list[dict]:
+    """The targets of every int8 and int4 engine against OpenVINO GenAI at the same format, on every set, end to end:
+    plain ÷ its plain decoding, and the engine's best lossless drafter ÷ its prompt lookup (noting where that lookup's
+    outputs were not all identical to its own greedy decoding's)."""
+    systems = report["systems"]
+    rate = TARGET_OPENVINO_RATE
+    out = []
+
+    def line(name: str, value: float | None, at_least: float, reason: str | None = None,
+             note: str | None = None) -> None:
+        out.append({"name": name, "value": None if value is None else round(value, 3), "at_least": at_least,
+                    "ok": None if value is None else value >= at_least, "reason": reason, "note": note})
+
+    def matched(peer: str, dtype: str) -> str | None:
+        return next((label for label, e in systems.items() if e["kind"] == peer and e.get("matches") == dtype), None)
+
+    def ratio(ours: float | None, theirs: float | None) -> float | None:
+        return ours / theirs if ours and theirs else None
+
+    for label, engine in systems.items():
+        dtype = engine["format"].split()[0] if engine["kind"] == "engine" else None  # format_label: dtype first
+        if dtype not in OPENVINO_FORMATS:
+            continue
+        plain, lookup = matched(OPENVINO, dtype), matched(OPENVINO_LOOKUP, dtype)
+        theirs = f"OpenVINO GenAI {dtype}"
+        for s in report["sets"]:
+            name = f"{label} plain ÷ {theirs} plain on {s}"
+            if plain is None:
+                line(name, None, TARGET_OPENVINO_PLAIN, skipped.get(OPENVINO) or f"--peers without {OPENVINO}")
+            else:
+                line(name, ratio(engine["plain"][s][rate], systems[plain]["plain"][s][rate]), TARGET_OPENVINO_PLAIN)
+            if lookup is None:
+                line(f"{label} + speculation ÷ {theirs} + prompt lookup on {s}", None, TARGET_OPENVINO_SPEC,
+                     skipped.get(OPENVINO_LOOKUP) or f"--peers without {OPENVINO_LOOKUP}")
+                continue
+            method, best = best_lossless(engine, s)
+            name = f"{label} + {method or 'speculation'} ÷ {theirs} + prompt lookup on {s}"
+            if method is None:
+                line(name, None, TARGET_OPENVINO_SPEC, "no drafter measured" if not engine.get("methods") else
+                     f"no drafter's outputs all token-identical to plain decoding on {s}")
+            else:
+                line(name, ratio(best, systems[lookup]["plain"][s][rate]), TARGET_OPENVINO_SPEC,
+                     note=lookup_identity_note(systems[lookup], s))
+    return out
+
+
+def best_lossless(engine: dict, set_name: str) -> tuple[str | None, float | None]:
+    """The engine's fastest drafter (tokens/s end to end) among those whose outputs on the set were all
+    token-identical to its plain decoding: (method, tokens/s), or (None, None)."""
+    lossless = [(m, cells[set_name][TARGET_OPENVINO_RATE]) for m, cells in engine.get("methods", {}).items()
+                if cells[set_name]["compared"] and cells[set_name]["identical"] == cells[set_name]["compared"]
+                and cells[set_name][TARGET_OPENVINO_RATE]]
+    return max(lossless, key=lambda x: x[1], default=(None, None))
+
+
+def lookup_identity_note(entry: dict, set_name: str) -> str | None:
+    """A peer's own speculation on a set: None where its outputs were all identical to its plain decoding's, else
+    how many were (or that they were not compared)."""
+    versus = entry.get("versus")
+    if versus is None:
+        return "its outputs not compared with its own greedy decoding (--peers without its plain peer)"
+    cell = versus["cells"][set_name]
+    if cell["identical"] == cell["compared"]:
+        return None
+    return f"its outputs identical to its own greedy decoding on {cell['identical']}/{cell['compared']} only"
+
+
 # ---- report -------------------------------------------------------------------------------------------------
 
 def render_table(report: dict) -> list[str]:
@@ -624,13 +811,14 @@ def render_table(report: dict) -> list[str]:
         plain, floor = entry["plain"]["all"], entry.get("floor")
         lines.append(f"{label:<{w}}{entry['format'][:29]:<30}{_num(plain['tokens_per_s']):>8}"
                      f"{_num(plain['decode_tokens_per_s']):>8}{entry['weights']['read'] / 1e6:>10.1f}"
-                     f"{_num(floor and floor['floor_ms'], 2):>9}{_num(floor and floor['ratio'], 2):>7}×")
+                     f"{_num(floor and floor['floor_ms'], 2):>9}{_num(floor and floor['ratio'], 2):>7}×"
+                     + _identity_mark(entry))
     for peer, reason in report["skipped"].items():
         lines.append(f"{PEER_LABELS[peer]:<{w}}skipped: {reason}")
     bw = report["bandwidth"]
     lines.append(f"floor = weight bytes a plain step reads ÷ {bw['gbps']:.1f} GB/s read bandwidth ({bw['method']}, "
                  f"measured in this run)")
-    lines += ["", "speculation on each engine (and llama.cpp's prompt lookup) against its own plain decoding (tok/s "
+    lines += ["", "speculation on each engine (and the peers' own prompt lookup) against its own plain decoding (tok/s "
                   "end to end; decode: after the first token)",
               f"{'engine':<{w}}{'set':<19}{'method':<9}{'tok/s':>7}{'plain':>7}{'speedup':>8}{'decode':>8}"
               f"{'plain':>7}{'speedup':>8}{'τ':>6}{'same':>7}"]
@@ -658,8 +846,21 @@ def render_table(report: dict) -> list[str]:
         value = "" if t["value"] is None else f" {t['value']:.2f}×"
         bound = "" if t["at_least"] is None else f" (target ≥ {t['at_least']:.1f}×)"
         reason = f": {t['reason']}" if t["reason"] else ""
-        lines.append(f"  {verdict:<13}{t['name']}{value}{bound}{reason}")
+        note = f" ({t['note']})" if t.get("note") else ""
+        lines.append(f"  {verdict:<13}{t['name']}{value}{bound}{reason}{note}")
     return lines
+
+
+def _identity_mark(entry: dict) -> str:
+    """Beside a peer's own speculation: how many of its outputs differ from its own greedy decoding, when any do."""
+    versus = entry.get("versus")
+    if entry["kind"] not in LOOKUP_PEERS:
+        return ""
+    if versus is None:
+        return "  not compared with its own greedy decoding"
+    cell = versus["cells"]["all"]
+    differ = cell["compared"] - cell["identical"]
+    return f"  {differ}/{cell['compared']} outputs differ from its own greedy decoding" if differ else ""
 
 
 def _num(value, digits: int = 1) -> str:

@@ -1,4 +1,4 @@
-"""bench formats: weight formats and the int4 peers side by side in one run (trtspec.bench.formats)."""
+"""bench formats: weight formats and the quantized peers side by side in one run (trtspec.bench.formats)."""
 
 from __future__ import annotations
 
@@ -13,18 +13,23 @@ from trtspec.cli.bench import _csv, _pair, bench
 
 @bench.command("formats")
 @click.argument("engines", nargs=-1, required=True, type=EXISTING_DIR)
-@click.option("--peers", callback=_csv(str), default="onnxruntime-genai,llama.cpp,llama.cpp-lookup",
-              show_default=True,
+@click.option("--peers", callback=_csv(str),
+              default="onnxruntime-genai,llama.cpp,llama.cpp-lookup,openvino,openvino-lookup", show_default=True,
               help="onnxruntime-genai (int4, its own builder), llama.cpp (Q4 GGUF, llama-cpp-python: "
-                   "scripts/setup-peers.sh builds it) and llama.cpp-lookup (the same with its prompt-lookup "
-                   "speculation): decoding on the same ids (needs --hf); pass '' for none.")
+                   "scripts/setup-peers.sh builds it), llama.cpp-lookup (the same with its prompt-lookup "
+                   "speculation), openvino (OpenVINO GenAI at the engines' int8 / int4 formats, exported by "
+                   "optimum-intel: PEERS=openvino bash scripts/setup-peers.sh installs both) and openvino-lookup (the "
+                   "same with its prompt lookup): decoding on the same ids (needs --hf); pass '' for none.")
 @click.option("--hf", type=EXISTING_DIR, help="The engines' Hugging Face model folder (for --peers).")
 @click.option("--gguf", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="llama.cpp's model (default: the GGUF the --hf folder was converted from).")
 @click.option("--llama-lookup", callback=_pair, default="2,2", show_default=True, metavar="N,K",
               help="llama.cpp-lookup: LlamaPromptLookupDecoding's max_ngram_size, num_pred_tokens.")
+@click.option("--openvino-lookup", callback=_pair, default="3,5", show_default=True, metavar="N,K",
+              help="openvino-lookup: GenerationConfig's max_ngram_size, num_assistant_tokens.")
 @click.option("--sets", callback=_csv(str), default="sharegpt-grounded,code-edit", show_default=True,
-              help="Prompt sets (their measure splits); the targets read the grounded ones.")
+              help="Prompt sets (their measure splits; mt-bench-2turn: the second turn after the first ENGINE's "
+                   "greedy first answer); the int4 targets read the grounded ones, OpenVINO's every set.")
 @click.option("--methods", callback=_csv(str), default="ngram", show_default=True,
               help="Drafters measured on every engine (its own drafter is added when it has one).")
 @click.option("--limit", type=click.IntRange(min=1), default=4, show_default=True, help="Prompts per set.")
@@ -46,9 +51,10 @@ from trtspec.cli.bench import _csv, _pair, bench
 @user_errors
 def bench_formats(engines: tuple[Path, ...], peers, out: Path | None, as_json: bool, no_progress: bool,
                   **options) -> None:
-    """Plain decoding of ENGINES (fp32 / int8 / int4 builds of one model) against onnxruntime-genai int4 and
-    llama.cpp Q4 on the same token ids, speculation on top of each engine, the verify cost curve and the
-    memory-bandwidth floor of each format, and the quantization targets as pass / fail lines, from one run."""
+    """Plain decoding of ENGINES (fp32 / int8 / int4 builds of one model) against onnxruntime-genai int4, llama.cpp
+    Q4 and OpenVINO GenAI int8 / int4 on the same token ids, speculation on top of each engine (and the peers' own
+    prompt lookup), the verify cost curve and the memory-bandwidth floor of each format, and the quantization targets
+    as pass / fail lines, from one run."""
     from trtspec.bench.formats import FormatsOptions, render_table, run_benchmark, write_outputs
 
     report = run_benchmark(FormatsOptions(engines=engines, peers=peers, **options),
