@@ -1,8 +1,8 @@
 """Training-free (and trained) drafting on real prompt sets, measured side by side in one run.
 
     trtspec bench drafting ENGINE [ENGINE ...] [--sets sharegpt-grounded,code-edit,mt-bench-2turn,mt-bench] [--methods ngram]
-        [--limit 8] [--max-tokens 128] [--threads 2] [--no-spin] [--peers transformers,onnxruntime-genai --hf DIR --peer-limit 3]
-        [--json FILE]
+        [--limit 8] [--max-tokens 128] [--threads 2] [--no-spin]
+        [--peers transformers,onnxruntime-genai,openvino --hf DIR --peer-limit 3 [--openvino-lookup 3,5]] [--json FILE]
 
 For every prompt of every set, each method and plain decoding run on the same engine one after the other, the order
 rotating from prompt to prompt, so the machine's drift hits all alike. Reported per set and method: τ (tokens per
@@ -12,8 +12,10 @@ the decode spent drafting (propose + observe), and the verify steps per slot pro
 in its context, the standard protocol. Sets with a measurement split (`sharegpt-grounded`, `code-edit`) use it: the
 drafters' priors were set on other prompts. Peers (`--peers transformers,onnxruntime-genai`): Hugging Face
 transformers' prompt lookup (`prompt_lookup_num_tokens`) and onnxruntime-genai's n-gram lookup (`ngram_size`,
-`max_draft_tokens`, over its own fp32 build of the same model) each against its own greedy decoding on the same
-token ids, in a child process, so their ratios stand next to ours. Method `suffix` looks up `--datastore` and the outputs of its own earlier runs in
+`max_draft_tokens`, over its own fp32 build of the same model) and OpenVINO GenAI's prompt lookup
+(`LLMPipeline(prompt_lookup=True)`, `max_ngram_size`, `num_assistant_tokens`, over its own export of the same model at
+the first engine's weight format) each against its own greedy decoding on the same token ids, in a child process, so
+their ratios stand next to ours; a peer's outputs that differ from its own greedy decoding are counted and marked. Method `suffix` looks up `--datastore` and the outputs of its own earlier runs in
 the same set (as a server's recent outputs; each method its own, never the same prompt's, and forgotten between
 sets: mt-bench-2turn's second answers often restate the first, which mt-bench then asks for). Several engines of one model (e.g. K = 4 and K = 16, or five slot profiles and one):
 each runs every method on every prompt in the same rotation, timed against plain decoding on the first, its outputs
@@ -28,6 +30,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trtspec.bench.peers import OPENVINO_LOOKUP_SETTINGS
 from trtspec.errors import ConfigError
 from trtspec.speculative.stats import SpecStats
 
@@ -86,18 +89,26 @@ def set_prompts(generator, name: str, limit: int, max_tokens: int) -> list[tuple
 
 
 def run_benchmark(engines: list[Path], *, peers: tuple[str, ...] = (), hf: Path | None = None, peer_limit: int = 3,
-                  prompt_lookup: int = 10, genai_lookup: tuple[int, int] = (3, 4), work: Path | None = None,
+                  prompt_lookup: int = 10, genai_lookup: tuple[int, int] = (3, 4),
+                  openvino_lookup: tuple[int, int] = OPENVINO_LOOKUP_SETTINGS, work: Path | None = None,
                   show=print, **measure_options) -> dict:
-    """`measure` and, on each set's first `peer_limit` measured prompts, the peers' own speculation."""
+    """`measure` and, on each set's first `peer_limit` measured prompts, the peers' own speculation (each checked
+    installed before anything is measured)."""
     from trtspec.hub.fetch import cache_dir
 
+    check_peers(peers)
+    if min(openvino_lookup) < 1:
+        raise ConfigError(f"--openvino-lookup {','.join(map(str, openvino_lookup))}: give N,K (max_ngram_size, "
+                          "num_assistant_tokens), each at least 1")
+    openvino_weights = engine_weights(engines[0])
     report, prompts = measure(engines, show=show, **measure_options)
     for name, ids in prompts.items():
         for peer in peers:
             report["peers"].setdefault(peer, {})[name] = peer_speculation(
                 peer, ids[:peer_limit], hf=hf, max_tokens=measure_options.get("max_tokens", 128),
                 threads=measure_options.get("threads", 2), work=work or cache_dir() / "bench" / "drafting",
-                prompt_lookup=prompt_lookup, genai_lookup=genai_lookup)
+                prompt_lookup=prompt_lookup, genai_lookup=genai_lookup, openvino_lookup=openvino_lookup,
+                openvino_weights=openvino_weights)
     report["load_average"]["after"] = [round(x, 2) for x in os.getloadavg()]
     return report
 
@@ -177,19 +188,42 @@ def measure(engines: list[Path], *, sets=DEFAULT_SETS, methods=("ngram",), limit
     return report, measured
 
 
-PEERS = ("transformers", "onnxruntime-genai")
+PEERS = ("transformers", "onnxruntime-genai", "openvino")
+
+
+def check_peers(peers: tuple[str, ...]) -> None:
+    """Each peer known and installed, else one line naming it and what installs it."""
+    from trtspec.bench.peers import (GENAI_INSTALL, GENAI_MODULES, OPENVINO_INSTALL, OPENVINO_MODULES,
+                                     TRANSFORMERS_INSTALL, TRANSFORMERS_MODULES, missing_modules)
+
+    requirements = {"transformers": (TRANSFORMERS_MODULES, TRANSFORMERS_INSTALL),
+                    "onnxruntime-genai": (GENAI_MODULES, GENAI_INSTALL),
+                    "openvino": (OPENVINO_MODULES, OPENVINO_INSTALL)}
+    for peer in peers:
+        if peer not in requirements:
+            raise ConfigError(f"--peers {peer}: unknown peer (known: {', '.join(PEERS)})")
+        if missing := missing_modules(requirements[peer][0]):
+            raise ConfigError(f"--peers {peer}: {', '.join(missing)} not installed ({requirements[peer][1]})")
+
+
+def engine_weights(engine: Path) -> str:
+    """An engine's weight format, its linear layers' dtype (fp32, int8, int4): the format OpenVINO is exported at."""
+    from trtspec.engine.manifest import read_manifest
+
+    return (read_manifest(engine).weights.to_dict().get("linear") or {}).get("dtype", "fp32")
 
 
 def peer_speculation(peer: str, prompts: list[list[int]], *, hf: Path, max_tokens: int, threads: int | None,
-                     work: Path, prompt_lookup: int = 10, genai_lookup: tuple[int, int] = (3, 4)) -> dict:
+                     work: Path, prompt_lookup: int = 10, genai_lookup: tuple[int, int] = (3, 4),
+                     openvino_lookup: tuple[int, int] = OPENVINO_LOOKUP_SETTINGS,
+                     openvino_weights: str = "fp32") -> dict:
     """A peer's greedy decoding with and without its own speculation on the same ids, alternating per prompt, in a
     child process: transformers' prompt lookup, onnxruntime-genai's n-gram lookup (its fp32 build of the same HF
-    model, made once under `work`)."""
-    from trtspec.bench.peers import build_genai_model, run_child
+    model, made once under `work`), OpenVINO GenAI's prompt lookup (its export at `openvino_weights`, made once under
+    `work`)."""
+    from trtspec.bench.peers import build_genai_model, build_openvino_model, run_child
 
     if peer not in PEERS:
-        from trtspec.errors import ConfigError
-
         raise ConfigError(f"--peers {peer}: unknown peer (known: {', '.join(PEERS)})")
     work.mkdir(parents=True, exist_ok=True)
     log = work / f"{peer}-peer.log"
@@ -198,12 +232,20 @@ def peer_speculation(peer: str, prompts: list[list[int]], *, hf: Path, max_token
         settings = {"prompt_lookup_num_tokens": prompt_lookup}
         rows = run_child("trtspec.bench.peers:run_transformers_lookup",
                          {**common, "model": str(hf), "prompt_lookup": prompt_lookup}, log=log, threads=threads)
-    else:
+    elif peer == "onnxruntime-genai":
         ngram_size, draft = genai_lookup
         settings = {"ngram_size": ngram_size, "max_draft_tokens": draft}
         model = build_genai_model(hf, work / "genai-fp32", log=work / "genai-build.log")
         rows = run_child("trtspec.bench.peers:run_genai_lookup", {**common, "model": str(model), **settings}, log=log,
                          threads=threads)
+    else:
+        ngram_size, draft = openvino_lookup
+        settings = {"max_ngram_size": ngram_size, "num_assistant_tokens": draft, "weights": openvino_weights}
+        model = build_openvino_model(hf, work / f"openvino-{openvino_weights}",
+                                     log=work / f"openvino-{openvino_weights}-export.log", weights=openvino_weights)
+        rows = run_child("trtspec.bench.peers:run_openvino_lookup_against_plain",
+                         {**common, "model": str(model), "max_ngram_size": ngram_size, "num_assistant_tokens": draft},
+                         log=log, threads=threads)
     plain = sum(r["plain_s"] for r in rows)
     spec = sum(r["lookup_s"] for r in rows)
     tokens = sum(r["tokens"] for r in rows)
@@ -229,7 +271,9 @@ def format_report(report: dict) -> str:
         for peer, sets in report["peers"].items():
             if name in sets:
                 p = sets[name]
+                same, compared = p["identical"].split("/")
+                differ = "" if same == compared else ", outputs differ from its own greedy decoding"
                 lines.append(f"{name:<20} {peer + ' own':<{width}} {'':>5} {'':>5} {p['tokens_per_s']:>7.1f} "
                              f"{p['plain_tokens_per_s']:>7.1f} {p['speedup']:>7.2f}x {'':>7} {p['identical']:>6}  "
-                             f"({p['prompts']} prompts)")
+                             f"({p['prompts']} prompts{differ})")
     return "\n".join(lines)

@@ -189,7 +189,9 @@ def _pair(ctx, param, value):
               help="Workers spin between ops (default: the engine's: spin, unless its drafter runs in a second "
                    "session; pass --no-spin with several engines in one process).")
 @click.option("--peers", callback=_csv(str), default="", help="Peers' own speculation beside ours: transformers, "
-                                                             "onnxruntime-genai (needs --hf).")
+                                                             "onnxruntime-genai, openvino (OpenVINO GenAI at the first "
+                                                             "engine's weight format; PEERS=openvino bash "
+                                                             "scripts/setup-peers.sh installs it) (needs --hf).")
 @click.option("--hf", type=EXISTING_DIR, help="The Hugging Face folder of the engine's model (for --peers).")
 @click.option("--peer-limit", type=click.IntRange(min=1), default=3, show_default=True,
               help="Prompts per set for the peers (slow).")
@@ -197,6 +199,8 @@ def _pair(ctx, param, value):
               help="transformers' prompt_lookup_num_tokens.")
 @click.option("--genai-lookup", callback=_pair, default="3,4", show_default=True, metavar="N,K",
               help="onnxruntime-genai n-gram speculation: ngram_size, max_draft_tokens.")
+@click.option("--openvino-lookup", callback=_pair, default="3,5", show_default=True, metavar="N,K",
+              help="OpenVINO GenAI prompt lookup: max_ngram_size, num_assistant_tokens.")
 @click.option("--work", type=DIR, help="Logs and builds of the peers (default: the cache's bench/drafting).")
 @click.option("--json", "json_file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the report as JSON here.")
