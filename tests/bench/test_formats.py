@@ -290,7 +290,8 @@ def test_targets_pass_fail_and_not_measured():
     assert result["int4 + ngram ÷ llama.cpp Q4 plain on code-edit"]["value"] == pytest.approx(160 / 70, abs=1e-3)
     missing = targets(_report({"int4": tps["int4"]}, {"all": 1.0, "code-edit": 1.0}), {"llama.cpp": "not here"})
     assert all(t["ok"] is None for t in missing)
-    assert {t["reason"] for t in missing} == {"--peers without onnxruntime-genai", "not here"}
+    assert {t["reason"] for t in missing} == {"--peers without onnxruntime-genai", "not here", "--peers without openvino",
+                                              "--peers without openvino-lookup"}
     none = targets(_report({"fp32": tps["int4"]}, {"all": 1.0}), {})
     assert none[0]["reason"] == "no int4 engine among ENGINES"
 
@@ -319,10 +320,21 @@ def test_options_refuse_bad_input(tiny):
         FormatsOptions(engines=engines, peers=(), llama_lookup=(2, 0))
 
 
-def test_two_turn_set_and_foreign_engine_refused(tiny, tmp_path):
-    with pytest.raises(ConfigError, match="two-turn"):
-        run_benchmark(FormatsOptions(engines=(tiny["fp32"],), peers=(), sets=("mt-bench-2turn",),
-                                     work=tmp_path), show=lambda line: None, progress=False)
+def test_two_turn_set_follows_the_first_engines_answer(tiny):
+    """mt-bench-2turn's second turn after the first engine's plain greedy first answer: the same ids for every
+    system."""
+    from trtspec.bench.workload import load_bench_prompts
+
+    engines = [formats.read_engine(tiny["int8"]), formats.read_engine(tiny["int4"])]
+    prompts = formats.prompt_ids(engines, ("mt-bench-2turn",), 1, 4, show=lambda line: None, threads=1)
+    generator = LocalGenerator(tiny["int8"], threads=1)
+    (expected,) = load_bench_prompts("mt-bench-2turn", limit=1, generator=generator, max_tokens=4,
+                                     show=lambda line: None)
+    assert [p["ids"] for p in prompts] == [list(expected.ids)]
+    assert [m["role"] for m in expected.messages][-3:] == ["user", "assistant", "user"]  # the engine's answer between
+
+
+def test_foreign_engine_refused(tiny, tmp_path):
     other = tmp_path / "other"
     shutil.copytree(tiny["int4"], other)
     manifest = json.loads((other / "manifest.json").read_text())
@@ -358,7 +370,8 @@ def test_command_unknown_peer_is_one_line(tiny):
     result = CliRunner().invoke(cli, ["bench", "formats", str(tiny["int4"]), "--peers", "vllm"])
     assert result.exit_code == 1
     assert result.output.strip().splitlines()[-1] == ("error: --peers vllm: unknown peer; choose from "
-                                                      "onnxruntime-genai, llama.cpp, llama.cpp-lookup")
+                                                      "onnxruntime-genai, llama.cpp, llama.cpp-lookup, openvino, "
+                                                      "openvino-lookup")
 
 
 def test_llama_cpp_gguf_from_the_hf_record(tmp_path):
