@@ -92,7 +92,11 @@ def test_rss_and_process_tree_of_this_process():
         tree = process_tree(os.getpid())
         assert tree[0] == os.getpid() and child.pid in tree
         sampler = Sampler(os.getpid(), None, interval=0.05).start()
-        time.sleep(0.3)
+        # the sampler's own thread takes samples after the first: wait for two of them (how many a fixed sleep
+        # saw depended on the machine's load), as long as a hang takes
+        deadline = time.monotonic() + 60
+        while len(sampler.samples) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
         sampler.stop()
         assert len(sampler.samples) >= 3
         assert sampler.samples[-1]["rss_mib"] > before / 1024 and child.pid in sampler.pids_seen
