@@ -227,8 +227,11 @@ def test_serving_mode_measures_the_engine_in_process_and_served(engine, prompt_f
             served = report["served"]["results"][c][method]["overall"]
             assert served["identical"] == "3/3" and served["input_tokens"] > 0
         assert level["engine_batching"]["steps"] > 0
-    # at concurrency 2 the engine batched the two streams' sequences into its steps
-    assert report["serving"]["2"]["engine_batching"]["sequences_per_step"] > 1
+    # the engine's batching figures: one client's requests, one after another, run one sequence per step; two
+    # clients' at most two (whether their requests overlapped depends on when they arrive, i.e. on the machine's
+    # load: test_server.py's unary test counts shared steps with controlled arrival)
+    assert report["serving"]["1"]["engine_batching"]["sequences_per_step"] == 1.0
+    assert 1.0 <= report["serving"]["2"]["engine_batching"]["sequences_per_step"] <= 2.0
     with open(tmp_path / "out" / "requests.csv") as f:
         rows = list(csv.DictReader(f))
     assert {r["target"] for r in rows} == {"in-process", "served"} and len(rows) == 3 * 2 * 2 * 2
