@@ -43,9 +43,9 @@ def local(tiny_engine):
 
 @pytest.fixture(scope="module")
 def long_server(long_repo):
-    """The long-answer repository served: a 1,500-token request runs for half a minute unless it is ended, so a
-    cancellation or a stop request sent after its first response always finds it in flight (the tiny engine's
-    whole answer can be done before a cancellation gets through a loaded machine)."""
+    """The long-answer repository served: a 1,500-token request runs for some 1,500 of its slow steps unless it is
+    ended, so a cancellation or a stop request sent after its first response finds it in flight however loaded the
+    machine (the tiny engine's whole answer can be done before a cancellation gets through a loaded machine)."""
     options = ServerOptions(repository=long_repo, grpc_port=free_port(), http_port=free_port(),
                             metrics_port=free_port(), exit_timeout_s=5)
     with TritonServer(options, on_log=lambda line: None) as running:
@@ -410,7 +410,7 @@ def test_the_gauges_move_as_requests_queue_and_finish(long_repo):
         from urllib.error import URLError
 
         seen = {}
-        deadline = time.monotonic() + 120  # a hang: each state holds until the test moves on (or for half a minute)
+        deadline = time.monotonic() + 120  # a hang: each state holds until the test moves on
         while time.monotonic() < deadline:
             try:
                 seen = read_counters(running.metrics_url)
@@ -519,7 +519,7 @@ def test_non_decoupled_repository_serves_unary_requests(long_engine, tmp_path):
     """--no-decoupled: plain ModelInfer calls (no stream) through the ensemble and to tensorrt_llm directly, batched
     in flight by the decoupled engine behind the unary forwarder; a unary stop request ends a request by its id.
 
-    Arrival is controlled, not left to the machine's load: a 1,500-token unary request (half a minute of steps) is
+    Arrival is controlled, not left to the machine's load: a 1,500-token unary request (some 1,500 slow steps) is
     in the batch before six more are sent at once, and is stopped by its id only after they all returned. So it ran
     in every verify step, and every step of the six was shared with it: the engine's steps are the held request's,
     its sequences the held request's steps plus the six's (requests sent at once are batched in flight, not run one
