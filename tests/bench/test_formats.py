@@ -320,13 +320,14 @@ def test_options_refuse_bad_input(tiny):
         FormatsOptions(engines=engines, peers=(), llama_lookup=(2, 0))
 
 
-def test_two_turn_set_follows_the_first_engines_answer(tiny):
+def test_two_turn_set_follows_the_first_engines_answer(tiny, tmp_path):
     """mt-bench-2turn's second turn after the first engine's plain greedy first answer: the same ids for every
     system."""
     from trtspec.bench.workload import load_bench_prompts
 
     engines = [formats.read_engine(tiny["int8"]), formats.read_engine(tiny["int4"])]
-    prompts = formats.prompt_ids(engines, ("mt-bench-2turn",), 1, 4, show=lambda line: None, threads=1)
+    prompts = formats.prompt_ids(engines, ("mt-bench-2turn",), 1, 4, log=tmp_path / "log", show=lambda line: None,
+                                 threads=1)
     generator = LocalGenerator(tiny["int8"], threads=1)
     (expected,) = load_bench_prompts("mt-bench-2turn", limit=1, generator=generator, max_tokens=4,
                                      show=lambda line: None)

@@ -40,8 +40,8 @@ measures, all on the same prompt token ids:
   token-identical to the engine's plain decoding) ≥ 1.1× OpenVINO's prompt lookup. Each a pass / fail line, or "not
   measured" with the reason.
 
-Two-turn sets (mt-bench-2turn) ask their second turn after the first ENGINE's plain, greedy first answer (made in
-this process before anything is timed), so that every system decodes the same ids.
+Two-turn sets (mt-bench-2turn) ask their second turn after the first ENGINE's plain, greedy first answer (made in a
+child process before anything is timed), so that every system decodes the same ids.
 
 `--out DIR` writes summary.json and formats.png (tokens/s per format and peer, plain and speculative; the verify
 curves). The load average before and after says how quiet the machine was: run it alone.
@@ -77,7 +77,7 @@ PEER_LABELS = {GENAI: "onnxruntime-genai int4", LLAMA_CPP: "llama.cpp Q4",
                OPENVINO_LOOKUP: "OpenVINO GenAI + prompt lookup"}
 LOOKUP_PEERS = {LLAMA_CPP_LOOKUP: LLAMA_CPP, OPENVINO_LOOKUP: OPENVINO}  # a peer's own speculation: its plain peer
 OPENVINO_FORMATS = ("int8", "int4")  # the engines' formats OpenVINO is matched to (their linear layers' dtype)
-OPENVINO_FORMAT_LABELS = {"int8": "int8 asym per channel", "int4": "int4 sym g32"}  # peers.OPENVINO_WEIGHTS
+OPENVINO_FORMAT_LABELS = {"int8": "int8 asym per-chan", "int4": "int4 sym g32"}  # peers.OPENVINO_WEIGHTS
 # LlamaPromptLookupDecoding(max_ngram_size, num_pred_tokens): its default n-gram size; llama-cpp-python's README
 # (Speculative Decoding) says 10 drafted tokens suit a GPU and 2 a CPU-only machine
 LLAMA_LOOKUP = (2, 2)
@@ -194,12 +194,13 @@ def engine_methods(engine: dict, methods: tuple[str, ...]) -> tuple[str, ...]:
 
 # ---- prompts ------------------------------------------------------------------------------------------------
 
-def prompt_ids(engines: list[dict], sets: tuple[str, ...], limit: int, max_tokens: int,
+def prompt_ids(engines: list[dict], sets: tuple[str, ...], limit: int, max_tokens: int, *, log: Path,
                show: Callable[[str], None] = print, threads: int = 2) -> list[dict]:
     """Each set's first `limit` measured prompts through the engines' tokenizer (chat template), those that fit every
     engine: [{"set", "id", "ids"}]. A two-turn set's second turn follows the first engine's plain, greedy first answer
-    (of up to `max_tokens` tokens, decoded here with `threads` threads): one answer for all, so that every system
-    decodes the same ids."""
+    (of up to `max_tokens` tokens, decoded with `threads` threads in a child process, `second_turns`, logging to
+    `log`): one answer for all, so that every system decodes the same ids."""
+    from trtspec.bench.peers import run_child
     from trtspec.bench.workload import load_bench_prompts
     from trtspec.data.prompts import PROMPT_SETS
     from trtspec.runtime.tokenizer import Tokenizer
@@ -208,29 +209,39 @@ def prompt_ids(engines: list[dict], sets: tuple[str, ...], limit: int, max_token
     max_input = min(e["max_input_len"] for e in engines)
     max_seq = min(e["max_seq_len"] for e in engines)
     out = []
-    first_answers = None
     for name in sets:
         source = PROMPT_SETS.get(name)
-        generator = None
         if source is not None and source.two_turn:
-            if first_answers is None:
-                from trtspec.runtime.generator import LocalGenerator
-
-                first_answers = LocalGenerator(engines[0]["path"], threads=threads, spin=False)  # untimed
-            generator = first_answers
-        for p in load_bench_prompts(name, limit=limit, generator=generator, max_tokens=max_tokens, show=show):
-            ids = tokenizer.encode_chat(list(p.messages))
+            rows = run_child("trtspec.bench.formats:second_turns", {
+                "engine": engines[0]["path"], "name": name, "limit": limit, "max_tokens": max_tokens,
+                "threads": threads}, log=log, threads=threads)
+            chosen = [(row["id"], row["messages"]) for row in rows]
+        else:
+            chosen = [(p.id, list(p.messages)) for p in load_bench_prompts(name, limit=limit, show=show)]
+        for prompt_id, messages in chosen:
+            ids = tokenizer.encode_chat(messages)
             if len(ids) > max_input or len(ids) + max_tokens > max_seq:
-                show(f"  {name} {p.id}: {len(ids)} prompt tokens + {max_tokens} do not fit every engine "
+                show(f"  {name} {prompt_id}: {len(ids)} prompt tokens + {max_tokens} do not fit every engine "
                      f"(max_input_len {max_input}, max_seq_len {max_seq}); skipped")
                 continue
-            out.append({"set": name, "id": p.id, "ids": [int(t) for t in ids]})
+            out.append({"set": name, "id": prompt_id, "ids": [int(t) for t in ids]})
     if not out:
         raise ConfigError(f"--sets {','.join(sets)}: no prompt fits the engines")
     return out
 
 
 # ---- the child runners (python -m trtspec.bench.peers trtspec.bench.formats:...) ----------------------------
+
+def second_turns(engine: str, *, name: str, limit: int, max_tokens: int, threads: int) -> Iterator[dict]:
+    """A two-turn set's first `limit` prompts as their second turn after the engine's plain, greedy first answer of
+    up to `max_tokens` tokens (`workload.load_bench_prompts`): {"id", "messages"} each."""
+    from trtspec.bench.workload import load_bench_prompts
+    from trtspec.runtime.generator import LocalGenerator
+
+    generator = LocalGenerator(engine, threads=threads)
+    for p in load_bench_prompts(name, limit=limit, generator=generator, max_tokens=max_tokens, show=lambda line: None):
+        yield {"id": p.id, "messages": list(p.messages)}
+
 
 def measure_curve(engine: str, *, threads: int, past: int = 256, repeats: int = 10, warmup: int = 2) -> dict:
     """Median time of one verify step of n chain slots, n = 1 .. K + 1, after a `past`-token prefill; rounds
@@ -556,7 +567,8 @@ def run_benchmark(options: FormatsOptions, *, show: Callable[[str], None] = prin
     log.write_text("")
     engines = [read_engine(e) for e in options.engines]
     check_engines(engines)
-    prompts = prompt_ids(engines, options.sets, options.limit, options.max_tokens, show=show, threads=options.threads)
+    prompts = prompt_ids(engines, options.sets, options.limit, options.max_tokens, log=log, show=show,
+                         threads=options.threads)
     ids = [p["ids"] for p in prompts]
     systems = [System(e["name"], "engine", "trtspec.bench.formats:run_engine", {"engine": e["path"]}, e["format"],
                       onnx_weight_bytes(Path(e["path"]) / e["generation"]), engine_methods(e, options.methods))
@@ -840,7 +852,8 @@ def render_table(report: dict) -> list[str]:
         if curve := entry.get("curve"):
             lines.append(f"  {label:<{w - 2}} " + " ".join(f"{p['ratio']:.2f}" for p in curve["points"])
                          + f"  (plain step {curve['points'][0]['ms']:.1f} ms)")
-    lines += ["", "targets (decode tok/s: after the first token)"]
+    lines += ["", "targets (against onnxruntime-genai and llama.cpp: decode tok/s, after the first token; against "
+                  "OpenVINO GenAI: tok/s end to end)"]
     for t in report["targets"]:
         verdict = {True: "PASS", False: "FAIL", None: "not measured"}[t["ok"]]
         value = "" if t["value"] is None else f" {t['value']:.2f}×"
