@@ -10,6 +10,7 @@
 #   PEERS=openvino bash scripts/setup-peers.sh        # one of them: PEERS=openvino or PEERS=llama.cpp
 #   VENV=/path/to/venv bash scripts/setup-peers.sh    # into another venv: the one you run `trtspec` from
 #   LLAMA_CPP_SDIST=/tmp/llama_cpp_python-0.3.36.tar.gz bash scripts/setup-peers.sh   # from a downloaded sdist
+#   FORCE=1 bash scripts/setup-peers.sh               # again, even where up to date (llama.cpp: on another CPU)
 #
 # The benches run every peer in a child process of the same interpreter (`sys.executable -m trtspec.bench.peers`),
 # so a peer has to be importable from trtspec's own venv: a separate venv would never be seen.
