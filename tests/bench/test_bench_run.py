@@ -248,7 +248,7 @@ def test_served_engine_figures_match_in_process(engine, prompt_file, run, tmp_pa
     from trtspec.triton.deploy import DeployOptions, deploy
     from trtspec.triton.server import ServerOptions, TritonServer, free_port
 
-    repo = deploy(DeployOptions(engine_dir=engine, out=tmp_path / "repo", threads=1))
+    repo = deploy(DeployOptions(engine_dir=engine, out=tmp_path / "repo", threads=1, backoff=False))  # as `run`
     server = TritonServer(ServerOptions(repository=repo, grpc_port=free_port(), http_port=free_port(),
                                         metrics_port=free_port(), exit_timeout_s=5), on_log=lambda line: None)
     with server:

@@ -58,7 +58,10 @@ def test_smollm2_speculation_is_token_identical_on_mt_bench(engines, method):
     generator = engines[method]
     accepted = 0
     for i, prompt in enumerate(load_prompts("mt-bench", limit=6)):
-        spec = generator.generate(list(prompt.messages), GenerationConfig(max_tokens=48), index=i)
+        # the whole tree every step (the drafter's own acceptance), then backed off: both are plain decoding
+        backed_off = generator.generate(list(prompt.messages), GenerationConfig(max_tokens=48), index=i)
+        spec = generator.generate(list(prompt.messages), GenerationConfig(max_tokens=48, backoff=False), index=i)
+        assert backed_off.output_ids == spec.output_ids, (method, prompt.id)
         plain = generator.generate(list(prompt.messages), GenerationConfig(max_tokens=48, no_spec=True), index=i)
         assert spec.output_ids == plain.output_ids, (method, prompt.id)
         assert spec.text == plain.text and len(plain.output_ids) > 0
@@ -97,6 +100,7 @@ def test_smollm2_int4_with_the_shipped_eagle_draft_is_lossless(tmp_path):
     eagle = dataclasses.replace(config, method="eagle")
     batched = generator.generate_many(prompts, eagle)  # in flight, where drafting may back off
     assert [g.output_ids for g in batched] == [g.output_ids for g in plain]
-    alone = [generator.generate(p, eagle, index=i) for i, p in enumerate(prompts)]
+    whole = dataclasses.replace(eagle, backoff=False)  # the whole tree every step: its acceptance is the drafter's
+    alone = [generator.generate(p, whole, index=i) for i, p in enumerate(prompts)]
     assert [g.output_ids for g in alone] == [g.output_ids for g in plain]
     assert sum(g.result.stats.accepted_tokens for g in alone) > 0

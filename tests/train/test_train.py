@@ -70,7 +70,7 @@ def acceptance_length(setup, drafter: Path, method: str, root: Path) -> float:
                        max_seq_len=64))
     generator = LocalGenerator(root / "engine")
     prompts = [json.loads(line)["input_ids"] for line in setup["prompts"].read_text().splitlines()][SAMPLES:]
-    spec = generator.generate_many(prompts, GenerationConfig(max_tokens=32))
+    spec = generator.generate_many(prompts, GenerationConfig(max_tokens=32, backoff=False))  # the drafter's own τ
     plain = generator.generate_many(prompts, GenerationConfig(max_tokens=32, no_spec=True))
     assert [g.output_ids for g in spec] == [g.output_ids for g in plain]  # lossless at temperature 0
     steps = sum(g.result.stats.steps for g in spec)

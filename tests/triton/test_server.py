@@ -101,7 +101,8 @@ def test_sixteen_streams_mixed_lengths_and_speculation(server, local, tiny_repo)
 
 def test_each_request_chooses_its_drafter(server, local):
     """draft_method per request: ngram, suffix, hybrid, none and the engine's own (Medusa) in flight together, every
-    output equal to plain local decoding; only the drafting requests draft."""
+    output equal to plain local decoding; requests without a drafter never draft, Medusa's (whole trees: tiny_repo)
+    always does (hybrid's and the n-gram methods' drafts follow the verify curve measured on the server's machine)."""
     prompts = _prompts(10, seed=5)
     methods = ["ngram", "none", "medusa", "suffix", "hybrid"] * 2
     results = generate_concurrently(server.grpc_url, prompts, concurrency=10,
@@ -111,7 +112,7 @@ def test_each_request_chooses_its_drafter(server, local):
         assert result.output_ids == local.generate(prompts[i], GenerationConfig(max_tokens=32, no_spec=True)).output_ids
         if methods[i] == "none":
             assert result.draft_tokens == 0
-    assert all(results[i].draft_tokens > 0 for i in range(10) if methods[i] in ("medusa", "hybrid"))
+    assert all(results[i].draft_tokens > 0 for i in range(10) if methods[i] == "medusa")
 
 
 def test_suffix_requests_draft_from_the_deployed_datastore(server, local):
