@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
-from trtspec.speculative.backoff import EXPLORE_MAX, Backoff, subtree
+from trtspec.speculative.backoff import EXPLORE_EVERY, EXPLORE_MAX, LOOK_SHARE, Backoff, subtree
 from trtspec.speculative.lookahead_proposer import LookaheadConfig, LookaheadProposer
 from trtspec.speculative.methods import make_proposer
 from trtspec.speculative.proposer import Draft, NoDraft
+from trtspec.speculative.step_costs import StepCosts
 from trtspec.speculative.tree import build_tree, chain_tree
 from tests.speculative.test_ngram import (COSTS, MarkovEngine, _deterministic_table, _prompts,
                                           assert_keeps_the_target_distribution)
@@ -175,3 +176,39 @@ def test_make_proposer_backs_off_trained_drafters_and_lookahead_unless_told():
     assert isinstance(make_proposer("lookahead", engine), Backoff)
     assert isinstance(make_proposer("lookahead", engine, backoff=False), LookaheadProposer)
     assert not isinstance(make_proposer("ngram", engine), Backoff)  # budgets itself
+
+
+STEEP = StepCosts((1, 2, 3, 5, 9, 17), (1.0, 1.11, 1.23, 1.42, 1.93, 2.80))
+
+
+def test_a_whole_draft_that_cannot_pay_even_at_the_prior_starts_resting_and_looks_seldom():
+    """Lookahead 4,3,4 on a steep curve: 16 slots cost 2.8 plain steps, more than the prior gain could repay: the
+    first look comes after EXPLORE_EVERY plain steps, the next only when looks cost at most LOOK_SHARE of the steps;
+    once the text cycles (copyable) the looks pay and it drafts every step."""
+    engine = MarkovEngine(np.random.default_rng(5).dirichlet(np.full(400, 0.05), size=400))
+    proposer = Backoff(LookaheadProposer(LookaheadConfig(4, 3, 4)), STEEP, clock=FakeClock())
+    looks, observe = [], proposer.observe
+
+    def recording(verify, accepted):
+        if proposer._drafted:
+            looks.append((proposer.steps, proposer._full.tree.num_nodes))
+        observe(verify, accepted)
+
+    proposer.observe = recording
+    result = generate(engine, np.arange(5), proposer, GenerationConfig(max_tokens=120))
+    assert result.output_ids == generate(engine, np.arange(5), NoDraft(), GenerationConfig(max_tokens=120)).output_ids
+    (first, size), (second, _) = looks[:2]
+    assert first == EXPLORE_EVERY  # plain steps before it
+    assert second - first >= (STEEP.cost(size + 1) - 1.0) / LOOK_SHARE  # the look's cost spaces the next one
+    assert [step for step, _ in looks[2:]] == list(range(second + 1, second + 1 + len(looks) - 2))  # then every step
+    assert result.stats.accepted_tokens > 20
+
+
+def test_a_look_tries_the_most_probable_node_even_when_the_budget_would_draft_nothing():
+    table = _deterministic_table(12)
+    drafter = ChainDrafter(table, 4, wrong=lambda: True)
+    proposer = Backoff(drafter, STEEP, clock=FakeClock())
+    result = generate(MarkovEngine(table), np.array([1, 2, 3]), proposer, GenerationConfig(max_tokens=300))
+    drafted = [n for n in (result.stats.profile_steps.get(s, 0) for s in (2, 3, 5)) if n]
+    assert proposer.drafting_steps > 2 and sum(drafted) >= proposer.drafting_steps - 1  # looks of one node or so
+    assert result.stats.draft_tokens >= proposer.drafting_steps

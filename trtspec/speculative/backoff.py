@@ -13,8 +13,9 @@ plain steps (`StepCosts`), and the drafter's own work (heads, draft network, the
 * **rests** when even the best shrunk draft does not pay for the drafter's own time on top: it stops running the
   drafter and the step is a plain one. The drafter only records what was committed (`defer`), and before it drafts
   again it catches up in one run (`catch_up`). It looks again after `EXPLORE_EVERY` steps, an interval that doubles
-  up to `EXPLORE_MAX` each time the look does not pay and starts over when one does, so a sequence that turns
-  copyable (or where the drafter becomes right) gets its drafts back within that many steps.
+  up to `EXPLORE_MAX` each time the look does not pay and starts over when one does (and that keeps the looks'
+  extra cost under `LOOK_SHARE` of the steps), so a sequence that turns copyable (or where the drafter becomes
+  right) gets its drafts back within that many steps. A look drafts at least the most probable node.
 
 Only how much is drafted changes, never what is emitted: a kept draft is a prefix-closed subtree of the drafter's
 deterministic choices, so greedy output stays plain greedy output and the tree rejection rule keeps the target
@@ -23,6 +24,7 @@ distribution at T > 0 (the choice of nodes depends on earlier steps only).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -34,6 +36,7 @@ from trtspec.speculative.step_costs import StepCosts
 from trtspec.speculative.tree import Tree, tree_from_choices
 
 EXPLORE_EVERY, EXPLORE_MAX = 8, 64  # a resting drafter looks again after this many steps, backing off to the max
+LOOK_SHARE = 0.02  # and never more often than its looks' extra cost (in plain steps) allows for this share of steps
 EMA = 0.2  # weight of the newest drafting step in the drafter's measured time
 # this sequence's recent steps steer its drafts: the prior counts for two trials, a trial's weight halves in about
 # seven more of its kind
@@ -54,7 +57,7 @@ class Backoff:
         self.model = model if model is not None else AcceptanceModel(prior_weight=PRIOR_WEIGHT, decay=DECAY)
         self._deferrable = all(hasattr(drafter, m) for m in ("defer", "catch_up"))
         self._prunable = getattr(drafter, "prunable", True)
-        self._gain = WHOLE_PRIOR_GAIN  # a whole draft's accepted tokens per drafting step (a prior, then measured)
+        self._accepted = [0.0, 0.0]  # a whole draft's accepted tokens and drafting steps (decayed as the rates are)
         self._pending: list = []  # deferred entries of the steps the drafter rested
         self._drafter_ms: float | None = None  # measured time of a drafting step (catch-up, propose, observe)
         self._resting, self._rest_steps, self._rest_for = False, 0, EXPLORE_EVERY
@@ -66,6 +69,9 @@ class Backoff:
         self._chosen: list[int] = []  # the kept ones, most probable first
         self._draft: Draft | None = None  # what was verified
         self.steps = self.drafting_steps = 0
+        whole = getattr(drafter, "max_nodes", None)
+        if not self._prunable and whole is not None and (1.0 + self._gain) / costs.cost(whole + 1) <= 1.0:
+            self._resting = True  # its whole draft would not pay even at the prior: look first after EXPLORE_EVERY
 
     # ---- the proposer protocol ------------------------------------------------------------------------------
 
@@ -80,7 +86,7 @@ class Backoff:
             if self._rest_steps < self._rest_for:
                 self._draft = Draft(EMPTY_TREE, np.array([root], dtype=np.int64))
                 return self._draft
-        began = self.clock()
+        looking, began = self._resting, self.clock()
         if self._pending:
             self.drafter.catch_up(self._pending)
             self._pending = []
@@ -90,6 +96,8 @@ class Backoff:
         self._nodes = _nodes_of(full.tree, self.model)
         n = full.tree.num_nodes
         self._chosen = _budget(self._nodes, self.costs, n) if self._prunable else list(range(n))
+        if looking and not self._chosen and self._nodes:  # a look tries the most probable node at least
+            self._chosen = [min(range(n), key=lambda i: (-self._nodes[i].p, self._nodes[i].depth, i))]
         self._pause = 1000 * (self.clock() - began)  # the drafter's share so far; observe adds the rest
         return self._lay_out()
 
@@ -159,7 +167,14 @@ class Backoff:
         for slot in range(1, draft.tree.num_nodes + 1):
             if int(draft.tree.parents[slot]) in on_path:
                 self.model.record(self._nodes[self._kept[slot - 1] - 1].kind, slot in on_path)
-        self._gain = (1 - EMA) * self._gain + EMA * accepted.num_accepted
+        self._accepted = [DECAY * self._accepted[0] + accepted.num_accepted, DECAY * self._accepted[1] + 1]
+
+    @property
+    def _gain(self) -> float:
+        """A whole draft's expected accepted tokens per step: what it has had, the prior counting for PRIOR_WEIGHT
+        steps."""
+        tokens, steps = self._accepted
+        return (tokens + PRIOR_WEIGHT * WHOLE_PRIOR_GAIN) / (steps + PRIOR_WEIGHT)
 
     def _settle(self, observe_ms: float) -> None:
         """The drafting step's drafter time (propose and observe), then whether to rest."""
@@ -180,10 +195,11 @@ class Backoff:
             best = (1.0 + self._gain) / (self.costs.cost(self._full.tree.num_nodes + 1) + overhead)
         if best > 1.0:
             self._resting, self._rest_for = False, EXPLORE_EVERY
-        else:
-            if self._resting:  # a look that did not pay: look less often
-                self._rest_for = min(2 * self._rest_for, EXPLORE_MAX)
-            self._resting, self._rest_steps = True, 0
+            return
+        # the next look costs about what this step's draft cost beyond a plain step
+        floor = math.ceil((self.costs.cost(len(self._kept) + 1) - 1.0 + overhead) / LOOK_SHARE)
+        doubled = min(2 * self._rest_for, EXPLORE_MAX) if self._resting else EXPLORE_EVERY  # a look that did not pay
+        self._resting, self._rest_steps, self._rest_for = True, 0, max(doubled, floor)
 
     def _record_rest(self, verify, accepted) -> None:
         if self._deferrable:

@@ -99,6 +99,11 @@ class LookaheadProposer:
 
     prunable = False
 
+    @property
+    def max_nodes(self) -> int:
+        """The most nodes a step drafts (fewer where the window and the pool's n-grams share a prefix)."""
+        return self.config.max_draft_len
+
     def __init__(self, config: LookaheadConfig = LookaheadConfig()):
         self.config = config
         w, n = config.window_size, config.ngram_size
