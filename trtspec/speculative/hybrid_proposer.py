@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import time
 
+# the same look-again intervals, smoothing and default step time as the back-off of trees (one definition)
+from trtspec.speculative.backoff import DEFAULT_STEP_MS, EMA, EXPLORE_EVERY, EXPLORE_MAX
 from trtspec.speculative.ngram_proposer import DRAFTER, NgramProposer, _Node
-
-EXPLORE_EVERY, EXPLORE_MAX = 8, 64  # the drafter drafts at least once in this many steps (backing off to the max)
-EMA = 0.2  # weight of the newest step in the drafter's measured time and gain
-DEFAULT_STEP_MS = 40.0  # a plain step's time where the verify curve has no measured milliseconds
 FIRST_LOOK_BELOW = 1.0  # the drafter first drafts on a step whose other candidates expect fewer tokens than this
 
 
