@@ -5,6 +5,7 @@ target distribution is kept at T > 0. Time is a fake clock here, so nothing depe
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -105,6 +106,48 @@ def test_a_drafter_that_turns_right_drafts_again_within_the_longest_rest():
     assert after / steps_after > 3.0
 
 
+class SometimesSureDrafter(ChainDrafter):
+    """Right, and sure of it (confidence 0.9), on every `every`-th draft; wrong and unsure (0.02) on the others; or
+    saying nothing of its confidence when `says` is False."""
+
+    def __init__(self, table, depth, every, says=True):
+        super().__init__(table, depth)
+        self.every, self.says, self.drafts = every, says, 0
+
+    def propose(self, root: int) -> Draft:
+        self.drafts += 1
+        sure = self.drafts % self.every == 0
+        self.wrong = lambda: not sure
+        draft = super().propose(root)
+        return Draft(draft.tree, draft.tokens, confidence=np.full(self.depth, 0.9 if sure else 0.02) if self.says else None)
+
+
+def test_a_drafter_that_says_its_confidence_drafts_where_it_is_sure():
+    """The confidence bands learn that sure nodes are accepted and unsure ones are not: it keeps drafting (its sure
+    steps pay for the rest), drafts little where it is unsure, and its output costs fewer plain steps' worth of
+    verify steps than the same drafter's without its confidence, whose one rate per (depth, rank) averages the two."""
+    table = _deterministic_table(12)
+    engine = MarkovEngine(table)
+    plain = generate(engine, np.array([1, 2, 3]), NoDraft(), GenerationConfig(max_tokens=300)).output_ids
+
+    results = {}
+    for says in (True, False):
+        drafter = SometimesSureDrafter(table, 4, 3, says)
+        proposer = Backoff(drafter, STEEP, clock=FakeClock())
+        result = generate(engine, np.array([1, 2, 3]), proposer, GenerationConfig(max_tokens=300))
+        assert result.output_ids == plain
+        results[says] = proposer, result
+
+    def cost(result):
+        return sum(STEEP.cost(slots) * n for slots, n in result.stats.profile_steps.items())
+
+    proposer, result = results[True]
+    assert proposer.drafting_steps > 0.75 * proposer.steps  # it rests little (its sure drafts pay for the others)
+    assert result.stats.accepted_tokens > 0.8 * result.stats.draft_tokens  # drafted where sure, little elsewhere
+    assert results[False][1].stats.accepted_tokens < 0.5 * results[False][1].stats.draft_tokens
+    assert cost(result) < 0.9 * cost(results[False][1])
+
+
 def test_a_shrunk_tree_keeps_its_most_probable_nodes():
     """Medusa-like: a wide tree whose second-rank nodes never hit is cut to its first-rank chain."""
     table = _deterministic_table(12)
@@ -183,8 +226,8 @@ STEEP = StepCosts((1, 2, 3, 5, 9, 17), (1.0, 1.11, 1.23, 1.42, 1.93, 2.80))
 
 def test_a_whole_draft_that_cannot_pay_even_at_the_prior_starts_resting_and_looks_seldom():
     """Lookahead 4,3,4 on a steep curve: 16 slots cost 2.8 plain steps, more than the prior gain could repay: the
-    first look comes after EXPLORE_EVERY plain steps, the next only when looks cost at most LOOK_SHARE of the steps;
-    once the text cycles (copyable) the looks pay and it drafts every step."""
+    first look comes only after as many plain steps as keep looks under LOOK_SHARE of the steps, and so does the
+    next; once the text cycles (copyable) the looks pay and it drafts every step."""
     engine = MarkovEngine(np.random.default_rng(5).dirichlet(np.full(400, 0.05), size=400))
     proposer = Backoff(LookaheadProposer(LookaheadConfig(4, 3, 4)), STEEP, clock=FakeClock())
     looks, observe = [], proposer.observe
@@ -195,12 +238,14 @@ def test_a_whole_draft_that_cannot_pay_even_at_the_prior_starts_resting_and_look
         observe(verify, accepted)
 
     proposer.observe = recording
-    result = generate(engine, np.arange(5), proposer, GenerationConfig(max_tokens=120))
-    assert result.output_ids == generate(engine, np.arange(5), NoDraft(), GenerationConfig(max_tokens=120)).output_ids
-    (first, size), (second, _) = looks[:2]
-    assert first == EXPLORE_EVERY  # plain steps before it
-    assert second - first >= (STEEP.cost(size + 1) - 1.0) / LOOK_SHARE  # the look's cost spaces the next one
-    assert [step for step, _ in looks[2:]] == list(range(second + 1, second + 1 + len(looks) - 2))  # then every step
+    result = generate(engine, np.arange(5), proposer, GenerationConfig(max_tokens=400))
+    assert result.output_ids == generate(engine, np.arange(5), NoDraft(), GenerationConfig(max_tokens=400)).output_ids
+    whole = STEEP.cost(proposer.drafter.max_nodes + 1)  # its whole draft's cost
+    assert looks[0][0] == math.ceil((whole - 1.0) / LOOK_SHARE) > EXPLORE_EVERY  # plain steps before the first look
+    for (step, size), (next_step, _) in zip(looks, looks[1:]):  # it drafts on, or its look's cost spaces the next
+        assert next_step == step + 1 or next_step - step >= (STEEP.cost(size + 1) - 1.0) / LOOK_SHARE
+    last_rest = max((i for i, ((a, _), (b, _)) in enumerate(zip(looks, looks[1:])) if b > a + 1), default=-1)
+    assert len(looks) - last_rest > 20  # and from some look on, it drafts every step
     assert result.stats.accepted_tokens > 20
 
 

@@ -15,7 +15,8 @@ plain steps (`StepCosts`), and the drafter's own work (heads, draft network, the
   again it catches up in one run (`catch_up`). It looks again after `EXPLORE_EVERY` steps, an interval that doubles
   up to `EXPLORE_MAX` each time the look does not pay and starts over when one does (and that keeps the looks'
   extra cost under `LOOK_SHARE` of the steps), so a sequence that turns copyable (or where the drafter becomes
-  right) gets its drafts back within that many steps. A look drafts at least the most probable node.
+  right) gets its drafts back within that many steps. A look drafts at least the most probable node; a drafter
+  whose whole draft cannot pay even at the prior starts resting, its first look as far off as the later ones.
 
 Only how much is drafted changes, never what is emitted: a kept draft is a prefix-closed subtree of the drafter's
 deterministic choices, so greedy output stays plain greedy output and the tree rejection rule keeps the target
@@ -26,11 +27,12 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
 
-from trtspec.speculative.ngram_proposer import DRAFTER, AcceptanceModel, _budget, _Node
+from trtspec.speculative.ngram_proposer import AcceptanceModel, _budget, _Node, drafter_kind
 from trtspec.speculative.proposer import EMPTY_TREE, Draft, observe_one_by_one
 from trtspec.speculative.step_costs import StepCosts
 from trtspec.speculative.tree import Tree, tree_from_choices
@@ -42,6 +44,7 @@ EMA = 0.2  # weight of the newest drafting step in the drafter's measured time
 # seven more of its kind
 PRIOR_WEIGHT, DECAY = 2.0, 0.9
 WHOLE_PRIOR_GAIN = 1.0  # a whole draft's accepted tokens per step before any was measured: worth a first look
+RECENT_DRAFTS = 6  # a drafter that says its confidence is judged by this many of its latest drafts
 DEFAULT_STEP_MS = 40.0  # a plain step's time where the verify curve has no measured milliseconds
 
 
@@ -60,6 +63,7 @@ class Backoff:
         self._accepted = [0.0, 0.0]  # a whole draft's accepted tokens and drafting steps (decayed as the rates are)
         self._pending: list = []  # deferred entries of the steps the drafter rested
         self._drafter_ms: float | None = None  # measured time of a drafting step (catch-up, propose, observe)
+        self._recent: deque[Draft] = deque(maxlen=RECENT_DRAFTS)  # a confident drafter's latest drafts
         self._resting, self._rest_steps, self._rest_for = False, 0, EXPLORE_EVERY
         self._drafted = False  # the drafter ran this step
         self._pause = 0.0  # the drafter's time in this step's propose (ms)
@@ -71,7 +75,9 @@ class Backoff:
         self.steps = self.drafting_steps = 0
         whole = getattr(drafter, "max_nodes", None)
         if not self._prunable and whole is not None and (1.0 + self._gain) / costs.cost(whole + 1) <= 1.0:
-            self._resting = True  # its whole draft would not pay even at the prior: look first after EXPLORE_EVERY
+            # its whole draft would not pay even at the prior: rest, and let even the first look wait as long as
+            # the later ones must (its cost over a plain step, spread over LOOK_SHARE of the steps)
+            self._resting, self._rest_for = True, max(EXPLORE_EVERY, _look_floor(costs.cost(whole + 1), 0.0))
 
     # ---- the proposer protocol ------------------------------------------------------------------------------
 
@@ -93,7 +99,7 @@ class Backoff:
         full = self.drafter.propose(root)
         self._drafted, self._full = True, full
         self.drafting_steps += 1
-        self._nodes = _nodes_of(full.tree, self.model)
+        self._nodes = _nodes_of(full, self.model)
         n = full.tree.num_nodes
         self._chosen = _budget(self._nodes, self.costs, n) if self._prunable else list(range(n))
         if looking and not self._chosen and self._nodes:  # a look tries the most probable node at least
@@ -187,19 +193,28 @@ class Backoff:
         step_ms = self.costs.step_ms[0] if self.costs.step_ms else DEFAULT_STEP_MS
         overhead = (self._drafter_ms or 0.0) / step_ms
         if self._prunable:
-            ranked = sorted((n.p for n in self._nodes), reverse=True)
-            gain = np.concatenate([[0.0], np.cumsum(ranked)])
-            best = max(((1.0 + gain[min(s - 1, len(ranked))]) / (c + overhead)
-                        for s, c in zip(self.costs.profiles[1:], self.costs.relative[1:])), default=0.0)
+            # a drafter sure on some steps and not on others (one that says its confidence) is judged by its recent
+            # drafts at today's rates, any other by this one
+            if self._full.confidence is None:
+                best = self._best_value(self._nodes, overhead)
+            else:
+                self._recent.append(self._full)
+                best = float(np.mean([self._best_value(_nodes_of(d, self.model), overhead) for d in self._recent]))
         else:
             best = (1.0 + self._gain) / (self.costs.cost(self._full.tree.num_nodes + 1) + overhead)
         if best > 1.0:
             self._resting, self._rest_for = False, EXPLORE_EVERY
             return
-        # the next look costs about what this step's draft cost beyond a plain step
-        floor = math.ceil((self.costs.cost(len(self._kept) + 1) - 1.0 + overhead) / LOOK_SHARE)
+        floor = _look_floor(self.costs.cost(len(self._kept) + 1), overhead)  # the next look costs about this one
         doubled = min(2 * self._rest_for, EXPLORE_MAX) if self._resting else EXPLORE_EVERY  # a look that did not pay
         self._resting, self._rest_steps, self._rest_for = True, 0, max(doubled, floor)
+
+    def _best_value(self, nodes: list[_Node], overhead: float) -> float:
+        """Expected tokens per unit of cost of the best shrunk draft of these nodes, the drafter's time counted."""
+        ranked = sorted((n.p for n in nodes), reverse=True)
+        gain = np.concatenate([[0.0], np.cumsum(ranked)])
+        return max(((1.0 + gain[min(s - 1, len(ranked))]) / (c + overhead)
+                    for s, c in zip(self.costs.profiles[1:], self.costs.relative[1:])), default=0.0)
 
     def _record_rest(self, verify, accepted) -> None:
         if self._deferrable:
@@ -208,14 +223,21 @@ class Backoff:
             self.drafter.observe(verify, accepted)
 
 
-def _nodes_of(tree: Tree, model: AcceptanceModel) -> list[_Node]:
-    """The draft's nodes, each of kind (depth, rank among its siblings) with its estimated acceptance probability:
-    the conditional rates multiplied down its path."""
+def _look_floor(cost: float, overhead: float) -> int:
+    """The fewest steps between looks that cost `cost` plain steps plus the drafter's `overhead` (in plain steps)
+    for their extra cost to stay within LOOK_SHARE of the steps."""
+    return math.ceil((cost - 1.0 + overhead) / LOOK_SHARE)
+
+
+def _nodes_of(draft: Draft, model: AcceptanceModel) -> list[_Node]:
+    """The draft's nodes, each of kind (depth, rank among its siblings, the band of the drafter's confidence where
+    it says one) with its estimated acceptance probability: the conditional rates multiplied down its path."""
+    tree, confidence = draft.tree, draft.confidence
     nodes: list[_Node] = []
     for i in range(1, tree.num_nodes + 1):
         parent = int(tree.parents[i]) - 1  # -1: the root
         depth = int(tree.position_offsets[i])
-        kind = (DRAFTER, min(depth, 4), min(int(tree.ranks[i]), 3))
+        kind = drafter_kind(depth, int(tree.ranks[i]), None if confidence is None else float(confidence[i - 1]))
         p = model.rate(kind) * (nodes[parent].p if parent >= 0 else 1.0)
         nodes.append(_Node(0, parent, kind, p, depth))
     return nodes

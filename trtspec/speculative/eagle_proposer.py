@@ -7,6 +7,7 @@ re-fed with their ancestors at every level, so the draft cache only ever holds c
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,6 +16,7 @@ from trtspec.errors import ConfigError
 from trtspec.speculative.engine import Engine, StepOutput
 from trtspec.speculative.acceptance import Accepted
 from trtspec.speculative.proposer import Draft, batch_engine, observe_one_by_one, top_ranked
+from trtspec.speculative.sampling import softmax
 from trtspec.speculative.tree import DynamicTree, Tree, build_tree
 
 
@@ -104,8 +106,10 @@ class EagleProposer:
         tree = self.tree
         tokens = np.zeros(tree.num_nodes + 1, dtype=np.int64)
         tokens[0] = root
+        confidence = np.empty(tree.num_nodes, dtype=np.float64)
         hidden: dict[int, np.ndarray] = {0: self._feature}
         ranked: dict[int, np.ndarray] = {}
+        probs: dict[int, np.ndarray] = {}
         logits: dict[int, np.ndarray] = {0: self._logits}
         for depth in range(1, tree.depth + 1):
             level = [i for i in range(1, tree.num_nodes + 1) if tree.position_offsets[i] == depth]
@@ -114,7 +118,9 @@ class EagleProposer:
                 if parent not in ranked:
                     widest = max(tree.ranks[c] for c in tree.children[parent]) + 1
                     ranked[parent] = top_ranked(logits[parent], widest)
+                    probs[parent] = softmax(logits[parent])
                 tokens[node] = ranked[parent][tree.ranks[node]]
+                confidence[node - 1] = probs[parent][tokens[node]]
             expanding = [n for n in level if tree.children[n]]
             if expanding:
                 fed = sorted({a for n in expanding for a in np.flatnonzero(tree.mask[n]) if a != 0})
@@ -123,7 +129,7 @@ class EagleProposer:
                                               tree.mask[np.ix_(fed, fed)])
                 for j, node in enumerate(fed):
                     hidden[node], logits[node] = out.hidden[j], out.logits[j]
-        return Draft(tree, tokens)
+        return Draft(tree, tokens, confidence=confidence)
 
     def _dynamic(self, root: int) -> Draft:
         p = self.dynamic
@@ -175,6 +181,8 @@ def _tree_from_candidates(cands: _Candidates, root: int, total_tokens: int) -> D
         siblings[parent] = rank + 1
         choice[node] = (*choice[parent], rank)
     tree = build_tree([list(choice[n]) for n in keep])
-    token_of = {choice[n]: cands.token[n] for n in keep}
-    tokens = np.array([root] + [token_of[c] for c in tree.choices], dtype=np.int64)
-    return Draft(tree, tokens)
+    node_of = {choice[n]: n for n in keep}
+    tokens = np.array([root] + [cands.token[node_of[c]] for c in tree.choices], dtype=np.int64)
+    confidence = np.array([math.exp(cands.score[n] - (cands.score[cands.parent[n]] if cands.parent[n] >= 0 else 0.0))
+                           for n in (node_of[c] for c in tree.choices)])
+    return Draft(tree, tokens, confidence=confidence)

@@ -26,7 +26,7 @@ import time
 
 # the same look-again intervals, smoothing and default step time as the back-off of trees (one definition)
 from trtspec.speculative.backoff import DEFAULT_STEP_MS, EMA, EXPLORE_EVERY, EXPLORE_MAX
-from trtspec.speculative.ngram_proposer import DRAFTER, NgramProposer, _Node
+from trtspec.speculative.ngram_proposer import DRAFTER, NgramProposer, _Node, drafter_kind
 FIRST_LOOK_BELOW = 1.0  # the drafter first drafts on a step whose other candidates expect fewer tokens than this
 
 
@@ -98,7 +98,8 @@ class HybridProposer(NgramProposer):
                 placed[node] = existing
                 continue
             depth = int(tree.position_offsets[node])
-            kind = (DRAFTER, min(depth, 4), min(int(tree.ranks[node]), 3))
+            kind = drafter_kind(depth, int(tree.ranks[node]),
+                                None if draft.confidence is None else float(draft.confidence[node - 1]))
             p = self.model.rate(kind) * (nodes[parent].p if parent >= 0 else 1.0)
             if p < 0.01:
                 continue

@@ -26,6 +26,7 @@ the tree rejection rule keeps the target distribution at T > 0.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 import numpy as np
 
@@ -81,6 +82,9 @@ SUFFIX_PRIOR = {1: 0.15, 2: 0.30, 3: 0.45, 4: 0.55, 6: 0.60, 10: 0.65}
 FREQ_BUCKETS = (0.9, 0.6, 0.3)
 FREQ_FACTOR = (0.7, 1.0, 0.75, 0.45, 0.2)
 DRAFTER_PRIOR = (0.45, 0.15, 0.08, 0.05)  # a trained drafter's node by its rank among its siblings (depth 1)
+# a trained drafter that says how sure it is (Draft.confidence): its nodes learn their rates per band of that
+# probability (the bands' lower edges after 0), from the same prior, since how well it is calibrated is not known
+CONFIDENCE_BANDS = (0.1, 0.3, 0.6)
 LONGEST_MATCH = max(MATCH_BUCKETS)
 
 
@@ -113,13 +117,21 @@ def _prior(kind: tuple) -> float:
         _, match, _, rank = kind
         return NGRAM_PRIOR[match] * (0.4 if rank else 1.0)
     if kind[0] == DRAFTER:
-        _, depth, rank = kind
+        _, depth, rank = kind[:3]
         return DRAFTER_PRIOR[rank] * (0.85 ** (depth - 1))
     if kind[0] in (SUFFIX_RECENT, SUFFIX_CORPUS):
         _, match, depth, freq = kind
         return SUFFIX_PRIOR[match] * FREQ_FACTOR[freq] * (0.95 ** (depth - 1))
     _, rank, depth = kind
     return RECYCLED_PRIOR[min(rank, len(RECYCLED_PRIOR) - 1)] * (0.8 ** (depth - 1))
+
+
+def drafter_kind(depth: int, rank: int, confidence: float | None = None) -> tuple:
+    """A trained drafter's node kind: (DRAFTER, depth, rank among its siblings), and the band of the drafter's own
+    probability for it where it has one (then ranks past the first are one kind: the band says the rest)."""
+    if confidence is None:
+        return DRAFTER, min(depth, 4), min(rank, 3)
+    return DRAFTER, min(depth, 4), min(rank, 1), bisect.bisect_right(CONFIDENCE_BANDS, confidence)
 
 
 class SuffixIndex:

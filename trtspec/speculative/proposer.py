@@ -21,6 +21,9 @@ class Draft:
     # the drafter's estimate that each node is accepted (node i + 1), when it has one: an in-flight batch then
     # weighs every row's draft against the batch's step cost and may shrink it (Proposer.shrink)
     node_p: np.ndarray | None = None
+    # the drafter's own probability of each node's token given its parent (a trained drafter's softmax), when it
+    # has one: back-off learns acceptance rates per band of it, so it drafts on the steps where the drafter is sure
+    confidence: np.ndarray | None = None
 
 
 class Proposer(Protocol):
