@@ -6,7 +6,7 @@
 # bytes, decodes 1.1x int8's speed plain and ties it with speculation; symmetric int4 is faster but +37%), deploy it as a Triton model repository serving the
 # training-free drafter (prompt lookup + Token Recycling's trees, verified exactly by trtspec's TreeAttention, which
 # scripts/setup.sh compiles), serve it with the real tritonserver, send the prompts over gRPC (streamed), print the replies with
-# acceptance statistics, and stop the server. The README's "Quantized engines" has the measured speeds.
+# acceptance statistics, and stop the server. docs/results.md has the measured speeds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

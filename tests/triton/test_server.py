@@ -601,15 +601,15 @@ def test_non_decoupled_repository_serves_unary_requests(long_engine, tmp_path):
         assert result.as_numpy("num_verify_steps").reshape(-1)[0] == expected.result.stats.steps
 
 
-def test_readme_client_example_runs_against_the_server(server, local, capsys):
-    """The README's client (tritonclient only, no trtspec import) streams the same text as local generation."""
+def test_serving_docs_client_example_runs_against_the_server(server, local, capsys):
+    """docs/serving.md's client (tritonclient only, no trtspec import) streams the same text as local generation."""
     from pathlib import Path
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    blocks = [b.split("```", 1)[0] for b in readme.split("```python\n")[1:]]
+    page = (Path(__file__).parents[2] / "docs" / "serving.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in page.split("```python\n")[1:]]
     (example,) = [b for b in blocks if "tritonclient.grpc as grpcclient" in b]
     assert "trtspec" not in example
-    exec(compile(example.replace("127.0.0.1:8001", server.grpc_url), "README.md", "exec"), {})
+    exec(compile(example.replace("127.0.0.1:8001", server.grpc_url), "docs/serving.md", "exec"), {})
     printed = capsys.readouterr().out
     prompt = "Explain speculative decoding in one sentence."
     assert printed == local.generate(prompt, GenerationConfig(max_tokens=64)).text

@@ -2,7 +2,7 @@
 --input-data file and the command line (`trtspec bench perf-input`).
 
 perf_analyzer streams to a decoupled model (`--streaming`) and times the first response (its "latency" is TTFT for
-an LLM ensemble); its throughput counts requests. `scripts/setup-load-tools.sh` installs it (README, "Load tools").
+an LLM ensemble); its throughput counts requests. `scripts/setup-load-tools.sh` installs it (docs/serving.md, "Load tools").
 """
 
 from __future__ import annotations

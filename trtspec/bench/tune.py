@@ -55,7 +55,7 @@ class TuneOptions:
     budgets: tuple[int, ...] = (4, 8, 16, 32)  # draft nodes per step (capped by the engine's K)
     # calibration prompts (replayed) and held-out prompts the best candidates are measured on: with 4 / 12 the
     # evaluation missed half of MT-Bench's 8 categories and tokens/s came out 9-16% off on both measured sets, with
-    # 8 / 16 (8 / 12 on the grounded set) 0-12%, most within 7% (README, tune)
+    # 8 / 16 (8 / 12 on the grounded set) 0-12%, most within 7% (docs/measuring.md, tune)
     calibration: int = 16
     evaluation: int = 8
     candidates: int = 3  # the best predicted settings measured

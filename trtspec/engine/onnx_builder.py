@@ -45,7 +45,7 @@ NUMERICS_TOLERANCE = 1e-3
 # blocks: SmolLM2-135M int4 / int8 3.5e-5). The shipped level-4 graphs also round each activation block to int8,
 # which no float reference reproduces: on the check's random step (random tokens, a random N(0, 1) cache) that moves
 # SmolLM2-135M's logits by 0.05-0.4 of their scale (int8 / int4) and up to 1.3 over 17 tree slots, so their
-# deviation is logged, not bounded; quality is measured on real text instead (README).
+# deviation is logged, not bounded; quality is measured on real text instead (docs/quantization.md).
 CHECK_ACCURACY_LEVEL = 1
 
 
@@ -105,7 +105,7 @@ def attention_kernel(opts: BuildOptions) -> str:
     GroupQueryAttention a tree slot on a second branch differs from plain decoding in the last bits (fp32: 2e-5 in
     the logits, which flips a token only at such a near-tie; quantized: int8 activation rounding turns it into
     different tokens, so those engines draft chains; see quantize.PLAIN_STEP_SLOTS). It decodes fp32 as fast and
-    quantized weights faster (README, TreeAttention)."""
+    quantized weights faster (docs/quantization.md, TreeAttention)."""
     from trtspec.model.onnx_ops import ATTENTION_KERNELS  # onnx, imported when a build is planned
 
     if opts.attention is not None:
