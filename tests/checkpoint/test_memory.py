@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trtspec.bench.convert_memory import measure
+from benchmarks.convert_memory import measure
 from trtspec.testing import TinyModel
 
 

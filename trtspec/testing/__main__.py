@@ -1,18 +1,17 @@
 """Write the example checkpoints: `python -m trtspec.testing DIR` prints `name<TAB>path` per line."""
 
-import argparse
+import click
 
 from trtspec.testing.factory import write_example
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Write base/, medusa/ and eagle/ under DIR and print their paths."""
-    parser = argparse.ArgumentParser(prog="python -m trtspec.testing", description=__doc__)
-    parser.add_argument("dir", help="output folder (created if missing)")
-    args = parser.parse_args(argv)
-    for name, path in write_example(args.dir).items():
-        print(f"{name}\t{path}")
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("dir", type=click.Path(file_okay=False))
+def main(dir: str) -> None:
+    """Write base/, medusa/ and eagle/ under DIR (created if missing) and print their paths."""
+    for name, path in write_example(dir).items():
+        click.echo(f"{name}\t{path}")
 
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="python -m trtspec.testing")

@@ -10,9 +10,10 @@ per-head lm_head), so the artefact is a few hundred kilobytes and `trtspec conve
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
+
+import click
 
 from trtspec.checkpoint.hf_config import read_base_config
 from trtspec.outdir import atomic_output_dir
@@ -39,15 +40,15 @@ def write_initial_medusa_heads(base_dir: Path, out_dir: Path, *, num_heads: int 
     return Path(out_dir)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("base", type=Path)
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--force", action="store_true")
-    args = parser.parse_args()
-    print(write_initial_medusa_heads(args.base, args.out, num_heads=args.heads, force=args.force))
+@click.command()
+@click.argument("base", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--heads", type=click.IntRange(min=1), default=4, show_default=True, help="Medusa heads to write.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+def main(base: Path, out: Path, heads: int, force: bool) -> None:
+    """Identity-initialised Medusa heads for the base at BASE, written to OUT."""
+    click.echo(write_initial_medusa_heads(base, out, num_heads=heads, force=force))
 
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="python -m trtspec.train.init_heads")

@@ -1,6 +1,6 @@
 """Measure peak RSS and time of `trtspec convert` on a LLaMA-shaped random base of any size.
 
-    .venv/bin/python -m trtspec.bench.convert_memory --preset llama-7b --work /tmp/convert-bench
+    .venv/bin/python benchmarks/convert_memory.py --preset llama-7b --work /tmp/convert-bench
 
 Writes the base once (streamed, one tensor at a time), converts it in a child process, and prints the
 largest input shard, the child's peak RSS (ru_maxrss), the RSS of a child that only imports the converter
@@ -9,12 +9,13 @@ largest input shard, the child's peak RSS (ru_maxrss), the RSS of a child that o
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import click
 
 from trtspec.testing import TinyModel, write_hf_base
 
@@ -68,13 +69,14 @@ def measure(model: TinyModel, work: Path, extra: list[str]) -> dict:
             "peak_over_shard": round(peak / shard, 3), "gb_per_s": round((shard + out_bytes) / seconds / 1e9, 2)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", choices=PRESETS, default="small")
-    parser.add_argument("--work", type=Path, required=True, help="scratch folder (base is kept for reruns)")
-    parser.add_argument("extra", nargs="*", help="extra convert flags, e.g. -- --tp-size 2")
-    args = parser.parse_args()
-    print(json.dumps(measure(PRESETS[args.preset], args.work, args.extra), indent=2))
+@click.command()
+@click.option("--preset", type=click.Choice(sorted(PRESETS)), default="small", show_default=True)
+@click.option("--work", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Scratch folder (the base is kept for reruns).")
+@click.argument("extra", nargs=-1)
+def main(preset: str, work: Path, extra: tuple[str, ...]) -> None:
+    """Peak RSS and time of `trtspec convert` on a random LLaMA-shaped base (EXTRA: convert flags after --)."""
+    click.echo(json.dumps(measure(PRESETS[preset], work, list(extra)), indent=2))
 
 
 if __name__ == "__main__":
