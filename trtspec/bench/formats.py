@@ -63,6 +63,7 @@ import numpy as np
 
 from trtspec.bench.peers import OPENVINO_LOOKUP_SETTINGS
 from trtspec.errors import ConfigError
+from trtspec.speculative.method import PLAIN
 
 GROUNDED_SETS = ("sharegpt-grounded", "code-edit")
 DEFAULT_SETS = GROUNDED_SETS
@@ -82,7 +83,6 @@ OPENVINO_FORMAT_LABELS = {"int8": "int8 asym per-chan", "int4": "int4 sym g32"} 
 # (Speculative Decoding) says 10 drafted tokens suit a GPU and 2 a CPU-only machine
 LLAMA_LOOKUP = (2, 2)
 GENAI_FORMAT = "int4 b32 (builder default)"
-PLAIN = "none"
 WARMUP_TOKENS = 8
 # the targets set for quantized engines: a ratio each must reach
 TARGET_PLAIN = 1.0  # int4 plain ÷ onnxruntime-genai int4 plain

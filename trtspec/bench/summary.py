@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from trtspec.speculative.stats import SpecStats
+from trtspec.speculative.method import PLAIN
 
-PLAIN = "none"
 PERCENTILES = (50, 90, 99)
 
 

@@ -40,12 +40,13 @@ from trtspec.bench.step_time import StepModel, mean_past, measured_pasts, measur
 from trtspec.errors import ConfigError
 from trtspec.progress import progress_bar
 from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.method import PLAIN, Method
 
-TRAINING_FREE = ("ngram", "suffix")
+# the training-free methods tune replays over its calibration prompts (lookahead's window is not replayable)
+TRAINING_FREE = (Method.NGRAM.value, Method.SUFFIX.value)
 CURVE_ROUNDS = 5  # advise's verify curve at the requests' context: rounds per profile (the cached curve's are 15)
 # tune's curve at each of its three contexts: a noisy plain step there would scale every step (the anchor)
 STEP_MODEL_ROUNDS = 12
-PLAIN = "none"
 
 
 @dataclass(frozen=True, kw_only=True)

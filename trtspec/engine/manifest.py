@@ -18,6 +18,7 @@ from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.errors import BuildError, ConfigError, check_fields
 from trtspec.outdir import chmod_as_created
 from trtspec.model.quantize import QuantScheme, WeightDtype, min_step_slots
+from trtspec.speculative.method import Method
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
@@ -30,15 +31,6 @@ ONNX_GRAPH_FORMAT = 2
 class Backend(enum.Enum):
     ONNX = "onnx"
     TRTLLM = "trtllm"
-
-
-class Method(enum.Enum):
-    NONE = "none"
-    MEDUSA = "medusa"
-    EAGLE = "eagle"  # EAGLE-1 with a static tree
-    EAGLE2 = "eagle2"  # EAGLE-2 dynamic tree
-    LOOKAHEAD = "lookahead"
-    DRAFT_TARGET = "draft_target"
 
 
 def _from_dict(cls, data: dict, where: str):
@@ -350,9 +342,13 @@ class Manifest:
             raise BuildError(f"{where}: manifest version {data.get('version')!r} is not the version this trtspec "
                              f"reads ({MANIFEST_VERSION}); rebuild the engine with this trtspec")
         try:
-            data["backend"], data["method"] = Backend(data.get("backend")), Method(data.get("method"))
+            data["backend"] = Backend(data.get("backend"))
         except ValueError as e:
             raise ConfigError(f"{where}: {e}") from None
+        data["method"] = Method.parse(data.get("method"))
+        if data["method"] not in Method.built_into_engines():
+            raise ConfigError(f"{where}: method {data.get('method')!r} is not one an engine is built for "
+                              f"({', '.join(m.value for m in Method.built_into_engines())})")
         if data["backend"] is Backend.ONNX and data.get("graph_format", 1) != ONNX_GRAPH_FORMAT:
             raise BuildError(f"{where}: the engine's ONNX graphs are of format {data.get('graph_format', 1)!r}, this "
                              f"trtspec runs format {ONNX_GRAPH_FORMAT}; rebuild the engine with this trtspec "

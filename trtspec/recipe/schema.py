@@ -9,22 +9,17 @@ required, backend and flavour consistent) and turns into the exact `trtspec` com
 from __future__ import annotations
 
 import dataclasses
-import enum
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.errors import ConfigError, check_fields
+from trtspec.speculative.method import Method
 
 STAGES = ("convert", "build", "deploy", "serve", "bench")
 
 
-class Drafter(enum.Enum):
-    NONE = "none"
-    MEDUSA = "medusa"
-    EAGLE = "eagle"
-    LOOKAHEAD = "lookahead"
-    DRAFT_TARGET = "draft_target"
+Drafter = Method  # a recipe's drafter.kind: one of Method.recipe_drafters()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -449,11 +444,11 @@ def _section(name: str, data: object):
     cls = SECTIONS[name]
     values = dict(check_fields(cls, data if data is not None else {}, f"recipe {name}", container="a mapping"))
     if name == "drafter" and "kind" in values:
-        try:
-            values["kind"] = Drafter(values["kind"])
-        except ValueError:
+        kind = Method.parse(values["kind"])
+        if kind not in Method.recipe_drafters():
             raise ConfigError(f"recipe drafter.kind {values['kind']!r} is not one of "
-                              f"{', '.join(d.value for d in Drafter)}") from None
+                              f"{', '.join(d.value for d in Method.recipe_drafters())}")
+        values["kind"] = kind
     for f in dataclasses.fields(cls):
         if f.name in values and f.type in ("int", "int | None") and not _is_int(values[f.name]):
             raise ConfigError(f"recipe {name}.{f.name} must be an integer, got {values[f.name]!r}")

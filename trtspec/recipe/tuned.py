@@ -27,10 +27,9 @@ import time
 from pathlib import Path
 
 from trtspec.errors import ConfigError
+from trtspec.speculative.method import PLAIN, TRAINING_FREE, Method, names
 
-TRAINING_FREE = ("ngram", "suffix", "lookahead")
-PLAIN = "none"
-TRAINED = ("medusa", "eagle")
+TRAINED = names(m for m in Method.recipe_drafters() if m.trained)  # a recipe converts these drafters
 PROVENANCE_FILE = "trtspec-convert.json"  # checkpoint.convert.PROVENANCE_FILE
 
 

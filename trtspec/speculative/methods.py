@@ -9,18 +9,16 @@ from trtspec.speculative.eagle_proposer import EagleProposer
 from trtspec.speculative.tree import DynamicTree
 from trtspec.speculative.lookahead_proposer import LookaheadConfig, LookaheadProposer
 from trtspec.speculative.medusa_proposer import MedusaProposer
+from trtspec.speculative.method import METHODS, TRAINED, TRAINING_FREE, Method  # noqa: F401 (re-exported)
 from trtspec.speculative.datastore import Datastore, RecentOutputs
 from trtspec.speculative.ngram_proposer import SUFFIX_CORPUS, SUFFIX_RECENT, AcceptanceModel, NgramConfig, NgramProposer
 from trtspec.speculative.proposer import NoDraft, Proposer
 from trtspec.speculative.step_costs import StepCosts
 from trtspec.speculative.tree import Tree, chain_tree
 
-METHODS = ("none", "medusa", "eagle", "eagle2", "ngram", "suffix", "lookahead", "hybrid")
-TRAINING_FREE = ("ngram", "suffix", "lookahead")  # need no drafter: any engine built with K >= 1 runs them
 # lookahead's (W, N, G) when neither the request nor the engine names one: the largest of these that fits K
 LOOKAHEAD_DEFAULTS = ((4, 3, 4), (3, 3, 3), (2, 3, 2), (2, 2, 2), (2, 2, 1))
-HYBRID = "hybrid"  # the engine's own drafter (Medusa / EAGLE) plus suffix's candidates, one tree
-TRAINED = ("medusa", "eagle", "eagle2")  # methods with a drafter built into the engine
+HYBRID = Method.HYBRID.value
 
 
 def runnable_methods(own: str, max_draft_len: int, *, chains_only: bool = False) -> tuple[str, ...]:

@@ -23,9 +23,10 @@ from trtspec.train import medusa as M
 from trtspec.train.data import DataCache, DataSpec, check_prompt_source
 from trtspec.train.heads import SharedLmHead, active_vocabulary, base_tensors
 from trtspec.train.loop import CHECKPOINT_FILE, FitOptions, fingerprint_of, fit
+from trtspec.speculative.method import Method
 
 log = logging.getLogger(__name__)
-METHODS = ("medusa", "eagle")
+METHODS = (Method.MEDUSA.value, Method.EAGLE.value)  # the drafters trtspec trains
 DEFAULT_LR = {"medusa": 1e-3, "eagle": 5e-4}
 SAVE_DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
 RESULT_FILE = "training.json"
