@@ -1,8 +1,8 @@
 """trtspec: speculative decoding in production — checkpoints with Medusa heads or EAGLE drafts become
 engines with padded static-K profiles and Triton model repositories that run the speculative loop.
 
-This module is the library surface; the CLI imports only from here. Torch-dependent parts (convert,
-inspect) are imported lazily so the serving path stays free of torch.
+This module is the library surface: convert, build, deploy, LocalGenerator, GenerationConfig, Method and the error
+family. Everything is imported on first use, so `import trtspec` stays light and the serving path free of torch.
 """
 
 from __future__ import annotations
@@ -18,10 +18,17 @@ if TYPE_CHECKING:
     from trtspec.checkpoint.convert import ConvertOptions, ConvertResult
     from trtspec.checkpoint.summary import CheckpointSummary
     from trtspec.checkpoint.trtllm_reader import TrtllmCheckpoint
+    from trtspec.engine.onnx_builder import BuildOptions, build
+    from trtspec.runtime.generator import LocalGenerator
+    from trtspec.speculative.loop import GenerationConfig
+    from trtspec.speculative.method import Method
+    from trtspec.triton.deploy import deploy
+    from trtspec.triton.deploy_options import DeployOptions
 
 __all__ = ["BuildError", "CheckpointError", "ConfigError", "RepositoryError", "RuntimeEngineError",
            "ServerError", "TrtspecError", "convert", "inspect_checkpoint", "read_trtllm_checkpoint",
-           "ConvertOptions"]
+           "ConvertOptions", "build", "BuildOptions", "deploy", "DeployOptions", "LocalGenerator", "GenerationConfig",
+           "Method"]
 
 _LAZY = {
     "convert": "trtspec.checkpoint.convert",
@@ -31,6 +38,13 @@ _LAZY = {
     "CheckpointSummary": "trtspec.checkpoint.summary",
     "read_trtllm_checkpoint": "trtspec.checkpoint.trtllm_reader",
     "TrtllmCheckpoint": "trtspec.checkpoint.trtllm_reader",
+    "build": "trtspec.engine.onnx_builder",
+    "BuildOptions": "trtspec.engine.onnx_builder",
+    "deploy": "trtspec.triton.deploy",
+    "DeployOptions": "trtspec.triton.deploy_options",
+    "LocalGenerator": "trtspec.runtime.generator",
+    "GenerationConfig": "trtspec.speculative.loop",
+    "Method": "trtspec.speculative.method",
 }
 
 

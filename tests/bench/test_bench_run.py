@@ -14,7 +14,7 @@ from trtspec.bench.runner import BenchOptions, run_bench
 from trtspec.bench.summary import PLAIN
 from trtspec.cli import cli
 from trtspec.errors import ConfigError
-from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.loop import GenerationConfig
 from trtspec.testing import tiny_engine
 
 PROMPTS = [("a", "code", "def add(a, b): return a + b. Rewrite add so that it adds three numbers."),

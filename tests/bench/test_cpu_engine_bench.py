@@ -16,7 +16,7 @@ from trtspec.bench.peers import run_child, run_trtspec
 from trtspec.engine.manifest import ONNX_GRAPH_FORMAT, read_manifest
 from trtspec.errors import ConfigError
 from trtspec.runtime.generator import LocalGenerator
-from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.loop import GenerationConfig
 from trtspec.testing import TinyModel, write_hf_base
 
 # vocab ≠ hidden size: onnxruntime-genai 0.18's builder takes every Linear with vocab_size outputs for the LM head

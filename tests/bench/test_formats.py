@@ -21,7 +21,7 @@ from trtspec.cli import cli
 from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.errors import ConfigError
 from trtspec.runtime.generator import LocalGenerator
-from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.loop import GenerationConfig
 from trtspec.testing import TinyModel, tiny_trtllm_checkpoints, write_tiny_tokenizer
 
 K = 8

@@ -21,7 +21,7 @@ from trtspec.data.prompts import PROMPT_SETS
 from trtspec.errors import ConfigError
 from trtspec.recipe.schema import load_recipe
 from trtspec.runtime.generator import LocalGenerator
-from trtspec.runtime.loop import GenerationConfig, generate
+from trtspec.speculative.loop import GenerationConfig, generate
 from trtspec.speculative.datastore import RecentOutputs
 from trtspec.speculative.methods import make_proposer
 from trtspec.speculative.ngram_proposer import AcceptanceModel, NgramConfig

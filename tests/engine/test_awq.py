@@ -18,7 +18,7 @@ from trtspec.cli import cli
 from trtspec.engine.manifest import WeightFormat
 from trtspec.engine.onnx_builder import NUMERICS_TOLERANCE, BuildOptions, build
 from trtspec.errors import BuildError, CheckpointError
-from trtspec.runtime.loop import GenerationConfig, generate
+from trtspec.speculative.loop import GenerationConfig, generate
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.speculative.methods import make_proposer
 from trtspec.testing import TinyModel, tiny_trtllm_checkpoints

@@ -11,7 +11,7 @@ from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
 from trtspec.engine.manifest import read_manifest
 from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.runtime.generator import LocalGenerator
-from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.loop import GenerationConfig
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.testing import TinyModel, write_eagle_draft, write_hf_base
 

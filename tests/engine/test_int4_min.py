@@ -18,7 +18,7 @@ from trtspec.engine.onnx_builder import NUMERICS_TOLERANCE, BuildOptions, build
 from trtspec.errors import BuildError, ConfigError
 from trtspec.model.onnx_ops import Graph, WeightFile, embed, linear, tie_quantized
 from trtspec.model.quantize import QuantScheme, QuantSpec, dequantize, fake_quantize, quantize
-from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
+from trtspec.speculative.loop import GenerationConfig, Request, generate, generate_batch
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.speculative.methods import make_proposer
 from trtspec.speculative.tree import build_tree

@@ -14,7 +14,7 @@ from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
 from trtspec.engine.manifest import LEGACY_MODEL_KEYS, Manifest, ModelInfo, read_manifest
 from trtspec.errors import ConfigError
 from trtspec.runtime.generator import LocalGenerator
-from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.loop import GenerationConfig
 from trtspec.testing.checkpoints import tiny_engine
 
 SHAPE_FIELDS = [f.name for f in dataclasses.fields(ModelShape)]

@@ -18,7 +18,7 @@ from trtspec.engine.manifest import EngineWeights, Manifest, WeightFormat, read_
 from trtspec.engine.onnx_builder import NUMERICS_TOLERANCE, BuildOptions, build, plan_build
 from trtspec.errors import BuildError, ConfigError
 from trtspec.model.quantize import dequantize, quantize
-from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
+from trtspec.speculative.loop import GenerationConfig, Request, generate, generate_batch
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.speculative.methods import make_proposer
 from trtspec.speculative.tree import build_tree
@@ -358,7 +358,7 @@ def test_smollm2_int4_builds_and_speculates_losslessly(tmp_path):
     from trtspec.data.prompts import load_prompts
     from trtspec.hub.fetch import fetch_model
     from trtspec.runtime.generator import LocalGenerator
-    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.speculative.loop import GenerationConfig
 
     convert(ConvertOptions(base=fetch_model("smollm2-135m"), out=tmp_path / "ckpt"), show_progress=False)
     m = build(BuildOptions(source=tmp_path / "ckpt", out=tmp_path / "int4", max_input_len=256, max_seq_len=512,
@@ -391,7 +391,7 @@ def test_smollm2_int8_with_ngram_equals_plain_decoding_on_real_prompts(tmp_path)
     from trtspec.data.prompts import load_prompts
     from trtspec.hub.fetch import fetch_model
     from trtspec.runtime.generator import LocalGenerator
-    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.speculative.loop import GenerationConfig
 
     convert(ConvertOptions(base=fetch_model("smollm2-135m"), out=tmp_path / "ckpt"), show_progress=False)
     build(BuildOptions(source=tmp_path / "ckpt", out=tmp_path / "int8", max_input_len=768, max_seq_len=1024,

@@ -117,7 +117,7 @@ def test_a_two_turn_prompt_set_is_refused_with_where_it_runs(engine):
 def test_prompt_file_forms_give_the_same_tokens_as_the_library(engine, tmp_path):
     """generate --prompts reads token ids and chat lines with the one prompt reader; replies in prompt order."""
     from trtspec.runtime.generator import LocalGenerator
-    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.speculative.loop import GenerationConfig
 
     path = tmp_path / "p.jsonl"
     path.write_text('{"input_ids": [3, 4, 5]}\n{"id": "b", "input_ids": [9, 8]}\n')

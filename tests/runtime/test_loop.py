@@ -9,7 +9,7 @@ import torch
 
 from trtspec import ConvertOptions, convert
 from trtspec.errors import ConfigError
-from trtspec.runtime.loop import GenerationConfig, generate
+from trtspec.speculative.loop import GenerationConfig, generate
 from trtspec.model.torch_engine import TorchEngine
 from trtspec.speculative.tree import DynamicTree
 from trtspec.speculative.methods import make_proposer
@@ -189,7 +189,7 @@ def test_log_probs_are_the_same_with_and_without_speculation():
     """Emitted tokens' log probabilities come from the verify rows that produced them: equal to plain decoding."""
     import numpy as np
 
-    from trtspec.runtime.loop import GenerationConfig, generate
+    from trtspec.speculative.loop import GenerationConfig, generate
     from trtspec.model.torch_engine import TorchEngine
     from trtspec.speculative.methods import make_proposer
     from trtspec.speculative.tree import build_tree
@@ -214,7 +214,7 @@ def test_bad_words_and_min_tokens_stay_lossless():
     import tempfile
     from pathlib import Path
 
-    from trtspec.runtime.loop import GenerationConfig, generate
+    from trtspec.speculative.loop import GenerationConfig, generate
     from trtspec.model.torch_engine import TorchEngine
     from trtspec.speculative.methods import make_proposer
     from trtspec.speculative.tree import build_tree

@@ -11,7 +11,7 @@ import pytest
 from trtspec.engine.manifest import ONNX_GRAPH_FORMAT
 from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.errors import BuildError, RuntimeEngineError
-from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
+from trtspec.speculative.loop import GenerationConfig, Request, generate, generate_batch
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.model.torch_engine import TorchEngine
 from trtspec.speculative.tree import DynamicTree
@@ -206,7 +206,7 @@ def _hybrid(name, engine, model=None, recent=None):
 def test_hybrid_equals_plain_alone_and_in_flight(engines, name):
     """The engine's drafter and the training-free candidates in one tree: every output equals plain decoding, alone
     and 8 in flight (3 at a time); both kinds of node are drafted and accepted."""
-    from trtspec.runtime.loop import Request, generate_batch
+    from trtspec.speculative.loop import Request, generate_batch
     from trtspec.speculative.datastore import RecentOutputs
     from trtspec.speculative.ngram_proposer import DRAFTER, AcceptanceModel
 

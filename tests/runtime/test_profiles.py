@@ -17,7 +17,7 @@ from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.errors import ConfigError
 from trtspec.model.onnx_graph import export_graphs
 from trtspec.runtime import verify_curve
-from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
+from trtspec.speculative.loop import GenerationConfig, Request, generate, generate_batch
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.speculative.methods import make_proposer
 from trtspec.speculative.tree import build_tree, chain_tree

@@ -18,7 +18,7 @@ from trtspec.data.prompts import load_prompts
 from trtspec.engine.onnx_builder import NUMERICS_TOLERANCE, BuildOptions, build
 from trtspec.hub.fetch import fetch_model
 from trtspec.runtime.generator import LocalGenerator
-from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.loop import GenerationConfig
 from trtspec.speculative.sampling import SamplingParams
 from trtspec.speculative.tree import DynamicTree
 from trtspec.testing import TinyModel, write_eagle_draft

@@ -12,7 +12,7 @@ from trtspec.data.prompts import load_prompts
 from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.hub.fetch import fetch_model
 from trtspec.runtime.generator import LocalGenerator
-from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.loop import GenerationConfig
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
+from trtspec.speculative.loop import GenerationConfig, Request, generate, generate_batch
 from trtspec.speculative.backoff import EXPLORE_EVERY, EXPLORE_MAX, LOOK_SHARE, Backoff, subtree
 from trtspec.speculative.lookahead_proposer import LookaheadConfig, LookaheadProposer
 from trtspec.speculative.methods import make_proposer

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from trtspec.engine.trtllm_plan import Lookahead
 from trtspec.errors import ConfigError
 from trtspec.speculative.engine import StepOutput
-from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
+from trtspec.speculative.loop import GenerationConfig, Request, generate, generate_batch
 from trtspec.speculative.acceptance import Accepted
 from trtspec.speculative.lookahead_proposer import LookaheadConfig, LookaheadProposer
 from trtspec.speculative.methods import lookahead_config, make_proposer

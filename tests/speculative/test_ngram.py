@@ -10,7 +10,7 @@ from scipy.stats import chisquare
 
 from trtspec.errors import ConfigError
 from trtspec.speculative.engine import StepOutput
-from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
+from trtspec.speculative.loop import GenerationConfig, Request, generate, generate_batch
 from trtspec.speculative.acceptance import Accepted
 from trtspec.speculative.ngram_proposer import (NGRAM, RECYCLED, AcceptanceModel, NgramConfig, NgramProposer, SuffixIndex,
                                          _budget, _Node)
@@ -233,7 +233,7 @@ def test_sampled_output_keeps_the_target_distribution():
 def test_a_batch_shrinks_drafts_to_what_pays_for_every_row():
     """Seven rows with nothing to draft and one with a confident 16-token chain: where a batch's slots are dear the
     chain is cut to the profile that pays for the whole batch; where they are cheap it stays whole."""
-    from trtspec.runtime.loop import _Decoding, _fit_batch
+    from trtspec.speculative.loop import _Decoding, _fit_batch
 
     passage = list(range(10, 40))
 

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from trtspec.cli import cli
 from trtspec.errors import ConfigError
-from trtspec.runtime.loop import GenerationConfig, Request, generate, generate_batch
+from trtspec.speculative.loop import GenerationConfig, Request, generate, generate_batch
 from trtspec.speculative.datastore import Datastore, RecentOutputs, context_key
 from trtspec.speculative.methods import make_proposer
 from trtspec.speculative.ngram_proposer import SUFFIX_CORPUS, SUFFIX_RECENT, AcceptanceModel, NgramConfig, NgramProposer

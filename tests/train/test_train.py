@@ -16,7 +16,7 @@ from trtspec.cli import cli
 from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.errors import ConfigError
 from trtspec.runtime.generator import LocalGenerator
-from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.loop import GenerationConfig
 from trtspec.testing import TinyModel, write_eagle_draft, write_hf_base
 from trtspec.train.init_heads import write_initial_medusa_heads
 from trtspec.train.run import TrainOptions, train

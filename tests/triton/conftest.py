@@ -40,7 +40,7 @@ CORPUS_PROMPTS = ("Medusa heads tokens", "quick brown fox the target model", "sp
 def tiny_datastore(tiny_engine, tmp_path_factory):
     """The tiny engine's own greedy replies to CORPUS_PROMPTS as a suffix datastore (what method suffix looks up)."""
     from trtspec.runtime.generator import LocalGenerator
-    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.speculative.loop import GenerationConfig
     from trtspec.speculative.datastore import Datastore
 
     local = LocalGenerator(tiny_engine, threads=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trtspec.errors import ConfigError, ServerError
-from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.loop import GenerationConfig
 from trtspec.speculative.ngram_proposer import NgramConfig
 from trtspec.speculative.sampling import SamplingParams
 from trtspec.triton.client import build_inputs

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from trtspec.cli import cli
 from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.runtime.generator import LocalGenerator
-from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.loop import GenerationConfig
 from trtspec.testing import TinyModel, tiny_trtllm_checkpoints, write_tiny_tokenizer
 from trtspec.triton.client import TritonClient
 from trtspec.triton.deploy import DeployOptions, deploy

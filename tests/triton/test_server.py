@@ -20,7 +20,7 @@ from trtspec.bench.serving import read_counters
 from trtspec.errors import ServerError
 from trtspec.testing.grpc_requests import grpc_tensor, stream_once
 from trtspec.runtime.generator import LocalGenerator
-from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.loop import GenerationConfig
 from trtspec.speculative.sampling import SamplingParams
 from trtspec.triton.client import TritonClient, build_inputs, generate_concurrently
 from trtspec.triton.server import CPU_HOST_NOISE, ServerOptions, TritonServer, find_tritonserver, free_port
@@ -346,7 +346,7 @@ def test_a_stop_request_without_an_id_is_refused(server):
 ABANDONING_CLIENT = """
 import os, sys, threading
 import tritonclient.grpc as grpcclient
-from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.loop import GenerationConfig
 from trtspec.triton.client import build_inputs
 first = threading.Event()
 client = grpcclient.InferenceServerClient(sys.argv[1])
@@ -792,7 +792,7 @@ def test_sigterm_mid_load_stops_serve_within_five_seconds_by_default(long_repo):
 
 def test_log_probs_match_local_generation(server, local):
     """return_log_probs: output_log_probs per generated token and their sum, as the in-process loop computes."""
-    from trtspec.runtime.loop import GenerationConfig, generate
+    from trtspec.speculative.loop import GenerationConfig, generate
 
     ids = local.tokenizer.encode(add_special_tokens=True, text="Medusa heads")
     expected = generate(local.engine, ids, local.proposer(), GenerationConfig(max_tokens=12, return_log_probs=True))
@@ -811,7 +811,7 @@ def test_log_probs_match_local_generation(server, local):
 
 def test_bad_words_and_min_tokens_are_honoured(server, local):
     """bad_words: the words never appear (the same rule as in-process); min_tokens: no end before it."""
-    from trtspec.runtime.loop import GenerationConfig, generate
+    from trtspec.speculative.loop import GenerationConfig, generate
 
     ids = local.tokenizer.encode(add_special_tokens=True, text="quick brown fox")
     plain = generate(local.engine, ids, local.proposer(), GenerationConfig(max_tokens=24))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from trtspec.runtime.generator import LocalGenerator
-from trtspec.runtime.loop import GenerationConfig, generate
+from trtspec.speculative.loop import GenerationConfig, generate
 from trtspec.triton.serving import DRAIN_MESSAGE, DrainSignal, EngineService, ItemRequest, Job, is_stop_request
 
 TIMEOUT = 60

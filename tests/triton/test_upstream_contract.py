@@ -11,7 +11,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from trtspec.runtime.generator import LocalGenerator
-from trtspec.runtime.loop import GenerationConfig, generate
+from trtspec.speculative.loop import GenerationConfig, generate
 from trtspec.speculative.sampling import SamplingParams
 from trtspec.testing.grpc_requests import grpc_tensor as tensor
 from trtspec.testing.grpc_requests import stream_once
@@ -168,7 +168,7 @@ def test_preprocessing_sends_upstreams_decoder_outputs(server):
 
 
 def _options(max_tokens: int, **kw):
-    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.speculative.loop import GenerationConfig
 
     return GenerationConfig(max_tokens=max_tokens, **kw)
 

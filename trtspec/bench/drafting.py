@@ -121,7 +121,7 @@ def measure(engines: list[Path], *, sets=DEFAULT_SETS, methods=("ngram",), limit
     `step_costs` (a StepCosts) replaces the engines' measured verify curve in the drafters' budgets. A method named
     `METHOD:full` runs METHOD's whole tree every step (no back-off; so does every method when `backoff` is False)."""
     from trtspec.runtime.generator import LocalGenerator
-    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.speculative.loop import GenerationConfig
     from trtspec.speculative.datastore import RecentOutputs
 
     names = [Path(e).name for e in engines]

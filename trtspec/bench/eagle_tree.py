@@ -73,7 +73,7 @@ class _FeatureRecorder(GreedyRecorder):
 def record_features(generator, prompts: list[list[int]], max_tokens: int, *, advance=lambda: None) \
         -> list[EagleRecording]:
     """`replay.record_greedy` keeping the target's features too (what the draft reads)."""
-    from trtspec.runtime.loop import GenerationConfig, generate
+    from trtspec.speculative.loop import GenerationConfig, generate
 
     config = GenerationConfig(max_tokens=max_tokens, end_id=generator.manifest.model.end_id)
     out = []

@@ -300,7 +300,7 @@ def run_engine(engine: str, prompts: list[list[int]], *, methods: list[str], max
     """Plain greedy decoding and each drafter on one engine, prompt by prompt, the order rotating with the prompt:
     one row per prompt, {"prompt", "runs": {method: {output_ids, ttft_s, total_s, tau, steps}}}."""
     from trtspec.runtime.generator import LocalGenerator
-    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.speculative.loop import GenerationConfig
     from trtspec.speculative.datastore import RecentOutputs
     from trtspec.speculative.step_costs import StepCosts
 

@@ -72,7 +72,7 @@ def run_trtspec(engine: str, prompts: list[list[int]], *, max_tokens: int, threa
     `spin` sets TRTSPEC_ORT_SPIN for this process (None: as the environment has it)."""
     from trtspec.model.ort_session import SPIN_ENV
     from trtspec.runtime.generator import LocalGenerator
-    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.speculative.loop import GenerationConfig
 
     if spin is not None:
         os.environ[SPIN_ENV] = "1" if spin else "0"

@@ -239,7 +239,7 @@ def slice_description(corpus: str, samples: list[Sample], options: QualityOption
 
 def _greedy(engine, context, tokens: int, end_ids: tuple[int, ...]) -> list[int]:
     """Plain greedy decoding through the engine's own loop (what `generate --no-spec` runs)."""
-    from trtspec.runtime.loop import GenerationConfig, generate
+    from trtspec.speculative.loop import GenerationConfig, generate
     from trtspec.speculative.methods import make_proposer
 
     end_id = end_ids[0] if end_ids else None

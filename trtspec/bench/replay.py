@@ -97,7 +97,7 @@ class GreedyRecorder:
 def record_greedy(generator, prompts: list[list[int]], max_tokens: int, *, heads: int = 0,
                   advance=lambda: None) -> list[Recording]:
     """Plain greedy decoding of each prompt on the generator's engine, recorded (module docstring)."""
-    from trtspec.runtime.loop import GenerationConfig, generate
+    from trtspec.speculative.loop import GenerationConfig, generate
 
     config = GenerationConfig(max_tokens=max_tokens, end_id=generator.manifest.model.end_id)
     out = []

@@ -23,7 +23,7 @@ from trtspec.bench.summary import PLAIN, RequestRecord, mark_identical, record, 
 from trtspec.bench.workload import BenchPrompt, LocalTarget, ServedTarget, load_bench_prompts, spreads
 from trtspec.errors import ConfigError
 from trtspec.progress import progress_bar
-from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.loop import GenerationConfig
 from trtspec.speculative.sampling import SamplingParams
 
 WARMUP_TOKENS = 8

@@ -25,7 +25,7 @@ def read_counters(metrics_url: str, *, publish_via: str | None = None) -> dict[s
     import urllib.request
 
     if publish_via is not None:
-        from trtspec.runtime.loop import GenerationConfig
+        from trtspec.speculative.loop import GenerationConfig
         from trtspec.triton.client import TritonClient
 
         with TritonClient(publish_via) as client:
@@ -58,7 +58,7 @@ def unary_vs_streaming(engine: Path, *, prompt_set: str = "mt-bench", limit: int
 
     import tritonclient.grpc as grpcclient
 
-    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.speculative.loop import GenerationConfig
     from trtspec.triton.client import TritonClient, build_inputs, generate_concurrently
     from trtspec.triton.deploy import deploy
     from trtspec.triton.deploy_options import DeployOptions

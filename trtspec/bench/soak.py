@@ -614,7 +614,7 @@ class Load:
             return seq
 
     def _user(self, user: int) -> None:
-        from trtspec.runtime.loop import GenerationConfig
+        from trtspec.speculative.loop import GenerationConfig
         from trtspec.triton.client import TritonClient
 
         client = None
@@ -709,7 +709,7 @@ def abandoning_client(spec_json: str) -> None:
     connections dropped by the kernel, as a client that crashes or loses its network). Gives up after 10 min."""
     import tritonclient.grpc as grpcclient
 
-    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.speculative.loop import GenerationConfig
     from trtspec.triton.client import build_inputs
 
     spec = json.loads(spec_json)
@@ -785,7 +785,7 @@ class FaultStreams:
     def start(self) -> FaultStreams:
         import tritonclient.grpc as grpcclient
 
-        from trtspec.runtime.loop import GenerationConfig
+        from trtspec.speculative.loop import GenerationConfig
         from trtspec.triton.client import build_inputs
 
         self.started_at = time.monotonic() - self.epoch
@@ -909,7 +909,7 @@ class FaultStreams:
 def _probe(url: str, model: str, prompt: str, reference: list[int], epoch: float, seq: int,
            timeout: float, tokens: int = PROBE_TOKENS) -> RequestRecord:
     """One short request alone: its time to first token, and its tokens against the reference's first ones."""
-    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.speculative.loop import GenerationConfig
     from trtspec.triton.client import TritonClient
 
     record = RequestRecord(seq, -1, "probe", 0, round(time.monotonic() - epoch, 4))
@@ -953,7 +953,7 @@ def _validate(options: SoakOptions) -> None:
 def run_soak(options: SoakOptions, show: Callable[[str], None] = print) -> SoakReport:
     """One soak run (module docstring); writes report.json, requests.csv and soak.png to options.out if given."""
     from trtspec.data.prompts import load_prompts
-    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.speculative.loop import GenerationConfig
     from trtspec.triton.client import TritonClient
 
     _validate(options)

@@ -103,7 +103,7 @@ def measure(args, tree: str, prompts) -> TreeResult:
 
 def _measure(args, tree: str, choices: list, engine: Path, prompts) -> TreeResult:
     from trtspec.runtime.generator import LocalGenerator
-    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.speculative.loop import GenerationConfig
 
     generator = LocalGenerator(engine, threads=args.threads)
     result = TreeResult(tree, choices, max(len(c) for c in choices))

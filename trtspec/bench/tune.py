@@ -39,7 +39,7 @@ from trtspec.bench.replay import HEAD_RANKS, Replayed, record_greedy, replay_dra
 from trtspec.bench.step_time import StepModel, mean_past, measured_pasts, measure as measure_steps
 from trtspec.errors import ConfigError
 from trtspec.progress import progress_bar
-from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.loop import GenerationConfig
 from trtspec.speculative.method import PLAIN, Method
 
 # the training-free methods tune replays over its calibration prompts (lookahead's window is not replayable)
@@ -406,7 +406,7 @@ def _predict(replays: list[Replayed], lengths: list[int], model: StepModel, plai
 def _calibrated_setting(generator, method: str, prompts, max_tokens: int, costing: dict) -> Setting:
     """The engine's own dynamic tree (EAGLE-2), not replayed offline: run for real on the calibration prompts,
     its steps and drafting time then costed by the step model as the replayed ones are."""
-    from trtspec.runtime.loop import GenerationConfig, generate
+    from trtspec.speculative.loop import GenerationConfig, generate
 
     config = GenerationConfig(max_tokens=max_tokens, end_id=generator.manifest.model.end_id)
     runs = []
@@ -436,7 +436,7 @@ def _tree_setting(name: str, method: str, choices, recordings, costs, costing: d
 def _measure(generator, settings: list[Setting], prompts, options: TuneOptions, model: StepModel, show) -> None:
     """Every setting on every evaluation prompt, T = 0, the order rotating per prompt; decode tokens/s and τ, and
     the step model priced on each run's own steps and contexts (what it would have predicted knowing them)."""
-    from trtspec.runtime.loop import GenerationConfig, generate
+    from trtspec.speculative.loop import GenerationConfig, generate
     from trtspec.speculative.stats import SpecStats
 
     config = GenerationConfig(max_tokens=options.max_tokens, end_id=generator.manifest.model.end_id)

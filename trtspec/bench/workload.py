@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from trtspec.errors import ConfigError
-from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.loop import GenerationConfig
 from trtspec.speculative.stats import SpecStats
 
 
@@ -116,7 +116,7 @@ class LocalTarget:
         """Every prompt through the in-flight batch of `concurrency` sequences; (one record each, wall seconds)."""
         from dataclasses import replace
 
-        from trtspec.runtime.loop import Request, generate_batch
+        from trtspec.speculative.loop import Request, generate_batch
 
         if concurrency > self.max_batch_size:
             raise ConfigError(f"--concurrency {concurrency} exceeds the engine's max_batch_size "

@@ -75,7 +75,7 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
     if (engine is None) == (url is None):
         raise click.UsageError("pass an ENGINE directory or --url HOST:PORT (not both)")
     from trtspec.data.prompts import generation_inputs
-    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.speculative.loop import GenerationConfig
     from trtspec.speculative.sampling import SamplingParams
 
     prompts = generation_inputs(prompt=prompt, prompts_file=prompts_file, prompt_set=prompt_set, limit=limit)

@@ -291,7 +291,7 @@ def _serve(recipe: Recipe, repository: Path, engine: Path, folder: Path) -> str:
     from trtspec.data.prompts import load_prompts
     from trtspec.outdir import atomic_output_dir
     from trtspec.runtime.generator import LocalGenerator
-    from trtspec.runtime.loop import GenerationConfig
+    from trtspec.speculative.loop import GenerationConfig
     from trtspec.triton.client import TritonClient
     from trtspec.triton.server import ServerOptions, TritonServer, free_port
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from trtspec.engine.manifest import Method
 from trtspec.errors import ConfigError
-from trtspec.runtime.loop import GenerationConfig, GenerationResult, Request, generate, generate_batch
+from trtspec.speculative.loop import GenerationConfig, GenerationResult, Request, generate, generate_batch
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.speculative.datastore import Datastore, RecentOutputs
 from trtspec.speculative.tree import DynamicTree

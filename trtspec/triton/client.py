@@ -19,7 +19,7 @@ from functools import partial
 import numpy as np
 
 from trtspec.errors import ConfigError, ServerError
-from trtspec.runtime.loop import GenerationConfig
+from trtspec.speculative.loop import GenerationConfig
 
 MODEL = "ensemble"
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from trtspec.engine.manifest import Manifest
 from trtspec.errors import ConfigError, TrtspecError
-from trtspec.runtime.loop import GenerationConfig, GenerationResult, InflightBatch, Request
+from trtspec.speculative.loop import GenerationConfig, GenerationResult, InflightBatch, Request
 from trtspec.speculative.lookahead_proposer import LookaheadConfig
 from trtspec.speculative.proposer import Proposer
 from trtspec.triton.contract import LOOKAHEAD_INPUTS
