@@ -1,8 +1,8 @@
 """A decode step's milliseconds as `trtspec tune` predicts them: per slot profile, a line in the context's length.
 
 A verify step attends to its sequence's whole past, and on a CPU a step over several slots pays for that past far
-more than a plain step does (SmolLM2-135M, 2 threads: 9 slots 24.6 ms after 300 tokens, 34.6 ms after 1400; one slot
-15.6 and 19.7 ms), so one curve measured at one context length misprices a run whose prompts are longer or shorter.
+more than a plain step does, so one curve measured at one context length misprices a run whose prompts are longer or
+shorter.
 `measure` times the verify curve (`runtime.verify_curve`) after a few pasts spanning the prompts' contexts and `fit`
 draws a least-squares line through each profile's times; a step after `past` tokens then costs the line's value
 there, levelled so that no profile costs more than a larger one (a step may always run padded into a larger one).

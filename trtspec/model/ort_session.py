@@ -17,14 +17,13 @@ def session_options(threads: int | None = None, spin: bool | None = None, *,
     """The ONNX Runtime options the engine runs with: all graph optimisations, sequential, `threads` intra-op.
 
     Workers spin between ops unless `spin` is False (None: TRTSPEC_ORT_SPIN, default "1"), as onnxruntime-genai's
-    do: on cores nothing else uses spinning saves 10-17% of a decode step. On a shared machine pass --no-spin
+    do: on cores nothing else uses, spinning makes a decode step faster. On a shared machine pass --no-spin
     (TRTSPEC_ORT_SPIN=0): a spinning worker takes the core the thread it waits for needs, and one left spinning
-    after its session's run takes a core from the session that runs next. SmolLM2-135M decode on 2 cores at load
-    average 3.6: 263 ms a step without spinning, 573 ms with spinning between ops (ONNX Runtime 1.32).
+    after its session's run takes a core from the session that runs next: on a loaded machine spinning can double
+    a step's time.
 
     Denormal floats are flushed to zero: attention over a real cache produces them (tiny probabilities), and the
-    CPU computes with them slowly. SmolLM2-135M decode step after a 400-token prompt: 54.8 ms without, 47.5 ms
-    with (ONNX Runtime 1.32, 2 threads, interleaved medians)."""
+    CPU computes with them slowly."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()

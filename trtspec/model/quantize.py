@@ -20,7 +20,7 @@ It stores u as the symmetric scheme stores its codes (MatMulNBits reads them wit
 (u - 8) * d) and each block's offset o = m + 8 d apart, in float16 (OFFSET_DTYPE); trtspec's AddBlockOffsets op adds
 the rest of the product, sum_b blocksum_b(x) * o[n, b] (`onnx_ops.matmul_nbits`, trtspec/native/block_offsets.cc).
 MatMulNBits' own float zero points hold the same weights but run ONNX Runtime's dequantizing path (a 576 x 1536
-product: 3.2 ms against 0.039 ms), and its uint8 zero points cannot hold m / d. Weights dequantized from a Q4_1 GGUF
+product many times slower), and its uint8 zero points cannot hold m / d. Weights dequantized from a Q4_1 GGUF
 come back exactly where m + 8 d is a half, which it nearly always is (m ≈ -8 d): SmolLM2-135M-Instruct's linear
 layers but for 64 of 106 M weights, 0.3% of a step off.
 """
@@ -55,42 +55,32 @@ class WeightDtype(str, enum.Enum):
                               f"{', '.join(w.value for w in cls)}") from None
 
 
-# MatMulNBits accuracy_level: 4 quantizes the activations to int8 per block and runs integer dot products. On this
-# AVX2 CPU (ONNX Runtime 1.32, 2 threads) it is the fastest level by far: a 576 x 1536 int4 product over one row
-# took 0.04 ms at level 4 against 0.14 ms at level 1 (fp32), and int8 weights have no fp32-compute kernel at all
-# (levels 0-3 dequantize the whole matrix on every call: 5-10 ms against 0.05 ms).
+# MatMulNBits accuracy_level: 4 rounds the activations to int8 per block and runs integer dot products, the fastest
+# level on CPUs without AVX-512 by far; int8 weights have no fp32-compute kernel at all (levels 0-3 dequantize the
+# whole matrix on every call).
 ACCURACY_LEVEL = 4
-# Speculation is lossless when a verify step computes each slot exactly as a plain step would. ONNX Runtime 1.32
-# does not quite, in two places: GroupQueryAttention's one-token path (T = 1) differs from T >= 2 in the last bits
-# (1e-8..1e-7 after SmolLM2-135M's first layers; harmless in fp32), and the 4-bit MatMulNBits kernels' one-row path
-# (M = 1) differs from M >= 2 (max |diff| 2e-6..8e-5 on 576-1536-input products, accuracy levels 1 and 4; the 8-bit
-# level-4 kernel is bit-identical for every M, and every kernel is for M = 2..120). At accuracy level 4 each
-# activation block is rounded to int8, which turns such last-bit differences into rounding flips: SmolLM2-135M int8
-# logits differed by up to 0.56 between a plain step and the same slot in a 9-slot verify step. So a quantized
-# engine's plain step computes as 2 slots per row (the second masked): T >= 2 and M >= 2 everywhere, and a slot's
-# logits are then bit-identical in plain and verify steps of any size (tests/engine/test_quantized.py). Since
-# manifest attention_rows, the generation graph pads attention to 2 rows itself (onnx_ops.prelude) and the runtime
-# feeds one slot wherever the products compute one row as they do many (checked when the engine loads; on this
-# project's AVX-512 VNNI host the 4-bit kernels do too), so a plain step's MatMuls and norms run over one row.
+# Speculation is lossless when a verify step computes each slot exactly as a plain step would. ONNX Runtime does not
+# quite, in two places: GroupQueryAttention's one-token path (T = 1) differs from T >= 2 in the last bits, and on
+# some CPUs the 4-bit MatMulNBits kernels' one-row path (M = 1) differs from M >= 2 (the 8-bit level-4 kernel is
+# bit-identical for every M). At accuracy level 4 each activation block is rounded to int8, which turns such
+# last-bit differences into rounding flips and then into different tokens. So a quantized engine's plain step
+# computes as 2 slots per row (the second masked) unless the runtime finds, when it loads the engine, that one row
+# computes as two on this CPU (OrtEngine._plain_step_slots); a GroupQueryAttention graph pads its attention to 2 rows
+# itself (Manifest.attention_rows, onnx_ops.prelude) so that only the products decide (tests/engine/test_quantized.py).
 PLAIN_STEP_SLOTS = 2
 # That makes chains exact, not trees. A tree slot on a second branch does not have its ancestors in the slots just
 # before it, so its attention row reaches the same keys through other columns than a plain step's row does; ONNX
-# Runtime's CPU GroupQueryAttention (contrib_ops/cpu/bert/gqa_attention_base.h) runs each row's softmax over its
-# causal window in MLAS's vectorised kernels, where a key's column decides which partial sum it joins, and the row
-# comes out different in the last bits (the likely mechanism; what is measured is the effect). int8 activation
-# rounding magnifies that: on SmolLM2-135M int8 (trees with branches at depths 1-3, a 120-token past) every slot
-# whose ancestors fill the slots before it (a chain laid out first) was bit-identical to plain steps, every other slot
-# differed by 0.3-0.6 in the logits (fp32 engines: 2e-5), and greedy ngram decoding with Token-Recycling trees
-# departed from plain decoding on 1 of 12 real prompts, at a near-tie. So quantized engines built with
-# GroupQueryAttention (`--attention gqa`) draft chains only (speculative.engine's `chains_only`). Engines built with
-# trtspec's own TreeAttention (trtspec/native; the default) compute a query row from its visible
-# keys alone, in their order, whatever the rows around it: a slot anywhere in a tree is bit-identical to plain steps
-# along its path, and plain steps run one slot, unpadded (tests/engine/test_quantized.py).
+# Runtime's CPU GroupQueryAttention (contrib_ops/cpu/bert/gqa_attention_base.h) runs each row's softmax in MLAS's
+# vectorised kernels, where a key's column decides which partial sum it joins, and the row comes out different in the
+# last bits, which int8 activation rounding magnifies. So quantized engines built with GroupQueryAttention
+# (`--attention gqa`) draft chains only (speculative.engine's `chains_only`). trtspec's own TreeAttention
+# (trtspec/native; the default) computes a query row from its visible keys alone, in their order, whatever the rows
+# around it: a slot anywhere in a tree is bit-identical to plain steps along its path (tests/engine/test_quantized.py).
 
 
 # The min scheme's block offsets o = min + 8 scale are stored as float16 (AddBlockOffsets reads them so): a block's
 # o is about half a quantization step (min ≈ -range / 2, 8 scale ≈ range / 2), so half precision holds it to ~2^-12 of
-# a step, at 2 bytes a block instead of 4 (SmolLM2-135M: 6.6 MB less read per decode step). The reference computes
+# a step, at 2 bytes a block instead of 4 (less read every decode step). The reference computes
 # with the same rounded offsets (QuantizedMatrix.offsets, dequantize).
 OFFSET_DTYPE = np.float16
 

@@ -168,8 +168,7 @@ class OrtEngine:
         drafter_graphs = [role for role in ("draft_context", "draft_generation", "medusa") if role in files]
         if spin is None and drafter_graphs and effective_spin(None):
             # every step also runs the drafter's own session; two sessions' spinning pools take each other's cores
-            # (SmolLM2 + EAGLE draft, 2 threads: 0.39x plain decoding spinning, 0.95x not), so a drafter engine
-            # spins only when asked to (--spin)
+            # and slow decoding to a fraction, so a drafter engine spins only when asked to (--spin)
             log.info("%s: the drafter runs in its own ONNX Runtime session; intra-op workers do not spin (pass "
                      "--spin to force it)", self.engine_dir)
             spin = False
@@ -185,11 +184,9 @@ class OrtEngine:
         self.num_medusa_heads = m.num_medusa_heads
         self.has_eagle_draft = self._draft_context is not None
         self.slot_profiles = p.slots  # ascending verify-step slot counts; a step runs the smallest that fits
-        # every verify step, plain ones too, runs the generation graph when it takes any T (engines of earlier
-        # versions fixed T = K + 1: their plain steps run the context graph). One session for the whole decode
-        # matters with spinning workers: a session's spinning pool takes the cores the other session's run needs
-        # (SmolLM2, 2 spinning threads: a 1-slot context step alternating with a 3-slot generation step cost
-        # 147 ms a pair, the same two steps in the generation graph 74 ms)
+        # every verify step, plain ones too, runs the generation graph when it takes any T (a graph of fixed T = K + 1
+        # cannot: then plain steps run the context graph). One session for the whole decode matters with spinning
+        # workers: a session's spinning pool takes the cores the other session's run needs
         self._decode = (self._generation if self._generation is not None and
                         not isinstance(self._generation.tokens, int) else self._context)
         # quantized weights: a plain step must compute its token as a verify step's first slot does (see

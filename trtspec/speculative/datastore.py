@@ -7,7 +7,7 @@ Two sources answer the same question — "after the last n tokens of this sequen
   is a 64-bit key in a sorted array, next to the position that follows it; a lookup is one binary search per n
   (O(log N), a few dozen memory reads whatever the corpus size), and at most `max_positions` occurrences, spread
   evenly over all of them, are read back. The file is memory-mapped: opening it reads it once to check its
-  SHA-256 (0.8 s for an 8 M-token, 394 MiB store), then lookups touch a few pages each (0.15 ms).
+  SHA-256, then lookups touch a few pages each.
 * `RecentOutputs`: the server's own recent outputs, as SuffixDecoding (Oliaro et al., 2025) grows its global
   tree: bounded (`capacity` tokens; the oldest outputs are evicted), updated when a sequence finishes.
 
@@ -17,7 +17,7 @@ sample of those occurrences; the proposer turns them into a frequency-weighted t
 File format (one file, written atomically): the 16-byte magic `TRTSPEC-DSTORE1\\n`, an 8-byte little-endian
 header length, a JSON header (info, the arrays' dtype / shape / offset, the data's SHA-256) padded with spaces so
 the data starts on a 64-byte boundary, then the arrays, each starting on a 64-byte boundary (numpy copies an
-unaligned array before a binary search: 17 ms instead of microseconds on an 8 M-token store).
+unaligned array before a binary search, which would cost more than the search).
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
 """What a verify step costs per slot profile, relative to a plain one-slot step: the curve drafters budget against.
 
-On a CPU a verify step's time grows with its slots (SmolLM2-135M, 2 threads: about 1.06 / 1.13 / 1.34 / 1.60x a
-plain step at 2 / 4 / 8 / 16 slots), so a draft is worth its slots only when the tokens it is expected to add pay
-for the step's extra cost. The engine measures the curve once (`runtime.verify_curve`); the core only reads it.
+On a CPU a verify step's time grows with its slots, so a draft is worth its slots only when the tokens it is
+expected to add pay for the step's extra cost. The engine measures the curve once (`runtime.verify_curve`); the core only reads it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# the slope of SmolLM2-135M's curve on 2 cores (1.60x at 16 slots): the guess used until a curve is measured
+# a small model's curve on 2 cores, a line in the slots: the guess used until the engine's curve is measured
 DEFAULT_COST_PER_SLOT = 0.0375
 
 

@@ -189,7 +189,7 @@ def unary_forwarder_config(batch: int) -> str:
 
 
 def postprocessing_config(batch: int) -> str:
-    # No dynamic batcher: Triton's (up to 2.5x at least) ensemble never cancels a step already running, so a cancelled
+    # No dynamic batcher: Triton's ensemble (2.5x and later) never cancels a step already running, so a cancelled
     # stream's engine request would run on; it only marks the steps it schedules next as cancelled, and a dynamic
     # batcher drops those (core src/scheduler_utils.cc), which in Triton before core#466 (2026) leaves the ensemble
     # in flight for ever. Without one, the cancelled postprocessing request reaches the model, which answers it and

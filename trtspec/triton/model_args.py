@@ -35,8 +35,7 @@ def served_spin(value: str) -> bool | None:
 
     "auto" is None: the engine's own rule, as in `generate` — spin unless the server's environment sets
     TRTSPEC_ORT_SPIN=0, and never for an engine whose drafter runs in a second session. The server owns its cores
-    (ONNX Runtime's own default spins too); on a shared host deploy with --no-spin. Measured on SmolLM2-135M served
-    with 2 threads, mt-bench, 96 tokens, concurrency 1: on a quiet machine spinning decodes 3-8% faster (plain 47-52
-    against 47-48 tok/s) with a later first token (TTFT p50 87-97 against 66-71 ms); with one busy process beside the
-    server it halves the speed (18.2 against 36.4 tok/s)."""
+    (ONNX Runtime's own default spins too); on a shared host deploy with --no-spin: on a quiet machine spinning
+    decodes a little faster with a later first token, with one busy process beside the server it halves the
+    speed."""
     return {"true": True, "false": False}.get(value)

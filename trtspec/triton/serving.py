@@ -348,7 +348,7 @@ DRAIN_MESSAGE = "the server is shutting down (its drain time is over)"
 REFUSED_MESSAGE = "the server is shutting down; it takes no new requests"
 
 IDLE_DRAIN_POLL_S = 0.1  # an idle engine model with a drain file to watch looks at it this often
-CANCEL_POLL_S = 0.02  # how often the watcher asks Triton whether a live request was cancelled (a step is ~40 ms)
+CANCEL_POLL_S = 0.02  # how often the watcher asks Triton whether a live request was cancelled (about a decode step)
 
 
 class EngineService:
