@@ -32,11 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
-from trtspec.bench.eagle_tree import depth_accuracies, drafting_ms, expected_length as eagle_expected
-from trtspec.bench.eagle_tree import node_probabilities, record_features, roots, teacher_force
-from trtspec.bench.medusa_tree import expected_length as medusa_expected, greedy_tree
-from trtspec.bench.replay import HEAD_RANKS, Replayed, record_greedy, replay_drafter, replay_tree
-from trtspec.bench.step_time import StepModel, mean_past, measured_pasts, measure as measure_steps
+from trtspec.tune.eagle_tree import depth_accuracies, drafting_ms, expected_length as eagle_expected
+from trtspec.tune.eagle_tree import node_probabilities, record_features, roots, teacher_force
+from trtspec.tune.medusa_tree import expected_length as medusa_expected, greedy_tree
+from trtspec.tune.replay import HEAD_RANKS, Replayed, record_greedy, replay_drafter, replay_tree
+from trtspec.tune.step_time import StepModel, mean_past, measured_pasts, measure as measure_steps
 from trtspec.errors import ConfigError
 from trtspec.progress import progress_bar
 from trtspec.speculative.loop import GenerationConfig
@@ -298,7 +298,7 @@ def _tree(choices):
 
 def _medusa_trees(recordings, budgets: list[int], manifest) -> tuple[list[list[float]], list]:
     """The heads' top-k accuracies and the trees of every budget (`_budget_trees`)."""
-    from trtspec.bench.medusa_tree import head_accuracies
+    from trtspec.tune.medusa_tree import head_accuracies
 
     accuracies = head_accuracies([r.head_ranks for r in recordings], HEAD_RANKS)
     return accuracies, _budget_trees("medusa", accuracies, budgets, len(accuracies), manifest)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from trtspec.bench.step_time import StepModel, acceptance_ms, fit, mean_past, measure, measured_pasts
+from trtspec.tune.step_time import StepModel, acceptance_ms, fit, mean_past, measure, measured_pasts
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.testing import tiny_engine
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from trtspec.bench import eagle_tree
-from trtspec.bench.medusa_tree import expected_length, greedy_tree, head_accuracies
-from trtspec.bench.replay import record_greedy, replay_drafter, replay_tree
-from trtspec.bench.tune import TuneOptions, run_tune, split_prompts
+from trtspec.tune import eagle_tree
+from trtspec.tune.medusa_tree import expected_length, greedy_tree, head_accuracies
+from trtspec.tune.replay import record_greedy, replay_drafter, replay_tree
+from trtspec.tune.tuner import TuneOptions, run_tune, split_prompts
 from trtspec.recipe.tuned import write_winner_recipe
 from trtspec.cli import cli
 from trtspec.data.prompts import PROMPT_SETS
@@ -391,7 +391,7 @@ def test_eagle_tree_replay_reproduces_a_real_run(eagle_recordings, choices):
 def test_eagle_ranks_give_depth_accuracies_and_node_probabilities():
     """Depth d's accuracies count the roots whose depths before d were all among the candidates kept (the path so far
     accepted); a node's probability, the roots whose ranks begin with its path."""
-    from trtspec.bench.replay import Recording
+    from trtspec.tune.replay import Recording
 
     ranks = np.array([[0, 0, 10], [0, 1, 0], [1, 0, 10], [0, 10, 10], [2, 10, 10], [10, 10, 10], [0, 0, 1],
                       [10, 10, 10]])  # the last row: the final token, no root
@@ -447,7 +447,7 @@ def test_a_quantized_medusa_engine_is_tuned_over_chains(generator, recordings):
     top-1 chain and the shipped tree's chain, never a tree it would not draft."""
     from dataclasses import replace
 
-    from trtspec.bench.tune import _medusa_trees
+    from trtspec.tune.tuner import _medusa_trees
     from trtspec.engine.manifest import EngineWeights, WeightFormat
     from trtspec.model.quantize import WeightDtype
 
@@ -481,7 +481,7 @@ def test_a_quantized_eagle_engine_is_tuned_over_chains(eagle_recordings):
     the draft was forced) and the shipped tree's chain."""
     from dataclasses import replace
 
-    from trtspec.bench.tune import _eagle_trees
+    from trtspec.tune.tuner import _eagle_trees
     from trtspec.engine.manifest import EngineWeights, WeightFormat
     from trtspec.model.quantize import WeightDtype
 
@@ -527,7 +527,7 @@ def test_eagle_tree_replay_reproduces_real_runs_of_the_shipped_smollm2_draft(tmp
 
 
 def test_speedup_range_is_what_a_few_prompts_drawn_like_the_calibration_ones_would_show():
-    from trtspec.bench.tune import speedup_range
+    from trtspec.tune.tuner import speedup_range
 
     # prompts alike: the range is the point; plain 10 ms a token, these 5 ms a token: 2x
     assert speedup_range([(100, 500.0)] * 6, 10.0, 4) == [2.0, 2.0]
@@ -539,7 +539,7 @@ def test_speedup_range_is_what_a_few_prompts_drawn_like_the_calibration_ones_wou
 
 
 def test_the_table_says_where_each_measurement_fell_in_its_predicted_range(tuned):
-    from trtspec.bench.tune import format_tune
+    from trtspec.tune.tuner import format_tune
 
     report = tuned[0]
     lines = format_tune(report)

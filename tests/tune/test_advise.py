@@ -8,7 +8,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from trtspec.bench.advise import GO_MARGIN, GO_TAU, decide, format_advice
+from trtspec.tune.advise import GO_MARGIN, GO_TAU, decide, format_advice
 from trtspec.cli import cli
 from trtspec.speculative.step_costs import StepCosts
 

@@ -75,7 +75,7 @@ def _context_curve(generator, records, options: AdviseOptions):
     (prompt + half the reply): a longer past flattens it, so the cached 256-token curve would overstate it."""
     import numpy as np
 
-    from trtspec.bench.tune import CURVE_ROUNDS
+    from trtspec.tune.tuner import CURVE_ROUNDS
     from trtspec.runtime.verify_curve import measure
 
     past = int(np.median([r.input_tokens + r.output_tokens // 2 for r in records]))

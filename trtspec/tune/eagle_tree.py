@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trtspec.bench.replay import HEAD_RANKS, GreedyRecorder, Recording
+from trtspec.tune.replay import HEAD_RANKS, GreedyRecorder, Recording
 from trtspec.speculative.acceptance import Accepted
 from trtspec.speculative.engine import StepOutput
 
