@@ -1,4 +1,4 @@
-"""The attention micro-benchmark's graph (trtspec.bench.attention_op): TreeAttention and GroupQueryAttention side by
+"""The attention micro-benchmark's graph (benchmarks/attention_op.py): TreeAttention and GroupQueryAttention side by
 side over the same inputs, GroupQueryAttention fed as the engine's generation graph feeds it. Both compute the same
 attention (RoPE convention, tree bias, cache rows), so the benchmark compares like with like and the op can take
 GroupQueryAttention's place; and the benchmark runs (its times are not asserted)."""
@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from trtspec.bench import attention_op
+from benchmarks import attention_op
 from trtspec.model.ort_session import session_options
 from trtspec.native import register
 from trtspec.model.tree_attention_graph import SMOLLM2

@@ -1,6 +1,6 @@
 """One layer's attention alone: trtspec's TreeAttention (com.trtspec) against ONNX Runtime's GroupQueryAttention
 fed as the engine's generation graph feeds it (packed q/k/v, do_rotary=1, the tree as an additive bias over the
-absolute key columns, past and present bound to one buffer). `python -m trtspec.bench.attention_op` prints a table.
+absolute key columns, past and present bound to one buffer). `.venv/bin/python benchmarks/attention_op.py` prints a table.
 
 Both ops (and, for one slot, GroupQueryAttention padded to two rows, as quantized engines run a plain step today:
 model/onnx_ops.py `prelude(attention_rows=2)`) sit in one graph over their own caches, so they run in one session
