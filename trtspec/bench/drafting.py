@@ -1,27 +1,8 @@
 """Training-free (and trained) drafting on real prompt sets, measured side by side in one run.
 
-    trtspec bench drafting ENGINE [ENGINE ...] [--sets sharegpt-grounded,code-edit,mt-bench-2turn,mt-bench] [--methods ngram]
-        [--limit 8] [--max-tokens 128] [--threads 2] [--no-spin]
-        [--peers transformers,onnxruntime-genai,openvino --hf DIR --peer-limit 3 [--openvino-lookup 3,5]] [--json FILE]
-
 For every prompt of every set, each method and plain decoding run on the same engine one after the other, the order
-rotating from prompt to prompt, so the machine's drift hits all alike. Reported per set and method: τ (tokens per
-verify step), acceptance rate, tokens/s with and without the drafter, the speedup end to end (prompt included) and
-of the decode alone (after the first token), how many outputs are token-identical to plain decoding, the share of
-the decode spent drafting (propose + observe), and the verify steps per slot profile. `mt-bench-2turn` measures the second turn with the engine's own (plain, greedy) first answer
-in its context, the standard protocol. Sets with a measurement split (`sharegpt-grounded`, `code-edit`) use it: the
-drafters' priors were set on other prompts. Peers (`--peers transformers,onnxruntime-genai`): Hugging Face
-transformers' prompt lookup (`prompt_lookup_num_tokens`) and onnxruntime-genai's n-gram lookup (`ngram_size`,
-`max_draft_tokens`, over its own fp32 build of the same model) and OpenVINO GenAI's prompt lookup
-(`LLMPipeline(prompt_lookup=True)`, `max_ngram_size`, `num_assistant_tokens`, over its own export of the same model at
-the first engine's weight format) each against its own greedy decoding on the same token ids, in a child process, so
-their ratios stand next to ours; a peer's outputs that differ from its own greedy decoding are counted and marked. Method `suffix` looks up `--datastore` and the outputs of its own earlier runs in
-the same set (as a server's recent outputs; each method its own, never the same prompt's, and forgotten between
-sets: mt-bench-2turn's second answers often restate the first, which mt-bench then asks for). Several engines of one model (e.g. K = 4 and K = 16, or five slot profiles and one):
-each runs every method on every prompt in the same rotation, timed against plain decoding on the first, its outputs
-compared with plain decoding on its own engine (method `none` in --methods; else "n/a") (pass --no-spin:
-in one process, one engine's spinning workers take the cores another engine's run needs). The load average before
-and after says how quiet the machine was.
+rotating from prompt to prompt; several engines and the peers' own prompt lookup in the same run. What is reported
+and how to read it: docs/measuring.md.
 """
 
 from __future__ import annotations

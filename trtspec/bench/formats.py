@@ -1,50 +1,10 @@
-"""`trtspec bench formats`: weight formats side by side in one run, against the quantized peers.
+"""`trtspec bench formats`: weight formats side by side in one run, against the quantized CPU peers.
 
-    trtspec bench formats ENGINE [ENGINE ...] [--peers onnxruntime-genai,llama.cpp,llama.cpp-lookup,openvino,
-        openvino-lookup --hf HF_DIR [--gguf FILE] [--llama-lookup 2,2] [--openvino-lookup 3,5]]
-        [--sets sharegpt-grounded,code-edit] [--methods ngram] [--limit 4] [--max-tokens 128] [--threads 2]
-        [--rounds 2] [--past 256] [--repeats 10] [--work DIR] [--out DIR] [--json]
-
-Given engines of one model in several weight formats (fp32 / int8 / int4 builds of the same checkpoint), one run
-measures, all on the same prompt token ids:
-
-- **plain decoding** of every engine and peer, each system in its own child process (no shared threads, allocators
-  or caches), the systems' order reversed every other round: tokens/s end to end (prompt included) and of the decode
-  alone (after the first token). Peers: onnxruntime-genai int4 (its own model builder, `-p int4 -e cpu`, run offline
-  on the HF folder and cached under --work) and llama.cpp Q4 through llama-cpp-python (the GGUF the HF folder was
-  converted from, `trtspec-model.json`, or --gguf; `scripts/setup-peers.sh` builds it), every prompt from an empty
-  cache; OpenVINO GenAI (`openvino`) at each quantized format among the engines, int8 against the int8 engines and
-  int4 against the int4 ones (`LLMPipeline` on the CPU, the HF folder exported once per format by optimum-intel into
-  --work: `peers.OPENVINO_WEIGHTS` says how); a peer that is not installed is skipped with one line.
-- **llama.cpp's own speculation** (`llama.cpp-lookup`): the same GGUF with llama-cpp-python's prompt lookup
-  (`LlamaPromptLookupDecoding`, --llama-lookup max n-gram size, drafted tokens), a row of its own, against
-  llama.cpp's plain decoding of the same prompts and rounds: speedup, τ and token-identical outputs (llama.cpp
-  evaluates a draft in one batch, which rounds differently from one token at a time: greedy texts part at near ties).
-  Likewise **OpenVINO's own speculation** (`openvino-lookup`, at each of its formats): its prompt lookup
-  (`LLMPipeline(prompt_lookup=True)`, --openvino-lookup max n-gram size, drafted tokens) against its plain decoding.
-- **speculation on top**: in the same child as each engine's plain runs, prompt by prompt, the order rotating,
-  each --methods drafter (and the engine's own drafter, if it has one) against plain decoding on that engine:
-  tokens/s, speedup, τ and how many outputs are token-identical to plain decoding (the lossless check).
-- **the verify cost curve** of every engine: one step's time for every slot count 1 .. K + 1 (a chain draft of
-  K tokens after a `--past`-token prefill; counts between slot profiles run padded into the next profile), and its
-  ratio to the plain step. The drafters of this run budget against this curve.
-- **the memory-bandwidth floor** of every system: the weight bytes a plain decode step reads (every initializer of
-  the decode graph a step reads whole, counted once; tables only gathered from, such as an untied embedding,
-  left out; llama.cpp: the GGUF's tensors less an untied `token_embd`) ÷ the read bandwidth measured in this run
-  (`cpu_engine.read_bandwidth`); decoding time per token ÷ that floor.
-- **the targets** set for quantized engines (int4 plain ≥ 1.0× onnxruntime-genai int4 plain; int4 + speculation
-  ≥ 1.5× onnxruntime-genai int4 plain and ≥ 2× llama.cpp Q4 plain on the grounded prompt sets), on decoding rates
-  (tokens after the first ÷ the time after the first token; the best drafter per set); and against OpenVINO GenAI at
-  int8 and at int4, on every set, in tokens/s end to end: the engine's plain decoding ≥ 1.2× OpenVINO's plain
-  decoding of that format, and its best lossless speculation (the fastest drafter whose outputs on the set are all
-  token-identical to the engine's plain decoding) ≥ 1.1× OpenVINO's prompt lookup. Each a pass / fail line, or "not
-  measured" with the reason.
-
-Two-turn sets (mt-bench-2turn) ask their second turn after the first ENGINE's plain, greedy first answer (made in a
-child process before anything is timed), so that every system decodes the same ids.
-
-`--out DIR` writes summary.json and formats.png (tokens/s per format and peer, plain and speculative; the verify
-curves). The load average before and after says how quiet the machine was: run it alone.
+Engines of one model in several weight formats, and the peers (onnxruntime-genai, llama.cpp, OpenVINO GenAI, with
+their own prompt lookup), each in its own child process on the same prompt token ids, the order reversed every other
+round: plain and speculative tokens/s, token-identical outputs, each engine's verify curve and every system's
+memory-bandwidth floor, and the quantization targets as pass / fail lines. What each part measures and how to read
+it: docs/measuring.md.
 """
 
 from __future__ import annotations

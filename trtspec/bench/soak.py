@@ -1,29 +1,7 @@
 """A soak benchmark of a served deployment: N users streaming real prompts for M minutes, every greedy output
 checked against the same prompt served alone, the server's resident memory and `/metrics` sampled every second,
 faults injected on request, and a report (JSON, CSV of every request, PNG of latency and memory over time).
-
-    trtspec bench soak [URL] [--repo REPO] [--users 16] [--minutes 10] [--max-requests N] [--max-tokens 128]
-        [--prompt-set mt-bench] [--prompts 16] [--abandon N] [--cancel N] [--sigterm] [--out DIR] [--json]
-
-Two modes:
-
-- `URL` (HOST:PORT of a running server's gRPC endpoint, loopback unless --allow-remote): memory is sampled from
-  the process listening on that port (or --server-pid) and its children (the Python backend stubs, where the
-  engine runs), metrics from --metrics-url (default http://HOST:8002/metrics).
-- `--repo REPO`: the soak runs `trtspec serve REPO` itself on free loopback ports, so it can also SIGTERM it
-  mid-load (--sigterm) and report how long `serve` took to exit, its exit status and tritonserver's.
-
-The order of one run: references (each distinct prompt served alone, greedy), the unloaded time to first token
-(a short probe, alone, three times), the load (the users, until the time or the request count is spent), the
-faults (--abandon / --cancel streams opened while the last requests of the load are still running, cut once
-their first token came), then a fresh probe and a wait for the engine's gauges to show nothing in flight, and
-last the stop of the server (SIGTERM under a new load with --sigterm, idle otherwise; --repo only).
-
-Memory: RSS of tritonserver and every process below it, from /proc (Linux). "start" is the first sample once every
-user finished a request and the first tenth of the load is over (ONNX Runtime's arenas grow with the shapes they
-meet first), "end" the sample when the load ended (before the faults; without faults, when its last request
-finished), growth = end / start - 1; the growth over the load's second half is reported too (a leak keeps
-growing).
+The order of a run, its two modes and how memory growth is counted: docs/serving.md.
 """
 
 from __future__ import annotations

