@@ -106,6 +106,8 @@ def feeds_for(config, rng, ids, lengths, *, positions=None, tree=None, features=
         feeds["position_ids"] = np.asarray(positions, np.int64)
         feeds["tree_mask"] = np.broadcast_to(tree, (B, T, T)).copy()
     feeds["past_lengths"] = np.asarray(lengths, np.int32)
+    if features and tree is None:  # the EAGLE draft's context graph scores each row's last entry
+        feeds["logit_rows"] = np.full(B, T - 1, np.int64)
     for layer in range(config.num_layers):
         for kind in ("key", "value"):
             feeds[f"past_{kind}_{layer}"] = rng.standard_normal((B, config.num_kv_heads, CAPACITY, config.head_dim),
@@ -163,8 +165,8 @@ def test_context_graph_on_prompt_batch(exported, case):
         c, T = ex.models[role.removesuffix("context")].config, 9
         feeds = feeds_for(c, rng, rng.integers(0, c.vocab_size, (2, T)), [0, 0], features=role.startswith("draft_"))
         out = assert_matches_reference(ex, role, feeds, f"{case} prompt batch")
-        rows = T if role.startswith("draft_") else 1  # the base context graph scores the last position only
-        assert out["logits"].shape == (2, rows, c.vocab_size) and out["hidden"].shape[1] == T
+        # a context graph scores the last position only (the draft's: each row's `logit_rows`)
+        assert out["logits"].shape == (2, 1, c.vocab_size) and out["hidden"].shape[1] == T
         assert out["new_key_0"].shape == (2, c.num_kv_heads, T,
                                                                                            c.head_dim)
         if CASES[case][1] and CASES[case][1][0] == "medusa":
@@ -180,6 +182,19 @@ def test_context_graph_after_pasts_of_different_lengths(exported, case):
         c = ex.models[role.removesuffix("context")].config
         feeds = feeds_for(c, rng, rng.integers(0, c.vocab_size, (2, 3)), [6, 2], features=role.startswith("draft_"))
         assert_matches_reference(ex, role, feeds, f"{case} context after a past")
+
+
+def test_draft_context_scores_the_row_each_batch_row_names(exported):
+    """A batch of draft extensions padded at the end: row b's logits are those of its entry logit_rows[b]."""
+    ex = exported("eagle_1_layer")
+    rng = np.random.default_rng(11)
+    c = ex.models["draft_"].config
+    feeds = feeds_for(c, rng, rng.integers(0, c.vocab_size, (2, 5)), [3, 1], features=True)
+    feeds["logit_rows"] = np.array([4, 1], np.int64)
+    out = new_rows(ex.run("draft_context", feeds), feeds)
+    reference = reference_outputs(ex.models["draft_"], feeds)["logits"]  # [2, 5, V]
+    for b, row in enumerate(feeds["logit_rows"]):
+        assert np.abs(out["logits"][b, 0] - reference[b, row]).max() <= TOL * max(1.0, np.abs(reference[b, row]).max())
 
 
 def assert_medusa_heads_match_reference(ex: Exported, hidden: np.ndarray, num_heads: int, what: str) -> None:

@@ -25,7 +25,7 @@ MANIFEST_VERSION = 1
 # The onnx backend's graph contract (inputs, outputs, KV layout) the runtime runs. Format 1 (manifests without
 # `graph_format`): MatMul / Softmax attention, KV cache [P, B, nkv, hd], new rows as outputs of their own.
 # Format 2: GroupQueryAttention, KV buffers [B, nkv, capacity, hd] bound as both past and present.
-ONNX_GRAPH_FORMAT = 2
+ONNX_GRAPH_FORMAT = 3
 
 
 class Backend(enum.Enum):

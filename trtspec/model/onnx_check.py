@@ -89,6 +89,8 @@ def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], 
         feeds = random_step(model.config, rng, tokens=tokens if isinstance(tokens, int) else
                             6 if context else generation_tokens,
                             past=0 if context else 5, features=role.startswith("draft_"))
+        if "logit_rows" in {i.name for i in session.get_inputs()}:  # the EAGLE draft's context graph: the last row
+            feeds["logit_rows"] = np.full(len(feeds["input_ids"]), feeds["input_ids"].shape[1] - 1, np.int64)
         ours = new_rows(dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds))), feeds)
         reference = last_rows_like(ours, reference_outputs(model, feeds))
         if role.startswith("draft_") and draft_vocab is not None:

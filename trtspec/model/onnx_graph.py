@@ -363,7 +363,11 @@ def _medusa_resblocks(g: Graph, x: str, head: int, layers: int) -> str:
 
 def draft_graph(c: ModelShape, layout: _Layout, wf: WeightFile, tokens: int | None,
                 positions: int, *, tree: bool) -> onnx.ModelProto:
-    """The EAGLE drafter: fc(cat[embed, feature]), its layers (layer 0 without input norm), the lm_head."""
+    """The EAGLE drafter: fc(cat[embed, feature]), its layers (layer 0 without input norm), the lm_head.
+
+    A context graph (committed entries) scores one row per batch row, `logit_rows` [B] (the last entry's: the next
+    draft grows from it; a batch's rows are padded at the end), so extending by a whole prompt does not run the
+    lm_head over every entry; a generation graph (tree nodes) scores every row."""
     d = _draft_config(c)
     g = Graph(wf)
     pre = prelude(g, _inv_freq(d), positions, tokens, tree=tree)
@@ -371,14 +375,24 @@ def draft_graph(c: ModelShape, layout: _Layout, wf: WeightFile, tokens: int | No
     for j in range(d.num_layers):
         x = decoder_layer(g, _dims(d), pre, x, f"layers.{j}", j, d.intermediate_size)
     hidden = x.value(g, "hidden")  # [B, T, H]
+    scored = hidden if tree else _rows_of(g, hidden, "logit_rows")  # [B, T or 1, H]
     if layout.draft_vocab is None:
-        logits(g, hidden, "lm_head.weight", name="logits")  # the lm_head: [B, T, V]
+        logits(g, scored, "lm_head.weight", name="logits")  # the lm_head: [B, T or 1, V]
     else:
-        _draft_vocab_logits(g, hidden, layout.draft_vocab, c.vocab_size)
+        _draft_vocab_logits(g, scored, layout.draft_vocab, c.vocab_size)
     t = tokens if tokens is not None else "tokens"
-    features = helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", t, d.hidden_size])
-    inputs, outputs = _io(d, tokens, tree, extra_inputs=[features])
+    extra = [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", t, d.hidden_size])]
+    if not tree:
+        extra.append(helper.make_tensor_value_info("logit_rows", TensorProto.INT64, ["batch"]))
+    inputs, outputs = _io(d, tokens, tree, extra_inputs=extra, logit_rows=None if tree else 1)
     return g.model("trtspec_eagle_draft", inputs, outputs)
+
+
+def _rows_of(g: Graph, x: str, rows: str) -> str:
+    """x [B, T, H] at one row per batch row, `rows` [B] (int64) → [B, 1, H]."""
+    index = g.op("Unsqueeze", rows, g.const([1, 2]))  # [B, 1, 1]
+    shape = g.op("Concat", g.op("Shape", x, start=0, end=1), g.const([1]), g.op("Shape", x, start=2, end=3), axis=0)
+    return g.op("GatherElements", x, g.op("Expand", index, shape), axis=1)
 
 
 def _draft_vocab_logits(g: Graph, hidden: str, target_ids: tuple[int, ...], vocab_size: int) -> str:

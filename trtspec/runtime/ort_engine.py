@@ -380,7 +380,8 @@ class OrtEngine:
         cache = self._seqs[seq].draft
         t = len(token_ids)
         self._check_room(cache, t)
-        feeds = {**_feeds(token_ids, cache.length), "features": np.asarray(features, np.float32)[None]}
+        feeds = {**_feeds(token_ids, cache.length), "features": np.asarray(features, np.float32)[None],
+                 "logit_rows": np.array([t - 1], np.int64)}
         out = self._draft_context.run(feeds, cache)
         cache.length += t
         return _step(out, t)
@@ -397,12 +398,14 @@ class OrtEngine:
         for state in states:
             self._check_room(state.draft, t)
         ids, lengths = np.zeros((len(items), t), np.int64), np.zeros(len(items), np.int32)
+        last = np.zeros(len(items), np.int64)
         feats = np.zeros((len(items), t, items[0][2].shape[-1]), np.float32)
         for state, (_, tokens, features) in zip(states, items):
             b = state.row - first
             ids[b, :len(tokens)], feats[b, :len(tokens)], lengths[b] = tokens, features, state.draft.length
-        out = self._draft_context.run({"input_ids": ids, "features": feats, "past_lengths": lengths},
-                                      self._draft_pool.rows(first, len(items)))
+            last[b] = len(tokens) - 1
+        out = self._draft_context.run({"input_ids": ids, "features": feats, "past_lengths": lengths,
+                                       "logit_rows": last}, self._draft_pool.rows(first, len(items)))
         results = []
         for state, (_, tokens, _) in zip(states, items):
             b, n = state.row - first, len(tokens)

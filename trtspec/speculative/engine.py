@@ -61,7 +61,8 @@ class Engine(Protocol):
         """Medusa: the heads' logits [num_medusa_heads, V] over one final hidden state [H]."""
 
     def draft_extend(self, seq: int, token_ids: np.ndarray, features: np.ndarray) -> StepOutput:
-        """EAGLE: append committed draft entries (token_{t+1}, feature_t); return their hidden and logits."""
+        """EAGLE: append committed draft entries (token_{t+1}, feature_t); return their hidden states and the last
+        entry's logits (the next draft grows from it)."""
 
     def draft_step(self, seq: int, token_ids: np.ndarray, features: np.ndarray, depths: np.ndarray,
                    mask: np.ndarray) -> StepOutput:
