@@ -1,26 +1,12 @@
 """Back-off for drafters that do not budget their own drafts (Medusa heads, EAGLE-1/2, lookahead).
 
 A drafter's full tree is worth its slots only when enough of it is accepted: on a CPU a step over T slots costs c(T)
-plain steps (`StepCosts`), and the drafter's own work (heads, draft network, the window's bookkeeping) costs more.
-`Backoff` wraps such a drafter and, per sequence:
-
-* **shrinks** each draft to what pays: every node gets an estimated probability of acceptance, the product along its
-  path of conditional rates learnt from this sequence's steps per (depth, rank among siblings), and the step keeps
-  the nodes and slot profile that maximise expected tokens per unit of step cost, as `NgramProposer` does
-  (`ngram_proposer._budget`); nothing when a plain step is worth more. A drafter whose nodes are worth more than
-  their own acceptance (lookahead: its Jacobi window's guesses pay later, as the pool's n-grams) says it is not
-  `prunable`: its draft is verified whole, and its worth is the accepted tokens per drafting step it has had;
-* **rests** when even the best shrunk draft does not pay for the drafter's own time on top: it stops running the
-  drafter and the step is a plain one. The drafter only records what was committed (`defer`), and before it drafts
-  again it catches up in one run (`catch_up`). It looks again after `EXPLORE_EVERY` steps, an interval that doubles
-  up to `EXPLORE_MAX` each time the look does not pay and starts over when one does (and that keeps the looks'
-  extra cost under `LOOK_SHARE` of the steps), so a sequence that turns copyable (or where the drafter becomes
-  right) gets its drafts back within that many steps. A look drafts at least the most probable node; a drafter
-  whose whole draft cannot pay even at the prior starts resting, its first look as far off as the later ones.
-
-Only how much is drafted changes, never what is emitted: a kept draft is a prefix-closed subtree of the drafter's
-deterministic choices, so greedy output stays plain greedy output and the tree rejection rule keeps the target
-distribution at T > 0 (the choice of nodes depends on earlier steps only).
+plain steps (`StepCosts`), and the drafter's own work costs more. `Backoff` wraps such a drafter and, per sequence,
+shrinks each draft to the nodes that pay (rates learnt per node kind, and per band of the drafter's confidence where
+it says one), or verifies it whole (`prunable` False: lookahead), and rests (plain steps, the drafter only recording
+what was committed) while nothing pays, looking again at growing intervals. Only how much is drafted changes, never
+what is emitted, so greedy output stays plain greedy output and the target distribution is kept at T > 0. The
+rules, step by step: docs/drafting.md, "Methods with a tree of their own".
 """
 
 from __future__ import annotations

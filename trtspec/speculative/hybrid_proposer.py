@@ -1,23 +1,11 @@
 """Hybrid drafting: a trained drafter's tree (Medusa heads, EAGLE-1 or EAGLE-2) and the training-free candidates
 (prompt lookup, the suffix sources, Token Recycling) merged into one tree that fits the engine's slot profiles.
 
-Every candidate node gets an estimated acceptance probability — the product along its path of conditional rates
-learnt online per kind of node (`ngram_proposer.AcceptanceModel`): for the drafter's nodes the kind is their depth
-and rank among their siblings in the drafter's tree, for the others as in `NgramProposer` — and the step drafts
-the nodes and runs the profile that maximise expected tokens per unit of verify cost. The candidates are merged
-into one trie: prompt lookup first (a long match is the surest), then the suffix sources, then the drafter's nodes,
-then Token Recycling; a node two sources propose is drafted once. A sequence whose prompt has nothing to copy gets
-the drafter's tree; one that repeats its material gets a long chain; most steps get some of both.
-
-The drafter runs only where it pays for itself — and first on a step where the other candidates offer little (a
-grounded prompt's opening steps copy its material without it): its own time per step (catching up on the steps it skipped, then
-drafting) is measured, and so is how many of its nodes are accepted per step where it drafts; it drafts when
-those tokens are worth more than its time (a token is worth one plain step), and otherwise once in a while to keep
-the estimate fresh (after `EXPLORE_EVERY` steps, an interval that doubles, up to `EXPLORE_MAX`, each time such a
-look finds none of its nodes accepted: on a long copied passage the drafter stays quiet). On the steps it skips it only records what was committed (`defer`); before it
-drafts again it catches up in one run (`catch_up`: EAGLE extends its draft cache by every committed token at once,
-Medusa reruns its heads from the last verified hidden state), so its trees are as good as when it drafts every
-step. Outputs stay lossless: a draft is a set of deterministic token choices (q = 1), as for `NgramProposer`.
+Every candidate node gets an estimated acceptance probability (`ngram_proposer.AcceptanceModel`) and the step drafts
+the nodes and profile that maximise expected tokens per unit of verify cost. The drafter runs only where its
+accepted nodes pay for its own measured time, looking again now and then; on the steps it skips it records what was
+committed (`defer`) and catches up in one run before it drafts (`catch_up`). How the trie is merged and when the
+drafter runs: docs/drafting.md, "Hybrid drafting, in detail".
 """
 
 from __future__ import annotations
