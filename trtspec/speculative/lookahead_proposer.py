@@ -1,24 +1,11 @@
 """Lookahead decoding (Fu et al., ICML 2024) with TensorRT-LLM's (W, N, G): Jacobi guesses and an n-gram pool, on
 the same padded verify step as every other drafter.
 
-* **The window**: N − 1 levels of W guesses. Level 0 is the root (the last emitted token) followed by W − 1
-  guesses of the next positions; level j ≥ 1 holds W guesses, column i of level j guessing position root + i + j.
-* **The lookahead branch** lays the window out as a tree: level 0 is a chain from the root; below each level-0
-  slot (the root for column 0) hangs its column, levels 1 .. N − 2. Under tree attention every slot then sees
-  exactly the tokens Fu et al.'s lookahead mask shows it (level 0 up to its column, then its own column), so one
-  verify step advances every guess by one Jacobi iteration — and, being a tree of real continuations, any of its
-  paths the target agrees with is accepted too.
-* **The pool**: after each step every column yields an N-gram (its N − 1 guesses and the target's next token after
-  the last), kept per first token, most recent first (bounded); the prompt's own N-grams seed it.
-* **The verification branch**: up to G of the pool's n-grams that start with the root, as chains below it (merged
-  with each other and the lookahead branch where they agree).
-* **The window moves on**: each level takes the next one's guesses, the last level the target's argmax at the last
-  level's slots (whatever was accepted, as Fu et al.).
-
-A step carries at most (W + G)(N − 1) slots — TensorRT-LLM's `maxDecodingTokens` for (W, N, G), so K =
-(N − 2) + (W − 1 + G)(N − 1) is the `max_draft_len` both backends plan (`build --backend trtllm --lookahead W,N,G`).
-Drafts are deterministic token choices (q = 1): greedy output is plain greedy output, and the tree rejection rule
-keeps the target distribution at T > 0.
+A window of N − 1 levels of W guesses is laid out as a tree below the root (the lookahead branch: one verify step
+advances every guess by one Jacobi iteration), the pool's n-grams that start with the root as chains beside it (the
+verification branch); every column then yields an n-gram for the pool. A step carries at most (W + G)(N − 1) slots,
+TensorRT-LLM's `maxDecodingTokens`. Drafts are deterministic token choices: greedy output is plain greedy output.
+The window, the pool and how the window moves, in detail: docs/drafting.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
-"""Training-free drafts from the sequence itself: prompt lookup (n-gram matches) and Token Recycling, budgeted.
+"""Training-free drafts from the sequence itself: prompt lookup (n-gram matches) and Token Recycling, budgeted; and
+with method `suffix`, the same suffix looked up in a corpus (`Datastore`) and in the server's recent outputs.
 
-* **Prompt lookup**: the longest suffix of the sequence (n from `max_ngram` down to `min_ngram` tokens) that occurred
-  before, in the prompt or the output so far; its continuations after the most recent occurrences (up to
-  `max_occurrences`) are drafted, merged into a tree where they disagree (most recent first). The index is
-  incremental: each committed token adds `max_ngram` keys, and a lookup is `max_ngram` dictionary reads, whatever the
-  sequence's length.
-* **Token Recycling** (Luo et al., ACL 2025): every verify step leaves the target's top-k next tokens after each
-  committed token; they are kept per token (the newest wins) and drafted as a small tree when the root, or a
-  drafted token, has an entry. It needs nothing but logits the step computed anyway.
-* **Suffix sources** (method `suffix`): the same suffix looked up in a corpus (`Datastore`, `trtspec datastore
-  build`) and in the server's own recent outputs (`RecentOutputs`, filled as sequences finish); the continuations of
-  a sample of its occurrences are merged into a trie, each node weighted by how often it followed its parent
-  (SuffixDecoding's frequency score), under the same budget. A lookup costs a few binary searches, whatever the
-  corpus size.
-* **The budget**: each candidate node gets an estimated probability of being accepted, the product along its path of
-  conditional acceptance rates learnt online per kind of node (its source, the match length, its depth, its rank
-  among its siblings; `AcceptanceModel`). On the engine's verify curve (`StepCosts`: a step over T slots costs c(T)
-  plain steps) the step takes, for each slot profile T, its T - 1 most probable nodes, and runs the profile that
-  maximises expected tokens per unit of cost, (1 + sum of p) / c(T); where no profile beats a plain step
-  (value 1) it drafts nothing. A long chain follows a long match; a failing source falls silent by itself.
-
-Drafts are deterministic token choices (q = 1), so greedy acceptance keeps the output identical to plain decoding and
-the tree rejection rule keeps the target distribution at T > 0.
+Every candidate node gets an estimated probability of acceptance (the product down its path of rates learnt online
+per kind of node, `AcceptanceModel`), and the step drafts, on the engine's verify curve (`StepCosts`), the nodes
+and slot profile that maximise expected tokens per unit of cost, or nothing where a plain step is worth more.
+Drafts are deterministic token choices (q = 1), so greedy output is plain greedy output and the tree rejection rule
+keeps the target distribution at T > 0. Each source and the budget, in detail: docs/drafting.md.
 """
 
 from __future__ import annotations
