@@ -1,22 +1,10 @@
-"""`trtspec tune --write-recipe FILE`: the winner as a complete recipe (`trtspec.recipe.schema`) that `trtspec recipe
-run FILE` builds, deploys and benches.
+"""`trtspec tune --write-recipe FILE`: the winner as a complete recipe that `trtspec recipe run FILE` builds, deploys
+and benches.
 
-The recipe starts from FILE when it is already a recipe (the one that built the engine, say), else from `--recipe
-TEMPLATE`, else from the engine itself: its manifest (backend, profile, tree, weight format) and its checkpoint's
-`trtspec-convert.json` (the base folder, the drafter's folder, the convert options). The winner then sets:
-
-- a training-free method (ngram, suffix, lookahead) with node budget B: drafter.kind none, build.max_draft_len B (K:
-  the engine drafts at most B tokens a step, slot profiles 2, 3, 5, ... up to B + 1), deploy.method and bench.methods
-  the method;
-- a Medusa or EAGLE-1 tree: build.choices (K = its node count at least), the engine's own drafter served and
-  benched; an EAGLE tree also sets drafter.num_eagle_layers to its depth and drafter.max_non_leaves_per_layer to its
-  most expanding nodes on a level (what a TensorRT-LLM build of the recipe requires of an EAGLE-1 tree);
-- the engine's own dynamic tree (EAGLE-2): deploy.method and bench.methods it;
-- plain decoding: deploy.method none (speculation off); bench.methods the best measured drafter, so the bench stage
-  keeps measuring the decision.
-
-A baseline whose setting changed loses its figures and verify curve (`recipe run --gate --update-baseline` measures
-them again). The predicted and measured figures behind the choice head the file as comments.
+The recipe starts from FILE, a --recipe template or the engine itself (its manifest and its checkpoint's
+`trtspec-convert.json`); the winning setting then sets the drafter, the build's K or tree, and the deploy and bench
+methods, and a baseline whose setting changed loses its figures. What each kind of winner sets:
+docs/recipes.md, "Recipes written by tune".
 """
 
 from __future__ import annotations

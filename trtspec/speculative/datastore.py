@@ -1,23 +1,9 @@
 """Suffix datastores for the `suffix` drafter: where the current suffix of a sequence continued elsewhere.
 
-Two sources answer the same question — "after the last n tokens of this sequence, what came next, and how often?":
-
-* `Datastore`: a read-only corpus (`trtspec datastore build`: the model's own earlier replies, ShareGPT
-  answers, a folder of text or code), as REST (He et al., 2024) retrieves from. Every n-gram (n = 1..max_ngram)
-  is a 64-bit key in a sorted array, next to the position that follows it; a lookup is one binary search per n
-  (O(log N), a few dozen memory reads whatever the corpus size), and at most `max_positions` occurrences, spread
-  evenly over all of them, are read back. The file is memory-mapped: opening it reads it once to check its
-  SHA-256, then lookups touch a few pages each.
-* `RecentOutputs`: the server's own recent outputs, as SuffixDecoding (Oliaro et al., 2025) grows its global
-  tree: bounded (`capacity` tokens; the oldest outputs are evicted), updated when a sequence finishes.
-
-Both return a `SuffixMatch`: the match length n, how many times the suffix occurred, and the continuations of a
-sample of those occurrences; the proposer turns them into a frequency-weighted tree (`ngram_proposer`).
-
-File format (one file, written atomically): the 16-byte magic `TRTSPEC-DSTORE1\\n`, an 8-byte little-endian
-header length, a JSON header (info, the arrays' dtype / shape / offset, the data's SHA-256) padded with spaces so
-the data starts on a 64-byte boundary, then the arrays, each starting on a 64-byte boundary (numpy copies an
-unaligned array before a binary search, which would cost more than the search).
+`Datastore` is a read-only, memory-mapped corpus (`trtspec datastore build`) whose n-grams are sorted 64-bit keys,
+one binary search per n; `RecentOutputs` is the server's own recent outputs, bounded and updated as sequences finish.
+Both return a `SuffixMatch` (match length, occurrences, a sample of continuations) that `ngram_proposer` turns into a
+frequency-weighted tree. The two sources and the file format: docs/drafting.md, "Suffix datastores".
 """
 
 from __future__ import annotations

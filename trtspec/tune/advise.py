@@ -1,20 +1,9 @@
 """`trtspec advise`: should this engine speculate on this traffic, and how? A go / no-go from a short measured run.
 
-It runs `trtspec bench` (plain decoding and each candidate method, interleaved) at concurrency 1 and at the
-traffic's concurrency C and temperature T, reads the engine's verify curve (one sequence and an in-flight batch),
-and gives the verdict with its measured reasons:
-
-- acceptance: τ and acceptance rate of the best method at C;
-- output length: short replies spend most of their time before the first token, where drafting does nothing;
-- temperature: T > 0 accepts by rejection sampling (lossless), fewer drafts survive than at T = 0;
-- concurrency: what a step of the method's usual slot profile costs over C sequences against a plain step over C
-  (at 1 sequence the extra slots are nearly free; across a batch they are not), on the verify curve measured at the
-  requests' context length;
-- drafting overhead: the share of the decode spent proposing and observing;
-- TTFT: the first token's latency with the method against plain decoding.
-
-GO when the best method's measured tokens/s at C beats plain decoding's by GO_MARGIN and its τ reaches GO_TAU (a
-gain without accepted drafts is the machine's noise); else "turn it off".
+It runs `trtspec bench` at concurrency 1 and at the traffic's concurrency and temperature, reads the engine's verify
+curve, and gives the verdict with its measured reasons (acceptance, output length, temperature, concurrency,
+drafting overhead, TTFT): GO when the best method's tokens/s beats plain decoding's by GO_MARGIN and its τ reaches
+GO_TAU. Each reason: docs/tuning.md, "How advise decides".
 """
 
 from __future__ import annotations

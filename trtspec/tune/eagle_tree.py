@@ -1,29 +1,10 @@
 """EAGLE-1 trees for `trtspec tune`: the engine's draft teacher-forced along its greedy output, the rank of every
 true token recorded per depth, and the tree of each node budget with the greatest expected acceptance over them.
 
-What the runtime drafts (`EagleProposer`, static tree): the draft cache holds committed entries only, entry t reading
-(token t + 1, the target's feature at t); a tree grows from the last entry's draft hidden and logits: the root's
-children are the last entry's top-ranked tokens, a node of depth d reads (its token, its parent's draft hidden) and
-its children are its own top-ranked tokens. At T = 0 the accepted path follows the greedy output, so the node of
-depth d on it reads the true token t + d and the draft hidden its parent got from the true token t + d - 1: the same
-inputs in every tree. `teacher_force` therefore drafts that one chain along the true tokens at every output position
-(the root) and records the rank of the true token t + d among the draft's candidates at depth d; a tree accepts at
-that root the longest path of its nodes whose ranks are the recorded ones (`replay.replay_tree`, as over Medusa's head
-ranks). A step commits the emitted tokens with the target's own features, so the next root's draft state is the one
-a real run reaches whatever the tree.
-
-Exact up to floating point: a real run computes the same values in differently shaped graph runs (the committed
-features come from a verify step over the tree's slots, a draft step feeds other branches beside the path, a step's
-tokens extend the draft cache together), so sums can differ in their last bits and a near tie between two candidates
-can rank the other way; the tests compare replayed and real steps.
-
-The tree: the Medusa paper's greedy expected-acceptance construction (`medusa_tree.greedy_tree`) over the draft's
-top-k accuracy per depth, each conditioned on the depths before it having been accepted (their true tokens among the
-candidates kept): a node's probability is the product of its ranks' accuracies down its path. A node (a path of
-ranks) is also accepted at a root exactly when the recorded ranks there begin with it, so its probability can be
-measured per path (`node_probabilities`, reported beside each tree as its expected length per root), but deep nodes'
-shares rest on few roots: on SmolLM2's draft the per-path greedy tree equalled the per-depth one at 4 and 8 nodes and
-replayed 1-2% less τ on held-out prompts at 16.
+At T = 0 the accepted path follows the greedy output, so drafting the one chain of true tokens at every root gives
+the inputs every tree's path would see; a tree accepts at a root the longest path of its nodes whose ranks are the
+recorded ones (`replay.replay_tree`). Exact up to floating point (the tests compare replayed and real steps). Why
+this is exact, and how the tree is chosen: docs/tuning.md, "EAGLE-1 trees for tune".
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """A decode step's milliseconds as `trtspec tune` predicts them: per slot profile, a line in the context's length.
 
-A verify step attends to its sequence's whole past, and on a CPU a step over several slots pays for that past far
-more than a plain step does, so one curve measured at one context length misprices a run whose prompts are longer or
-shorter.
-`measure` times the verify curve (`runtime.verify_curve`) after a few pasts spanning the prompts' contexts and `fit`
-draws a least-squares line through each profile's times; a step after `past` tokens then costs the line's value
-there, levelled so that no profile costs more than a larger one (a step may always run padded into a larger one).
-
-The loop's own work on a step's rows is added: accepting a draft takes the argmax of each verified row (a plain step's
-one row is in the plain step already), timed per profile right after a real verify step, on its own output as the
-loop gets it (`acceptance_ms`: over the same rows again, hot in the cache, it took a quarter of that here).
-
-`anchored` scales the lines so that plain decoding costs what the calibration run's own plain steps took, at their
-contexts: the curve gives the shape, the loop as it runs now the level (a curve measured alone misses the loop's
-own work and the machine's load of the moment).
-
-A run's steps are priced at each prompt's mean context, `mean_past` (its prompt, then half the tokens it decodes):
-with a cost linear in the past that is exactly the sum over its steps when they are spread evenly along the output.
+`measure` times the verify curve after a few pasts spanning the prompts' contexts, `fit` draws a least-squares line
+through each profile's times (levelled so that no profile costs more than a larger one), the loop's own acceptance
+work per step is added, and `anchored` scales the lines to what the calibration run's plain steps took. Why each
+part is there: docs/tuning.md, "The step-time model".
 """
 
 from __future__ import annotations

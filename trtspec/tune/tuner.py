@@ -2,7 +2,7 @@
 
 A step-time model and calibration prompts decoded once; τ per setting predicted by replaying each drafter over
 those recordings; the best predicted settings measured on held-out prompts, predicted beside measured. The steps
-and what each error term means: docs/measuring.md.
+and what each error term means: docs/tuning.md.
 """
 
 from __future__ import annotations
@@ -36,9 +36,8 @@ class TuneOptions:
     engine: Path
     prompt_set: str = "sharegpt-grounded"
     budgets: tuple[int, ...] = (4, 8, 16, 32)  # draft nodes per step (capped by the engine's K)
-    # calibration prompts (replayed) and held-out prompts the best candidates are measured on: with 4 / 12 the
-    # evaluation missed half of MT-Bench's 8 categories and tokens/s came out 9-16% off on both measured sets, with
-    # 8 / 16 (8 / 12 on the grounded set) 0-12%, most within 7% (docs/measuring.md, tune)
+    # calibration prompts (replayed) and held-out prompts the best candidates are measured on: enough of each that
+    # the evaluation covers every MT-Bench category and its tokens/s lands near the replay's prediction
     calibration: int = 16
     evaluation: int = 8
     candidates: int = 3  # the best predicted settings measured
