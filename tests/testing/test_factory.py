@@ -423,7 +423,9 @@ def test_write_example(tmp_path: Path) -> None:
     assert (paths["eagle"] / "pytorch_model.bin").exists()
 
 
-def test_main_prints_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    main([str(tmp_path)])
-    lines = capsys.readouterr().out.splitlines()
-    assert lines == [f"{name}\t{tmp_path / name}" for name in ("base", "medusa", "eagle")]
+def test_main_prints_paths(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(main, [str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [f"{name}\t{tmp_path / name}" for name in ("base", "medusa", "eagle")]
