@@ -15,8 +15,7 @@ import numpy as np
 from trtspec.errors import ConfigError
 from trtspec.speculative.engine import Engine, StepOutput
 from trtspec.speculative.acceptance import Accepted
-from trtspec.speculative.proposer import Draft, batch_engine, observe_one_by_one, top_ranked
-from trtspec.speculative.sampling import softmax
+from trtspec.speculative.proposer import Draft, batch_engine, observe_one_by_one, token_probabilities, top_ranked
 from trtspec.speculative.tree import DynamicTree, Tree, build_tree
 
 
@@ -118,9 +117,9 @@ class EagleProposer:
                 if parent not in ranked:
                     widest = max(tree.ranks[c] for c in tree.children[parent]) + 1
                     ranked[parent] = top_ranked(logits[parent], widest)
-                    probs[parent] = softmax(logits[parent])
+                    probs[parent] = token_probabilities(logits[parent], ranked[parent])
                 tokens[node] = ranked[parent][tree.ranks[node]]
-                confidence[node - 1] = probs[parent][tokens[node]]
+                confidence[node - 1] = probs[parent][tree.ranks[node]]
             expanding = [n for n in level if tree.children[n]]
             if expanding:
                 fed = sorted({a for n in expanding for a in np.flatnonzero(tree.mask[n]) if a != 0})

@@ -11,8 +11,7 @@ import numpy as np
 from trtspec.errors import ConfigError
 from trtspec.speculative.engine import Engine, StepOutput
 from trtspec.speculative.acceptance import Accepted
-from trtspec.speculative.proposer import Draft, batch_engine, observe_one_by_one, top_ranked
-from trtspec.speculative.sampling import softmax
+from trtspec.speculative.proposer import Draft, batch_engine, observe_one_by_one, token_probabilities, top_ranked
 from trtspec.speculative.tree import Tree
 
 
@@ -31,14 +30,13 @@ class MedusaProposer:
     def propose(self, root: int) -> Draft:
         tree = self.tree
         candidates = [top_ranked(self._head_logits[d], k) for d, k in enumerate(tree.topks)]
-        probs = [softmax(self._head_logits[d]) for d in range(len(tree.topks))]
+        probs = [token_probabilities(self._head_logits[d], c) for d, c in enumerate(candidates)]
         tokens = np.empty(tree.num_nodes + 1, dtype=np.int64)
         confidence = np.empty(tree.num_nodes, dtype=np.float64)
         tokens[0] = root
         for node in range(1, tree.num_nodes + 1):
-            head = tree.position_offsets[node] - 1
-            tokens[node] = candidates[head][tree.ranks[node]]
-            confidence[node - 1] = probs[head][tokens[node]]
+            head, rank = tree.position_offsets[node] - 1, tree.ranks[node]
+            tokens[node], confidence[node - 1] = candidates[head][rank], probs[head][rank]
         return Draft(tree, tokens, confidence=confidence)
 
     def observe(self, verify: StepOutput, accepted: Accepted) -> None:

@@ -71,6 +71,12 @@ def observe_one_by_one(proposers: list, steps: list) -> None:
         proposer.observe(verify, accepted)
 
 
+def token_probabilities(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """The softmax probability of each of `tokens` under `logits` [V]: one pass over the vocabulary, in float32."""
+    top = logits.max()
+    return np.exp(logits[tokens] - top) / np.exp(logits - top).sum()
+
+
 def top_ranked(logits: np.ndarray, k: int) -> np.ndarray:
     """The k highest-scoring token ids in descending order (ties: lower id first)."""
     k = min(k, logits.shape[-1])
