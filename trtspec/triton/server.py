@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtspec.errors import ServerError, TrtspecError
+from trtspec.procfs import port_owner, process_stat
 from trtspec.triton.drain import DrainSignal
 
 log = logging.getLogger(__name__)
@@ -337,25 +338,9 @@ def port_is_free(address: str, port: int) -> bool:
 
 def port_holder(port: int) -> str:
     """The process listening on a TCP port, as "pid 123 (tritonserver)", from /proc (Linux); "" when unknown."""
-    try:
-        inodes = set()
-        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-            if not os.path.exists(table):
-                continue
-            for line in Path(table).read_text().splitlines()[1:]:
-                fields = line.split()
-                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # 0A: LISTEN
-                    inodes.add(fields[9])
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                fds = os.listdir(f"/proc/{pid}/fd")
-                if any(os.readlink(f"/proc/{pid}/fd/{fd}") in {f"socket:[{i}]" for i in inodes} for fd in fds):
-                    return f"pid {pid} ({Path(f'/proc/{pid}/comm').read_text().strip()})"
-            except OSError:
-                continue
-    except (OSError, ValueError, IndexError):
-        pass
-    return ""
+    pid = port_owner(port)
+    stat = process_stat(pid) if pid is not None else None
+    return f"pid {pid} ({stat[0]})" if stat is not None else ""
 
 
 def wait_for_ports(address: str, ports: tuple[int, ...], wait_s: float) -> None:
