@@ -5,7 +5,6 @@ per step), and unary requests to a --no-decoupled deployment against as many str
 
 from __future__ import annotations
 
-import re
 import tempfile
 import time
 from pathlib import Path
@@ -18,11 +17,12 @@ def _texts(name: str, limit: int) -> list[str]:
 
 
 def read_counters(metrics_url: str, *, publish_via: str | None = None) -> dict[str, float]:
-    """trtspec's counters from Triton's Prometheus endpoint (summed over models and instances).
+    """trtspec's counters from Triton's Prometheus endpoint (`trtspec.bench.metrics`: summed over models and
+    instances, and per model and per slot profile beside that, e.g. trtspec_engine_profile_steps_total[5]).
 
     The engine model publishes its counters when it receives a request; `publish_via` (a gRPC URL) sends a
     one-token request first so the counters cover everything before this call."""
-    import urllib.request
+    from trtspec.bench.metrics import read_metrics
 
     if publish_via is not None:
         from trtspec.speculative.loop import GenerationConfig
@@ -30,16 +30,7 @@ def read_counters(metrics_url: str, *, publish_via: str | None = None) -> dict[s
 
         with TritonClient(publish_via) as client:
             client.generate("count", GenerationConfig(max_tokens=1))
-
-    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-    counters: dict[str, float] = {}
-    for m in re.finditer(r"^(trtspec_[a-z_]+)(\{[^}]*\})? ([0-9.e+-]+)$", text, re.M):
-        counters[m[1]] = counters.get(m[1], 0.0) + float(m[3])
-        slots = re.search(r'slots="(\d+)"', m[2] or "")
-        if slots:  # per slot profile too: trtspec_engine_profile_steps_total[5]
-            key = f"{m[1]}[{slots[1]}]"
-            counters[key] = counters.get(key, 0.0) + float(m[3])
-    return counters
+    return read_metrics(metrics_url, prefixes=("trtspec_",))
 
 
 def engine_batching(before: dict, after: dict) -> dict:

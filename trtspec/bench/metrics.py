@@ -1,0 +1,58 @@
+"""Triton's Prometheus metrics endpoint read into flat numbers: each metric summed over all its labels (`name`), and
+beside that per model (`name{model="x"}`) and per slot profile (`name[N]`, trtspec_engine_profile_steps_total's
+`slots` label). The one reader of `/metrics` for the benchmarks (`bench serving`'s counters, the soak's samples)."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+
+PREFIXES = ("trtspec_", "nv_inference_")
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Prometheus text exposition: (name, labels, value) per sample line; comments and bad lines are skipped."""
+    out = []
+    for line in text.splitlines():
+        m = _SAMPLE.match(line.strip())
+        if not m:  # a blank line or a comment too
+            continue
+        try:
+            value = float(m[3])
+        except ValueError:
+            continue
+        out.append((m[1], dict(_LABEL.findall(m[2] or "")), value))
+    return out
+
+
+def flatten_metrics(text: str, prefixes: tuple[str, ...] = PREFIXES) -> dict[str, float]:
+    """The samples of the metrics named with `prefixes`, summed per key (module docstring)."""
+    flat: dict[str, float] = {}
+    for name, labels, value in parse_metrics(text):
+        if not name.startswith(prefixes):
+            continue
+        keys = [name]
+        if "model" in labels:
+            keys.append(f'{name}{{model="{labels["model"]}"}}')
+        if "slots" in labels:
+            keys.append(f"{name}[{labels['slots']}]")
+        for key in keys:
+            flat[key] = flat.get(key, 0.0) + value
+    return flat
+
+
+def read_metrics(url: str, *, prefixes: tuple[str, ...] = PREFIXES, timeout: float = 10.0) -> dict[str, float]:
+    """`flatten_metrics` of the endpoint at `url`; OSError (urllib's URLError) when it cannot be read."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return flatten_metrics(response.read().decode("utf-8", errors="replace"), prefixes)
+
+
+def fetch_metrics(url: str, timeout: float = 3.0) -> dict[str, float] | None:
+    """`read_metrics`, or None when the endpoint cannot be read (a sampler must not fail with the server)."""
+    try:
+        return read_metrics(url, timeout=timeout)
+    except (OSError, ValueError):
+        return None
