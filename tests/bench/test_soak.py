@@ -1,6 +1,6 @@
-"""The pure parts of `trtspec bench soak`: percentiles, output comparison, metrics parsing, RSS sampling from /proc,
-the report, its targets, table, files and plot, and the command's flag checks (no server: the served run is
-tests/triton/test_soak.py)."""
+"""The pure parts of `trtspec bench soak`: its distribution summary, output comparison, metrics parsing
+(trtspec.bench.metrics), RSS sampling and the port's owner from /proc (trtspec.procfs), the report, its targets,
+table, files and plot, and the command's flag checks (no server: the served run is tests/triton/test_soak.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import csv
 import json
 import mmap
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -17,28 +18,26 @@ import pytest
 from click.testing import CliRunner
 
 from trtspec.bench import soak
-from trtspec.bench.soak import (RequestRecord, Sampler, SoakOptions, SoakReport, compare, flatten_metrics,
-                                format_report, is_loopback, memory_summary, parse_metrics, percentile,
-                                process_tree, rss_kib, split_url, summarize, targets, write_outputs)
+from trtspec.bench.metrics import flatten_metrics, parse_metrics
+from trtspec.bench.soak import Sampler, SoakOptions, compare, is_loopback, process_label, split_url
+from trtspec.bench.soak_report import (SoakReport, SoakRequest, format_report, memory_summary, status_line, summarize,
+                                       targets, write_outputs)
 from trtspec.cli import cli
 from trtspec.errors import ConfigError
+from trtspec.procfs import listening_pids, port_owner, process_tree, rss_kib
+from trtspec.triton.server import port_holder
 
 
-@pytest.mark.parametrize("q", [0, 1, 10, 50, 90, 99, 100])
-def test_percentile_matches_numpy(q):
-    values = list(np.random.default_rng(q).exponential(2.0, 101)) + [0.0, 7.5]
-    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
-
-
-def test_percentile_edges():
-    assert percentile([], 50) is None
-    assert percentile([3.0], 99) == 3.0
-    assert percentile([1, 2, 3, 4], 50) == 2.5
-    with pytest.raises(ValueError):
-        percentile([1], 101)
+def test_summarize_is_bench_summary_distribution_with_count_and_max():
+    values = list(np.random.default_rng(0).exponential(2.0, 101)) + [0.0, 7.5]
+    s = summarize(iter(values))
+    for p in (50, 90, 99):
+        assert s[f"p{p}"] == pytest.approx(float(np.percentile(values, p)), abs=1e-3)
+    assert (s["count"], s["max"]) == (103, round(max(values), 3))
     s = summarize([1.0, 2.0, 3.0, 4.0, 5.0])
     assert (s["count"], s["p50"], s["max"], s["mean"]) == (5, 3.0, 5.0, 3.0)
-    assert summarize([])["p50"] is None
+    assert summarize([1, 2, 3, 4])["p50"] == 2.5
+    assert summarize([]) == {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
 
 
 def test_compare_tells_truncation_from_mismatch():
@@ -76,7 +75,11 @@ def test_parse_metrics_reads_prometheus_text():
     assert flat["nv_inference_request_success"] == 238
     assert flat["trtspec_engine_profile_steps_total"] == 1520
     assert flat["trtspec_engine_sequences_in_flight"] == 3
+    assert flat["trtspec_engine_profile_steps_total[9]"] == 1500 and flat["trtspec_engine_profile_steps_total[1]"] == 20
     assert "nv_cpu_memory_used_bytes" not in flat
+    counters = flatten_metrics(METRICS, ("trtspec_",))  # what `bench serving`'s read_counters keeps
+    assert set(counters) >= {"trtspec_kv_rows_free", "trtspec_engine_profile_steps_total[9]"}
+    assert not any(k.startswith("nv_") for k in counters)
 
 
 def test_rss_and_process_tree_of_this_process():
@@ -107,6 +110,40 @@ def test_rss_and_process_tree_of_this_process():
     assert rss_kib(child.pid) is None and child.pid not in process_tree(os.getpid())
     assert process_tree(2**22 + 12345) == []
     del block
+
+
+def test_process_labels():
+    with open(f"/proc/{os.getpid()}/comm") as f:
+        assert process_label(os.getpid()) == f.read().strip()
+    # a Python backend stub is named for the model folder of the model.py it runs
+    stub = subprocess.Popen(["triton_python_backend_stub", "-c", "import time; time.sleep(30)",
+                             "/repo/tensorrt_llm/1/model.py"], executable=sys.executable)
+    try:
+        deadline = time.monotonic() + 30
+        while process_label(stub.pid) != "stub:tensorrt_llm" and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the child has exec'd
+        assert process_label(stub.pid) == "stub:tensorrt_llm"
+    finally:
+        stub.kill()
+        stub.wait()
+
+
+def test_the_owner_of_a_listening_port():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        port = server.getsockname()[1]
+        assert listening_pids(port) == [] and port_owner(port) is None and port_holder(port) == ""
+        server.listen()
+        # a child inherits the listening socket: the owner is still this process, the one above it
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], pass_fds=[server.fileno()])
+        try:
+            assert set(listening_pids(port)) == {os.getpid(), child.pid}
+            assert port_owner(port) == os.getpid()
+            with open(f"/proc/{os.getpid()}/comm") as f:
+                assert port_holder(port) == f"pid {os.getpid()} ({f.read().strip()})"
+        finally:
+            child.kill()
+            child.wait()
 
 
 def test_memory_summary_start_peak_end_growth():
@@ -164,11 +201,11 @@ def test_cli_help_and_flag_checks():
 
 
 def _report(**changes) -> SoakReport:
-    records = [RequestRecord(i, i % 2, "soak", i % 3, start_s=1.0 + i, end_s=3.0 + i, ttft_s=0.1 + i / 100,
+    records = [SoakRequest(i, i % 2, "soak", i % 3, start_s=1.0 + i, end_s=3.0 + i, ttft_s=0.1 + i / 100,
                              latency_s=2.0, tokens=64, outcome="ok") for i in range(6)]
-    records.append(RequestRecord(6, 0, "probe", 0, start_s=10, end_s=10.5, ttft_s=0.09, latency_s=0.5, tokens=16,
+    records.append(SoakRequest(6, 0, "probe", 0, start_s=10, end_s=10.5, ttft_s=0.09, latency_s=0.5, tokens=16,
                                  outcome="ok"))
-    records.append(RequestRecord(7, 1, "shutdown", 1, start_s=11, end_s=12, ttft_s=0.2, latency_s=1.0, tokens=9,
+    records.append(SoakRequest(7, 1, "shutdown", 1, start_s=11, end_s=12, ttft_s=0.2, latency_s=1.0, tokens=9,
                                  outcome="truncated", first_diff=9))
     samples = [{"t": float(t), "rss_mib": 800.0 + t, "processes": {"tritonserver": 200.0, "stub:tensorrt_llm": 600 + t},
                 "metrics": {"trtspec_engine_sequences_in_flight": float(t % 3)}} for t in range(14)]
@@ -231,7 +268,7 @@ def test_report_table_json_csv_and_plot(tmp_path):
 
 
 def test_status_line():
-    line = soak._status_line(30.2, {"requests": 10, "errors": 0, "mismatches": 0},
-                             {"rss_mib": 812.4, "metrics": {"trtspec_engine_sequences_in_flight": 8.0,
-                                                            "trtspec_engine_queue_size": 2.0}})
+    line = status_line(30.2, {"requests": 10, "errors": 0, "mismatches": 0},
+                       {"rss_mib": 812.4, "metrics": {"trtspec_engine_sequences_in_flight": 8.0,
+                                                      "trtspec_engine_queue_size": 2.0}})
     assert line == "   30 s: 10 requests, 0 errors, 0 mismatches, RSS 812 MiB, in flight 8, queued 2"

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from tests.triton.test_server import _prompts
-from trtspec.bench.soak import SoakOptions, format_report, run_soak
+from trtspec.bench.soak import SoakOptions, run_soak
+from trtspec.bench.soak_report import format_report
 
 
 @pytest.mark.slow

@@ -341,7 +341,8 @@ def bench_soak(url: str | None, as_json: bool, check: bool, **flags) -> None:
     the prompt served alone, the server's memory and /metrics sampled, faults injected on request.
 
     URL is HOST:PORT of a running server's gRPC endpoint (loopback unless --allow-remote), or use --repo."""
-    from trtspec.bench.soak import SoakOptions, format_report, run_soak
+    from trtspec.bench.soak import SoakOptions, run_soak
+    from trtspec.bench.soak_report import format_report
 
     report = run_soak(SoakOptions(url=url, **flags), show=lambda line: click.echo(line, err=True))
     if as_json:
