@@ -1,22 +1,15 @@
 """INT4-AWQ TensorRT-LLM checkpoints (quant_algo W4A16_AWQ, as TensorRT Model Optimizer exports them), read for the
 CPU engine without re-quantizing.
 
-Per quantized linear layer P (attention.qkv, attention.dense, mlp.fc, mlp.gate, mlp.proj) the checkpoint holds:
+Per quantized linear layer P the checkpoint holds `P.weight` (int8 [out / 2, in]: two signed 4-bit codes a byte,
+packed along the output dimension, the even output row in the low nibble), `P.weights_scaling_factor` ([out,
+in / group]) and `P.prequant_scaling_factor` ([in], AWQ's activation scale). Here the codes become MatMulNBits blocks
+as they are, the scales its scales and the pre-quant scale a Mul on the activation, so the engine computes what
+TensorRT-LLM's kernel computes; the dequantized view (`dequantized`) is what the torch reference and `inspect` read.
 
-- `P.weight`: int8 [out / 2, in], two signed 4-bit codes (−8..7) a byte packed along the *output* dimension, the even
-  output row in the low nibble (ModelOpt `modelopt/torch/export/model_config_utils.py` `to_quantized_weight`, INT4_AWQ:
-  `int8_tensor.T.reshape(in_dim, out_dim // 2, 2)`, `(t[..., 0] & 0x0F) | (t[..., 1] << 4)`, returned transposed);
-- `P.weights_scaling_factor`: [out, in / group], one scale per output row and group of `group` inputs (ModelOpt
-  divides the weight by `weights_scaling_factor[:, arange(in) // block_size]` before rounding);
-- `P.prequant_scaling_factor`: [in], AWQ's activation scale: TensorRT-LLM's kernel computes
-  (x * prequant_scaling_factor) @ dequantized(W).T (tensorrt_llm/quantization/layers.py
-  `WeightOnlyGroupwiseQuantLinear`, `weight_only_groupwise_quant_matmul` with the PRE_QUANT_SCALE flag; the
-  checkpoint side: tensorrt_llm/models/modeling_utils.py `preprocess_perlayer_weights`, which transposes the int8
-  weight and the scales and reshapes the pre-quant scale to (1, in) before the GPU layout is made).
-
-Here the codes become MatMulNBits blocks as they are (same symmetric codes, zero point 8), the scales its scales,
-and the pre-quant scale a Mul on the activation before it: the engine computes what the GPU kernel computes. The
-dequantized view (`dequantized`) is what the torch reference and `inspect` read.
+Layouts: ModelOpt `modelopt/torch/export/model_config_utils.py` `to_quantized_weight` (INT4_AWQ); TensorRT-LLM
+`tensorrt_llm/quantization/layers.py` `WeightOnlyGroupwiseQuantLinear` and `tensorrt_llm/models/modeling_utils.py`
+`preprocess_perlayer_weights`. In detail: docs/quantization-numerics.md.
 """
 
 from __future__ import annotations

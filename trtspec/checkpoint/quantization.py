@@ -1,21 +1,13 @@
 """The quantization a TensorRT-LLM checkpoint declares (config.json `quantization`) and what the onnx backend does
 with it.
 
-TensorRT-LLM writes `{"quant_algo": ..., "kv_cache_quant_algo": ..., "group_size": ..., "exclude_modules": [...]}`
-(tensorrt_llm/models/modeling_utils.py `QuantConfig`; the modes: tensorrt_llm/quantization/mode.py `QuantAlgo`).
-The onnx backend computes in fp32 with fp32 KV caches and int8 / int4 MatMulNBits weights, so:
-
-- no quant_algo: build from the floating-point weights (`--weights` chooses the format);
-- `W8A16` / `W4A16` (weight-only, per channel) with floating-point weights: trtllm-build itself quantizes such
-  tensors at build time (modeling_utils.py `preprocess_perlayer_weights` → models/convert_utils.py
-  `weight_only_quantize_dict`, which skips tensors that are int8 already); trtspec does the same in its own
-  block-wise format (`--weights int8` / `int4`, blocks of `--block-size` along the input: finer than per channel);
-- `W4A16_AWQ` (TensorRT Model Optimizer's INT4-AWQ export): its codes, scales and pre-quant scales are read as they
-  are (checkpoint/awq.py), the group size becoming the MatMulNBits block size;
-- `W8A16` / `W4A16` with int8 tensors: `convert_checkpoint.py --use_weight_only` wrote them through
-  `torch.ops.trtllm.symmetric_quantize_last_axis_of_batched_matrix`, already interleaved for the GPU's mixed-GEMM
-  kernels (models/llama/convert.py `get_tllm_linear_weight`); refused, naming the mode;
-- anything else (FP8, INT8 SmoothQuant, W4A8_AWQ, NVFP4, a quantized KV cache, ...) is refused, naming it.
+TensorRT-LLM writes `{"quant_algo", "kv_cache_quant_algo", "group_size", "exclude_modules"}`
+(tensorrt_llm/models/modeling_utils.py `QuantConfig`; the modes: tensorrt_llm/quantization/mode.py `QuantAlgo`). The
+onnx backend computes in fp32 with int8 / int4 MatMulNBits weights, so: no quant_algo builds from the float weights;
+`W8A16` / `W4A16` with floating-point tensors are quantized by the build in its own block-wise format, as trtllm-build
+quantizes them at build time; `W4A16_AWQ` is read as stored (checkpoint/awq.py); `W8A16` / `W4A16` with int8 tensors
+(already interleaved for the GPU by `convert_checkpoint.py --use_weight_only`) and every other mode or quantized KV
+cache are refused, naming it. Each case with its upstream source: docs/quantization.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """One place that turns build settings into what an engine is: its method and its tree, for both backends (the
 ONNX Runtime builder and the TensorRT-LLM plan).
 
-The backends differ only where their runtimes do, and each difference is stated here once:
-- the default tree: the CPU backend pays for every slot a verify step feeds (its slot profiles), so its default is a
-  small tree (`medusa_small_8`, or a chain where the checkpoint has fewer than 3 Medusa heads); on a GPU a step costs
-  about the same up to its one padded profile, so the TensorRT-LLM default is upstream's own `mc_sim_7b_63`
-  (tensorrtllm_backend `all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt`: an unset `medusa_choices` /
-  `eagle_choices` means mc_sim_7b_63);
-- EAGLE-2's dynamic tree runs on the CPU backend only (the Triton tensorrt_llm model exposes no dynamic tree);
-  lookahead and draft-target engines are TensorRT-LLM methods (the CPU backend runs lookahead per request on any
-  engine with K >= 1, not as an engine kind);
-- an EAGLE-1 tree for TensorRT-LLM must be exactly `num_eagle_layers` deep with at most `max_non_leaves_per_layer`
-  expanding nodes per level (TensorRT-LLM `tensorrt_llm/llmapi/llm_args.py`); the CPU backend drafts any depth.
+The backends differ only where their runtimes do, and each difference is stated here once: the default tree (a small
+one on the CPU, which pays for every slot a verify step feeds; upstream's `mc_sim_7b_63` on a GPU, as
+tensorrtllm_backend's config.pbtxt defaults an unset `medusa_choices` / `eagle_choices`), EAGLE-2's dynamic tree (CPU
+only), lookahead and draft-target engines (TensorRT-LLM only; the CPU backend runs lookahead per request), and
+TensorRT-LLM's EAGLE-1 depth rule (tensorrt_llm/llmapi/llm_args.py). Each rule in full: docs/design.md (Backends).
 """
 
 from __future__ import annotations

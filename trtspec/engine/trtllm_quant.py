@@ -1,21 +1,13 @@
 """`trtspec build --backend trtllm --weights int8|int4|fp8`: TensorRT-LLM's weight-only INT8, INT4-AWQ and FP8
 engines, planned.
 
-trtllm-build builds what the checkpoint holds: a quantized engine needs a checkpoint quantized first by
-`examples/quantization/quantize.py` (TensorRT Model Optimizer under the hood), which reads the Hugging Face model,
-calibrates on a dataset and writes the quantized TensorRT-LLM checkpoint (`--qformat int8_wo` → quant_algo W8A16,
-`int4_awq` → W4A16_AWQ with `--awq_block_size` (default 128), `fp8` → FP8; its Medusa inputs: `--medusa_model_dir`,
-`--num_medusa_heads`, `--num_medusa_layers`, `--max_draft_len`, and `--quant_medusa_head`, off by default). So:
-
-- a checkpoint already quantized: trtllm-build runs on it as it is; `--weights` must name its mode (or be left out);
-- a float checkpoint converted by trtspec: the plan holds the quantize.py command (from the Hugging Face base and
-  Medusa heads `trtspec convert` recorded) and trtllm-build then reads its output; `build` runs trtllm-build once
-  that output exists.
-
-The Medusa heads stay in the base dtype by default (no `--quant_medusa_head`): FP8-quantized Medusa heads failed
-trtllm-build (NVIDIA/TensorRT-LLM#2115, v0.11) and a weight-only quantized Medusa checkpoint crashed it
-(NVIDIA/TensorRT-LLM#1845); the heads are a few percent of the weights, and their accuracy decides acceptance.
-quantize.py has no EAGLE draft input, so an EAGLE checkpoint is built quantized only when it arrives quantized.
+trtllm-build builds what the checkpoint holds, so a quantized engine needs a checkpoint quantized first by
+TensorRT-LLM's `examples/quantization/quantize.py` (TensorRT Model Optimizer: `--qformat int8_wo` → W8A16,
+`int4_awq` → W4A16_AWQ, `fp8` → FP8). A checkpoint quantized already builds as it is; for a float checkpoint that
+`trtspec convert` wrote, the plan holds the quantize.py command and `build` runs trtllm-build once its output exists.
+The Medusa heads stay in the base dtype by default (quantized heads broke trtllm-build: NVIDIA/TensorRT-LLM#2115,
+#1845); quantize.py has no EAGLE draft input. In full: docs/gpu.md (Quantized GPU engines); the upstream files:
+docs/upstream-sources.md.
 """
 
 from __future__ import annotations

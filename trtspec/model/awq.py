@@ -1,22 +1,12 @@
 """Activation-aware pre-scaling (AWQ-style) of a float LLaMA-family TensorRT-LLM checkpoint, so that the int4
 round-to-nearest build (`trtspec build --weights int4`, `quantize.quantize`) loses less.
 
-For every linear group of every layer, with X its calibration inputs and W its matrices, search per input channel
-scales s = mean|X|^α (normalised to a geometric mean range of 1) over α in [0, 1], keeping the α that minimises
-||X (W − Q(W·diag(s))·diag(1/s))ᵀ||² (α = 0 is plain round-to-nearest, so the calibration error never grows), then
-fold s into W's columns and 1/s into the producer of X, which leaves the float model's function unchanged:
-
-| group | X | 1/s folded into |
-|---|---|---|
-| `attention.qkv` | input_layernorm(h) | `input_layernorm.weight` |
-| `mlp.fc` + `mlp.gate` (HF gate_proj, up_proj) | post_layernorm(h) | `post_layernorm.weight` |
-| `attention.dense` | the heads' attention outputs | the v rows of `attention.qkv` (GQA: one scale per kv channel, shared by the heads that read it) |
-| `mlp.proj` | silu(fc x) · (gate x) | the rows of `mlp.gate` |
-
-Row scalings (v, gate) do not change their own int4 error: a block's scale follows its maximum. The method is
-AWQ's scale search (Lin et al., "AWQ: Activation-aware Weight Quantization", MLSys 2024; mit-han-lab/llm-awq
-`awq/quantize/auto_scale.py`) without its clipping search, since the build quantizes symmetric blocks at their
-maximum. Calibration activations come from the Hugging Face model the checkpoint was converted from (transformers).
+For every linear group of every layer it searches per-input-channel scales s = mean|X|^α over α in [0, 1] on
+calibration activations (from the Hugging Face model the checkpoint was converted from), keeps the α that minimises
+the group's output error after quantization (α = 0 is plain round-to-nearest, so the error never grows), and folds s
+into the weights and 1/s into the producer of X (a norm, the v rows, the gate rows): the float model computes the same
+function. AWQ's scale search (Lin et al., MLSys 2024; mit-han-lab/llm-awq `awq/quantize/auto_scale.py`) without its
+clipping search. The groups, the objective and where each scale is folded: docs/quantization-numerics.md.
 """
 
 from __future__ import annotations

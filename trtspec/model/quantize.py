@@ -1,28 +1,13 @@
 """Block-wise weight-only quantization in ONNX Runtime's `MatMulNBits` layout (numpy only, no onnx, no torch).
 
-A matrix W [N, K] (N outputs, K inputs: the checkpoint's [out, in]) is cut along K into blocks of `block_size`
-values (the last block zero-padded); each block has one float32 scale and is stored as unsigned integers of `bits`
-bits with an implicit zero point of 2^(bits-1) (symmetric: 8 for int4, 128 for int8), so that
-
-    W[n, k] ≈ (q[n, k] - 2^(bits-1)) * scale[n, k // block_size]
-
-Layout (the com.microsoft MatMulNBits contrib op, ONNX Runtime `docs/ContribOperators.md`): B is uint8
-[N, blocks, block_size * bits / 8], 4-bit values two to a byte, the first in the low nibble; scales are
-[N * blocks]. Blocks run along K for each output row, so quantizing rows separately and concatenating them (the
-fused q/k/v and gate/up matrices) gives the same bytes as quantizing the concatenation.
-
-The `min` scheme (int4 only; llama.cpp's Q4_1: ggml-org/llama.cpp `ggml/src/ggml-quants.c`, quantize_row_q4_1_ref)
-gives each block a float minimum m too: scale d = (max - min) / 15, codes u = round((w - m) / d) in 0..15, so that
-
-    W[n, k] ≈ u[n, k] * d[n, b] + m[n, b]        (b = k // block_size)
-
-It stores u as the symmetric scheme stores its codes (MatMulNBits reads them with its default zero point 8, i.e.
-(u - 8) * d) and each block's offset o = m + 8 d apart, in float16 (OFFSET_DTYPE); trtspec's AddBlockOffsets op adds
-the rest of the product, sum_b blocksum_b(x) * o[n, b] (`onnx_ops.matmul_nbits`, trtspec/native/block_offsets.cc).
-MatMulNBits' own float zero points hold the same weights but run ONNX Runtime's dequantizing path (a 576 x 1536
-product many times slower), and its uint8 zero points cannot hold m / d. Weights dequantized from a Q4_1 GGUF
-come back exactly where m + 8 d is a half, which it nearly always is (m ≈ -8 d): SmolLM2-135M-Instruct's linear
-layers but for 64 of 106 M weights, 0.3% of a step off.
+A matrix W [N, K] (the checkpoint's [out, in]) is cut along K into blocks of `block_size` values, each with one
+float32 scale and its values stored as unsigned `bits`-bit integers with an implicit zero point 2^(bits-1), so that
+W[n, k] ≈ (q[n, k] - 2^(bits-1)) * scale[n, k // block_size] (the com.microsoft MatMulNBits contrib op, ONNX Runtime
+`docs/ContribOperators.md`). The `min` scheme (int4 only; llama.cpp's Q4_1: ggml-org/llama.cpp
+`ggml/src/ggml-quants.c`, quantize_row_q4_1_ref) gives each block a float minimum m too, W ≈ u * d + m: it stores u
+as the symmetric scheme stores its codes and each block's offset m + 8 d in float16 (OFFSET_DTYPE), which trtspec's
+AddBlockOffsets op adds after the product. Also here: the accuracy level, and why a quantized plain step may compute
+as two slots. The layout, the scheme and why not MatMulNBits' own zero points: docs/quantization-numerics.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Acceptance rules of the verify step: which drafted tokens the target keeps, and the one token it adds.
 
-This module is the one place that defines the words; everything else in trtspec (loop, stats, backends) uses
-them as written here. A verify step feeds n + 1 slots: slot 0 is the root (the last committed token), slots
-1..n are draft-tree nodes; `target[i]` is the target's distribution for the token AFTER slot i.
-
-* **accepted tokens**: draft tokens on one root-to-leaf path that the rule keeps, a prefix of that path.
-* **bonus token**: the one token every step adds after the accepted tokens, drawn from the target at the
-  last accepted slot (the root when none was accepted). After a rejection it is what vLLM calls a
-  *recovered* token (drawn from the residual distribution, so it never repeats a rejected draft); after a
-  fully accepted path it is a bonus in vLLM's narrow sense. trtspec calls both the bonus token.
-* A step therefore emits `num_accepted + 1` tokens, never fewer than one: `Accepted.tokens`.
-
-Rules: `accept_greedy` (temperature 0, all methods) and the lossless `accept_rejection_tree` (EAGLE-2/3
-top-k drafts, q = 1) and `accept_rejection_chain` (drafts sampled from q) preserve the target's output
-distribution; `accept_typical` (Medusa) is the one LOSSY rule.
+This module defines the words the rest of trtspec uses: a verify step feeds n + 1 slots (slot 0 the root, the last
+committed token; slots 1..n draft-tree nodes) and `target[i]` is the target's distribution for the token after slot
+i; the **accepted tokens** are a prefix of one root-to-leaf path; the **bonus token** is the one token every step
+adds after them (vLLM's *recovered* token after a rejection, its bonus after a fully accepted path), so a step emits
+`num_accepted + 1` tokens (`Accepted.tokens`). Rules: `accept_greedy` (temperature 0, all methods) and the lossless
+`accept_rejection_tree` and `accept_rejection_chain` preserve the target's output distribution; `accept_typical`
+(Medusa) is the one LOSSY rule. In full: docs/design.md (The speculative core).
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """The engine interface the speculative core drafts and verifies against; the backends implement it (ONNX Runtime in
 `trtspec.runtime.ort_engine`, the torch reference in `trtspec.model.torch_engine`), and nothing here imports one.
 
-KV-cache convention: a sequence's committed cache holds every token except the last emitted one (the
-"root"). A verify step feeds the root in slot 0 and draft nodes in slots 1..n at positions
-committed_length + depth, attending to the whole committed cache plus their tree ancestors; `commit` then
-keeps the KV rows of the listed slots (slot 0 and the accepted path, in order) and drops the rest.
-The EAGLE draft network has its own cache with the same rule: `draft_extend` commits, `draft_step` does not.
-An engine may also be a `BatchedEngine`: one call over several sequences for the verify step (the loop uses it), the
-EAGLE draft extensions (EagleProposer) and the Medusa heads (MedusaProposer).
-Chains only: an engine whose `chains_only` is True computes a verify slot bit-identically to a plain step only when
-the slot's ancestors fill the slots just before it (a chain: slot i at depth i); a slot on a second branch of a tree
-computes differently in the last bits. The core then drafts chains on it (`methods.make_proposer`), so greedy
-speculation stays token-for-token plain decoding. (Quantized ONNX Runtime engines: int8 activation rounding turns
-those last bits into logit differences of up to 0.7; see trtspec.runtime.ort_engine.)
-Slot profiles: an engine runs a verify step over the smallest of its `slot_profiles` that holds the draft (padding
-within it) and may be a `CostedEngine` (`step_costs()`: each profile's cost relative to a plain step, measured),
-which training-free drafters budget their drafts against.
+An `Engine` keeps each sequence's committed KV cache (every token but the root, the last emitted one); a verify step
+feeds the root and the draft nodes, and `commit` keeps the rows of the accepted slots. A `BatchedEngine` runs one
+call over several sequences; a `CostedEngine` reports each slot profile's measured cost relative to a plain step,
+which the training-free drafters budget against. An engine whose `chains_only` is True computes a verify slot exactly
+as a plain step only on a chain, and the core then drafts chains. The cache convention and slot profiles in full:
+docs/design.md (The speculative core); chains only: docs/quantization-exactness.md.
 """
 
 from __future__ import annotations
