@@ -111,19 +111,24 @@ def test_cli_routes_engine_to_run_and_writes_outputs(engine, prompt_file, tmp_pa
 
 def test_transformers_peer_in_the_same_run(engine, prompt_file, tmp_path):
     pytest.importorskip("transformers")
-    options = BenchOptions(engine=engine, prompt_set=str(prompt_file), limit=2, max_tokens=8, threads=1,
-                           peers=("transformers",), hf=engine.parent / "base", peer_limit=2, work=tmp_path,
-                           show_progress=False)
-    run = run_bench(options, show=lambda line: None)
-    peer = run.report["peers"]["transformers"]
-    assert peer["prompts"] == 2 and peer["identical"] == "2/2" and peer["speedup"] > 0
+    from trtspec.bench.compare import CompareOptions, run_compare
+
+    options = CompareOptions(engines=(engine,), sets=(str(prompt_file),), limit=3, max_tokens=8, threads=1,
+                             peers=("transformers",), hf=engine.parent / "base", peer_limit=2, work=tmp_path)
+    report = run_compare(options, show=lambda line: None, progress=False)
+    peer = report["systems"]["transformers fp32"]
+    assert peer["plain"]["all"]["runs"] == 2 and report["systems"]["engine"]["plain"]["all"]["runs"] == 3
+    lookup = peer["methods"]["lookup"]["all"]
+    assert (lookup["identical"], lookup["compared"]) == (2, 2) and lookup["speedup"] > 0
 
 
 @pytest.mark.parametrize("args, message", [
     (["bench", "--prompt-set", "x.jsonl"], "pass ENGINE_DIR or --url"),
     (["bench", "run", "{engine}", "--concurrency", "1,x"], "comma-separated"),
     (["bench", "{engine}", "--method", "none"], "plain decoding always runs"),
-    (["bench", "{engine}", "--peers", "transformers"], "--peers needs ENGINE_DIR and --hf"),
+    (["bench", "{engine}", "--peers", "transformers"], "--peers transformers: needs --hf DIR"),
+    (["bench", "{engine}", "{engine}", "--concurrency", "4"], "--concurrency measures requests on one engine"),
+    (["bench", "{engine}", "--hf", "{engine}"], "--hf is the peers' model folder"),
     (["bench", "--url", "127.0.0.1:1", "--serve"], "--serve deploys and serves ENGINE_DIR itself"),
     (["bench", "{engine}", "--no-spec", "--method", "ngram"], "--no-spec measures plain decoding alone"),
     (["bench", "{engine}", "--prompt-set", "{prompts}", "--concurrency", "8"], "exceeds the engine's max_batch_size"),
@@ -138,7 +143,7 @@ def test_cli_errors_are_one_line(engine, prompt_file, args, message):
     (["bench", "--help"], "soak"),
     (["bench", "run", "--help"], "--concurrency"),
     (["bench", "soak", "--help"], "--users"),
-    (["bench", "drafting", "--help"], "--genai-lookup"),
+    (["bench", "run", "--help"], "--genai-lookup"),
     (["bench", "serving", "--help"], "--unary"),
     (["bench", "perf-input", "--help"], "--input-data"),
 ])
@@ -147,42 +152,38 @@ def test_bench_group_help(args, expected):
     assert result.exit_code == 0 and expected in result.output, result.output
 
 
-def test_drafting_command_and_measure_keep_their_shape(engine, prompt_file, tmp_path):
-    """`bench drafting` as a Click command; `measure()`'s cells keep the keys the recipe gate reads."""
-    from trtspec.bench.drafting import measure
+def test_compare_command_keeps_the_gates_figures(engine, prompt_file, tmp_path):
+    """`trtspec bench ENGINE --sets ...` compares; its cells keep the figures the recipe gate reads."""
+    from trtspec.recipe.gate import FIGURES
 
-    out = tmp_path / "d.json"
-    result = CliRunner().invoke(cli, ["bench", "drafting", str(engine), "--sets", str(prompt_file), "--methods",
-                                      "ngram,medusa", "--limit", "2", "--max-tokens", "8", "--threads", "1",
-                                      "--no-spin", "--json", str(out)])
+    result = CliRunner().invoke(cli, ["bench", str(engine), "--sets", str(prompt_file), "--methods", "ngram",
+                                      "--limit", "2", "--max-tokens", "8", "--threads", "1", "--no-spin",
+                                      "--work", str(tmp_path), "--json", "--no-progress"])
     assert result.exit_code == 0, result.output
-    cells = json.loads(out.read_text())["sets"][str(prompt_file)]
-    assert cells["medusa"]["identical"] == "2/2" and cells["prompt_ids"] == ["a", "b"]
-    report, prompts = measure([engine], sets=(str(prompt_file),), methods=("ngram",), limit=2, max_tokens=8,
-                              threads=1, show=lambda line: None)
-    cell = report["sets"][str(prompt_file)]["ngram"]
-    assert {"tau", "acceptance_rate", "speedup", "decode_speedup", "tokens_per_s", "plain_tokens_per_s",
-            "identical", "prompts"} <= set(cell)
-    assert len(prompts[str(prompt_file)]) == 2
+    report = json.loads(result.stdout)
+    methods = report["systems"]["engine"]["methods"]
+    assert list(methods) == ["ngram", "medusa"]  # the engine's own drafter is added
+    cell = methods["medusa"][str(prompt_file)]
+    assert (cell["identical"], cell["compared"]) == (2, 2)
+    assert set(FIGURES) <= set(cell) and report["settings"]["spin"] is False
 
 
-def test_drafting_compares_each_engine_with_its_own_plain_decoding(engine, prompt_file, tmp_path):
-    """With several engines every run is timed against the first engine's plain decoding, but outputs are compared
-    with plain decoding of their own engine (another model's differ anyway), and not at all when that was not run."""
+def test_compare_measures_each_engine_against_its_own_plain_decoding(engine, prompt_file, tmp_path):
     from dataclasses import replace
 
-    from trtspec.bench.drafting import measure
+    from trtspec.bench.compare import CompareOptions, run_compare
     from trtspec.testing import TinyModel
 
     other = tiny_engine(tmp_path, replace(TinyModel(), num_layers=3), drafter="none", max_draft_len=8,
                         max_input_len=128, max_seq_len=192).rename(tmp_path / "deeper")
-    args = dict(sets=(str(prompt_file),), limit=2, max_tokens=8, threads=1, spin=False, show=lambda line: None)
-    cells = measure([engine, other], methods=("none", "ngram"), **args)[0]["sets"][str(prompt_file)]
-    assert cells["ngram@engine"]["identical"] == cells["ngram@deeper"]["identical"] == "2/2"
-    cells = measure([engine, other], methods=("ngram",), **args)[0]["sets"][str(prompt_file)]
-    assert (cells["ngram@engine"]["identical"], cells["ngram@deeper"]["identical"]) == ("2/2", "n/a")
-    with pytest.raises(ConfigError, match="same folder name"):
-        measure([engine, engine], methods=("ngram",), **args)
+    args = dict(sets=(str(prompt_file),), limit=2, max_tokens=8, threads=1, spin=False, work=tmp_path / "w")
+    report = run_compare(CompareOptions(engines=(engine, other), methods=("ngram",), own_drafter=False, **args),
+                         show=lambda line: None, progress=False)
+    for name in ("engine", "deeper"):
+        cell = report["systems"][name]["methods"]["ngram"][str(prompt_file)]
+        assert (cell["identical"], cell["compared"]) == (2, 2)
+    with pytest.raises(ConfigError, match="different names"):
+        run_compare(CompareOptions(engines=(engine, engine), **args), show=lambda line: None, progress=False)
 
 
 def test_two_turn_set_needs_an_engine():

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from trtspec.bench import cpu_engine, peers
-from trtspec.bench.cpu_engine import (CpuBenchOptions, build_engines, identical_outputs, read_bandwidth, render_table,
+from benchmarks import cpu_engine
+from benchmarks.cpu_engine import main as cli_main
+from benchmarks.cpu_engine import (CpuBenchOptions, build_engines, identical_outputs, render_table,
                                       summarize, verify_curve)
+from trtspec.bench import peers
+from trtspec.bench.floors import read_bandwidth
 from trtspec.bench.peers import run_child, run_trtspec
 from trtspec.engine.manifest import ONNX_GRAPH_FORMAT, read_manifest
 from trtspec.errors import ConfigError
@@ -69,18 +72,21 @@ def test_trtspec_runner_equals_local_generator(tiny):
     rows = list(run_trtspec(str(engine), PROMPTS, max_tokens=6, threads=1))
     generator = LocalGenerator(engine, threads=1)
     expected = [generator.generate(ids, GenerationConfig(max_tokens=6, no_spec=True)).output_ids for ids in PROMPTS]
-    assert [r["output_ids"] for r in rows] == expected
-    assert [r["prompt"] for r in rows] == [0, 1, 2]
-    assert all(0 < r["ttft_s"] <= r["total_s"] for r in rows)
+    assert [r["prompt"] for r in rows] == [0, 1, 2] and all(list(r["runs"]) == ["none"] for r in rows)
+    assert plain_ids(rows) == expected
+    assert all(0 < r["runs"]["none"]["ttft_s"] <= r["runs"]["none"]["total_s"] for r in rows)
 
 
 def test_transformers_runner_agrees_with_trtspec(tiny):
     pytest.importorskip("transformers")
     base, engines = tiny
-    ours = [r["output_ids"] for r in run_trtspec(str(engines[0]), PROMPTS, max_tokens=6, threads=1)]
+    ours = plain_ids(run_trtspec(str(engines[0]), PROMPTS, max_tokens=6, threads=1))
+    rows = list(peers.run_transformers(str(base), [p * 3 for p in PROMPTS], max_tokens=6, threads=1, lookup=3))
+    assert all(set(r["runs"]) == {"none", "lookup"} for r in rows)
+    assert [r["runs"]["lookup"]["output_ids"] for r in rows] == plain_ids(rows)  # greedy: its lookup is lossless
     rows = list(peers.run_transformers(str(base), PROMPTS, max_tokens=6, threads=1))
-    assert [r["output_ids"] for r in rows] == ours
-    assert all(0 < r["ttft_s"] <= r["total_s"] for r in rows)
+    assert plain_ids(rows) == ours
+    assert all(0 < r["runs"]["none"]["ttft_s"] <= r["runs"]["none"]["total_s"] for r in rows)
 
 
 def _write_word_tokenizer(base: Path) -> None:
@@ -102,16 +108,16 @@ def test_genai_runner_agrees_with_trtspec(tiny, tmp_path):
     assert peers.build_genai_model(base, model, log=tmp_path / "again.log") == model  # cached: no second build
     assert not (tmp_path / "again.log").exists()
     rows = list(peers.run_genai(str(model), PROMPTS, max_tokens=6, threads=1))
-    ours = [r["output_ids"] for r in run_trtspec(str(tiny[1][0]), PROMPTS, max_tokens=6, threads=1)]
-    assert [r["output_ids"] for r in rows] == ours
-    assert all(0 < r["ttft_s"] <= r["total_s"] for r in rows)
-    # its own n-gram speculation on the same ids: one row per prompt, both runs timed, outputs compared
+    ours = plain_ids(run_trtspec(str(tiny[1][0]), PROMPTS, max_tokens=6, threads=1))
+    assert plain_ids(rows) == ours
+    assert all(0 < r["runs"]["none"]["ttft_s"] <= r["runs"]["none"]["total_s"] for r in rows)
+    # its own n-gram speculation on the same ids, alternating with plain decoding prompt by prompt
     prompts = [p * 4 for p in PROMPTS]  # repeated text, so the lookup finds matches
-    lookup = list(peers.run_genai_lookup(str(model), prompts, max_tokens=6, threads=1, ngram_size=2,
-                                         max_draft_tokens=3))
+    lookup = list(peers.run_genai(str(model), prompts, max_tokens=6, threads=1, lookup=(2, 3)))
     assert [r["prompt"] for r in lookup] == [0, 1, 2]
-    assert all(r["tokens"] == 6 and r["plain_s"] > 0 and r["lookup_s"] > 0 for r in lookup)
-    assert all(r["identical"] for r in lookup)  # greedy: its speculation is lossless too
+    assert [list(r["runs"]) for r in lookup] == [["none", "lookup"], ["lookup", "none"], ["none", "lookup"]]
+    assert all(len(r["runs"]["lookup"]["output_ids"]) == 6 and r["runs"]["lookup"]["total_s"] > 0 for r in lookup)
+    assert [r["runs"]["lookup"]["output_ids"] for r in lookup] == plain_ids(lookup)  # greedy: lossless too
 
 
 def test_run_child_streams_rows_from_a_fresh_process(tiny, tmp_path):
@@ -119,7 +125,7 @@ def test_run_child_streams_rows_from_a_fresh_process(tiny, tmp_path):
     seen = []
     rows = run_child("trtspec.bench.peers:run_trtspec", kwargs, log=tmp_path / "log", on_row=seen.append)
     assert seen == rows and len(rows) == 3
-    assert [r["output_ids"] for r in rows] == [r["output_ids"] for r in run_trtspec(**kwargs)]
+    assert plain_ids(rows) == plain_ids(run_trtspec(**kwargs))
 
 
 @pytest.mark.parametrize("function,message", [
@@ -152,9 +158,13 @@ def test_run_trtspec_sets_the_spin_switch_for_its_process(tiny, monkeypatch):
     from trtspec.model.ort_session import SPIN_ENV
 
     monkeypatch.setenv(SPIN_ENV, "0")
-    spinning = [r["output_ids"] for r in run_trtspec(str(tiny[1][0]), PROMPTS, max_tokens=4, threads=1, spin=True)]
+    spinning = plain_ids(run_trtspec(str(tiny[1][0]), PROMPTS, max_tokens=4, threads=1, spin=True))
     assert os.environ[SPIN_ENV] == "1"
-    assert spinning == [r["output_ids"] for r in run_trtspec(str(tiny[1][0]), PROMPTS, max_tokens=4, threads=1)]
+    assert spinning == plain_ids(run_trtspec(str(tiny[1][0]), PROMPTS, max_tokens=4, threads=1))
+
+
+def plain_ids(rows) -> list[list[int]]:
+    return [r["runs"]["none"]["output_ids"] for r in rows]
 
 
 def _sample(prompt, ids, ttft, total, round_=0):
@@ -192,9 +202,7 @@ def test_identical_outputs_counts_prompts_where_every_system_agrees():
 def test_cli_refuses_bad_options_in_one_line(argv, message):
     from click.testing import CliRunner
 
-    from trtspec.cli import cli
-
-    result = CliRunner().invoke(cli, ["bench", "cpu-engine", *argv])
+    result = CliRunner().invoke(cli_main, argv)
     assert result.exit_code != 0 and message in result.output, result.output
 
 

@@ -1,4 +1,4 @@
-"""`bench formats`' llama.cpp peers on the real model: SmolLM2-135M-Instruct's Q4_1 GGUF (the file trtspec's float
+"""`trtspec bench`'s llama.cpp peer on the real model: SmolLM2-135M-Instruct's Q4_1 GGUF (the file trtspec's float
 weights were dequantized from) through llama-cpp-python, as installed by scripts/setup-peers.sh, each in its own child
 process as the benchmark runs it, on the chat-templated ids of a grounded prompt and an open one. No speed is
 asserted."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from trtspec.bench.formats import gguf_facts, llama_cpp_gguf
+from trtspec.bench.compare import gguf_facts, llama_cpp_gguf
 from trtspec.bench.peers import LLAMA_CPP_MODULES, missing_modules, run_child
 
 pytestmark = [
@@ -35,13 +35,14 @@ def model():
 
 @pytest.fixture(scope="module")
 def rows(model, tmp_path_factory):
-    """Plain greedy decoding and prompt-lookup speculation, each in a child process as `bench formats` runs them."""
+    """Plain greedy decoding and prompt-lookup speculation alternating prompt by prompt, in a child process as
+    `trtspec bench` runs them."""
     log = tmp_path_factory.mktemp("llama") / "children.log"
-    common = {"model": str(model["gguf"]), "prompts": model["ids"], "max_tokens": MAX_TOKENS, "threads": 2}
-    plain = run_child("trtspec.bench.peers:run_llama_cpp", common, log=log, threads=2)
-    lookup = run_child("trtspec.bench.peers:run_llama_cpp",
-                       {**common, "lookup": {"max_ngram_size": 2, "num_pred_tokens": 2}}, log=log, threads=2)
-    return plain, lookup
+    rows = run_child("trtspec.bench.peers:run_llama_cpp", {"model": str(model["gguf"]), "prompts": model["ids"],
+                                                           "max_tokens": MAX_TOKENS, "threads": 2, "lookup": [2, 2]},
+                     log=log, threads=2)
+    assert [r["prompt"] for r in rows] == [0, 1]
+    return [r["runs"]["none"] for r in rows], [r["runs"]["lookup"] for r in rows]
 
 
 def _float_ranks(hf, ids: list[int], out: list[int]) -> list[int]:
@@ -61,7 +62,6 @@ def test_gguf_is_the_engines_model(model):
 
 def test_plain_greedy_rows_are_timed_and_sane(model, rows):
     plain, _ = rows
-    assert [r["prompt"] for r in plain] == [0, 1]
     for row, ids in zip(plain, model["ids"]):
         out = row["output_ids"]
         assert 0 < len(out) <= MAX_TOKENS

@@ -1,8 +1,8 @@
-"""OpenVINO GenAI as a peer of `bench formats` and `bench drafting`. Without OpenVINO: the options, the targets from
+"""OpenVINO GenAI as a peer of `trtspec bench`. Without OpenVINO: the options, the targets from
 synthetic reports, the pairing of its prompt lookup with its plain decoding, the IR's weight bytes and the one-line
 hints when it is not installed. With it (`PEERS=openvino bash scripts/setup-peers.sh`; CI does not run that, as for
 llama.cpp): a tiny random LLaMA exported by optimum-intel and decoded in child processes as the benches run it, its
-greedy tokens from ids equal to transformers', its prompt lookup's equal to its own greedy's, and a `bench formats`
+greedy tokens from ids equal to transformers', its prompt lookup's equal to its own greedy's, and a `trtspec bench`
 run that matches it to int8 / int4 engines. No speed is asserted."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from trtspec.bench import drafting, formats, peers
-from trtspec.bench.formats import (FormatsOptions, System, lookup_pairs, openvino_weight_bytes, peer_systems,
+from trtspec.bench import compare, peers
+from trtspec.bench.floors import openvino_weight_bytes
+from trtspec.bench.compare import (CompareOptions, System, peer_systems,
                                    render_table, summarize, targets)
 from trtspec.bench.peers import (OPENVINO_EXPORTER, OPENVINO_INSTALL, OPENVINO_MODULES, build_openvino_model,
                                  missing_modules, run_child)
@@ -36,50 +37,40 @@ def without_openvino(mp: pytest.MonkeyPatch) -> str:
 
 # ---- options and hints --------------------------------------------------------------------------------------
 
-def test_options_default_to_openvino_peers_and_check_its_lookup(tmp_path):
-    options = FormatsOptions(engines=(tmp_path,), hf=tmp_path)
-    assert {"openvino", "openvino-lookup"} <= set(options.peers)
+def test_options_check_openvino_lookup(tmp_path):
+    options = CompareOptions(engines=(tmp_path,), hf=tmp_path, peers=("openvino",))
     assert options.openvino_lookup == (3, 5)  # max_ngram_size, num_assistant_tokens: openvino.genai's sample
-    with pytest.raises(ConfigError, match="--peers openvino,openvino-lookup: needs --hf DIR"):
-        FormatsOptions(engines=(tmp_path,), peers=("openvino", "openvino-lookup"))
+    with pytest.raises(ConfigError, match="--peers openvino: needs --hf DIR"):
+        CompareOptions(engines=(tmp_path,), peers=("openvino",))
     with pytest.raises(ConfigError, match=r"--openvino-lookup 3,0: give N,K \(max_ngram_size, num_assistant_tokens\)"):
-        FormatsOptions(engines=(tmp_path,), peers=(), openvino_lookup=(3, 0))
+        CompareOptions(engines=(tmp_path,), peers=(), openvino_lookup=(3, 0))
 
 
-def test_commands_parse_openvino_lookup(tmp_path):
-    result = CliRunner().invoke(cli, ["bench", "formats", str(tmp_path), "--peers", "", "--openvino-lookup", "3"])
+def test_command_parses_openvino_lookup(tmp_path):
+    result = CliRunner().invoke(cli, ["bench", str(tmp_path), "--sets", "mt-bench", "--openvino-lookup", "3"])
     assert result.exit_code == 2 and "expected two integers N,K, got '3'" in result.output
-    result = CliRunner().invoke(cli, ["bench", "formats", str(tmp_path), "--peers", "", "--openvino-lookup", "3,0"])
+    result = CliRunner().invoke(cli, ["bench", str(tmp_path), "--sets", "mt-bench", "--openvino-lookup", "3,0"])
     assert result.exit_code == 1
     assert result.output.strip().splitlines()[-1].startswith("error: --openvino-lookup 3,0: give N,K")
-    result = CliRunner().invoke(cli, ["bench", "drafting", str(tmp_path), "--openvino-lookup", "0,5"])
-    assert result.exit_code == 1
-    assert result.output.strip().splitlines()[-1].startswith("error: --openvino-lookup 0,5: give N,K")
 
 
-def test_drafting_peer_not_installed_is_one_line(tmp_path, monkeypatch):
+def test_peer_not_installed_is_skipped_with_the_setup_command(tmp_path, monkeypatch):
     hint = without_openvino(monkeypatch)
     assert hint.endswith("(PEERS=openvino bash scripts/setup-peers.sh installs OpenVINO GenAI and its exporter)")
-    result = CliRunner().invoke(cli, ["bench", "drafting", str(tmp_path), "--peers", "openvino", "--hf", str(tmp_path)])
-    assert result.exit_code == 1
-    assert result.output.strip().splitlines()[-1] == f"error: --peers openvino: {hint}"
-
-
-def test_formats_peers_not_installed_are_skipped_with_the_setup_command(tmp_path, monkeypatch):
-    hint = without_openvino(monkeypatch)
     lines = []
-    options = FormatsOptions(engines=(tmp_path,), peers=("openvino", "openvino-lookup"), hf=tmp_path)
+    options = CompareOptions(engines=(tmp_path,), peers=("openvino",), hf=tmp_path)
     systems, skipped = peer_systems(options, tmp_path, lines.append, formats=("int8", "int4"))
-    assert systems == [] and skipped == {"openvino": hint, "openvino-lookup": hint}
-    assert lines == [f"OpenVINO GenAI: skipped, {hint}", f"OpenVINO GenAI + prompt lookup: skipped, {hint}"]
+    assert systems == [] and skipped == {"openvino": hint}
+    assert lines == [f"openvino: skipped, {hint}"]
 
 
-def test_formats_peers_need_a_quantized_engine_to_match(tmp_path, monkeypatch):
+def test_peers_need_an_engine_format_to_match(tmp_path, monkeypatch):
     monkeypatch.setattr(peers, "missing_modules", lambda modules: [])
     lines = []
-    options = FormatsOptions(engines=(tmp_path,), peers=("openvino",), hf=tmp_path)
-    systems, skipped = peer_systems(options, tmp_path, lines.append, formats=("fp32",))
-    assert systems == [] and skipped == {"openvino": "no int8 or int4 engine among ENGINES to match"}
+    options = CompareOptions(engines=(tmp_path,), peers=("transformers", "llama.cpp"), hf=tmp_path)
+    systems, skipped = peer_systems(options, tmp_path, lines.append, formats=("int8",))
+    assert systems == [] and skipped == {"transformers": "no fp32 engine among ENGINES to match",
+                                         "llama.cpp": "no int4 engine among ENGINES to match"}
 
 
 def test_export_needs_the_exporter_and_reuses_a_finished_one(tmp_path, monkeypatch):
@@ -127,35 +118,34 @@ def test_ir_weight_bytes_leave_an_untied_table_out(tmp_path):
 
 # ---- summary and targets ------------------------------------------------------------------------------------
 
-def _row(prompt: int, out: list[int], total: float, steps: int | None = None) -> dict:
-    extra = {} if steps is None else {"steps": steps}
-    return {"prompt": prompt, "round": 0, "output_ids": out, "ttft_s": 0.1, "total_s": total, **extra}
+def _run(out: list[int], total: float, steps: int | None = None) -> dict:
+    return {"output_ids": out, "ttft_s": 0.1, "total_s": total, **({} if steps is None else {"steps": steps})}
 
 
 def _openvino_summary() -> dict:
     """Two prompts of one set through OpenVINO at int8 and int4, plain and with prompt lookup (int4's lookup differs
     from its plain decoding on the second prompt)."""
     prompts = [{"set": "code-edit", "id": "a", "ids": [1]}, {"set": "code-edit", "id": "b", "ids": [2]}]
-    systems = [System(f"OpenVINO GenAI {d}{suffix}", kind, "f", {}, d, {"read": 10}, matches=d)
-               for d in ("int8", "int4") for kind, suffix in (("openvino", ""), ("openvino-lookup", " + prompt lookup"))]
-    samples = {"OpenVINO GenAI int8": [_row(0, [1, 2, 3], 1.0), _row(1, [4, 5], 1.0)],
-               "OpenVINO GenAI int8 + prompt lookup": [_row(0, [1, 2, 3], 0.5, 1), _row(1, [4, 5], 0.5, 1)],
-               "OpenVINO GenAI int4": [_row(0, [1, 2, 3, 4, 5], 1.1), _row(1, [7, 8, 9], 0.5)],
-               "OpenVINO GenAI int4 + prompt lookup": [_row(0, [1, 2, 3, 4, 5], 0.6, 2), _row(1, [7, 8, 0], 0.3, 2)]}
-    return summarize(systems, samples, prompts, {}, {"gbps": 1.0})
+    systems = [System(f"OpenVINO GenAI {d}", "openvino", "f", {}, d, ("lookup",), d) for d in ("int8", "int4")]
+
+    def row(prompt, plain, lookup):
+        return {"prompt": prompt, "round": 0, "runs": {"none": plain, "lookup": lookup}}
+
+    samples = {"OpenVINO GenAI int8": [row(0, _run([1, 2, 3], 1.0), _run([1, 2, 3], 0.5, 1)),
+                                       row(1, _run([4, 5], 1.0), _run([4, 5], 0.5, 1))],
+               "OpenVINO GenAI int4": [row(0, _run([1, 2, 3, 4, 5], 1.1), _run([1, 2, 3, 4, 5], 0.6, 2)),
+                                       row(1, _run([7, 8, 9], 0.5), _run([7, 8, 0], 0.3, 2))]}
+    return summarize(systems, samples, prompts, {}, None)
 
 
 def test_each_lookup_is_compared_with_plain_decoding_at_its_format():
     report = _openvino_summary()
-    int4 = report["systems"]["OpenVINO GenAI int4 + prompt lookup"]
-    assert int4["matches"] == "int4" and int4["versus"]["system"] == "OpenVINO GenAI int4"
-    cell = int4["versus"]["cells"]["all"]
+    int4 = report["systems"]["OpenVINO GenAI int4"]
+    assert int4["matches"] == "int4" and list(int4["methods"]) == ["lookup"]
+    cell = int4["methods"]["lookup"]["all"]
     assert (cell["identical"], cell["compared"]) == (1, 2)
     assert cell["tau"] == pytest.approx((4 + 2) / 4)  # 6 tokens after the first in 4 decode steps
-    assert report["systems"]["OpenVINO GenAI int8 + prompt lookup"]["versus"]["system"] == "OpenVINO GenAI int8"
-    plain_only = [System("OpenVINO GenAI int4 + prompt lookup", "openvino-lookup", "f", {}, "int4", matches="int4"),
-                  System("OpenVINO GenAI int8", "openvino", "f", {}, "int8", matches="int8")]
-    assert lookup_pairs(plain_only) == []  # no plain decoding at its format: nothing to compare with
+    assert report["systems"]["OpenVINO GenAI int8"]["methods"]["lookup"]["all"]["identical"] == 2
 
 
 def _report_against_openvino() -> dict:
@@ -167,24 +157,21 @@ def _report_against_openvino() -> dict:
         return {s: {"tokens_per_s": rate, "decode_tokens_per_s": rate, "identical": identical, "compared": compared}
                 for s in ("all", "code-edit", "mt-bench")}
 
-    def lookup(rate: float, identical: int) -> dict:
-        return {"kind": "openvino-lookup", "format": "", "plain": plain(rate),
-                "versus": {"system": "", "cells": cells(rate, identical)}}
 
     systems = {
         "int8": {"kind": "engine", "format": "int8 b32", "plain": plain(130.0),
                  "methods": {"ngram": cells(150.0, 2), "suffix": cells(400.0, 1)}},  # suffix: not lossless here
         "int4": {"kind": "engine", "format": "int4 b32", "plain": plain(100.0), "methods": {"ngram": cells(200.0, 2)}},
-        "OpenVINO GenAI int8": {"kind": "openvino", "format": "", "matches": "int8", "plain": plain(100.0)},
-        "OpenVINO GenAI int4": {"kind": "openvino", "format": "", "matches": "int4", "plain": plain(100.0)},
-        "OpenVINO GenAI int8 + prompt lookup": {**lookup(125.0, 2), "matches": "int8"},
-        "OpenVINO GenAI int4 + prompt lookup": {**lookup(190.0, 1), "matches": "int4"},
+        "OpenVINO GenAI int8": {"kind": "openvino", "format": "", "matches": "int8", "plain": plain(100.0),
+                                "methods": {"lookup": cells(125.0, 2)}},
+        "OpenVINO GenAI int4": {"kind": "openvino", "format": "", "matches": "int4", "plain": plain(100.0),
+                                "methods": {"lookup": cells(190.0, 1)}},
     }
     return {"systems": systems, "sets": ["code-edit", "mt-bench"]}
 
 
 def test_targets_against_openvino_at_each_format_and_set():
-    result = {t["name"]: t for t in targets(_report_against_openvino(), {}) if "OpenVINO" in t["name"]}
+    result = {t["name"]: t for t in targets(_report_against_openvino(), {}, ("openvino",)) if "OpenVINO" in t["name"]}
     assert len(result) == 2 * 2 * 2  # engines x sets x (plain, speculation)
     plain8 = result["int8 plain ÷ OpenVINO GenAI int8 plain on code-edit"]
     assert (plain8["value"], plain8["at_least"], plain8["ok"]) == (1.3, 1.2, True)
@@ -204,37 +191,24 @@ def test_openvino_targets_not_measured_say_why():
     skipped = {"openvino": HINT}
     lines = [t for t in targets(report, skipped) if "OpenVINO" in t["name"]]
     assert len(lines) == 8 and all(t["ok"] is None for t in lines)
-    assert {t["reason"] for t in lines} == {HINT, "--peers without openvino-lookup"}
+    assert {t["reason"] for t in lines} == {HINT}
     report = _report_against_openvino()
     report["systems"]["int4"]["methods"]["ngram"]["code-edit"]["identical"] = 1
     spec = {t["name"]: t for t in targets(report, {})}["int4 + speculation ÷ OpenVINO GenAI int4 + prompt lookup on "
                                                        "code-edit"]
-    assert spec["ok"] is None and spec["reason"] == "no drafter's outputs all token-identical to plain decoding on code-edit"
+    assert spec["ok"] is None
+    assert spec["reason"] == "no drafter's outputs all token-identical to plain decoding on code-edit"
 
 
-def test_table_marks_a_lookup_that_differs_from_its_own_greedy():
+def test_table_shows_a_lookup_that_differs_from_its_own_greedy():
     report = _openvino_summary()
-    report.update(skipped={}, targets=targets(_report_against_openvino(), {}),  # target lines with their notes
-                  settings={"prompts": 2, "limit": 2, "max_tokens": 8, "threads": 1, "rounds": 1, "cpus": 2,
-                            "load_average": {"before": [0, 0, 0], "after": [0, 0, 0]}})
-    report["bandwidth"]["method"] = "test"
+    report.update(skipped={}, targets=targets(_report_against_openvino(), {}, ("openvino",)),
+                  load_average={"before": [0, 0, 0], "after": [0, 0, 0]},
+                  settings={"prompts": 2, "limit": 2, "max_tokens": 8, "threads": 1, "rounds": 1, "cpus": 2})
     text = render_table(report)
-    rows = {label: [line for line in text if line.startswith(label)] for label in
-            ("OpenVINO GenAI int4 + prompt lookup", "OpenVINO GenAI int8 + prompt lookup")}
-    int4, int8 = rows.values()  # the first row of each: the systems table's
-    assert int4[0].endswith("1/2 outputs differ from its own greedy decoding") and "differ" not in int8[0]
-    assert any("code-edit" in line and " 1/2" in line for line in int4[1:])  # the speculation table's "same" column
+    int4 = [line for line in text if line.startswith("OpenVINO GenAI int4") and "lookup" in line]
+    assert any("code-edit" in line and " 1/2" in line for line in int4)  # the "same" column
     assert "its outputs identical to its own greedy decoding on 1/2 only" in "\n".join(text)  # beside its target
-
-
-def test_drafting_report_marks_a_peer_that_differs_from_its_own_greedy():
-    report = {"engine": "e", "max_tokens": 8, "threads": 1, "spin": False, "load_average": {},
-              "sets": {"code-edit": {"prompt_ids": ["a", "b"]}},
-              "peers": {"openvino": {"code-edit": {"prompts": 2, "tokens_per_s": 90.0, "plain_tokens_per_s": 80.0,
-                                                   "speedup": 1.125, "identical": "1/2"}}}}
-    line = drafting.format_report(report).splitlines()[-1]
-    assert line.startswith("code-edit") and "openvino own" in line
-    assert line.endswith("(2 prompts, outputs differ from its own greedy decoding)")
 
 
 # ---- with OpenVINO installed: a tiny random LLaMA ---------------------------------------------------------------
@@ -265,7 +239,7 @@ def tiny(tmp_path_factory):
         out[weights] = root / weights
         build(BuildOptions(source=ckpt["none"], out=out[weights], max_input_len=2048, max_seq_len=2304,
                            max_draft_len=4, weights=weights, tokenizer=root / "tok"))
-    for weights in ("fp32", "int8", "int4"):  # the names bench formats gives them, so that its run reuses these
+    for weights in ("fp32", "int8", "int4"):  # the names `trtspec bench` gives them, so that its run reuses these
         out[f"openvino-{weights}"] = build_openvino_model(out["hf"], out["work"] / f"openvino-{weights}",
                                                           log=out["work"] / f"openvino-{weights}-export.log",
                                                           weights=weights)
@@ -292,7 +266,7 @@ def test_greedy_from_ids_is_transformers_greedy(tiny):
                                   do_sample=False, pad_token_id=0)
         expected.append(out[0, len(ids):].tolist())
     rows = _decode(tiny, "run_openvino", "openvino-fp32")
-    assert [r["output_ids"] for r in rows] == expected
+    assert [r["runs"]["none"]["output_ids"] for r in rows] == expected
     assert len({t for out in expected for t in out}) > 3  # tokens that vary: the comparison means something
 
 
@@ -300,21 +274,17 @@ def test_greedy_from_ids_is_transformers_greedy(tiny):
 @needs_openvino
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 def test_rows_and_prompt_lookup_equal_its_own_greedy(tiny, weights):
-    model = f"openvino-{weights}"
-    plain = _decode(tiny, "run_openvino", model)
-    lookup = _decode(tiny, "run_openvino_lookup", model, max_ngram_size=3, num_assistant_tokens=5)
-    assert [sorted(r) for r in plain] == [["output_ids", "prompt", "total_s", "ttft_s"]] * len(PROMPTS)
-    assert [r["prompt"] for r in lookup] == list(range(len(PROMPTS)))
+    rows = _decode(tiny, "run_openvino", f"openvino-{weights}", lookup=[3, 5])
+    assert [r["prompt"] for r in rows] == list(range(len(PROMPTS)))
+    assert [list(r["runs"]) for r in rows] == [["none", "lookup"], ["lookup", "none"], ["none", "lookup"]]
+    plain, lookup = [r["runs"]["none"] for r in rows], [r["runs"]["lookup"] for r in rows]
+    assert [sorted(p) for p in plain] == [["output_ids", "total_s", "ttft_s"]] * len(PROMPTS)
     for p, s in zip(plain, lookup):
         assert 0 < len(p["output_ids"]) <= MAX_TOKENS and 0 < p["ttft_s"] < p["total_s"]
         assert s["output_ids"] == p["output_ids"]  # greedy prompt lookup: OpenVINO's own greedy tokens
         assert 0 <= s["steps"] <= len(s["output_ids"]) - 1
     # a step yields its accepted tokens and one more: fewer steps than tokens where the repeated n-grams are drafted
     assert sum(s["steps"] for s in lookup) < sum(len(s["output_ids"]) - 1 for s in lookup)
-    both = _decode(tiny, "run_openvino_lookup_against_plain", model)
-    assert [(r["prompt"], r["identical"]) for r in both] == [(i, True) for i in range(len(PROMPTS))]
-    assert [r["tokens"] for r in both] == [len(p["output_ids"]) for p in plain]
-    assert all(r["plain_s"] > 0 and r["lookup_s"] > 0 for r in both)
 
 
 @pytest.mark.slow
@@ -334,23 +304,21 @@ def test_export_is_reused(tiny, monkeypatch):
 
 @pytest.mark.slow
 @needs_openvino
-def test_bench_formats_matches_openvino_to_each_engine_format(tiny):
+def test_bench_matches_openvino_to_each_engine_format(tiny):
     lines = []
-    options = FormatsOptions(engines=(tiny["int8"], tiny["int4"]), peers=("openvino", "openvino-lookup"),
-                             hf=tiny["hf"], sets=("mt-bench", "mt-bench-2turn"), limit=1, max_tokens=8, threads=1,
-                             rounds=1, past=8, repeats=1, work=tiny["work"])
-    report = formats.run_benchmark(options, show=lines.append, progress=False)
+    options = CompareOptions(engines=(tiny["int8"], tiny["int4"]), peers=("openvino",), hf=tiny["hf"],
+                             sets=("mt-bench", "mt-bench-2turn"), limit=1, max_tokens=8, threads=1, work=tiny["work"])
+    report = compare.run_compare(options, show=lines.append, progress=False)
     systems = report["systems"]
     for weights in ("int8", "int4"):
-        plain, lookup = systems[f"OpenVINO GenAI {weights}"], systems[f"OpenVINO GenAI {weights} + prompt lookup"]
-        assert plain["matches"] == lookup["matches"] == weights
-        assert plain["plain"]["all"]["runs"] == 2 and plain["plain"]["all"]["tokens_per_s"] > 0
-        assert lookup["versus"]["system"] == f"OpenVINO GenAI {weights}"
-        assert lookup["format"] == formats.OPENVINO_FORMAT_LABELS[weights] + "; n≤3 K=5"
+        ov = systems[f"OpenVINO GenAI {weights}"]
+        assert ov["matches"] == weights and ov["format"] == compare.FORMAT_LABELS["openvino"][weights]
+        assert ov["plain"]["all"]["runs"] == 2 and ov["plain"]["all"]["tokens_per_s"] > 0
+        assert ov["methods"]["lookup"]["all"]["compared"] == 2
     ours = [t for t in report["targets"] if "OpenVINO" in t["name"]]
     assert len(ours) == 2 * 2 * 2  # engines x sets x (plain, speculation)
     assert all(t["ok"] is not None for t in ours if " plain ÷ " in t["name"])
     for t in ours:
         assert t["ok"] is not None or t["reason"].startswith("no drafter's outputs all token-identical"), t
     text = "\n".join(render_table(report))
-    assert "OpenVINO GenAI int4 + prompt lookup" in text and "mt-bench-2turn" in text
+    assert "OpenVINO GenAI int4" in text and "mt-bench-2turn" in text

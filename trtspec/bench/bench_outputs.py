@@ -54,9 +54,6 @@ def format_table(report: dict) -> list[str]:
             for category, g in figures["categories"].items():
                 lines.append(f"{concurrency:>4} {method:<10} {category:<16} {g['tau']:>5.2f} {_x(g['speedup']):>7}  "
                              + " ".join(f"{x:.2f}" for x in g["per_position_acceptance"]))
-    for peer, p in report.get("peers", {}).items():
-        lines.append(f"peer {peer} (its own speculation, {p['prompts']} prompts): {p['tokens_per_s']:.1f} vs "
-                     f"{p['plain_tokens_per_s']:.1f} tok/s plain, {_x(p['speedup'])}, identical {p['identical']}")
     lines += [f"note: {note}" for note in report.get("notes", [])]
     lines.append("=" * RULE)
     return lines

@@ -1,9 +1,10 @@
-"""Greedy decode runners for the CPU engine benchmark (trtspec, onnxruntime-genai, llama.cpp, OpenVINO GenAI,
-transformers), each run in its own child process so that no two systems share threads, allocators or warm caches.
+"""The peers' greedy decode runners (onnxruntime-genai, llama.cpp, OpenVINO GenAI, transformers: plain decoding and
+each one's own speculation) and the child process every benchmarked system runs in, so that no two systems share
+threads, allocators or warm caches.
 
-A runner takes prompt token ids and yields one row per prompt: output ids, time to first token, total time.
-`run_child("trtspec.bench.peers:run_trtspec", {...})` starts `python -m trtspec.bench.peers`, which calls
-the named function and prints its rows as JSON lines.
+A runner takes prompt token ids and yields one row per prompt, {"prompt", "runs": {method: sample}} (`alternate`).
+`run_child("trtspec.bench.peers:run_genai", {...})` starts `python -m trtspec.bench.peers`, which calls the named
+function and prints its rows as JSON lines.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from trtspec.errors import ConfigError
+from trtspec.speculative.method import PLAIN
 
 GENAI_MODULES = ("onnxruntime_genai", "onnx_ir")  # the builder imports onnx_ir but does not declare it
 GENAI_INSTALL = "pip install onnxruntime-genai onnx-ir"
@@ -31,6 +33,7 @@ TRANSFORMERS_MODULES = ("transformers", "torch")
 TRANSFORMERS_INSTALL = "pip install 'trtspec[build]'"
 GENAI_CONFIG = "genai_config.json"
 WARMUP_TOKENS = 8  # a short generation before timing: first-run allocations and lazy initialisation
+LOOKUP = "lookup"  # a row's run of the peer's own speculation
 # OpenVINO's model exporter (optimum-intel's `optimum-cli export openvino`) lives in a venv of its own, which
 # scripts/setup-peers.sh makes: optimum-intel needs an older transformers than trtspec's venv holds
 OPENVINO_EXPORTER = Path(__file__).resolve().parents[2] / ".venv-tools" / "openvino-export" / "bin" / "optimum-cli"
@@ -43,7 +46,7 @@ OPENVINO_IR = "openvino_model.xml"
 #   / lm_head too, which nncf otherwise keeps in int8): the grid of trtspec's int4 engines (symmetric, block 32, lm_head
 #   int4), so neither side's quality comes from a finer format. Group size 128 reads a quarter of the scales and is
 #   OpenVINO's fastest int4, but coarser than trtspec's block 32: it would buy its speed with quality.
-# - fp32: no compression (bench drafting's peer for fp32 engines).
+# - fp32: no compression (the peer of fp32 engines).
 OPENVINO_WEIGHTS = {
     "fp32": ("--weight-format", "fp32"),
     "int8": ("--weight-format", "int8"),
@@ -59,9 +62,22 @@ def missing_modules(modules: Iterable[str]) -> list[str]:
     return [m for m in modules if importlib.util.find_spec(m) is None]
 
 
-def _sample(prompt: int, output_ids, start: float, first: float, end: float) -> dict:
-    return {"prompt": prompt, "output_ids": [int(t) for t in output_ids], "ttft_s": first - start,
-            "total_s": end - start}
+def sample(output_ids, start: float, first: float, end: float, **extra) -> dict:
+    """One timed generation: its new ids, time to first token and total time (and what else the runner counts)."""
+    return {"output_ids": [int(t) for t in output_ids], "ttft_s": first - start, "total_s": end - start, **extra}
+
+
+def alternate(prompts: list[list[int]], max_tokens: int, runners: dict[str, Callable[[list[int], int], dict]], *,
+              warmup: bool = True) -> Iterator[dict]:
+    """Every prompt through each runner (plain decoding, the system's own speculation), the order rotating from
+    prompt to prompt, after a short warm-up of each (unless the caller warmed them): one row per prompt,
+    {"prompt": index, "runs": {name: sample}}."""
+    for run in runners.values() if warmup else ():
+        run(prompts[0], WARMUP_TOKENS)
+    order = list(runners)
+    for index, ids in enumerate(prompts):
+        k = index % len(order)
+        yield {"prompt": index, "runs": {name: runners[name](ids, max_tokens) for name in order[k:] + order[:k]}}
 
 
 # ---- trtspec ------------------------------------------------------------------------------------------------
@@ -76,13 +92,13 @@ def run_trtspec(engine: str, prompts: list[list[int]], *, max_tokens: int, threa
 
     if spin is not None:
         os.environ[SPIN_ENV] = "1" if spin else "0"
-
     generator = LocalGenerator(engine, threads=threads)
-    generator.generate(prompts[0], GenerationConfig(max_tokens=WARMUP_TOKENS, no_spec=True))
-    options = GenerationConfig(max_tokens=max_tokens, no_spec=True)
-    for index, ids in enumerate(prompts):
-        result = generator.generate(ids, options, index=index).result
-        yield _sample(index, result.output_ids, 0.0, result.ttft_s, result.total_s)
+
+    def generate(ids: list[int], new_tokens: int) -> dict:
+        result = generator.generate(ids, GenerationConfig(max_tokens=new_tokens, no_spec=True)).result
+        return sample(result.output_ids, 0.0, result.ttft_s, result.total_s)
+
+    yield from alternate(prompts, max_tokens, {PLAIN: generate})
 
 
 # ---- onnxruntime-genai --------------------------------------------------------------------------------------
@@ -102,28 +118,35 @@ def build_genai_model(hf_dir: Path, out: Path, *, log: Path, precision: str = "f
     return out
 
 
-def run_genai(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int) -> Iterator[dict]:
-    """Greedy search with onnxruntime-genai's Generator, max_length = prompt + max_tokens."""
+def run_genai(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int,
+              lookup: tuple[int, int] | None = None) -> Iterator[dict]:
+    """Greedy search with onnxruntime-genai's Generator (max_length = prompt + max_tokens) and, with `lookup` =
+    (ngram_size, max_draft_tokens), its own n-gram speculation (`set_speculative_options`; its
+    docs/SpeculativeDecoding.md suggests starting at n = 3-4, K = 4), alternating per prompt (`alternate`)."""
     import onnxruntime_genai as og
 
     loaded = _genai_model(model, threads)
 
-    def generate(ids: list[int], new_tokens: int) -> tuple[list[int], float, float, float]:
-        params = og.GeneratorParams(loaded)
-        params.set_search_options(do_sample=False, max_length=len(ids) + new_tokens)
-        start = time.perf_counter()
-        generator = og.Generator(loaded, params)
-        generator.append_tokens([ids])  # runs the prompt
-        generator.generate_next_token()  # picks the first token from the prompt's logits
-        first = time.perf_counter()
-        while not generator.is_done():
-            generator.generate_next_token()
-        end = time.perf_counter()
-        return list(generator.get_sequence(0))[len(ids):], start, first, end
+    def runner(speculative: dict | None):
+        def generate(ids: list[int], new_tokens: int) -> dict:
+            params = og.GeneratorParams(loaded)
+            params.set_search_options(do_sample=False, max_length=len(ids) + new_tokens)
+            if speculative:
+                params.set_speculative_options(**speculative)
+            start = time.perf_counter()
+            generator = og.Generator(loaded, params)
+            generator.append_tokens([ids])  # runs the prompt
+            generator.generate_next_token()  # picks the first token from the prompt's logits
+            first = time.perf_counter()
+            while not generator.is_done():
+                generator.generate_next_token()
+            return sample(list(generator.get_sequence(0))[len(ids):], start, first, time.perf_counter())
+        return generate
 
-    generate(prompts[0], WARMUP_TOKENS)
-    for index, ids in enumerate(prompts):
-        yield _sample(index, *generate(ids, max_tokens))
+    runners = {PLAIN: runner(None)}
+    if lookup is not None:
+        runners[LOOKUP] = runner({"ngram_size": lookup[0], "max_draft_tokens": lookup[1]})
+    yield from alternate(prompts, max_tokens, runners)
 
 
 def _genai_model(model: str, threads: int):
@@ -135,86 +158,51 @@ def _genai_model(model: str, threads: int):
     return og.Model(config)
 
 
-def run_genai_lookup(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int, ngram_size: int = 3,
-                     max_draft_tokens: int = 4) -> Iterator[dict]:
-    """onnxruntime-genai's own speculation, n-gram lookup (`set_speculative_options(ngram_size, max_draft_tokens)`;
-    its docs/SpeculativeDecoding.md suggests starting at n = 3-4, K = 4), against its own greedy search on each
-    prompt, the order alternating; one row per prompt with both times and its acceptance rate."""
-    import onnxruntime_genai as og
-
-    loaded = _genai_model(model, threads)
-    lookup = {"ngram_size": ngram_size, "max_draft_tokens": max_draft_tokens}
-
-    def generate(ids: list[int], new_tokens: int, speculative: dict | None) -> tuple[list[int], float, dict]:
-        params = og.GeneratorParams(loaded)
-        params.set_search_options(do_sample=False, max_length=len(ids) + new_tokens)
-        if speculative:
-            params.set_speculative_options(**speculative)
-        start = time.perf_counter()
-        generator = og.Generator(loaded, params)
-        generator.append_tokens([ids])
-        while not generator.is_done():
-            generator.generate_next_token()
-        elapsed = time.perf_counter() - start
-        stats = generator.get_speculative_stats() if speculative else {}
-        return list(generator.get_sequence(0))[len(ids):], elapsed, stats
-
-    generate(prompts[0], WARMUP_TOKENS, None)
-    generate(prompts[0], WARMUP_TOKENS, lookup)
-    for index, ids in enumerate(prompts):
-        order = (None, lookup) if index % 2 else (lookup, None)
-        runs = {bool(spec): generate(ids, max_tokens, spec) for spec in order}
-        (plain, plain_s, _), (spec, spec_s, stats) = runs[False], runs[True]
-        yield {"prompt": index, "tokens": len(plain), "plain_s": plain_s, "lookup_s": spec_s,
-               "identical": plain == spec, "acceptance_rate": float(stats.get("acceptance_rate", 0.0))}
-
-
 # ---- llama.cpp ----------------------------------------------------------------------------------------------
 
 def run_llama_cpp(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int,
-                  lookup: dict | None = None) -> Iterator[dict]:
+                  lookup: tuple[int, int] | None = None) -> Iterator[dict]:
     """Greedy decoding of a GGUF model with llama-cpp-python (`Llama.generate` at temperature 0, top_k 1, no
-    repetition penalty), stopping at its end-of-sequence token or after `max_tokens`. Every prompt starts from an
-    empty cache (`Llama.reset`: generate would otherwise reuse the previous prompt's common prefix, which no other
-    system does). `lookup` = {"max_ngram_size", "num_pred_tokens"}: llama-cpp-python's own speculation, prompt
-    lookup (`llama_cpp.llama_speculative.LlamaPromptLookupDecoding` as the draft model; greedy, so its output should
-    equal plain decoding's), rows as for plain decoding plus the drafted and accepted token counts."""
+    repetition penalty), stopping at its end-of-sequence token or after `max_tokens`; every prompt from an empty cache
+    (`Llama.reset`: generate would otherwise reuse the previous prompt's common prefix, which no other system does).
+    With `lookup` = (max_ngram_size, num_pred_tokens), also its own speculation, prompt lookup
+    (`llama_cpp.llama_speculative.LlamaPromptLookupDecoding` as the draft model of a second Llama), alternating per
+    prompt, its samples with the drafted tokens and decode steps."""
     from llama_cpp import Llama
 
-    draft = None
+    n_ctx = max(len(ids) for ids in prompts) + max_tokens + 8 + (lookup[1] if lookup else 0)
+
+    def runner(draft):
+        # with a draft model, Llama keeps every position's logits but sizes that array by the logits_all argument
+        # (llama-cpp-python 0.3.36 `Llama.__init__`): without logits_all=True a sequence past n_batch tokens overflows
+        loaded = Llama(model_path=model, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False,
+                       draft_model=draft, logits_all=draft is not None)
+        eos = loaded.token_eos()
+
+        def generate(ids: list[int], new_tokens: int) -> dict:
+            out: list[int] = []
+            loaded.reset()
+            if draft is not None:
+                draft.drafted = draft.calls = 0
+            start = first = time.perf_counter()
+            for token in loaded.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,
+                                         reset=True):
+                if not out:
+                    first = time.perf_counter()
+                out.append(int(token))
+                if token == eos or len(out) >= new_tokens:
+                    break
+            extra = {} if draft is None else {"drafted": draft.drafted, "steps": draft.calls}
+            return sample(out, start, first, time.perf_counter(), **extra)
+        return generate
+
+    runners = {PLAIN: runner(None)}
     if lookup is not None:
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        draft = _CountingDraft(LlamaPromptLookupDecoding(**lookup))
-    margin = 8 + (lookup or {}).get("num_pred_tokens", 0)
-    n_ctx = max(len(ids) for ids in prompts) + max_tokens + margin
-    # with a draft model, Llama keeps every position's logits but sizes that array by the logits_all argument
-    # (llama-cpp-python 0.3.36 `Llama.__init__`): without logits_all=True a sequence past n_batch tokens overflows it
-    loaded = Llama(model_path=model, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False,
-                   draft_model=draft, logits_all=draft is not None)
-    eos = loaded.token_eos()
-
-    def generate(ids: list[int], new_tokens: int) -> tuple[list[int], float, float, float]:
-        out: list[int] = []
-        loaded.reset()
-        if draft is not None:
-            draft.drafted = draft.calls = 0
-        start = time.perf_counter()
-        first = start
-        for token in loaded.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
-            if not out:
-                first = time.perf_counter()
-            out.append(int(token))
-            if token == eos or len(out) >= new_tokens:
-                break
-        return out, start, first, time.perf_counter()
-
-    generate(prompts[0], WARMUP_TOKENS)
-    for index, ids in enumerate(prompts):
-        row = _sample(index, *generate(ids, max_tokens))
-        if draft is not None:
-            row.update(drafted=draft.drafted, steps=draft.calls)  # a decode step follows every draft
-        yield row
+        runners[LOOKUP] = runner(_CountingDraft(LlamaPromptLookupDecoding(max_ngram_size=lookup[0],
+                                                                          num_pred_tokens=lookup[1])))
+    yield from alternate(prompts, max_tokens, runners)
 
 
 class _CountingDraft:
@@ -314,52 +302,26 @@ def _openvino_generate(pipeline, ids: list[int], config) -> tuple[list[int], flo
     return [int(t) for t in result.tokens[0]], start, clock.first or end, end, clock.calls
 
 
-def run_openvino(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int) -> Iterator[dict]:
+def run_openvino(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int,
+                 lookup: tuple[int, int] | None = None) -> Iterator[dict]:
     """Greedy decoding with OpenVINO GenAI's `LLMPipeline` on the CPU (an IR folder `build_openvino_model` wrote) from
-    the prompts' token ids."""
-    pipeline = _openvino_pipeline(model, threads)
-    _openvino_generate(pipeline, prompts[0], _openvino_config(pipeline, WARMUP_TOKENS))
-    config = _openvino_config(pipeline, max_tokens)
-    for index, ids in enumerate(prompts):
-        yield _sample(index, *_openvino_generate(pipeline, ids, config)[:4])
+    the prompts' token ids and, with `lookup` = (max_ngram_size, num_assistant_tokens), its own speculation, prompt
+    lookup (a second pipeline of the same IR with `prompt_lookup=True`), alternating per prompt; a lookup sample
+    counts its decode steps (a step verifies one draft and yields its accepted tokens and one more)."""
+    def runner(pipeline, settings):
+        configs = {}  # new tokens → its GenerationConfig
 
+        def generate(ids: list[int], new_tokens: int) -> dict:
+            if new_tokens not in configs:
+                configs[new_tokens] = _openvino_config(pipeline, new_tokens, settings)
+            out, start, first, end, calls = _openvino_generate(pipeline, ids, configs[new_tokens])
+            return sample(out, start, first, end, **({"steps": max(0, calls - 1)} if settings else {}))
+        return generate
 
-def run_openvino_lookup(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int,
-                        max_ngram_size: int = OPENVINO_LOOKUP_SETTINGS[0],
-                        num_assistant_tokens: int = OPENVINO_LOOKUP_SETTINGS[1]) -> Iterator[dict]:
-    """OpenVINO GenAI's own speculation, prompt lookup (`LLMPipeline(..., prompt_lookup=True)`, GenerationConfig's
-    num_assistant_tokens drafted from n-grams of up to max_ngram_size tokens), greedy: rows as `run_openvino`'s plus
-    its decode steps (a step verifies one draft and yields its accepted tokens and one more)."""
-    pipeline = _openvino_pipeline(model, threads, prompt_lookup=True)
-    lookup = (max_ngram_size, num_assistant_tokens)
-    _openvino_generate(pipeline, prompts[0], _openvino_config(pipeline, WARMUP_TOKENS, lookup))
-    config = _openvino_config(pipeline, max_tokens, lookup)
-    for index, ids in enumerate(prompts):
-        out, start, first, end, calls = _openvino_generate(pipeline, ids, config)
-        yield {**_sample(index, out, start, first, end), "steps": max(0, calls - 1)}
-
-
-def run_openvino_lookup_against_plain(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int,
-                                      max_ngram_size: int = OPENVINO_LOOKUP_SETTINGS[0],
-                                      num_assistant_tokens: int = OPENVINO_LOOKUP_SETTINGS[1]) -> Iterator[dict]:
-    """OpenVINO GenAI's prompt lookup against its own greedy decoding (two pipelines of the same IR in this process)
-    on each prompt, the order alternating; one row per prompt with both times, whether the outputs are identical and
-    the lookup's decode steps (as `run_genai_lookup`'s rows, for bench drafting)."""
-    plain = _openvino_pipeline(model, threads)
-    lookup = _openvino_pipeline(model, threads, prompt_lookup=True)
-    settings = (max_ngram_size, num_assistant_tokens)
-    configs = {False: _openvino_config(plain, max_tokens), True: _openvino_config(lookup, max_tokens, settings)}
-    pipelines = {False: plain, True: lookup}
-    _openvino_generate(plain, prompts[0], _openvino_config(plain, WARMUP_TOKENS))
-    _openvino_generate(lookup, prompts[0], _openvino_config(lookup, WARMUP_TOKENS, settings))
-    for index, ids in enumerate(prompts):
-        runs = {}
-        for speculative in (False, True) if index % 2 else (True, False):
-            out, start, _, end, calls = _openvino_generate(pipelines[speculative], ids, configs[speculative])
-            runs[speculative] = (out, end - start, calls)
-        (plain_ids, plain_s, _), (spec_ids, spec_s, calls) = runs[False], runs[True]
-        yield {"prompt": index, "tokens": len(plain_ids), "plain_s": plain_s, "lookup_s": spec_s,
-               "identical": plain_ids == spec_ids, "steps": max(0, calls - 1), "lookup_tokens": len(spec_ids)}
+    runners = {PLAIN: runner(_openvino_pipeline(model, threads), None)}
+    if lookup is not None:
+        runners[LOOKUP] = runner(_openvino_pipeline(model, threads, prompt_lookup=True), tuple(lookup))
+    yield from alternate(prompts, max_tokens, runners)
 
 
 # ---- transformers -------------------------------------------------------------------------------------------
@@ -379,8 +341,11 @@ class _FirstTokenClock:
         pass
 
 
-def run_transformers(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int) -> Iterator[dict]:
-    """Greedy `generate` of Hugging Face transformers in fp32 with `threads` torch threads."""
+def run_transformers(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int,
+                     lookup: int | None = None) -> Iterator[dict]:
+    """Greedy `generate` of Hugging Face transformers in fp32 with `threads` torch threads and, with `lookup`
+    (prompt_lookup_num_tokens; its default n-gram size 2), its own speculation, prompt lookup, alternating per
+    prompt."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -388,49 +353,22 @@ def run_transformers(model: str, prompts: list[list[int]], *, max_tokens: int, t
     loaded = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     eos = loaded.generation_config.eos_token_id
 
-    def generate(ids: list[int], new_tokens: int) -> tuple[list[int], float, float, float]:
-        x = torch.tensor([ids])
-        clock = _FirstTokenClock()
-        start = time.perf_counter()
-        with torch.inference_mode():
-            out = loaded.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
-                                  do_sample=False, pad_token_id=eos, streamer=clock)
-        end = time.perf_counter()
-        return out[0, len(ids):].tolist(), start, clock.first or end, end
+    def runner(extra: dict):
+        def generate(ids: list[int], new_tokens: int) -> dict:
+            x = torch.tensor([ids])
+            clock = _FirstTokenClock()
+            start = time.perf_counter()
+            with torch.inference_mode():
+                out = loaded.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
+                                      do_sample=False, pad_token_id=eos, streamer=clock, **extra)
+            end = time.perf_counter()
+            return sample(out[0, len(ids):].tolist(), start, clock.first or end, end)
+        return generate
 
-    generate(prompts[0], WARMUP_TOKENS)
-    for index, ids in enumerate(prompts):
-        yield _sample(index, *generate(ids, max_tokens))
-
-
-def run_transformers_lookup(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int,
-                            prompt_lookup: int = 10) -> Iterator[dict]:
-    """transformers' own speculation, prompt lookup (`prompt_lookup_num_tokens`, its default n-gram size 2), against
-    its own greedy decoding on each prompt, the order alternating; one row per prompt with both times."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(threads)
-    loaded = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
-    eos = loaded.generation_config.eos_token_id
-
-    def generate(ids: list[int], new_tokens: int, lookup: int | None) -> tuple[list[int], float]:
-        x = torch.tensor([ids])
-        extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
-        start = time.perf_counter()
-        with torch.inference_mode():
-            out = loaded.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
-                                  do_sample=False, pad_token_id=eos, **extra)
-        return out[0, len(ids):].tolist(), time.perf_counter() - start
-
-    generate(prompts[0], WARMUP_TOKENS, None)
-    generate(prompts[0], WARMUP_TOKENS, prompt_lookup)
-    for index, ids in enumerate(prompts):
-        order = (None, prompt_lookup) if index % 2 else (prompt_lookup, None)
-        (a, ta), (b, tb) = (generate(ids, max_tokens, lookup) for lookup in order)
-        plain, lookup = ((a, ta), (b, tb)) if order[0] is None else ((b, tb), (a, ta))
-        yield {"prompt": index, "tokens": len(plain[0]), "plain_s": plain[1], "lookup_s": lookup[1],
-               "identical": plain[0] == lookup[0]}
+    runners = {PLAIN: runner({})}
+    if lookup is not None:
+        runners[LOOKUP] = runner({"prompt_lookup_num_tokens": lookup})
+    yield from alternate(prompts, max_tokens, runners)
 
 
 # ---- the child process --------------------------------------------------------------------------------------
@@ -448,8 +386,12 @@ def run_child(function: str, kwargs: dict, *, log: Path, on_row: Callable[[dict]
         proc.stdin.write(json.dumps(kwargs))
         proc.stdin.close()
         for line in proc.stdout:
-            rows.append(json.loads(line))
-            on_row(rows[-1])
+            row = json.loads(line)
+            if "user_error" in row:  # the child's one-line error about its input (main)
+                proc.wait()
+                raise ConfigError(row["user_error"])
+            rows.append(row)
+            on_row(row)
         code = proc.wait()
     if code:
         tail = "".join(Path(log).read_text().splitlines(keepends=True)[-5:]).strip()
@@ -459,16 +401,22 @@ def run_child(function: str, kwargs: dict, *, log: Path, on_row: Callable[[dict]
 
 def _resolve(function: str) -> Callable:
     module, _, name = function.partition(":")
-    if not module.startswith("trtspec.bench.") or not name:
+    if not module.startswith(("trtspec.bench.", "benchmarks.")) or not name:
         raise ConfigError(f"{function!r}: expected trtspec.bench.<module>:<function>")
     return getattr(importlib.import_module(module), name)
 
 
 def main(argv: list[str] | None = None) -> None:
+    from trtspec.errors import TrtspecError
+
     (function,) = argv if argv is not None else sys.argv[1:]
-    result = _resolve(function)(**json.loads(sys.stdin.read()))
-    for row in [result] if isinstance(result, dict) else result:
-        print(json.dumps(row), flush=True)
+    try:
+        result = _resolve(function)(**json.loads(sys.stdin.read()))
+        for row in [result] if isinstance(result, dict) else result:
+            print(json.dumps(row), flush=True)
+    except TrtspecError as e:
+        print(json.dumps({"user_error": str(e)}), flush=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

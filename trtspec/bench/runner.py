@@ -19,6 +19,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from trtspec.bench.peers import WARMUP_TOKENS
 from trtspec.bench.summary import PLAIN, RequestRecord, mark_identical, record, summarize
 from trtspec.bench.workload import BenchPrompt, LocalTarget, ServedTarget, load_bench_prompts, spreads
 from trtspec.errors import ConfigError
@@ -26,7 +27,6 @@ from trtspec.progress import progress_bar
 from trtspec.speculative.loop import GenerationConfig
 from trtspec.speculative.sampling import SamplingParams
 
-WARMUP_TOKENS = 8
 SERVING_TARGET = 0.9  # served ÷ in-process tokens/s at concurrency 1 (the serving overhead's target)
 LEARNING_METHODS = {"suffix", "hybrid"}  # drafters that look up earlier outputs
 
@@ -45,10 +45,6 @@ class BenchOptions:
     threads: int | None = 2
     spin: bool | None = None
     model: str = "ensemble"
-    peers: tuple[str, ...] = ()  # in process: peers' own speculation on the same ids (`drafting.PEERS`)
-    hf: Path | None = None  # the engine's Hugging Face model folder, for the peers
-    peer_limit: int = 3  # prompts the peers decode (slow)
-    work: Path | None = None  # the peers' logs and builds (default: the cache's bench/peers)
     serve: bool = False  # serving mode: deploy ENGINE, serve it here and measure it beside in process
     no_spec: bool = False  # plain decoding alone (no method beside it)
     backoff: bool = True  # Medusa / EAGLE / lookahead drafts shrink or rest while they do not pay (False: whole trees)
@@ -68,8 +64,6 @@ class BenchOptions:
             raise ConfigError(f"--max-tokens must be >= 1, got {self.max_tokens}")
         if self.no_spec and self.methods:
             raise ConfigError("--no-spec measures plain decoding alone: leave --method out")
-        if self.peers and (self.hf is None or self.engine is None):
-            raise ConfigError("--peers needs ENGINE_DIR and --hf DIR (the engine's Hugging Face model folder)")
         if PLAIN in self.methods:
             raise ConfigError("--method none: plain decoding always runs beside the methods; name drafters only")
 
@@ -206,7 +200,6 @@ def _run(options: BenchOptions, target, served, metrics, show) -> BenchRun:
                             "results": {str(c): v for c, v in summarize(
                                 served_records, {k[1:]: v for k, v in walls.items() if k[0] == "served"}).items()}}
         report["serving"] = _serving(report, records, options.temperature, batching)
-    report["peers"] = {peer: _peer(options, peer, prompts) for peer in options.peers}
     return BenchRun(report, records)
 
 
@@ -247,16 +240,6 @@ def _serving(report: dict, records: list[RequestRecord], temperature: float, bat
 
 def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
-
-
-def _peer(options: BenchOptions, peer: str, prompts: list[BenchPrompt]) -> dict:
-    """A peer's own speculation against its own plain decoding on the first --peer-limit prompts' ids."""
-    from trtspec.bench.drafting import peer_speculation
-    from trtspec.hub.fetch import cache_dir
-
-    return peer_speculation(peer, [list(p.ids) for p in prompts[:options.peer_limit]], hf=options.hf,
-                            max_tokens=options.max_tokens, threads=options.threads,
-                            work=options.work or cache_dir() / "bench" / "peers")
 
 
 def _rotated(items: list, n: int) -> list:

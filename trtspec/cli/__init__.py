@@ -4,7 +4,7 @@ One module per command family; each registers its commands on the group in `app`
 
 from __future__ import annotations
 
-from trtspec.cli import (bench, bench_formats, datastore, generate, models, pipeline, recipe, serving,  # noqa: F401
+from trtspec.cli import (bench, datastore, generate, models, pipeline, recipe, serving,  # noqa: F401
                          train, tune)  # (register)
 from trtspec.cli.app import cli
 

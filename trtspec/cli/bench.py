@@ -30,7 +30,8 @@ def bench() -> None:
     """Benchmarks that measure side by side in one run and print ratios.
 
     `trtspec bench ENGINE_DIR ...` (or `--url HOST:PORT ...`) is `trtspec bench run`: plain decoding and each
-    method on the same engine, TTFT / TPOT / ITL / throughput / τ / speedup per category and concurrency."""
+    method on the same engines, per request (one engine or a server) or compared across engines, prompt sets and
+    peers."""
 
 
 def _csv(kind):
@@ -47,62 +48,138 @@ def _csv(kind):
     return parse
 
 
+def _pair(ctx, param, value):
+    """N,K → (N, K)."""
+    try:
+        n, k = (int(x) for x in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected two integers N,K, got {value!r}") from None
+    return n, k
+
+
 @bench.command("run")
-@click.argument("engine", type=EXISTING_DIR, required=False)
+@click.argument("engines", nargs=-1, type=EXISTING_DIR)
 @click.option("--url", help="HOST:PORT of a served ensemble's gRPC endpoint (`trtspec serve`) instead of ENGINE; with "
                            "ENGINE too (the engine that server runs): both, side by side (serving mode).")
 @click.option("--serve", is_flag=True,
               help="Serving mode: deploy ENGINE, serve it on loopback for this run and measure every request in "
                    "process and through Triton (gRPC streaming), back to back: the served ÷ in-process ratio "
                    "(target ≥ 0.9 at concurrency 1), identical outputs, the engine's batching per step.")
-@click.option("--prompt-set", default="mt-bench", show_default=True,
-              help="mt-bench, mt-bench-2turn (in process), humaneval, sharegpt, champ, sharegpt-grounded, code-edit "
-                   "(their measure split) or a .jsonl file.")
+@click.option("--prompt-set", help="Requests: mt-bench (default), mt-bench-2turn (in process), humaneval, sharegpt, "
+                                   "champ, sharegpt-grounded, code-edit (their measure split) or a .jsonl file.")
+@click.option("--sets", callback=_csv(str), metavar="A,B",
+              help="Compare over these prompt sets (default with several ENGINES or --peers: sharegpt-grounded, "
+                   "code-edit, mt-bench-2turn, mt-bench; mt-bench-2turn: the second turn after the first ENGINE's "
+                   "greedy first answer).")
 @click.option("--limit", type=click.IntRange(min=1), default=8, show_default=True,
-              help="The set's first N prompts (its measure split's; a set stored by category, e.g. mt-bench: spread "
-                   "across its categories).")
-@click.option("--method", "methods", callback=_csv(str), metavar="A,B",
-              help="Drafters measured beside plain decoding (default: the engine's own; served: the deployment's).")
+              help="Prompts per set (its measure split's first N; a set stored by category: spread across them).")
+@click.option("--method", "--methods", "methods", callback=_csv(str), metavar="A,B",
+              help="Drafters beside plain decoding (default: the engine's own; served: the deployment's; compare: "
+                   "ngram, and each engine's own). Compare: METHOD:full runs METHOD's whole tree every step.")
 @click.option("--concurrency", callback=_csv(int), default="1", show_default=True, metavar="1,4,16",
-              help="Closed-loop users per level (in process: the in-flight batch, at most max_batch_size).")
+              help="Requests: closed-loop users per level (in process: the in-flight batch).")
 @click.option("--temperature", type=float, default=0.0, show_default=True,
-              help="0 = greedy (outputs checked identical to plain decoding).",
+              help="Requests: 0 = greedy (outputs checked identical to plain decoding).",
               callback=lambda ctx, param, value: _sampling_flag(param, value))
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed of every request (T > 0).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
               help="Tokens to generate per prompt.")
-@click.option("--threads", type=int, default=2, show_default=True, help="In process: ONNX Runtime intra-op threads.")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
+              help="ONNX Runtime intra-op threads (compare: every system's).")
 @click.option("--spin/--no-spin", default=None, help=SPIN_HELP)
 @click.option("--model", default="ensemble", show_default=True, help="--url: the model to call.")
-@click.option("--peers", callback=_csv(str), metavar="A,B",
-              help="In process: transformers and/or onnxruntime-genai, their own speculation against their own plain "
-                   "decoding on the same ids, in the same run (needs --hf).")
-@click.option("--hf", type=EXISTING_DIR, help="--peers: the engine's Hugging Face model folder.")
-@click.option("--peer-limit", type=click.IntRange(min=1), default=3, show_default=True,
-              help="--peers: prompts the peers decode.")
-@click.option("--out", type=DIR, help="Write summary.json, requests.csv and PNG plots here.")
-@click.option("--json", "as_json", is_flag=True, help="Print summary.json instead of the table.")
-@click.option("--no-spec", is_flag=True, help="Plain decoding alone (e.g. the serving overhead without drafting).")
+@click.option("--no-spec", is_flag=True, help="Requests: plain decoding alone (e.g. the serving overhead).")
 @click.option("--backoff/--no-backoff", default=True, show_default=True,
               help="Medusa, EAGLE and lookahead drafts shrink, or rest, while they do not pay; --no-backoff: the "
                    "whole tree every step.")
+@click.option("--datastore", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Compare: method suffix's corpus (`trtspec datastore build`).")
+@click.option("--peers", callback=_csv(str), metavar="A,B",
+              help="Compare against transformers, onnxruntime-genai, llama.cpp, openvino: each at every ENGINE "
+                   "weight format it runs, plain and with its own prompt lookup, on the same ids (needs --hf; "
+                   "`bash scripts/setup-peers.sh` installs llama.cpp and OpenVINO GenAI).")
+@click.option("--hf", type=EXISTING_DIR, help="--peers: the engines' Hugging Face model folder.")
+@click.option("--gguf", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="--peers llama.cpp: its model (default: the GGUF the --hf folder was converted from).")
+@click.option("--peer-limit", type=click.IntRange(min=1), help="--peers: prompts per set the peers decode (all).")
+@click.option("--transformers-lookup", type=click.IntRange(min=1), default=10, show_default=True,
+              help="transformers' prompt_lookup_num_tokens.")
+@click.option("--genai-lookup", callback=_pair, default="3,4", show_default=True, metavar="N,K",
+              help="onnxruntime-genai's n-gram speculation: ngram_size, max_draft_tokens.")
+@click.option("--llama-lookup", callback=_pair, default="2,2", show_default=True, metavar="N,K",
+              help="llama.cpp's prompt lookup: max_ngram_size, num_pred_tokens.")
+@click.option("--openvino-lookup", callback=_pair, default="3,5", show_default=True, metavar="N,K",
+              help="OpenVINO GenAI's prompt lookup: max_ngram_size, num_assistant_tokens.")
+@click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Compare: rounds over all systems, the order reversed every other round.")
+@click.option("--curves", is_flag=True, help="Compare: measure each engine's verify cost curve (its drafters then "
+                                             "budget with it).")
+@click.option("--past", type=click.IntRange(min=1), default=256, show_default=True,
+              help="--curves: the prefilled length.")
+@click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True,
+              help="--curves: timed steps per slot count (over all rounds).")
+@click.option("--floors", is_flag=True, help="Compare: every system's weight bytes per step against this machine's "
+                                             "read bandwidth.")
+@click.option("--work", type=DIR, help="Compare: the peers' builds and the children's log (default: the cache's "
+                                       "bench/compare).")
+@click.option("--out", type=DIR, help="Write summary.json and plots here (requests: also requests.csv).")
+@click.option("--json", "as_json", is_flag=True, help="Print summary.json instead of the table.")
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
 @user_errors
-def bench_run(engine: Path | None, url: str | None, methods, concurrency, peers, out: Path | None, as_json: bool,
-              no_progress: bool, **flags) -> None:
-    """Plain decoding and each --method on one engine, in process (ENGINE) or served (--url), interleaved:
-    TTFT, TPOT, ITL, tokens/s (per user), request throughput, τ, acceptance (per position), speedup and
-    p50/p90/p99 per category and concurrency, and how many outputs equal plain decoding's at T = 0."""
+def bench_run(engines: tuple[Path, ...], methods, sets, peers, out: Path | None, as_json: bool, no_progress: bool,
+              **flags) -> None:
+    """Plain decoding and each method on the same engine, interleaved prompt by prompt, in one run.
+
+    Requests (one ENGINE, or --url, on one --prompt-set): TTFT, TPOT, ITL, tokens/s, τ, acceptance per position,
+    speedup and p50/p90/p99 per category and --concurrency, in process and served, and how many outputs equal plain
+    decoding's at T = 0.
+
+    Compare (several ENGINES, --sets, --peers, --curves, --floors or --datastore): every engine and peer in its own
+    process on the same token ids, per set and method: tokens/s, the speedup over the same system's plain decoding,
+    τ, identical outputs; the verify curves, bandwidth floors and the targets against the peers on request."""
+    show = lambda line: click.echo(line, err=True)  # noqa: E731
+    compare_flags = ("datastore", "gguf", "peer_limit", "curves", "floors", "work")
+    if len(engines) > 1 or sets or peers or flags["rounds"] > 1 or any(flags[f] for f in compare_flags):
+        _compare(engines, methods, sets, peers, out, as_json, no_progress, flags, show)
+        return
+    if flags["hf"]:
+        raise click.UsageError("--hf is the peers' model folder: pass --peers too")
     from trtspec.bench.bench_outputs import format_table, write_outputs
     from trtspec.bench.runner import BenchOptions, run_bench
 
-    options = BenchOptions(engine=engine, url=url, methods=methods or (), concurrency=concurrency,
-                           peers=peers or (), show_progress=not no_progress, **flags)
-    run = run_bench(options, show=lambda line: click.echo(line, err=True))
+    request_flags = ("url", "serve", "concurrency", "temperature", "seed", "max_tokens", "threads", "spin", "model",
+                     "no_spec", "backoff", "limit")
+    options = BenchOptions(engine=engines[0] if engines else None, methods=methods or (),
+                           prompt_set=flags["prompt_set"] or "mt-bench", show_progress=not no_progress,
+                           **{f: flags[f] for f in request_flags})
+    run = run_bench(options, show=show)
     click.echo(json.dumps(run.report, indent=1) if as_json else "\n".join(format_table(run.report)))
     if out is not None:
         written = write_outputs(run, out)
         click.echo(f"wrote {', '.join(str(p) for p in written.values())}", err=True)
+
+
+def _compare(engines, methods, sets, peers, out, as_json, no_progress, flags, show) -> None:
+    from trtspec.bench.compare import DEFAULT_SETS, CompareOptions, render_table, run_compare, write_outputs
+
+    for name, default in (("url", None), ("serve", False), ("prompt_set", None), ("concurrency", (1,)),
+                          ("temperature", 0.0), ("no_spec", False)):
+        if flags[name] != default:
+            raise click.UsageError(f"--{name.replace('_', '-')} measures requests on one engine; comparing "
+                                   "(several ENGINES, --sets, --peers, ...) takes neither")
+    if not engines:
+        raise click.UsageError("comparing needs ENGINE_DIR (one or more)")
+    keep = ("limit", "max_tokens", "threads", "spin", "backoff", "datastore", "hf", "gguf", "peer_limit",
+            "transformers_lookup", "genai_lookup", "llama_lookup", "openvino_lookup", "rounds", "curves", "past",
+            "repeats", "floors", "work")
+    options = CompareOptions(engines=engines, sets=sets or DEFAULT_SETS, peers=peers or (),
+                             **({"methods": methods} if methods else {}), **{k: flags[k] for k in keep})
+    report = run_compare(options, show=show, progress=not no_progress)
+    if out is not None:
+        write_outputs(report, out)
+    click.echo(json.dumps(report, indent=2) if as_json else "\n".join(render_table(report)))
+    if out is not None and not as_json:
+        click.echo(f"wrote {out}/summary.json, {out}/compare.png", err=True)
 
 
 @bench.command("perf-input")
@@ -131,99 +208,6 @@ def bench_perf_input(prompt_set: str, limit: int, max_tokens: int, method: str |
     with atomic_output_file(out) as tmp:
         tmp.write_text(json.dumps(input_data(prompts, max_tokens, method=method, speculation=not no_spec)) + "\n")
     click.echo(shlex.join(command(url, out, requests=len(prompts))))
-
-
-@bench.command("cpu-engine")
-@click.option("--work", type=DIR, help="Checkpoints, engines and the onnxruntime-genai model, kept for reruns "
-                                       "(default: the cache's bench/cpu-engine).")
-@click.option("--prompts", type=int, default=10, show_default=True, help="MT-Bench writing prompts to decode.")
-@click.option("--max-tokens", type=int, default=128, show_default=True, help="New tokens per prompt.")
-@click.option("--threads", type=int, default=2, show_default=True, help="Intra-op threads of every system.")
-@click.option("--rounds", type=int, default=2, show_default=True,
-              help="Rounds over all systems, the order reversed each round.")
-@click.option("--past", type=int, default=256, show_default=True, help="Prefilled length of the verify curve.")
-@click.option("--repeats", type=int, default=20, show_default=True, help="Timed steps per point of the verify curve.")
-@click.option("--spin", type=click.Choice(["both", "on", "off"]), default="both", show_default=True,
-              help="trtspec's intra-op workers: on = as shipped (spinning, as onnxruntime-genai), off = "
-                   "--no-spin (sleeping between ops, for shared machines), both = one row each.")
-@click.option("--skip-peers", is_flag=True, help="Decode with trtspec only.")
-@click.option("--rebuild", is_flag=True, help="Rebuild checkpoints and engines.")
-@click.option("--png", type=click.Path(dir_okay=False, path_type=Path), help="Write the verify cost curve plot here.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@user_errors
-def bench_cpu_engine(work: Path | None, as_json: bool, **options) -> None:
-    """SmolLM2 plain decoding against onnxruntime-genai and transformers, the verify cost curve (a step of K + 1
-    slots ÷ a 1-slot step) and decoding time per token ÷ the memory-bandwidth floor, all from one run."""
-    from trtspec.bench.cpu_engine import CpuBenchOptions, render_table, run_benchmark
-    from trtspec.hub.fetch import cache_dir
-
-    report = run_benchmark(CpuBenchOptions(work=work or cache_dir() / "bench" / "cpu-engine", **options))
-    click.echo(json.dumps(report, indent=2, default=str) if as_json else render_table(report))
-
-
-def _pair(ctx, param, value):
-    """N,K → (N, K)."""
-    try:
-        n, k = (int(x) for x in value.split(","))
-    except ValueError:
-        raise click.BadParameter(f"expected two integers N,K, got {value!r}") from None
-    return n, k
-
-
-@bench.command("drafting")
-@click.argument("engines", nargs=-1, required=True, type=EXISTING_DIR)
-@click.option("--sets", callback=_csv(str), default="sharegpt-grounded,code-edit,mt-bench-2turn,mt-bench",
-              show_default=True, help="Prompt sets (their measure splits where they have one).")
-@click.option("--methods", callback=_csv(str), default="ngram", show_default=True,
-              help="Drafters; METHOD:full runs METHOD's whole tree every step (no back-off), e.g. "
-                   "lookahead,lookahead:full.")
-@click.option("--datastore", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Method suffix: the corpus it looks up (`trtspec datastore build`); it also learns from its own "
-                   "earlier outputs.")
-@click.option("--limit", type=click.IntRange(min=1), default=8, show_default=True, help="Prompts per set.")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True,
-              help="New tokens per prompt.")
-@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
-              help="ONNX Runtime intra-op threads.")
-@click.option("--spin/--no-spin", default=None,
-              help="Workers spin between ops (default: the engine's: spin, unless its drafter runs in a second "
-                   "session; pass --no-spin with several engines in one process).")
-@click.option("--peers", callback=_csv(str), default="", help="Peers' own speculation beside ours: transformers, "
-                                                             "onnxruntime-genai, openvino (OpenVINO GenAI at the first "
-                                                             "engine's weight format; PEERS=openvino bash "
-                                                             "scripts/setup-peers.sh installs it) (needs --hf).")
-@click.option("--hf", type=EXISTING_DIR, help="The Hugging Face folder of the engine's model (for --peers).")
-@click.option("--peer-limit", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Prompts per set for the peers (slow).")
-@click.option("--prompt-lookup", type=click.IntRange(min=1), default=10, show_default=True,
-              help="transformers' prompt_lookup_num_tokens.")
-@click.option("--genai-lookup", callback=_pair, default="3,4", show_default=True, metavar="N,K",
-              help="onnxruntime-genai n-gram speculation: ngram_size, max_draft_tokens.")
-@click.option("--openvino-lookup", callback=_pair, default="3,5", show_default=True, metavar="N,K",
-              help="OpenVINO GenAI prompt lookup: max_ngram_size, num_assistant_tokens.")
-@click.option("--work", type=DIR, help="Logs and builds of the peers (default: the cache's bench/drafting).")
-@click.option("--json", "json_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the report as JSON here.")
-@user_errors
-def bench_drafting(engines: tuple[Path, ...], peers, hf: Path | None, json_file: Path | None, **options) -> None:
-    """Drafters against plain decoding on real prompt sets (grounded, MT-Bench 2-turn), alternating prompt by
-    prompt, several engines of one model side by side, with the peers' own speculation.
-
-    Method suffix looks up --datastore and its own earlier outputs in the same set; mt-bench-2turn measures the second
-    turn after the engine's own plain first answer. `trtspec bench ENGINE --method ...` measures latency
-    percentiles and concurrency on one set; this command the drafters across sets and engines."""
-    from trtspec.bench.drafting import PEERS, format_report, run_benchmark
-
-    unknown = [p for p in peers if p not in PEERS]
-    if unknown:
-        raise click.BadParameter(f"unknown peer {unknown[0]} (known: {', '.join(PEERS)})", param_hint="--peers")
-    if peers and hf is None:
-        raise click.UsageError("--peers needs --hf DIR (the model's Hugging Face folder)")
-    report = run_benchmark(list(engines), peers=peers, hf=hf, show=lambda line: click.echo(line, err=True),
-                           **options)
-    click.echo(format_report(report))
-    if json_file is not None:
-        json_file.write_text(json.dumps(report, indent=2) + "\n")
 
 
 @bench.command("serving")
@@ -269,34 +253,6 @@ def bench_serving(engine: Path, prompt_set: str, limit: int, max_tokens: int, co
     if out is not None:
         written = write_outputs(run, out)
         click.echo(f"wrote {', '.join(str(p) for p in written.values())}", err=True)
-
-
-@bench.command("trees")
-@click.option("--base", type=EXISTING_DIR, required=True, help="The Hugging Face base folder.")
-@click.option("--medusa", type=EXISTING_DIR, help="Medusa heads folder (FasterDecoding layout).")
-@click.option("--eagle", type=EXISTING_DIR, help="EAGLE-1 draft folder.")
-@click.option("--tree", multiple=True, help="A tree preset or choices JSON, repeatable (default: chain_1 chain_2 "
-                                            "chain_3 [[0],[1],[0,0]] [[0],[1],[0,0],[0,0,0]]).")
-@click.option("--per-category", type=click.IntRange(min=1), help="The first N MT-Bench prompts of each category "
-                                                                 "(default: all 10).")
-@click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens per prompt.")
-@click.option("--max-input-len", type=int, default=512, show_default=True, help="The engines' max_input_len.")
-@click.option("--threads", type=int, help="ONNX Runtime intra-op threads (default: all cores).")
-@click.option("--batch", type=int, default=1, show_default=True,
-              help="> 1: all prompts in flight at once (τ and identity only; the speedup is measured at batch 1).")
-@click.option("--work", type=DIR, default=Path("/tmp/trtspec-spec-eval"), show_default=True,
-              help="Checkpoints and engines.")
-@click.option("--keep-engines", is_flag=True, help="Keep engines and checkpoints under --work (a rerun reuses them).")
-@click.option("--json", "json_file", type=click.Path(dir_okay=False, path_type=Path), help="Write the results here.")
-@click.option("--write-tree", type=DIR, help="Write the fastest tree as tree.json into this folder.")
-@user_errors
-def bench_trees(tree: tuple[str, ...], json_file: Path | None, **options) -> None:
-    """A trained drafter's trees on MT-Bench at T = 0: per tree convert → build → generate with speculation and
-    without (prompt by prompt, the order alternating): τ per category, acceptance (per position), speedup, identity.
-    Each engine is deleted once measured unless --keep-engines."""
-    from trtspec.bench.spec_eval import SpecEvalOptions, run_spec_eval
-
-    run_spec_eval(SpecEvalOptions(tree=tree, json=json_file, **options))
 
 
 @bench.command("soak")

@@ -19,7 +19,8 @@ from trtspec.cli.app import _sampling_flag
               help="JSONL file: one {\"prompt\": ...}, {\"messages\": [...]} or {\"input_ids\": [...]} per line "
                    "(optional \"id\", \"category\").")
 @click.option("--prompt-set", help="A real prompt set: mt-bench, humaneval, sharegpt, champ, sharegpt-grounded, "
-                                   "code-edit (first turn of each; `bench drafting` runs mt-bench-2turn's second).")
+                                   "code-edit (first turn of each; `trtspec bench --sets mt-bench-2turn` runs its "
+                                   "second).")
 @click.option("--limit", type=int, help="With --prompt-set: the first N prompts.")
 @click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens to generate per prompt.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.",

@@ -315,7 +315,7 @@ def generation_inputs(*, prompt: str | None = None, prompts_file: Path | str | N
         return [p.generation_input for p in load_jsonl_prompts(prompts_file)]
     if prompt_set in PROMPT_SETS and PROMPT_SETS[prompt_set].two_turn:
         raise ConfigError(f"--prompt-set {prompt_set}: its second turns need the engine's own first answers; "
-                          "`trtspec bench drafting ENGINE --sets mt-bench-2turn` runs both turns (or "
+                          "`trtspec bench ENGINE --sets mt-bench-2turn` runs both turns (or "
                           "--prompt-set mt-bench for the first turns)")
     return [p.text for p in load_prompts(prompt_set, limit=limit)]
 

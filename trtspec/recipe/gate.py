@@ -14,7 +14,7 @@ from pathlib import Path
 
 from trtspec.errors import ConfigError
 
-# the figures a baseline may hold (bench.drafting.Cell.to_dict's names)
+# the figures a baseline may hold (bench.compare.speculation_cell's names)
 FIGURES = ("tau", "acceptance_rate", "speedup", "decode_speedup", "tokens_per_s", "plain_tokens_per_s")
 SHOWN = ("tau", "acceptance_rate", "speedup", "tokens_per_s")
 
@@ -59,31 +59,32 @@ class GateResult:
 
 
 def measure_slice(recipe, engine_dir: Path, show=print) -> tuple[dict, dict]:
-    """Measure the baseline's slice: (per prompt set the method's figures, the whole drafting report). The drafter's
-    whole tree every step (no back-off, whose choices follow the drafter's measured time): τ then depends on the
-    code and the baseline's verify curve only."""
-    from trtspec.bench.drafting import measure
+    """Measure the baseline's slice (`trtspec bench` on the engine, the method alone): (per prompt set the method's
+    figures, the whole report). The drafter's whole tree every step (no back-off, whose choices follow the drafter's
+    measured time): τ then depends on the code and the baseline's verify curve only."""
+    from trtspec.bench.compare import CompareOptions, run_compare
 
     b, bench = recipe.baseline, recipe.bench
     method = b.method or recipe.methods[0]
     datastore = bench.datastore if bench is not None else None
     costs = None
     if b.verify_curve is not None:  # the curve the baseline was measured with: τ then depends on the code only
-        from trtspec.speculative.step_costs import StepCosts
-
-        costs = StepCosts(tuple(b.verify_curve["profiles"]), tuple(b.verify_curve["relative"]))
+        costs = {"profiles": list(b.verify_curve["profiles"]), "relative": list(b.verify_curve["relative"])}
+    options = CompareOptions(engines=(engine_dir,), sets=tuple(b.prompt_sets), methods=(method,), own_drafter=False,
+                             limit=b.limit, max_tokens=b.max_tokens,
+                             threads=(bench.threads if bench is not None else None) or 2,
+                             spin=bench.spin if bench is not None else None,
+                             datastore=Path(datastore) if datastore else None, step_costs=costs, backoff=False,
+                             work=Path(engine_dir).parent / "bench-work")
     try:
-        report, _ = measure([engine_dir], sets=b.prompt_sets, methods=[method], limit=b.limit,
-                            max_tokens=b.max_tokens, threads=bench.threads if bench is not None else None,
-                            spin=bench.spin if bench is not None else None,
-                            datastore=Path(datastore) if datastore else None, step_costs=costs,
-                            backoff=False, show=show)
+        report = run_compare(options, show=show, progress=False)
     except ConfigError as e:
         if costs is None or "verify curve" not in str(e):
             raise
         raise ConfigError(f"recipe baseline.verify_curve: {e}; delete it and run --gate --update-baseline to measure "
                           "the baseline again") from None
-    return {name: cells[method] for name, cells in report["sets"].items()}, report
+    (entry,) = report["systems"].values()
+    return {name: entry["methods"][method][name] for name in report["sets"]}, report
 
 
 def judge(baseline, method: str, measured: dict[str, dict], load_average: dict | None = None) -> GateResult:
@@ -95,8 +96,8 @@ def judge(baseline, method: str, measured: dict[str, dict], load_average: dict |
         if row is None:
             result.problems.append(f"{name}: no prompt measured (all longer than the engine's max input?)")
             continue
-        result.identical[name] = row["identical"]
-        same, total = (int(x) for x in row["identical"].split("/"))
+        same, total = row["identical"], row["compared"]
+        result.identical[name] = f"{same}/{total}"
         if same != total:
             result.problems.append(f"{name}: {total - same} of {total} outputs differ from plain decoding (T = 0)")
         expected = baseline.figures.get(name, {})

@@ -349,7 +349,8 @@ def _bench(recipe: Recipe, opts: RunOptions, engine: Path, folder: Path, show):
         show(f"  {line}")
     if opts.update_baseline:
         b = recipe.baseline
-        curve = next(iter(full["verify_curve"].values()), None) if b.verify_curve is None else None
+        costs = next(iter(full["systems"].values()))["step_costs"]
+        curve = {"profiles": costs["profiles"], "relative": costs["relative"]} if b.verify_curve is None else None
         gate.update_baseline(opts.recipe_file, method, measured,
                              {"prompt_sets": list(b.prompt_sets), "limit": b.limit, "max_tokens": b.max_tokens},
                              verify_curve=curve)

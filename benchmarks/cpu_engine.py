@@ -2,7 +2,7 @@
 plain decoding against onnxruntime-genai and transformers, the verify cost curve (a step of K + 1 slots ÷ a
 1-slot step), and decoding time per token ÷ the memory-bandwidth floor.
 
-    trtspec bench cpu-engine [--work DIR] [--prompts 10] [--max-tokens 128] [--threads 2]
+    .venv/bin/python benchmarks/cpu_engine.py [--work DIR] [--prompts 10] [--max-tokens 128] [--threads 2]
         [--rounds 2] [--spin both|on|off] [--skip-peers] [--json] [--png FILE]
 
 trtspec's workers spin between ops by default, as onnxruntime-genai's do (ONNX Runtime's default). `--spin both`
@@ -12,6 +12,7 @@ what sleeping workers cost is measured in the same run.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -19,12 +20,16 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import click
 import numpy as np
 
+from trtspec.bench.floors import BANDWIDTH_REPEATS, read_bandwidth  # noqa: F401 (a child runner)
 from trtspec.bench.peers import (GENAI_INSTALL, GENAI_MODULES, TRANSFORMERS_INSTALL, TRANSFORMERS_MODULES,
                                  build_genai_model, missing_modules, run_child)
+from trtspec.cli.app import user_errors
 from trtspec.errors import ConfigError
 from trtspec.progress import progress_bar
+from trtspec.speculative.method import PLAIN
 
 MODEL = "smollm2-135m"
 CURVE_KS = (0, 1, 3, 7, 15, 31, 63)  # K + 1 = 1, 2, 4, ..., 64 slots per step
@@ -36,7 +41,6 @@ SYSTEMS = {  # name in the table → (runner, what to install when missing)
     "transformers": ("trtspec.bench.peers:run_transformers", TRANSFORMERS_MODULES),
 }
 INSTALL_HINTS = {"onnxruntime-genai": GENAI_INSTALL, "transformers": TRANSFORMERS_INSTALL}
-BANDWIDTH_REPEATS = 7
 TARGETS = {"onnxruntime-genai": 1.0, "transformers": 3.0, "floor": 1.2}
 
 
@@ -118,53 +122,6 @@ def verify_curve(engines: dict, *, past: int = 256, repeats: int = 20, warmup: i
     return [{**p, "ratio": p["ms"] / base} for p in points]
 
 
-def read_bandwidth(*, threads: int = 2, megabytes: int = 1024, repeats: int = BANDWIDTH_REPEATS) -> dict:
-    """Best-of-`repeats` read bandwidth (GB/s) over a float32 buffer: numpy summing one slice per thread (the
-    ufunc releases the GIL) and an ONNX Runtime ReduceSum with `threads` intra-op threads (ORT 1.32 reduces a
-    whole tensor on one thread). The floor uses the faster of the two."""
-    buf = np.ones(megabytes * 2**20 // 4, np.float32)  # written once: every page is resident
-    numpy_s = _best_time(_numpy_sum(buf, threads), repeats)
-    ort_s = _best_time(_ort_sum(buf, threads), repeats)
-    rates = {"numpy": buf.nbytes / numpy_s / 1e9, "onnxruntime": buf.nbytes / ort_s / 1e9}
-    best = max(rates, key=rates.get)
-    return {"buffer_mb": megabytes, "threads": threads, "numpy_gbps": rates["numpy"],
-            "onnxruntime_gbps": rates["onnxruntime"], "gbps": rates[best], "method": best}
-
-
-def _best_time(run, repeats: int) -> float:
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def _numpy_sum(buf: np.ndarray, threads: int):
-    from concurrent.futures import ThreadPoolExecutor
-
-    pool, parts = ThreadPoolExecutor(threads), np.array_split(buf, threads)
-    return lambda: sum(pool.map(np.sum, parts))
-
-
-def _ort_sum(buf: np.ndarray, threads: int):
-    import onnxruntime as ort
-    from onnx import TensorProto, helper
-
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [])
-    graph = helper.make_graph([helper.make_node("ReduceSum", ["x"], ["y"], keepdims=0)], "bandwidth", [x], [y])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    options = ort.SessionOptions()
-    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    binding = session.io_binding()
-    binding.bind_ortvalue_input("x", ort.OrtValue.ortvalue_from_numpy(buf))  # no copy
-    binding.bind_output("y", "cpu")
-    return lambda: session.run_with_iobinding(binding)
-
-
 # ---- decoding side by side ----------------------------------------------------------------------------------
 
 def decode_runs(jobs: dict[str, tuple[str, dict]], *, rounds: int, prompts: int, threads: int, log: Path,
@@ -176,7 +133,7 @@ def decode_runs(jobs: dict[str, tuple[str, dict]], *, rounds: int, prompts: int,
             for name in list(jobs)[::-1 if r % 2 else 1]:
                 function, kwargs = jobs[name]
                 rows = run_child(function, kwargs, log=log, threads=threads, on_row=lambda row: advance())
-                samples[name] += [{**row, "round": r} for row in rows]
+                samples[name] += [{**row["runs"][PLAIN], "prompt": row["prompt"], "round": r} for row in rows]
     return samples
 
 
@@ -317,10 +274,10 @@ def run_benchmark(args: CpuBenchOptions) -> dict:
     jobs, skipped = _decode_jobs(args, base, engines[0], prompts, log)
     samples = decode_runs(jobs, rounds=args.rounds, prompts=len(prompts), threads=args.threads, log=log)
     decode = {name: summarize(rows) for name, rows in samples.items()}
-    curve = run_child("trtspec.bench.cpu_engine:verify_curve", {
+    curve = run_child("benchmarks.cpu_engine:verify_curve", {
         "engines": {k: str(v) for k, v in engines.items()}, "past": args.past, "repeats": args.repeats,
         "threads": args.threads}, log=log, threads=args.threads)
-    (bandwidth,) = run_child("trtspec.bench.cpu_engine:read_bandwidth", {
+    (bandwidth,) = run_child("benchmarks.cpu_engine:read_bandwidth", {
         "threads": args.threads, "repeats": BANDWIDTH_REPEATS}, log=log, threads=args.threads)
     load["after"] = os.getloadavg()
     if args.png:
@@ -374,3 +331,34 @@ def _decode_jobs(args, base: Path, engine: Path, prompts: list[list[int]], log: 
         else:
             jobs[name] = (function, {"model": str(sources[name]()), **kwargs})
     return jobs, skipped
+
+
+@click.command()
+@click.option("--work", type=click.Path(file_okay=False, path_type=Path), help="Checkpoints, engines and the onnxruntime-genai model, kept for reruns "
+                                       "(default: the cache's bench/cpu-engine).")
+@click.option("--prompts", type=int, default=10, show_default=True, help="MT-Bench writing prompts to decode.")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="New tokens per prompt.")
+@click.option("--threads", type=int, default=2, show_default=True, help="Intra-op threads of every system.")
+@click.option("--rounds", type=int, default=2, show_default=True,
+              help="Rounds over all systems, the order reversed each round.")
+@click.option("--past", type=int, default=256, show_default=True, help="Prefilled length of the verify curve.")
+@click.option("--repeats", type=int, default=20, show_default=True, help="Timed steps per point of the verify curve.")
+@click.option("--spin", type=click.Choice(["both", "on", "off"]), default="both", show_default=True,
+              help="trtspec's intra-op workers: on = as shipped (spinning, as onnxruntime-genai), off = "
+                   "--no-spin (sleeping between ops, for shared machines), both = one row each.")
+@click.option("--skip-peers", is_flag=True, help="Decode with trtspec only.")
+@click.option("--rebuild", is_flag=True, help="Rebuild checkpoints and engines.")
+@click.option("--png", type=click.Path(dir_okay=False, path_type=Path), help="Write the verify cost curve plot here.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@user_errors
+def main(work: Path | None, as_json: bool, **options) -> None:
+    """SmolLM2 plain decoding against onnxruntime-genai and transformers, the verify cost curve (a step of K + 1
+    slots ÷ a 1-slot step) and decoding time per token ÷ the memory-bandwidth floor, all from one run."""
+    from trtspec.hub.fetch import cache_dir
+
+    report = run_benchmark(CpuBenchOptions(work=work or cache_dir() / "bench" / "cpu-engine", **options))
+    click.echo(json.dumps(report, indent=2, default=str) if as_json else render_table(report))
+
+
+if __name__ == "__main__":
+    main()

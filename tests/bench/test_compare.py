@@ -1,6 +1,6 @@
-"""`trtspec bench formats` on tiny engines: fp32 (with Medusa heads) / int8 / int4 builds of one model, side by side
-with onnxruntime-genai int4 built by its own builder from the same tiny HF folder; weight bytes per token, the verify
-curve, the targets' arithmetic, the command and its errors. No speed is asserted."""
+"""`trtspec bench` comparing tiny engines: fp32 (with Medusa heads) / int8 / int4 builds of one model, side by side
+with onnxruntime-genai at fp32 and int4 built by its own builder from the same tiny HF folder; weight bytes per token,
+the verify curve, the targets' arithmetic, the command and its errors. No speed is asserted."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from trtspec.bench import formats
-from trtspec.bench.formats import (FormatsOptions, System, curve_from_samples, format_label, gguf_facts,
-                                   gguf_weight_bytes, measure_curve, merge_curves, onnx_weight_bytes, render_table,
-                                   run_benchmark, run_engine, summarize, targets)
+from trtspec.bench import compare, floors
+from trtspec.bench.compare import (CompareOptions, System, curve_from_samples, format_label, gguf_facts, measure_curve,
+                                   merge_curves, render_table, run_compare, run_engine, summarize, targets)
+from trtspec.bench.floors import gguf_weight_bytes, onnx_weight_bytes
 from trtspec.bench.peers import GENAI_MODULES, LLAMA_CPP_MODULES, missing_modules
 from trtspec.cli import cli
 from trtspec.engine.onnx_builder import BuildOptions, build
@@ -27,7 +27,7 @@ from trtspec.testing import TinyModel, tiny_trtllm_checkpoints, write_tiny_token
 K = 8
 SETS = ("mt-bench", "code-edit")  # a short set and a grounded one (the targets read grounded sets)
 GENAI_MISSING = missing_modules(GENAI_MODULES)
-LLAMA_PEERS = ("llama.cpp", "llama.cpp-lookup")
+LLAMA_PEERS = ("llama.cpp",)
 
 
 def without_llama_cpp(mp: pytest.MonkeyPatch) -> None:
@@ -58,21 +58,22 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(tiny):
-    """One real run over the three engines, onnxruntime-genai int4 (when installed) and the llama.cpp peers (asked
-    for, not importable here, so they must be skipped with their reason)."""
+    """One real run over the three engines, onnxruntime-genai at fp32 and int4 (when installed) and llama.cpp (asked
+    for, not importable here, so it must be skipped with its reason), with the verify curves and the floors."""
     peers = (() if GENAI_MISSING else ("onnxruntime-genai",)) + LLAMA_PEERS
     lines = []
-    options = FormatsOptions(engines=(tiny["fp32"], tiny["int8"], tiny["int4"]), peers=peers, hf=tiny["hf"],
-                             sets=SETS, limit=1, max_tokens=8, threads=1, rounds=2, past=16, repeats=1,
-                             work=tiny["root"] / "work")
+    options = CompareOptions(engines=(tiny["fp32"], tiny["int8"], tiny["int4"]), peers=peers, hf=tiny["hf"],
+                             sets=SETS, limit=1, max_tokens=8, threads=1, rounds=2, curves=True, past=16, repeats=1,
+                             floors=True, work=tiny["root"] / "work")
     with pytest.MonkeyPatch.context() as mp:
         without_llama_cpp(mp)
-        return run_benchmark(options, show=lines.append, progress=False), lines
+        return run_compare(options, show=lines.append, progress=False), lines
 
 
 def test_every_engine_and_peer_decodes_the_same_prompts(report):
     report, _ = report
-    expected = {"fp32", "int8", "int4"} | (set() if GENAI_MISSING else {"onnxruntime-genai int4"})
+    expected = {"fp32", "int8", "int4"} | (set() if GENAI_MISSING else {"onnxruntime-genai fp32",
+                                                                        "onnxruntime-genai int4"})
     assert set(report["systems"]) == expected
     assert report["sets"] == list(SETS)
     for entry in report["systems"].values():
@@ -143,7 +144,7 @@ def test_tied_quantized_embedding_is_counted_once_with_the_lm_head(tiny):
     regions = {(e["offset"], e["length"]) for e in external if e}
     by_name = {init.name: (e.get("offset"), e.get("length")) for init, e in zip(model.graph.initializer, external)}
     assert by_name["embedding.q"] == by_name["lm_head.weight.q"]  # the codes the embedding gathers are the lm_head's
-    in_graph = sum(formats._initializer_extent(init)[1] for init in model.graph.initializer
+    in_graph = sum(floors._initializer_extent(init)[1] for init in model.graph.initializer
                    if not init.external_data)
     assert counted["read"] == sum(int(length) for _, length in regions) + in_graph
 
@@ -192,24 +193,25 @@ def test_gguf_facts_name_the_blocks_and_the_lm_head(tmp_path):
     assert gguf_facts(path) == {"vocab_size": 16, "format": "F32, lm_head F16"}
 
 
-def test_llama_cpp_lookup_is_compared_with_llama_cpp_plain():
-    """The lookup peer's rows against the plain peer's rows of the same prompt and round: speedups, τ from its decode
+def test_a_peers_lookup_is_compared_with_its_own_plain_decoding():
+    """A peer's rows: its lookup against its plain decoding of the same prompt and round: speedups, τ from its decode
     steps, identical outputs."""
     prompts = [{"set": "code-edit", "id": "a", "ids": [1]}, {"set": "code-edit", "id": "b", "ids": [2]}]
-    systems = [System("llama.cpp Q4", "llama.cpp", "f", {}, "Q4_1", {"read": 10}),
-               System("llama.cpp Q4 + prompt lookup", "llama.cpp-lookup", "f", {}, "Q4_1", {"read": 10})]
+    systems = [System("llama.cpp Q4_1", "llama.cpp", "f", {}, "Q4_1", ("lookup",), "int4")]
 
-    def row(prompt, out, total, steps=None):
-        extra = {} if steps is None else {"steps": steps, "drafted": 9}
-        return {"prompt": prompt, "round": 0, "output_ids": out, "ttft_s": 0.1, "total_s": total, **extra}
+    def run(out, total, steps=None):
+        return {"output_ids": out, "ttft_s": 0.1, "total_s": total,
+                **({} if steps is None else {"steps": steps, "drafted": 9})}
 
-    samples = {"llama.cpp Q4": [row(0, [1, 2, 3, 4, 5], 1.1), row(1, [7, 8, 9], 0.5)],
-               "llama.cpp Q4 + prompt lookup": [row(0, [1, 2, 3, 4, 5], 0.6, steps=2), row(1, [7, 8, 0], 0.3, steps=2)]}
-    report = summarize(systems, samples, prompts, {}, {"gbps": 1.0})
-    cell = report["systems"]["llama.cpp Q4 + prompt lookup"]["versus"]["cells"]["all"]
-    assert report["systems"]["llama.cpp Q4 + prompt lookup"]["versus"]["system"] == "llama.cpp Q4"
+    samples = {"llama.cpp Q4_1": [
+        {"prompt": 0, "round": 0, "runs": {"none": run([1, 2, 3, 4, 5], 1.1), "lookup": run([1, 2, 3, 4, 5], 0.6, 2)}},
+        {"prompt": 1, "round": 0, "runs": {"none": run([7, 8, 9], 0.5), "lookup": run([7, 8, 0], 0.3, 2)}}]}
+    report = summarize(systems, samples, prompts, {}, None)
+    cell = report["systems"]["llama.cpp Q4_1"]["methods"]["lookup"]["all"]
+    assert report["systems"]["llama.cpp Q4_1"]["matches"] == "int4"
     assert cell["identical"] == 1 and cell["compared"] == 2
     assert cell["tau"] == pytest.approx((4 + 2) / 4)  # 6 tokens after the first in 4 decode steps
+    assert cell["acceptance_rate"] == pytest.approx(2 / 18, abs=1e-3)
     assert cell["speedup"] == pytest.approx(1.6 / 0.9, abs=1e-3)
     assert cell["decode_speedup"] == pytest.approx((6 / 0.7) / (6 / 1.4), abs=1e-2)  # of rounded rates
 
@@ -217,8 +219,7 @@ def test_llama_cpp_lookup_is_compared_with_llama_cpp_plain():
 def test_llama_cpp_missing_is_one_line_and_a_not_measured_target(report):
     report, lines = report
     hint = "llama_cpp not installed (bash scripts/setup-peers.sh builds llama-cpp-python from source)"
-    assert [line for line in lines if line.startswith("llama.cpp Q4")] == [
-        f"llama.cpp Q4: skipped, {hint}", f"llama.cpp Q4 + prompt lookup: skipped, {hint}"]
+    assert [line for line in lines if line.startswith("llama.cpp")] == [f"llama.cpp: skipped, {hint}"]
     llama = [t for t in report["targets"] if "llama.cpp" in t["name"]]
     assert llama and all(t["ok"] is None and "not installed" in t["reason"] for t in llama)
 
@@ -227,6 +228,8 @@ def test_llama_cpp_missing_is_one_line_and_a_not_measured_target(report):
 def test_genai_int4_peer_is_built_by_its_builder_and_compared(report, tiny):
     report, _ = report
     genai = report["systems"]["onnxruntime-genai int4"]
+    for entry in (genai, report["systems"]["onnxruntime-genai fp32"]):  # its own n-gram lookup beside its plain
+        assert list(entry["methods"]) == ["lookup"] and entry["methods"]["lookup"]["all"]["compared"] == 4
     config = json.loads((tiny["root"] / "work" / "genai-int4" / "genai_config.json").read_text())
     assert config["model"]["type"] == "llama"
     assert genai["weights"]["read"] < report["systems"]["fp32"]["weights"]["read"]
@@ -243,13 +246,14 @@ def test_render_table_names_every_system_and_target(report):
     text = "\n".join(render_table(report))
     for label in report["systems"]:
         assert label in text
-    assert "llama.cpp Q4" in text and "targets" in text
+    assert "llama.cpp" in text and "targets" in text
     assert text.count("PASS") + text.count("FAIL") + text.count("not measured") == len(report["targets"])
 
 
 def test_run_engine_plain_rows_equal_the_generator(tiny):
     prompts = [[1, 5, 9, 13], [2, 4, 8, 16, 32, 3, 7]]
-    rows = list(run_engine(str(tiny["int4"]), prompts, methods=["ngram"], max_tokens=6, threads=1))
+    first, *rows = run_engine(str(tiny["int4"]), prompts, methods=["ngram"], max_tokens=6, threads=1)
+    assert first["step_costs"]["profiles"][0] == 1
     generator = LocalGenerator(tiny["int4"], threads=1)
     expected = [generator.generate(ids, GenerationConfig(max_tokens=6, no_spec=True)).output_ids for ids in prompts]
     assert [r["runs"]["none"]["output_ids"] for r in rows] == expected
@@ -258,9 +262,9 @@ def test_run_engine_plain_rows_equal_the_generator(tiny):
 
 def test_measure_curve_step_costs_drive_the_drafters(tiny):
     curve = measure_curve(str(tiny["fp32"]), threads=1, past=8, repeats=1)
-    rows = list(run_engine(str(tiny["fp32"]), [[1, 2, 3]], methods=["ngram"], max_tokens=4, threads=1,
-                           step_costs=curve["step_costs"]))
-    assert len(rows) == 1
+    first, *rows = run_engine(str(tiny["fp32"]), [[1, 2, 3]], methods=["ngram"], max_tokens=4, threads=1,
+                              step_costs=curve["step_costs"])
+    assert len(rows) == 1 and first["step_costs"]["relative"] == curve["step_costs"]["relative"]
     bad = {**curve["step_costs"], "profiles": [1, 2]}
     bad["relative"], bad["step_ms"] = bad["relative"][:2], bad["step_ms"][:2]
     with pytest.raises(ConfigError, match="does not fit"):
@@ -272,10 +276,12 @@ def _report(tps: dict[str, dict[str, float]], spec: dict[str, float], kinds: dic
     systems = {}
     for label, per_set in tps.items():
         kind = kinds.get(label, "engine")
-        systems[label] = {"kind": kind, "format": "int4 b32" if label == "int4" else "fp32",
+        systems[label] = {"kind": kind, "format": "int4 b32" if label == "int4" else "fp32", "methods": {},
                           "plain": {s: {"decode_tokens_per_s": v} for s, v in per_set.items()}}
         if kind == "engine":
             systems[label]["methods"] = {"ngram": {s: {"decode_tokens_per_s": v} for s, v in spec.items()}}
+        else:
+            systems[label]["matches"] = "int4"
     return {"systems": systems, "sets": ["code-edit"]}
 
 
@@ -283,15 +289,16 @@ def test_targets_pass_fail_and_not_measured():
     kinds = {"genai": "onnxruntime-genai", "llama": "llama.cpp"}
     tps = {"int4": {"all": 90.0, "code-edit": 90.0}, "genai": {"all": 100.0, "code-edit": 100.0},
            "llama": {"all": 70.0, "code-edit": 70.0}}
-    result = {t["name"]: t for t in targets(_report(tps, {"all": 160.0, "code-edit": 160.0}, kinds), {})}
+    result = {t["name"]: t for t in targets(_report(tps, {"all": 160.0, "code-edit": 160.0}, kinds), {},
+                                            ("onnxruntime-genai", "llama.cpp"))}
     assert result["int4 plain ÷ onnxruntime-genai int4 plain"]["ok"] is False  # 0.9x < 1.0x
-    assert result["int4 + ngram ÷ onnxruntime-genai int4 plain on code-edit"]["ok"] is True  # 1.6x >= 1.5x
-    assert result["int4 + ngram ÷ llama.cpp Q4 plain on code-edit"]["ok"] is True  # 2.29x >= 2x
-    assert result["int4 + ngram ÷ llama.cpp Q4 plain on code-edit"]["value"] == pytest.approx(160 / 70, abs=1e-3)
+    assert result["int4 + ngram ÷ genai plain on code-edit"]["ok"] is True  # 1.6x >= 1.5x
+    assert result["int4 + ngram ÷ llama plain on code-edit"]["ok"] is True  # 2.29x >= 2x
+    assert result["int4 + ngram ÷ llama plain on code-edit"]["value"] == pytest.approx(160 / 70, abs=1e-3)
     missing = targets(_report({"int4": tps["int4"]}, {"all": 1.0, "code-edit": 1.0}), {"llama.cpp": "not here"})
     assert all(t["ok"] is None for t in missing)
-    assert {t["reason"] for t in missing} == {"--peers without onnxruntime-genai", "not here", "--peers without openvino",
-                                              "--peers without openvino-lookup"}
+    assert {t["reason"] for t in missing} == {"--peers without onnxruntime-genai", "not here",
+                                              "--peers without openvino"}
     none = targets(_report({"fp32": tps["int4"]}, {"all": 1.0}), {})
     assert none[0]["reason"] == "no int4 engine among ENGINES"
 
@@ -306,18 +313,18 @@ def test_format_label():
 def test_options_refuse_bad_input(tiny):
     engines = (tiny["fp32"],)
     with pytest.raises(ConfigError, match="--peers foo: unknown peer"):
-        FormatsOptions(engines=engines, peers=("foo",), hf=tiny["hf"])
+        CompareOptions(engines=engines, peers=("foo",), hf=tiny["hf"])
     with pytest.raises(ConfigError, match="needs --hf"):
-        FormatsOptions(engines=engines, peers=("onnxruntime-genai",))
+        CompareOptions(engines=engines, peers=("onnxruntime-genai",))
     with pytest.raises(ConfigError, match="--peers llama.cpp: needs --hf"):
-        FormatsOptions(engines=engines, peers=("llama.cpp",))
-    FormatsOptions(engines=engines, peers=("llama.cpp", "llama.cpp-lookup"), gguf=tiny["root"] / "m.gguf")
+        CompareOptions(engines=engines, peers=("llama.cpp",))
+    CompareOptions(engines=engines, peers=("llama.cpp",), gguf=tiny["root"] / "m.gguf")
     with pytest.raises(ConfigError, match="--limit 0"):
-        FormatsOptions(engines=engines, peers=(), limit=0)
+        CompareOptions(engines=engines, peers=(), limit=0)
     with pytest.raises(ConfigError, match="--methods none"):
-        FormatsOptions(engines=engines, peers=(), methods=("none",))
+        CompareOptions(engines=engines, peers=(), methods=("none",))
     with pytest.raises(ConfigError, match="--llama-lookup 2,0: give N,K"):
-        FormatsOptions(engines=engines, peers=(), llama_lookup=(2, 0))
+        CompareOptions(engines=engines, peers=(), llama_lookup=(2, 0))
 
 
 def test_two_turn_set_follows_the_first_engines_answer(tiny, tmp_path):
@@ -325,8 +332,8 @@ def test_two_turn_set_follows_the_first_engines_answer(tiny, tmp_path):
     system."""
     from trtspec.bench.workload import load_bench_prompts
 
-    engines = [formats.read_engine(tiny["int8"]), formats.read_engine(tiny["int4"])]
-    prompts = formats.prompt_ids(engines, ("mt-bench-2turn",), 1, 4, log=tmp_path / "log", show=lambda line: None,
+    engines = [compare.read_engine(tiny["int8"]), compare.read_engine(tiny["int4"])]
+    prompts = compare.prompt_ids(engines, ("mt-bench-2turn",), 1, 4, log=tmp_path / "log", show=lambda line: None,
                                  threads=1)
     generator = LocalGenerator(tiny["int8"], threads=1)
     (expected,) = load_bench_prompts("mt-bench-2turn", limit=1, generator=generator, max_tokens=4,
@@ -342,39 +349,38 @@ def test_foreign_engine_refused(tiny, tmp_path):
     manifest["model"]["vocab_size"] += 1
     (other / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ConfigError, match="vocabulary of"):
-        run_benchmark(FormatsOptions(engines=(tiny["fp32"], other), peers=(), work=tmp_path),
+        run_compare(CompareOptions(engines=(tiny["fp32"], other), peers=(), work=tmp_path),
                       show=lambda line: None, progress=False)
     # a drafter an engine does not run (Medusa on engines without heads): one line before anything is measured
     with pytest.raises(ConfigError, match=r"--methods medusa: .*int4.* does not run it; it runs none, ngram, suffix, "
                                           r"lookahead"):
-        run_benchmark(FormatsOptions(engines=(tiny["fp32"], tiny["int4"]), peers=(), methods=("medusa",),
+        run_compare(CompareOptions(engines=(tiny["fp32"], tiny["int4"]), peers=(), methods=("medusa",),
                                      work=tmp_path), show=lambda line: None, progress=False)
 
 
 def test_command_writes_summary_and_png(tiny, tmp_path, monkeypatch):
     without_llama_cpp(monkeypatch)
     out = tmp_path / "out"
-    result = CliRunner().invoke(cli, ["bench", "formats", str(tiny["int8"]), str(tiny["int4"]),
+    result = CliRunner().invoke(cli, ["bench", str(tiny["int8"]), str(tiny["int4"]),
                                       "--peers", ",".join(LLAMA_PEERS),
                                       "--hf", str(tiny["hf"]), "--sets", "mt-bench", "--limit", "1", "--max-tokens",
-                                      "4", "--threads", "1", "--rounds", "1", "--past", "8", "--repeats", "1",
+                                      "4", "--threads", "1", "--curves", "--past", "8", "--repeats", "1",
                                       "--work", str(tmp_path / "work"), "--out", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["systems"]) == {"int8", "int4"}
-    assert (out / "formats.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG"
     assert "int4 + speculation on grounded sets" in result.output  # mt-bench only: no grounded set
     assert "no grounded set in --sets" in result.output
 
 
 def test_command_unknown_peer_is_one_line(tiny):
-    result = CliRunner().invoke(cli, ["bench", "formats", str(tiny["int4"]), "--peers", "vllm"])
+    result = CliRunner().invoke(cli, ["bench", str(tiny["int4"]), "--peers", "vllm"])
     assert result.exit_code == 1
     assert result.output.strip().splitlines()[-1] == ("error: --peers vllm: unknown peer; choose from "
-                                                      "onnxruntime-genai, llama.cpp, llama.cpp-lookup, openvino, "
-                                                      "openvino-lookup")
+                                                      "transformers, onnxruntime-genai, llama.cpp, openvino")
 
 
 def test_llama_cpp_gguf_from_the_hf_record(tmp_path):
     with pytest.raises(ConfigError, match="--gguf FILE"):
-        formats.llama_cpp_gguf(tmp_path)
+        compare.llama_cpp_gguf(tmp_path)

@@ -2,7 +2,7 @@
 speculation and without (the same engine, the same run, prompt by prompt alternating the order), and report
 τ per category, acceptance rate, per-position acceptance, wall-clock speedup and token-identity.
 
-    trtspec bench trees --base BASE (--medusa DIR | --eagle DIR) [--tree chain_2 ...]
+    .venv/bin/python benchmarks/trees.py --base BASE (--medusa DIR | --eagle DIR) [--tree chain_2 ...]
         [--per-category 10] [--max-tokens 128] [--threads 2] [--work DIR] [--keep-engines] [--json FILE]
         [--write-tree DIR]
 
@@ -20,6 +20,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import click
+
+from trtspec.cli.app import user_errors
 from trtspec.errors import ConfigError
 from trtspec.speculative.stats import SpecStats
 
@@ -238,3 +241,33 @@ def write_tree(folder: Path, report: dict, best: dict) -> None:
         **{k: best[k] for k in ("acceptance_length", "acceptance_rate", "speedup", "decode_speedup",
                                 "identical_outputs", "tau_per_category")}}}
     (folder / "tree.json").write_text(json.dumps(tree, indent=2) + "\n")
+
+
+@click.command()
+@click.option("--base", type=click.Path(exists=True, file_okay=False, path_type=Path), required=True, help="The Hugging Face base folder.")
+@click.option("--medusa", type=click.Path(exists=True, file_okay=False, path_type=Path), help="Medusa heads folder (FasterDecoding layout).")
+@click.option("--eagle", type=click.Path(exists=True, file_okay=False, path_type=Path), help="EAGLE-1 draft folder.")
+@click.option("--tree", multiple=True, help="A tree preset or choices JSON, repeatable (default: chain_1 chain_2 "
+                                            "chain_3 [[0],[1],[0,0]] [[0],[1],[0,0],[0,0,0]]).")
+@click.option("--per-category", type=click.IntRange(min=1), help="The first N MT-Bench prompts of each category "
+                                                                 "(default: all 10).")
+@click.option("--max-tokens", type=int, default=128, show_default=True, help="Tokens per prompt.")
+@click.option("--max-input-len", type=int, default=512, show_default=True, help="The engines' max_input_len.")
+@click.option("--threads", type=int, help="ONNX Runtime intra-op threads (default: all cores).")
+@click.option("--batch", type=int, default=1, show_default=True,
+              help="> 1: all prompts in flight at once (τ and identity only; the speedup is measured at batch 1).")
+@click.option("--work", type=click.Path(file_okay=False, path_type=Path), default=Path("/tmp/trtspec-spec-eval"), show_default=True,
+              help="Checkpoints and engines.")
+@click.option("--keep-engines", is_flag=True, help="Keep engines and checkpoints under --work (a rerun reuses them).")
+@click.option("--json", "json_file", type=click.Path(dir_okay=False, path_type=Path), help="Write the results here.")
+@click.option("--write-tree", type=click.Path(file_okay=False, path_type=Path), help="Write the fastest tree as tree.json into this folder.")
+@user_errors
+def main(tree: tuple[str, ...], json_file: Path | None, **options) -> None:
+    """A trained drafter's trees on MT-Bench at T = 0: per tree convert → build → generate with speculation and
+    without (prompt by prompt, the order alternating): τ per category, acceptance (per position), speedup, identity.
+    Each engine is deleted once measured unless --keep-engines."""
+    run_spec_eval(SpecEvalOptions(tree=tree, json=json_file, **options))
+
+
+if __name__ == "__main__":
+    main()

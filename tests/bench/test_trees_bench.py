@@ -1,4 +1,4 @@
-"""bench/spec_eval: tree parsing, the per-tree summary (the metrics of docs/design.md) and tree.json."""
+"""benchmarks/trees.py: tree parsing, the per-tree summary (the metrics of docs/design.md) and tree.json."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from trtspec.bench.spec_eval import TreeResult, parse_tree, write_tree
+from benchmarks.trees import TreeResult, parse_tree, write_tree
 from trtspec.errors import ConfigError
 from trtspec.speculative.stats import SpecStats
 
@@ -46,7 +46,7 @@ def test_summary_uses_the_shared_definitions(tmp_path):
 
 @pytest.mark.parametrize("keep", [False, True])
 def test_engines_and_checkpoints_are_deleted_once_measured_unless_kept(tmp_path, monkeypatch, keep):
-    from trtspec.bench import spec_eval
+    from benchmarks import trees as spec_eval
 
     built = []
 
@@ -72,9 +72,9 @@ def test_engines_and_checkpoints_are_deleted_once_measured_unless_kept(tmp_path,
             "--tree", "chain_2", "--json", str(tmp_path / "r.json")] + (["--keep-engines"] if keep else [])
     from click.testing import CliRunner
 
-    from trtspec.cli import cli
+    from benchmarks.trees import main
 
-    result = CliRunner().invoke(cli, ["bench", "trees", *argv])
+    result = CliRunner().invoke(main, argv)
     assert result.exit_code == 0, result.output
     assert len(built) == 2 and all(e.is_dir() == keep for e in built)
     assert sorted(p.name for p in (tmp_path / "work").iterdir()) == (
@@ -90,7 +90,7 @@ def test_engines_and_checkpoints_are_deleted_once_measured_unless_kept(tmp_path,
 def test_trees_command_refuses_bad_options_in_one_line(argv, message):
     from click.testing import CliRunner
 
-    from trtspec.cli import cli
+    from benchmarks.trees import main
 
-    result = CliRunner().invoke(cli, ["bench", "trees", *argv])
+    result = CliRunner().invoke(main, argv)
     assert result.exit_code == 1 and message in result.output, result.output

