@@ -15,6 +15,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -49,13 +50,14 @@ class Backoff:
         self._accepted = [0.0, 0.0]  # a whole draft's accepted tokens and drafting steps (decayed as the rates are)
         self._pending: list = []  # deferred entries of the steps the drafter rested
         self._drafter_ms: float | None = None  # measured time of a drafting step (catch-up, propose, observe)
-        self._recent: deque[Draft] = deque(maxlen=RECENT_DRAFTS)  # a confident drafter's latest drafts
+        self._recent: deque[_Shape] = deque(maxlen=RECENT_DRAFTS)  # a confident drafter's latest drafts' shapes
         self._resting, self._rest_steps, self._rest_for = False, 0, EXPLORE_EVERY
         self._drafted = False  # the drafter ran this step
         self._pause = 0.0  # the drafter's time in this step's propose (ms)
         self._kept: list[int] = []  # the full draft's node behind each verified slot (slot i + 1)
         self._full: Draft | None = None  # the drafter's draft this step
         self._nodes: list[_Node] = []  # its nodes (node i + 1 of the full draft)
+        self._shape: _Shape | None = None  # the full draft's shape
         self._chosen: list[int] = []  # the kept ones, most probable first
         self._draft: Draft | None = None  # what was verified
         self.steps = self.drafting_steps = 0
@@ -85,7 +87,8 @@ class Backoff:
         full = self.drafter.propose(root)
         self._drafted, self._full = True, full
         self.drafting_steps += 1
-        self._nodes = _nodes_of(full, self.model)
+        self._shape = _shape_of(full)
+        self._nodes = _nodes_of(self._shape, self.model)
         n = full.tree.num_nodes
         self._chosen = _budget(self._nodes, self.costs, n) if self._prunable else list(range(n))
         if looking and not self._chosen and self._nodes:  # a look tries the most probable node at least
@@ -184,8 +187,10 @@ class Backoff:
             if self._full.confidence is None:
                 best = self._best_value(self._nodes, overhead)
             else:
-                self._recent.append(self._full)
-                best = float(np.mean([self._best_value(_nodes_of(d, self.model), overhead) for d in self._recent]))
+                self._recent.append(self._shape)
+                rates: dict = {}  # each kind's rate, once for all the recent drafts
+                best = float(np.mean([self._best_value(_nodes_of(shape, self.model, rates), overhead)
+                                      for shape in self._recent]))
         else:
             best = (1.0 + self._gain) / (self.costs.cost(self._full.tree.num_nodes + 1) + overhead)
         if best > 1.0:
@@ -215,17 +220,33 @@ def _look_floor(cost: float, overhead: float) -> int:
     return math.ceil((cost - 1.0 + overhead) / LOOK_SHARE)
 
 
-def _nodes_of(draft: Draft, model: AcceptanceModel) -> list[_Node]:
-    """The draft's nodes, each of kind (depth, rank among its siblings, the band of the drafter's confidence where
-    it says one) with its estimated acceptance probability: the conditional rates multiplied down its path."""
+@dataclass(frozen=True)
+class _Shape:
+    """What the back-off needs of a draft, read once: each node's parent (-1: the root), depth and kind (depth, rank
+    among its siblings, the band of the drafter's confidence where it says one)."""
+
+    parents: tuple[int, ...]
+    depths: tuple[int, ...]
+    kinds: tuple[tuple, ...]
+
+
+def _shape_of(draft: Draft) -> _Shape:
     tree, confidence = draft.tree, draft.confidence
+    nodes = range(1, tree.num_nodes + 1)
+    return _Shape(tuple(int(tree.parents[i]) - 1 for i in nodes), tuple(int(tree.position_offsets[i]) for i in nodes),
+                  tuple(drafter_kind(int(tree.position_offsets[i]), int(tree.ranks[i]),
+                                     None if confidence is None else float(confidence[i - 1])) for i in nodes))
+
+
+def _nodes_of(shape: _Shape, model: AcceptanceModel, rates: dict | None = None) -> list[_Node]:
+    """The draft's nodes with their estimated acceptance probabilities: the conditional rates of their kinds
+    multiplied down their paths (`rates` caches each kind's rate across calls of one decision)."""
+    rates = {} if rates is None else rates
     nodes: list[_Node] = []
-    for i in range(1, tree.num_nodes + 1):
-        parent = int(tree.parents[i]) - 1  # -1: the root
-        depth = int(tree.position_offsets[i])
-        kind = drafter_kind(depth, int(tree.ranks[i]), None if confidence is None else float(confidence[i - 1]))
-        p = model.rate(kind) * (nodes[parent].p if parent >= 0 else 1.0)
-        nodes.append(_Node(0, parent, kind, p, depth))
+    for parent, depth, kind in zip(shape.parents, shape.depths, shape.kinds):
+        if kind not in rates:
+            rates[kind] = model.rate(kind)
+        nodes.append(_Node(0, parent, kind, rates[kind] * (nodes[parent].p if parent >= 0 else 1.0), depth))
     return nodes
 
 
