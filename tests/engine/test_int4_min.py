@@ -192,9 +192,11 @@ def test_the_build_matches_the_reference_and_records_the_scheme(engines):
     assert result.exit_code == 0, result.output
     assert "linear: int4 (block 32, with block minima, accuracy level 4)" in result.output
     assert "TreeAttention, AddBlockOffsets (trtspec/native" in result.output
-    old = WeightFormat(dtype="int4", block_size=32, accuracy_level=4)  # written before the scheme existed
-    assert EngineWeights.from_dict({"linear": {"dtype": "int4", "block_size": 32, "accuracy_level": 4}}, "w").linear \
-        == old and "scheme" not in EngineWeights(linear=old).to_dict()["linear"]
+    symmetric = WeightFormat(dtype="int4", block_size=32, accuracy_level=4)
+    written = EngineWeights(linear=symmetric).to_dict()
+    assert written["linear"]["scheme"] == "symmetric" and EngineWeights.from_dict(written, "w").linear == symmetric
+    with pytest.raises(ConfigError, match=r"^w.linear: missing keys 'prequantized', 'scheme'$"):
+        EngineWeights.from_dict({**written, "linear": {"dtype": "int4", "block_size": 32, "accuracy_level": 4}}, "w")
     with pytest.raises(ConfigError, match="weight scheme min: int4 only, not int8"):
         WeightFormat(dtype="int8", block_size=32, accuracy_level=4, scheme="min")
 

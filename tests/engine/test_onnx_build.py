@@ -87,18 +87,19 @@ def test_manifest_rejects_unknown_keys_and_versions(ckpts, tmp_path):
         Manifest.from_dict({**m, "colour": "red"})
     with pytest.raises(BuildError, match="manifest version 99"):
         Manifest.from_dict({**m, "version": 99})
+    with pytest.raises(ConfigError, match="missing key 'graph_format'"):
+        Manifest.from_dict({k: v for k, v in m.items() if k != "graph_format"})
 
 
 
-@pytest.mark.parametrize("change", [lambda m: m.pop("graph_format"), lambda m: m.update(graph_format=1)])
-def test_manifest_of_an_older_graph_format_says_to_rebuild(ckpts, tmp_path, change):
-    """Engines built before GroupQueryAttention (no graph_format, or format 1) cannot run: the KV layout changed."""
+@pytest.mark.parametrize("graph_format", [ONNX_GRAPH_FORMAT - 1, None])
+def test_manifest_of_another_graph_format_says_to_rebuild(ckpts, tmp_path, graph_format):
+    """The runtime runs one graph contract (inputs, outputs, KV layout): graphs of another cannot run."""
     m = plan_build(BuildOptions(source=ckpts["medusa"], out=tmp_path / "e", max_input_len=64)).to_dict()
     assert m["graph_format"] == ONNX_GRAPH_FORMAT
-    change(m)
-    with pytest.raises(BuildError, match=rf"graphs are of format 1, this trtspec runs format {ONNX_GRAPH_FORMAT}; "
-                                         r"rebuild the engine with this trtspec"):
-        Manifest.from_dict(m)
+    with pytest.raises(BuildError, match=rf"graphs are of format {graph_format}, this trtspec runs format "
+                                         rf"{ONNX_GRAPH_FORMAT}; rebuild the engine with this trtspec"):
+        Manifest.from_dict({**m, "graph_format": graph_format})
 
 
 def test_plan_rejects_a_head_dim_the_attention_kernel_cannot_run(tmp_path):

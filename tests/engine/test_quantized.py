@@ -133,16 +133,6 @@ def test_quantized_weights_shrink_the_engine(engines, ckpts, tmp_path):
     assert sizes["int4"] < sizes["int8"] < full / 2
 
 
-def test_old_manifests_load_as_fp32(engines, tmp_path):
-    engine = tmp_path / "old"
-    shutil.copytree(engines["int4", "medusa"], engine)
-    data = json.loads((engine / "manifest.json").read_text())
-    del data["weights"]
-    (engine / "manifest.json").write_text(json.dumps(data))
-    weights = read_manifest(engine).weights
-    assert weights == EngineWeights(drafter=WeightFormat()) and weights.min_step_slots == 1
-
-
 def test_inspect_shows_the_weight_formats(engines):
     result = CliRunner().invoke(cli, ["inspect", str(engines["int4", "eagle"])])
     assert result.exit_code == 0, result.output
@@ -218,7 +208,7 @@ def test_a_plain_step_computes_a_slot_exactly_as_a_verify_step(engines, weights)
 def test_the_generation_graph_pads_attention_so_one_slot_computes_as_two(engines, weights):
     """A quantized engine's generation graph runs attention over at least 2 rows (manifest attention_rows), padding a
     one-token step itself: fed 1 slot or 2 (the second masked), a step gives the same logits bit for bit where the
-    products compute one row as they do many: the 8-bit kernels everywhere measured, the 4-bit ones on some CPUs
+    products compute one row as they do many: the 8-bit kernels, and the 4-bit ones on some CPUs
     (test_matmul_nbits_rows_are_invariant_from_two_rows). The engine feeds 1 slot exactly when that holds."""
     manifest = read_manifest(engines[weights, "none", "gqa"])
     assert manifest.attention_rows == 2 and manifest.attention == "gqa"
@@ -227,24 +217,11 @@ def test_the_generation_graph_pads_attention_so_one_slot_computes_as_two(engines
     engine.prefill(seq, np.array([3, 1, 4, 1, 5, 9, 2, 6]))
     cache = engine._seqs[seq].base
     token, past = np.array([[5]]), np.array([cache.length], np.int32)
-    one, two = (engine._decode.run_plain(token, past, cache, slots)["logits"][0, 0].copy() for slots in (1, 2))
+    one, two = (engine._generation.run_plain(token, past, cache, slots)["logits"][0, 0].copy() for slots in (1, 2))
     assert np.isfinite(one).all()
     assert engine._min_slots == (1 if np.array_equal(one, two) else 2)
     if weights == "int8":
         assert engine._min_slots == 1
-
-
-def test_an_engine_built_before_attention_padding_feeds_plain_steps_two_slots(engines, tmp_path):
-    """A quantized engine whose manifest has no attention_rows (built by an earlier trtspec: its graph does not pad
-    attention) still gets every plain step fed as 2 slots; fp32 engines 1."""
-    engine_dir = tmp_path / "old"
-    shutil.copytree(engines["int8", "none", "gqa"], engine_dir)
-    data = json.loads((engine_dir / "manifest.json").read_text())
-    assert "attention" not in data  # gqa: as earlier manifests read
-    del data["attention_rows"]
-    (engine_dir / "manifest.json").write_text(json.dumps(data))
-    assert read_manifest(engine_dir).attention_rows == 1
-    assert OrtEngine(engine_dir, threads=1)._min_slots == 2
 
 
 @pytest.mark.parametrize("args,message", [
@@ -651,7 +628,7 @@ def test_attention_kernel_flag(ckpts, tmp_path):
     assert (m.attention, m.attention_rows, m.chains_only) == ("gqa", 2, True)
     m = plan(attention="gqa")
     assert (m.attention, m.attention_rows, m.chains_only) == ("gqa", 1, False)  # fp32: trees, to ~2e-5
-    assert "attention" not in m.to_dict()  # as earlier manifests read
+    assert m.to_dict()["attention"] == "gqa" and m.to_dict()["attention_rows"] == 1
     with pytest.raises(ConfigError, match="--attention 'flash'"):
         plan(attention="flash")
     result = CliRunner().invoke(cli, ["build", str(ckpts["none"]), "--out", str(tmp_path / "b"), "--attention", "x"])

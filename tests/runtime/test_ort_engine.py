@@ -90,13 +90,13 @@ def test_engine_of_an_older_graph_format_is_refused_in_one_line(engines, tmp_pat
     old = tmp_path / "old"
     shutil.copytree(engines["medusa"][0].engine_dir, old)
     manifest = json.loads((old / "manifest.json").read_text())
-    del manifest["graph_format"]  # what builds before format 2 wrote
+    manifest["graph_format"] = ONNX_GRAPH_FORMAT - 1
     (old / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(BuildError) as error:
         OrtEngine(old, threads=1)
     assert "\n" not in str(error.value) and str(error.value).endswith(
-        f"ONNX graphs are of format 1, this trtspec runs format {ONNX_GRAPH_FORMAT}; rebuild the engine with this "
-        "trtspec (`trtspec build ... --force`)")
+        f"ONNX graphs are of format {ONNX_GRAPH_FORMAT - 1}, this trtspec runs format {ONNX_GRAPH_FORMAT}; rebuild "
+        "the engine with this trtspec (`trtspec build ... --force`)")
 
 
 def test_limits_are_clear_errors(engines):

@@ -1,5 +1,5 @@
 """Slot profiles: the manifest's list, the profile each step runs, padding within it, batches of mixed drafts,
-the verify curve cached beside the engine, and engines of one fixed profile still running as before."""
+and the verify curve cached beside the engine."""
 
 from __future__ import annotations
 
@@ -10,12 +10,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
 from trtspec.cli import cli
 from trtspec.engine.manifest import Manifest, Profile, default_slot_profiles, parse_slot_profiles, read_manifest
 from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.errors import ConfigError
-from trtspec.model.onnx_graph import export_graphs
 from trtspec.runtime import verify_curve
 from trtspec.speculative.loop import GenerationConfig, Request, generate, generate_batch
 from trtspec.runtime.ort_engine import OrtEngine
@@ -73,17 +71,19 @@ def test_build_cli_rejects_bad_profiles_before_writing(built, tmp_path):
     assert "Traceback" not in result.output and not out.exists()
 
 
-def test_manifest_lists_profiles_and_old_manifests_mean_k_plus_one(built):
+def test_manifest_lists_profiles(built):
     root, _ = built
     assert read_manifest(root / "default").profile.slots == (2, 3, 5, 9)
     assert read_manifest(root / "one").profile.slots == (9,)
     assert read_manifest(root / "some").profile.slots == (2, 4, 9)
     m = read_manifest(root / "default")
     assert Manifest.from_dict(m.to_dict()) == m
-    legacy = Profile(max_batch_size=1, max_input_len=8, max_seq_len=32, max_draft_len=4)  # no slot_profiles
-    assert legacy.slots == (5,) and legacy.profile_for(2) == 5 and legacy.profile_for(1) == 1
-    with pytest.raises(ConfigError, match=r"slot_profiles \[2, 3\]: the last profile must be max_draft_len \+ 1 = 5"):
-        Profile(max_batch_size=1, max_input_len=8, max_seq_len=32, max_draft_len=4, slot_profiles=(2, 3))
+    one = Profile(max_batch_size=1, max_input_len=8, max_seq_len=32, max_draft_len=4, slot_profiles=(5,))
+    assert one.slots == (5,) and one.profile_for(2) == 5 and one.profile_for(1) == 1
+    for profiles in ((2, 3), ()):
+        with pytest.raises(ConfigError, match=rf"slot_profiles \[{', '.join(map(str, profiles))}\]: the last profile "
+                                              r"must be max_draft_len \+ 1 = 5"):
+            Profile(max_batch_size=1, max_input_len=8, max_seq_len=32, max_draft_len=4, slot_profiles=profiles)
 
 
 def test_inspect_shows_the_profiles(built):
@@ -217,22 +217,12 @@ def test_verify_curve_is_measured_once_and_cached_beside_the_engine(built, tmp_p
         "1", "2", "3", "5", "9"}
 
 
-def test_a_curve_file_of_an_earlier_version_is_read(built, tmp_path, monkeypatch):
-    """Earlier versions wrote one curve at the top level of verify_curve.json."""
-    root, _ = built
-    engine_dir = tmp_path / "old"
-    shutil.copytree(root / "default", engine_dir)
-    (engine_dir / verify_curve.CURVE_FILE).unlink(missing_ok=True)
-    engine = OrtEngine(engine_dir, threads=1)
-    costs = engine.step_costs()
-    (new,) = json.loads((engine_dir / verify_curve.CURVE_FILE).read_text())["curves"]
-    (engine_dir / verify_curve.CURVE_FILE).write_text(json.dumps(new))  # the old layout
-
-    def no_measuring(engine, **kwargs):
-        raise AssertionError("measured again")
-
-    monkeypatch.setattr(verify_curve, "measure", no_measuring)
-    assert OrtEngine(engine_dir, threads=1).step_costs() == costs
+@pytest.mark.parametrize("text", ['{"profiles": [1, 2], "relative": [1.0, 1.1]}', '{"curves": 3}', "[]", "{"])
+def test_a_curve_file_without_a_list_of_curves_holds_none(tmp_path, text):
+    """Such a file is measured again (and rewritten) rather than read."""
+    path = tmp_path / verify_curve.CURVE_FILE
+    path.write_text(text)
+    assert verify_curve.read_curves(path) == []
 
 
 def test_a_read_only_engine_keeps_its_curve_in_memory(built, tmp_path, monkeypatch):
@@ -247,28 +237,3 @@ def test_a_read_only_engine_keeps_its_curve_in_memory(built, tmp_path, monkeypat
     monkeypatch.setattr(verify_curve.tempfile, "mkstemp", read_only)  # (chmod does not stop root)
     costs = OrtEngine(engine_dir, threads=1).step_costs()
     assert costs.profiles == (1, 2, 3, 5, 9) and not (engine_dir / verify_curve.CURVE_FILE).exists()
-
-
-# ---- engines of earlier versions: one fixed profile of K + 1 slots ------------------------------------------
-
-def test_an_engine_with_a_fixed_k_plus_one_graph_runs_as_before(built, tmp_path):
-    """What earlier builds wrote: generation.onnx with T = K + 1 fixed and no slot_profiles in the manifest."""
-    root, ckpt = built
-    old = tmp_path / "old"
-    shutil.copytree(root / "default", old)
-    fixed = tmp_path / "fixed"
-    export_graphs(read_trtllm_checkpoint(ckpt), fixed, generation_tokens=K + 1, max_positions=128 + K + 1)
-    shutil.copy(fixed / "generation.onnx", old / "generation.onnx")
-    manifest = json.loads((old / "manifest.json").read_text())
-    del manifest["profile"]["slot_profiles"]
-    del manifest["checksums"]  # earlier builds recorded none
-    (old / "manifest.json").write_text(json.dumps(manifest))
-    engine, new = OrtEngine(old, threads=1), OrtEngine(root / "default", threads=1)
-    assert engine.slot_profiles == (K + 1,)
-    rng = np.random.default_rng(4)
-    prompts = [rng.integers(0, MODEL.vocab_size, int(rng.integers(2, 30))) for _ in range(4)]
-    config = GenerationConfig(max_tokens=24)
-    for prompt in prompts:
-        spec = generate(engine, prompt, make_proposer("ngram", engine), config)
-        assert spec.output_ids == generate(new, prompt, make_proposer("none", new), config).output_ids
-        assert set(spec.stats.profile_steps) <= {1, K + 1}

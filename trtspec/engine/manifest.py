@@ -1,7 +1,9 @@
 """The engine manifest: everything deploy / serve / generate / bench need, written last by `build`.
 
-Frozen, keyword-only dataclasses; `from_dict` rejects unknown keys and lists the valid ones, and
-`Manifest.from_dict(m.to_dict()) == m` holds.
+Frozen, keyword-only dataclasses; `to_dict` writes every field and `from_dict` requires every one, rejects unknown
+keys (listing the valid ones), and `Manifest.from_dict(m.to_dict()) == m` holds. A manifest of another
+MANIFEST_VERSION is refused with a rebuild line: the format has one version, and a change to it bumps the version
+rather than teaching the reader a second layout.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from trtspec.model.quantize import QuantScheme, WeightDtype, min_step_slots
 from trtspec.speculative.method import Method
 
 MANIFEST_FILE = "manifest.json"
-MANIFEST_VERSION = 1
-# The onnx backend's graph contract (inputs, outputs, KV layout) the runtime runs. Format 1 (manifests without
-# `graph_format`): MatMul / Softmax attention, KV cache [P, B, nkv, hd], new rows as outputs of their own.
-# Format 2: GroupQueryAttention, KV buffers [B, nkv, capacity, hd] bound as both past and present.
+MANIFEST_VERSION = 2
+# The onnx backend's graph contract (inputs, outputs, KV layout) the runtime runs: KV buffers [B, nkv, capacity, hd]
+# bound as both past and present, the EAGLE draft's context graph scoring the rows `logit_rows` names. Kept apart
+# from MANIFEST_VERSION so that a change to the CPU graphs refuses CPU engines only, not TensorRT-LLM engines.
 ONNX_GRAPH_FORMAT = 3
 
 
@@ -33,9 +35,18 @@ class Backend(enum.Enum):
     TRTLLM = "trtllm"
 
 
+def _check_complete(cls, data: dict, where: str) -> None:
+    """Every field of dataclass `cls` is a key of `data`: a manifest holds every field `to_dict` writes."""
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in data]
+    if missing:
+        raise ConfigError(f"{where}: missing key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
+
+
 def _from_dict(cls, data: dict, where: str):
-    """Build a dataclass from a dict, rejecting unknown keys with the list of valid ones."""
+    """Build a dataclass from a dict holding every one of its fields, rejecting unknown keys with the list of valid
+    ones."""
     check_fields(cls, data, where)
+    _check_complete(cls, data, where)
     try:
         return cls(**data)
     except TypeError as e:
@@ -44,15 +55,16 @@ def _from_dict(cls, data: dict, where: str):
 
 @dataclass(frozen=True, kw_only=True)
 class Profile:
-    """The static shapes the engine was built for. A generation step feeds one of `slots` (its slot profiles,
-    ascending, the last K + 1): the smallest that holds its draft, padded within it."""
+    """The static shapes the engine was built for. A generation step feeds one of `slot_profiles` (ascending, the
+    last K + 1): the smallest that holds its draft, padded within it."""
 
     max_batch_size: int
     max_input_len: int
     max_seq_len: int
     max_draft_len: int
-    # verify-step slot counts the engine runs (onnx backend); None: K + 1 alone (engines of earlier versions)
-    slot_profiles: tuple[int, ...] | None = None
+    # the verify-step slot counts the engine runs: the onnx backend's profiles; a TensorRT-LLM engine's K + 1 alone
+    # (its one step shape); () for a plain engine
+    slot_profiles: tuple[int, ...]
 
     def __post_init__(self):
         for name in ("max_batch_size", "max_input_len", "max_seq_len"):
@@ -65,12 +77,11 @@ class Profile:
                 f"max_seq_len={self.max_seq_len} is below max_input_len={self.max_input_len} + "
                 f"max_draft_len={self.max_draft_len} + 1; raise --max-seq-len to at least "
                 f"{self.max_input_len + self.max_draft_len + 1} or lower --max-input-len")
-        if self.slot_profiles is not None:
-            object.__setattr__(self, "slot_profiles", tuple(self.slot_profiles))
-            check_slot_profiles(self.slot_profiles, self.max_draft_len, "slot_profiles")
-            if self.max_draft_len and self.slot_profiles[-1] != self.max_draft_len + 1:
-                raise ConfigError(f"slot_profiles {list(self.slot_profiles)}: the last profile must be "
-                                  f"max_draft_len + 1 = {self.max_draft_len + 1}")
+        object.__setattr__(self, "slot_profiles", tuple(self.slot_profiles))
+        check_slot_profiles(self.slot_profiles, self.max_draft_len, "slot_profiles")
+        if self.max_draft_len and self.slot_profiles[-1:] != (self.max_draft_len + 1,):
+            raise ConfigError(f"slot_profiles {list(self.slot_profiles)}: the last profile must be "
+                              f"max_draft_len + 1 = {self.max_draft_len + 1}")
 
     @property
     def tokens_per_step(self) -> int:
@@ -80,9 +91,7 @@ class Profile:
     @property
     def slots(self) -> tuple[int, ...]:
         """The slot counts a generation step may run, ascending (empty for a plain engine)."""
-        if self.slot_profiles is not None:
-            return self.slot_profiles
-        return (self.tokens_per_step,) if self.max_draft_len else ()
+        return self.slot_profiles
 
     def profile_for(self, slots: int) -> int:
         """The smallest slot profile that holds `slots` slots (1: a plain step, no profile needed)."""
@@ -134,13 +143,6 @@ def parse_slot_profiles(text: str, max_draft_len: int) -> tuple[int, ...]:
     return profiles if profiles and profiles[-1] == max_draft_len + 1 else (*profiles, max_draft_len + 1)
 
 
-# the `model` keys of manifests written before the manifest carried the checkpoint's whole shape
-LEGACY_MODEL_KEYS = frozenset({
-    "architecture", "dtype", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-    "num_medusa_heads", "num_eagle_layers", "draft_layers", "draft_num_kv_heads", "draft_head_dim", "end_id",
-    "pad_id", "max_non_leaves_per_layer", "logits_dtype", "draft_vocab_size"})
-
-
 @dataclass(frozen=True, kw_only=True)
 class ModelInfo(ModelShape):
     """The manifest's `model` section: the checkpoint's ModelShape (read by the builder from its config.json) and
@@ -158,29 +160,11 @@ class ModelInfo(ModelShape):
 
     @classmethod
     def from_dict(cls, data: dict, where: str) -> ModelInfo:
-        if isinstance(data, dict) and "intermediate_size" not in data:  # every shape written since has it
-            data = _legacy_model(data)
+        check_fields(cls, data, where)
+        _check_complete(cls, data, where)
+        if isinstance(data.get("eagle"), dict):
+            _check_complete(ModelShape, data["eagle"], f"{where}.eagle")
         return super().from_dict(data, where)
-
-
-def _legacy_model(data: dict) -> dict:
-    """A `model` section of an earlier manifest as ModelInfo's keys: the facts it did not record are None, the
-    EAGLE draft's three KV facts become its `eagle` shape (its hidden size, vocabulary and dtype are the target's,
-    as the converter requires)."""
-    data = dict(data)
-    draft = {k: data.pop(k, 0) for k in ("draft_layers", "draft_num_kv_heads", "draft_head_dim")}
-    unrecorded = dict(intermediate_size=None, rms_norm_eps=None, rope_theta=None, rope_scaling=None,
-                      max_position_embeddings=None, hidden_act=None, qkv_bias=None, o_bias=None, mlp_bias=None,
-                      tie_word_embeddings=None)
-    speculative = bool(data.get("num_medusa_heads") or draft["draft_layers"])
-    data = {**unrecorded, "num_medusa_layers": None if data.get("num_medusa_heads") else 0,
-            "max_draft_len": None if speculative else 0, **data}
-    if draft["draft_layers"]:
-        data["eagle"] = {**unrecorded, "architecture": "LlamaForCausalLM", "dtype": data.get("dtype"),
-                         "vocab_size": data.get("vocab_size"), "hidden_size": data.get("hidden_size"),
-                         "num_layers": draft["draft_layers"], "num_heads": None,
-                         "num_kv_heads": draft["draft_num_kv_heads"], "head_dim": draft["draft_head_dim"]}
-    return data
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,7 +202,8 @@ class WeightFormat:
 
 @dataclass(frozen=True, kw_only=True)
 class EngineWeights:
-    """The weight format of each component (manifests of earlier versions: everything fp32)."""
+    """The weight format of each component (onnx backend; a TensorRT-LLM engine's stays fp32 here, its quantization
+    is Manifest.quantization)."""
 
     linear: WeightFormat = WeightFormat()  # the target's qkv, o, gate_up, down
     lm_head: WeightFormat = WeightFormat()
@@ -247,15 +232,13 @@ class EngineWeights:
         def fmt(f: WeightFormat | None) -> dict | None:
             if f is None:
                 return None
-            d = {**dataclasses.asdict(f), "dtype": f.dtype.value, "scheme": f.scheme.value}
-            # written only when set, as earlier manifests have neither
-            omit = {k for k in ("prequantized", "scheme") if d[k] in (None, QuantScheme.SYMMETRIC.value)}
-            return {k: v for k, v in d.items() if k not in omit}
+            return {**dataclasses.asdict(f), "dtype": f.dtype.value, "scheme": f.scheme.value}
         return {name: fmt(getattr(self, name)) for name in ("linear", "lm_head", "embedding", "drafter")}
 
     @classmethod
     def from_dict(cls, data: dict, where: str) -> EngineWeights:
         check_fields(cls, data, where)
+        _check_complete(cls, data, where)
         return cls(**{k: None if v is None else _from_dict(WeightFormat, v, f"{where}.{k}") for k, v in data.items()})
 
     def summary(self) -> dict[str, str]:
@@ -282,19 +265,20 @@ class Manifest:
     lookahead: dict[str, int] | None = None
     tp_size: int = 1  # tensor-parallel ranks (trtllm engines: one rank{r}.engine per rank, one MPI rank per GPU)
     pp_size: int = 1
-    graph_format: int | None = None  # onnx backend: ONNX_GRAPH_FORMAT of the graphs it built
-    weights: EngineWeights = EngineWeights()  # the weight format per component (fp32 in earlier manifests)
-    # every file of the engine dir: {relative path: {"size", "blake2b"}} (engine.integrity; {} in earlier manifests)
+    graph_format: int | None = None  # onnx backend: ONNX_GRAPH_FORMAT of the graphs it built (trtllm: None)
+    weights: EngineWeights = EngineWeights()  # onnx backend: the weight format per component
+    # onnx backend: every file of the engine dir, {relative path: {"size", "blake2b"}} (engine.integrity); the
+    # trtllm backend records none ({})
     checksums: dict[str, dict] = field(default_factory=dict)
     # trtllm backend: the TensorRT-LLM quantization it was planned with (engine.trtllm_quant; None: float weights)
     quantization: dict | None = None
     # onnx backend: the fewest rows the generation graph's attention runs over, a step of fewer tokens padded inside
-    # the graph (onnx_ops.prelude; OrtEngine then feeds plain steps 1 slot where this CPU's kernels allow); 1 in
-    # earlier manifests, whose quantized engines get plain steps of 2 slots
+    # the graph (onnx_ops.prelude; OrtEngine then feeds plain steps 1 slot where this CPU's kernels allow); 1 for
+    # TreeAttention, which needs no padding
     attention_rows: int = 1
     # onnx backend: the target generation graph's attention kernel (onnx_ops.ATTENTION_KERNELS): "gqa" (ONNX
-    # Runtime's GroupQueryAttention; earlier manifests) or "tree" (trtspec's TreeAttention, trtspec/native: a slot
-    # computes exactly as a plain step at any place of any tree, so quantized engines verify trees too)
+    # Runtime's GroupQueryAttention) or "tree" (trtspec's TreeAttention, trtspec/native: a slot computes exactly as a
+    # plain step at any place of any tree, so quantized engines verify trees too)
     attention: str = "gqa"
 
     @property
@@ -330,42 +314,37 @@ class Manifest:
         d["backend"], d["method"] = self.backend.value, self.method.value
         d["tree"] = [list(c) for c in self.tree] if self.tree is not None else None
         d["weights"] = self.weights.to_dict()
-        for name, default in (("quantization", None), ("attention_rows", 1), ("attention", "gqa")):
-            if d[name] == default:
-                del d[name]  # as earlier manifests read
         return d
 
     @classmethod
     def from_dict(cls, data: dict, where: str = MANIFEST_FILE) -> Manifest:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{where}: expected an object, found {type(data).__name__}")
+        check_version(data, where)
+        check_fields(cls, data, where)
+        _check_complete(cls, data, where)
         data = dict(data)
-        if data.get("version") != MANIFEST_VERSION:
-            raise BuildError(f"{where}: manifest version {data.get('version')!r} is not the version this trtspec "
-                             f"reads ({MANIFEST_VERSION}); rebuild the engine with this trtspec")
         try:
-            data["backend"] = Backend(data.get("backend"))
+            data["backend"] = Backend(data["backend"])
         except ValueError as e:
             raise ConfigError(f"{where}: {e}") from None
-        data["method"] = Method.parse(data.get("method"))
+        method = data["method"]
+        data["method"] = Method.parse(method)
         if data["method"] not in Method.built_into_engines():
-            raise ConfigError(f"{where}: method {data.get('method')!r} is not one an engine is built for "
+            raise ConfigError(f"{where}: method {method!r} is not one an engine is built for "
                               f"({', '.join(m.value for m in Method.built_into_engines())})")
-        if data["backend"] is Backend.ONNX and data.get("graph_format", 1) != ONNX_GRAPH_FORMAT:
-            raise BuildError(f"{where}: the engine's ONNX graphs are of format {data.get('graph_format', 1)!r}, this "
+        if data["backend"] is Backend.ONNX and data["graph_format"] != ONNX_GRAPH_FORMAT:
+            raise BuildError(f"{where}: the engine's ONNX graphs are of format {data['graph_format']!r}, this "
                              f"trtspec runs format {ONNX_GRAPH_FORMAT}; rebuild the engine with this trtspec "
                              "(`trtspec build ... --force`)")
-        data["model"] = ModelInfo.from_dict(data.get("model"), f"{where}: model")
-        data["profile"] = _from_dict(Profile, data.get("profile"), f"{where}: profile")
-        if data.get("tree") is not None:
+        data["model"] = ModelInfo.from_dict(data["model"], f"{where}: model")
+        data["profile"] = _from_dict(Profile, data["profile"], f"{where}: profile")
+        if data["tree"] is not None:
             data["tree"] = tuple(tuple(c) for c in data["tree"])
-        if data.get("attention", "gqa") not in ("gqa", "tree"):
+        if data["attention"] not in ("gqa", "tree"):
             raise ConfigError(f"{where}: attention {data['attention']!r} is not an attention kernel this trtspec runs "
                               "(gqa, tree)")
-        if "weights" in data:
-            data["weights"] = EngineWeights.from_dict(data["weights"], f"{where}: weights")
-        else:  # written before quantized engines: every component fp32
-            model = data["model"]
-            has_drafter = model.num_medusa_heads > 0 or model.draft_layers > 0
-            data["weights"] = EngineWeights(drafter=WeightFormat() if has_drafter else None)
+        data["weights"] = EngineWeights.from_dict(data["weights"], f"{where}: weights")
         return _from_dict(cls, data, where)
 
     def write(self, engine_dir: Path) -> Path:
@@ -378,6 +357,18 @@ class Manifest:
         chmod_as_created(tmp)
         os.replace(tmp, path)
         return path
+
+
+def check_version(data: dict, where: str) -> None:
+    """Refuse, in one line, a manifest of another MANIFEST_VERSION (or none): its engine is rebuilt, not read."""
+    version = data.get("version")
+    if version == MANIFEST_VERSION:
+        return
+    found = "no manifest version" if version is None else f"manifest version {version!r}"
+    newer = isinstance(version, int) and not isinstance(version, bool) and version > MANIFEST_VERSION
+    raise BuildError(f"{where}: {found}, this trtspec reads version {MANIFEST_VERSION}: the engine was written by "
+                     f"{'a later' if newer else 'an earlier'} trtspec; rebuild it with this one "
+                     "(`trtspec build ... --force`)")
 
 
 def read_manifest(engine_dir: Path) -> Manifest:

@@ -357,9 +357,11 @@ def _runtime(method: Method, tree: Tree | None, k: int, opts: TrtllmBuildOptions
 
 def _manifest(opts: TrtllmBuildOptions, cfg: ModelShape, method: Method, tree: Tree | None, k: int,
               max_seq_len: int, tp: int, pp: int, version: TrtllmVersion) -> Manifest:
-    # the engine's own (raised) max_seq_len: the KV capacity the static-K profile was built for
+    # the engine's own (raised) max_seq_len: the KV capacity the static-K profile was built for; its one step shape
+    # is K + 1 slots
     profile = Profile(max_batch_size=opts.max_batch_size, max_input_len=opts.max_input_len,
-                      max_seq_len=_engine_seq_len(cfg, method, k, max_seq_len), max_draft_len=k)
+                      max_seq_len=_engine_seq_len(cfg, method, k, max_seq_len), max_draft_len=k,
+                      slot_profiles=(k + 1,) if k else ())
     model = ModelInfo.of(cfg)
     return Manifest(name=opts.name or Path(opts.out).name, backend=Backend.TRTLLM, method=method, model=model,
                     profile=profile, tree=tree.choices if tree is not None else None,

@@ -287,12 +287,11 @@ def _inv_freq(c: ModelShape) -> np.ndarray:
     return rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling).numpy()  # [hd/2] float32
 
 
-def _io(c: ModelShape, tokens: int | None, tree: bool, extra_inputs=(),
-        logit_rows: int | None = None) -> tuple[list, list]:
-    """Graph inputs and outputs over T = `tokens` (None: dynamic). Context graphs (tree False) take no positions or
-    mask: they are causal after each row's past. `logit_rows`: logits for that many last positions (None: all T).
-    Every KV tensor is [B, nkv, capacity, hd]; present_* is past_* with the new rows written."""
-    t = tokens if tokens is not None else "tokens"
+def _io(c: ModelShape, tree: bool, extra_inputs=(), logit_rows: int | None = None) -> tuple[list, list]:
+    """Graph inputs and outputs over any number T of new tokens ("tokens"). Context graphs (tree False) take no
+    positions or mask: they are causal after each row's past. `logit_rows`: logits for that many last positions
+    (None: all T). Every KV tensor is [B, nkv, capacity, hd]; present_* is past_* with the new rows written."""
+    t = "tokens"
     info = helper.make_tensor_value_info
     tree = [info("position_ids", TensorProto.INT64, ["batch", t]),
             info("tree_mask", TensorProto.BOOL, ["batch", t, t])] if tree else []
@@ -307,13 +306,13 @@ def _io(c: ModelShape, tokens: int | None, tree: bool, extra_inputs=(),
     return inputs, outs
 
 
-def base_graph(c: ModelShape, layout: _Layout, wf: WeightFile, tokens: int | None,
-               positions: int, *, tree: bool, attention_rows: int = 1, attention: str = "gqa") -> onnx.ModelProto:
-    """The base network over T = `tokens` new tokens (None: dynamic) at positions below `positions`; a generation
-    graph (tree) takes tree positions and mask, a context graph is causal. `attention_rows`, `attention` (the
-    kernel): see prelude."""
+def base_graph(c: ModelShape, layout: _Layout, wf: WeightFile, positions: int, *, tree: bool,
+               attention_rows: int = 1, attention: str = "gqa") -> onnx.ModelProto:
+    """The base network over any number T of new tokens at positions below `positions`; a generation graph (tree)
+    takes tree positions and mask, a context graph is causal. `attention_rows`, `attention` (the kernel): see
+    prelude."""
     g = Graph(wf)
-    pre = prelude(g, _inv_freq(c), positions, tokens, tree=tree, attention_rows=attention_rows, kernel=attention)
+    pre = prelude(g, _inv_freq(c), positions, None, tree=tree, attention_rows=attention_rows, kernel=attention)
     x = Residual(embed(g, "input_ids", tied=layout.tied))  # [B, T, H]
     for layer in range(c.num_layers):
         x = decoder_layer(g, _dims(c), pre, x, f"layers.{layer}", layer, c.intermediate_size)
@@ -321,10 +320,10 @@ def base_graph(c: ModelShape, layout: _Layout, wf: WeightFile, tokens: int | Non
     g.op("Identity", hidden, name="hidden")
     if tree:
         logits(g, hidden, "lm_head.weight", name="logits")  # [B, T, V]: every draft slot is verified
-    else:  # a prompt needs only its last position's logits: the lm_head over T rows was most of a long prefill
+    else:  # a prompt needs only its last position's logits: the lm_head over T rows is most of a long prefill
         last = g.op("Slice", hidden, g.const([-1]), g.const([np.iinfo(np.int64).max]), g.const([1]))  # [B, 1, H]
         logits(g, last, "lm_head.weight", name="logits")  # [B, 1, V]
-    inputs, outputs = _io(c, tokens, tree, logit_rows=None if tree else 1)
+    inputs, outputs = _io(c, tree, logit_rows=None if tree else 1)
     return g.model("trtspec_base", inputs, outputs)
 
 
@@ -361,8 +360,7 @@ def _medusa_resblocks(g: Graph, x: str, head: int, layers: int) -> str:
     return x
 
 
-def draft_graph(c: ModelShape, layout: _Layout, wf: WeightFile, tokens: int | None,
-                positions: int, *, tree: bool) -> onnx.ModelProto:
+def draft_graph(c: ModelShape, layout: _Layout, wf: WeightFile, positions: int, *, tree: bool) -> onnx.ModelProto:
     """The EAGLE drafter: fc(cat[embed, feature]), its layers (layer 0 without input norm), the lm_head.
 
     A context graph (committed entries) scores one row per batch row, `logit_rows` [B] (the last entry's: the next
@@ -370,7 +368,7 @@ def draft_graph(c: ModelShape, layout: _Layout, wf: WeightFile, tokens: int | No
     lm_head over every entry; a generation graph (tree nodes) scores every row."""
     d = _draft_config(c)
     g = Graph(wf)
-    pre = prelude(g, _inv_freq(d), positions, tokens, tree=tree)
+    pre = prelude(g, _inv_freq(d), positions, None, tree=tree)
     x = Residual(linear(g, g.op("Concat", embed(g, "input_ids", tied=layout.tied), "features", axis=-1), "fc", "fc"))
     for j in range(d.num_layers):
         x = decoder_layer(g, _dims(d), pre, x, f"layers.{j}", j, d.intermediate_size)
@@ -380,11 +378,10 @@ def draft_graph(c: ModelShape, layout: _Layout, wf: WeightFile, tokens: int | No
         logits(g, scored, "lm_head.weight", name="logits")  # the lm_head: [B, T or 1, V]
     else:
         _draft_vocab_logits(g, scored, layout.draft_vocab, c.vocab_size)
-    t = tokens if tokens is not None else "tokens"
-    extra = [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", t, d.hidden_size])]
+    extra = [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", "tokens", d.hidden_size])]
     if not tree:
         extra.append(helper.make_tensor_value_info("logit_rows", TensorProto.INT64, ["batch"]))
-    inputs, outputs = _io(d, tokens, tree, extra_inputs=extra, logit_rows=None if tree else 1)
+    inputs, outputs = _io(d, tree, extra_inputs=extra, logit_rows=None if tree else 1)
     return g.model("trtspec_eagle_draft", inputs, outputs)
 
 
@@ -408,26 +405,20 @@ def _draft_vocab_logits(g: Graph, hidden: str, target_ids: tuple[int, ...], voca
 
 # ---- export, check, compare ---------------------------------------------------------------------------------
 
-def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, max_positions: int,
-                  generation_tokens: int | None = None, weights: WeightPlan = WeightPlan(),
+def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, max_positions: int, weights: WeightPlan = WeightPlan(),
                   attention: str = "gqa") -> dict[str, ExportedGraph]:
     """Write context.onnx / generation.onnx over weights.bin (and the EAGLE draft pair over draft_weights.bin).
 
-    The generation graphs take any number of slots T (`generation_tokens` None, what `build` writes: the runtime
-    feeds them the slot counts of the engine's profiles, one session holding one prepacked copy of the weights
-    for all of them) or exactly `generation_tokens` (engines of earlier trtspec versions had T = K + 1 fixed).
+    Context and generation graphs take any number of new tokens T: the runtime feeds a generation graph the slot
+    counts of the engine's profiles, one session holding one prepacked copy of the weights for all of them.
     `max_positions` sizes the graphs' RoPE tables: every position a step uses must be below it. `weights`: which
     matrices to quantize (one tensor in memory at a time; a progress bar over the layers and heads when any is).
-    `attention`: the target generation graph's attention kernel (onnx_ops.ATTENTION_KERNELS; "tree" needs T dynamic
-    and runs unpadded); context graphs and the EAGLE draft's run GroupQueryAttention."""
-    if attention not in ATTENTION_KERNELS or (attention == "tree" and generation_tokens is not None):
-        raise BuildError(f"attention kernel {attention!r}: expected one of {', '.join(ATTENTION_KERNELS)} "
-                         "(tree: a generation graph of dynamic T)")
-    checked = (("max_positions", max_positions),) + ((("generation_tokens", generation_tokens),)
-                                                     if generation_tokens is not None else ())
-    for name, value in checked:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise BuildError(f"{name} must be a positive int, got {value!r}")
+    `attention`: the target generation graph's attention kernel (onnx_ops.ATTENTION_KERNELS; "tree" runs unpadded);
+    context graphs and the EAGLE draft's run GroupQueryAttention."""
+    if attention not in ATTENTION_KERNELS:
+        raise BuildError(f"attention kernel {attention!r}: expected one of {', '.join(ATTENTION_KERNELS)}")
+    if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 1:
+        raise BuildError(f"max_positions must be a positive int, got {max_positions!r}")
     c, out_dir = ModelShape.from_trtllm(ckpt.config), Path(out_dir)
     check_supported(c)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -447,24 +438,22 @@ def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, max_positions: int,
             finally:
                 wf.close()
             # the target's generation graph runs TreeAttention, or pads GroupQueryAttention's rows (quantized
-            # matrices, T dynamic); the draft's steps need not compute like anything else
+            # matrices); the draft's steps need not compute like anything else
             target = build is base_graph
             kernel = attention if target else "gqa"
-            rows = weights.attention_rows if target and generation_tokens is None and kernel == "gqa" else 1
-            graphs.update(_build_graphs(c, layout, wf, role_prefix, build, out_dir, max_positions, generation_tokens,
-                                        rows, kernel))
+            rows = weights.attention_rows if target and kernel == "gqa" else 1
+            graphs.update(_build_graphs(c, layout, wf, role_prefix, build, out_dir, max_positions, rows, kernel))
     return graphs
 
 
 def _build_graphs(c: ModelShape, layout: _Layout, wf: WeightFile, role_prefix: str, build, out_dir: Path,
-                  max_positions: int, generation_tokens: int | None,
-                  attention_rows: int = 1, attention: str = "gqa") -> dict[str, ExportedGraph]:
+                  max_positions: int, attention_rows: int = 1, attention: str = "gqa") -> dict[str, ExportedGraph]:
     graphs = {}
-    for role, tokens, tree in (("context", None, False), ("generation", generation_tokens, True)):
+    for role, tree in (("context", False), ("generation", True)):
         extra = {"attention_rows": attention_rows} if attention_rows > 1 and tree else {}
         if attention != "gqa" and tree:
             extra["attention"] = attention
-        graphs[role_prefix + role] = _save(build(c, layout, wf, tokens, max_positions, tree=tree, **extra),
+        graphs[role_prefix + role] = _save(build(c, layout, wf, max_positions, tree=tree, **extra),
                                            out_dir / f"{role_prefix}{role}.onnx")
     if layout.medusa_lm_heads:
         graphs["medusa"] = _save(medusa_graph(c, layout, wf), out_dir / "medusa.onnx")

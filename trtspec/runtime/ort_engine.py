@@ -94,8 +94,6 @@ class _Graph:
         # only), else None (one per fed token)
         self.plain = {o.name: (o.shape[1] if isinstance(o.shape[1], int) else None, o.shape[-1])
                       for o in self.session.get_outputs() if not o.name.startswith("present_")}
-        self.tokens = self.session.get_inputs()[0].shape[1]  # an int for a fixed-T graph, else a dimension name
-        self.inputs = frozenset(i.name for i in self.session.get_inputs())
         self.layers = sum(1 for o in self.session.get_outputs() if o.name.startswith("present_key_"))
         self._bindings: dict[tuple, _Binding] = {}
 
@@ -110,25 +108,24 @@ class _Graph:
 
     def run_plain(self, ids: np.ndarray, lengths: np.ndarray, cache: _Cache, slots: int) -> dict[str, np.ndarray]:
         """A plain step: token ids[b, 0] after row b's past (lengths[b] rows), padded to `slots` slots that see only
-        themselves (a generation graph; `run` would feed the same). Its binding is its own, so the padding and the
+        themselves (the generation graph; `run` would feed the same). Its binding is its own, so the padding and the
         tree mask are written once: a decode step writes three small inputs, nothing else in Python (each numpy
         call after a run costs far more than in a loop: the run has evicted the interpreter from the caches)."""
         key = (cache.address, cache.kv.shape, slots, "plain")
         binding = self._bindings.get(key)
         if binding is None:
             batch = len(ids)
-            feeds = {"input_ids": np.zeros((batch, slots), np.int64), "past_lengths": np.zeros(batch, np.int32)}
-            if "position_ids" in self.inputs:
-                feeds["position_ids"] = np.zeros((batch, slots), np.int64)
-                feeds["tree_mask"] = np.broadcast_to(np.eye(slots, dtype=bool), (batch, slots, slots)).copy()
+            feeds = {"input_ids": np.zeros((batch, slots), np.int64), "past_lengths": np.zeros(batch, np.int32),
+                     "position_ids": np.zeros((batch, slots), np.int64),
+                     "tree_mask": np.broadcast_to(np.eye(slots, dtype=bool), (batch, slots, slots)).copy()}
             binding = self._binding(cache, feeds, key)
             for name, value in feeds.items():
                 binding.inputs[name][...] = value
         inputs = binding.inputs
         inputs["input_ids"][:, :1] = ids
         inputs["past_lengths"][:] = lengths
-        if "position_ids" in inputs:  # every slot at the row's next position (padding is masked)
-            inputs["position_ids"][:] = inputs["past_lengths"][:, None]
+        # every slot at the row's next position (padding is masked)
+        inputs["position_ids"][:] = inputs["past_lengths"][:, None]
         self.session.run_with_iobinding(binding.io)
         return binding.plain
 
@@ -184,16 +181,13 @@ class OrtEngine:
         self.num_medusa_heads = m.num_medusa_heads
         self.has_eagle_draft = self._draft_context is not None
         self.slot_profiles = p.slots  # ascending verify-step slot counts; a step runs the smallest that fits
-        # every verify step, plain ones too, runs the generation graph when it takes any T (a graph of fixed T = K + 1
-        # cannot: then plain steps run the context graph). One session for the whole decode matters with spinning
-        # workers: a session's spinning pool takes the cores the other session's run needs
-        self._decode = (self._generation if self._generation is not None and
-                        not isinstance(self._generation.tokens, int) else self._context)
-        # quantized weights: a plain step must compute its token as a verify step's first slot does (see
+        # every decode step, plain ones too, runs the generation graph: one session for the whole decode matters
+        # with spinning workers, as a session's spinning pool takes the cores another session's run needs.
+        # Quantized weights: a plain step must compute its token as a verify step's first slot does (see
         # EngineWeights.min_step_slots), so that speculation stays lossless: 1 slot where the graph's attention
         # computes one row as many (TreeAttention, or GroupQueryAttention padded inside the graph) and this host's
         # kernels compute one row as they do many, else 2 slots (one masked)
-        self._min_slots = self._plain_step_slots() if self._decode is self._generation else 1
+        self._min_slots = self._plain_step_slots()
         # ... which makes a chain's slots exact, not a tree's second branches: drafters draft chains on such engines
         self.chains_only = self.manifest.chains_only
         self._size = p.max_seq_len + p.tokens_per_step  # room for one padded step past max_seq_len
@@ -319,31 +313,27 @@ class OrtEngine:
                 for b, (_, t, _, _) in zip(at, items)]
 
     def _plain_step(self, ids: np.ndarray, lengths, cache: _Cache) -> dict[str, np.ndarray]:
-        """One token per row [B, 1] after each row's past, in the decode graph (a trivial tree for the generation
-        graph)."""
-        if self._decode is self._generation:  # padded slots: masked, seen by nobody (as in _pad)
-            return self._decode.run_plain(ids, lengths, cache, self._min_slots)
-        return self._decode.run({"input_ids": np.asarray(ids, np.int64),
-                                 "past_lengths": np.asarray(lengths, np.int32)}, cache)
+        """One token per row [B, 1] after each row's past: a trivial tree in the generation graph, padded to
+        `_min_slots` slots that are masked and seen by nobody (as in _pad)."""
+        return self._generation.run_plain(ids, lengths, cache, self._min_slots)
 
     def _plain_step_slots(self) -> int:
         """Slots a plain step feeds (the generation graph's T). Quantized weights need 2 so that a token is computed
         as in a verify step: ONNX Runtime's GroupQueryAttention takes another path for one row, and its 4-bit
-        MatMulNBits kernels do on some CPUs (bit-identical on an AVX-512 VNNI EPYC, not on another host; the 8-bit
-        kernels agree everywhere measured). A graph that pads attention to 2 rows itself (Manifest.attention_rows)
-        leaves the products (as does TreeAttention, whose one-row path is its many-row path): one slot is fed when a
-        plain step of one slot gives bit-identical logits to the same
-        token fed as 2 slots on this host (checked here once, on a scratch cache); else 2 slots, as before."""
+        MatMulNBits kernels may on some CPUs. The build pads GroupQueryAttention to 2 rows inside the graph
+        (Manifest.attention_rows), which leaves the products (as does TreeAttention, whose one-row path is its many-row
+        path): one slot is fed when a plain step of one slot gives bit-identical logits to the same token fed as 2
+        slots on this host (checked here once, on a scratch cache); else 2 slots."""
         need = self.manifest.weights.min_step_slots
-        if need == 1 or (self.manifest.attention_rows < need and self.manifest.attention != "tree"):
+        if need == 1:
             return need
         m, vocab = self.manifest.model, self.manifest.model.vocab_size
         cache = _Cache.allocate(m.num_layers, 16, m.num_kv_heads, m.head_dim)
         prompt = (np.arange(5, dtype=np.int64) * 7919 + 11) % vocab
         self._context.run(_feeds(prompt, 0), cache)
         token, past = np.array([[int(prompt[-1])]], np.int64), np.array([len(prompt)], np.int32)
-        one, two = (self._decode.run_plain(token, past, cache, slots)["logits"][0, 0].copy() for slots in (1, 2))
-        for graph in (self._context, self._decode):  # the scratch cache's bindings
+        one, two = (self._generation.run_plain(token, past, cache, slots)["logits"][0, 0].copy() for slots in (1, 2))
+        for graph in (self._context, self._generation):  # the scratch cache's bindings
             for key in [k for k in graph._bindings if k[0] == cache.address]:
                 del graph._bindings[key]
         alike = bool(np.array_equal(one, two))

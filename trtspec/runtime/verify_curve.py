@@ -3,12 +3,11 @@ in-flight batch, measured once and cached.
 
 `load_or_measure(engine)` returns the engine's `StepCosts`: from `verify_curve.json` beside the engine when a curve
 there was measured for the same slot profiles, thread count, spinning, ONNX Runtime version (and build of trtspec's
-TreeAttention, for engines that run it), else measured now (a second or
-ten for SmolLM2-135M: every profile's step after a 256-token past, rounds alternating between profiles, the median of
-each, levelled so that no profile costs more than a larger one; then the same over a batch of up to 8 sequences) and
-added there atomically (kept in memory only when the engine folder is read-only). The file keeps one curve per
-setting, the MAX_CURVES most recent (`{"curves": [...]}`; a file of earlier versions holds one curve and is read as
-such), so runs with and without spinning, or with other thread counts, do not measure each other's curve away.
+TreeAttention, for engines that run it), else measured now (every profile's step after a PAST_TOKENS past, rounds
+alternating between profiles, the median of each, levelled so that no profile costs more than a larger one; then the
+same over a batch of up to BATCH sequences) and added there atomically (kept in memory only when the engine folder
+is read-only). The file keeps one curve per setting, the MAX_CURVES most recent (`{"curves": [...]}`), so runs with
+and without spinning, or with other thread counts, do not measure each other's curve away.
 Delete `verify_curve.json` to have it measured again (e.g. after a run on a busy machine: a curve measured under load
 is steeper than the quiet one).
 """
@@ -130,12 +129,13 @@ def save(path: Path, key: dict, costs: StepCosts) -> None:
 
 
 def read_curves(path: Path) -> list[dict]:
-    """Every curve in the file, the most recent last (an earlier version's file: its one curve; unreadable: none)."""
+    """Every curve in the file, the most recent last (a missing, unreadable or malformed file: none, so the curve
+    is measured again)."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return []
-    curves = data.get("curves", [data]) if isinstance(data, dict) else []
+    curves = data.get("curves") if isinstance(data, dict) else None
     return [c for c in curves if isinstance(c, dict)] if isinstance(curves, list) else []
 
 
