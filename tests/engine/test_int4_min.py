@@ -349,7 +349,7 @@ def test_smollm2_min_scheme_holds_its_q4_1_layers_and_speculates_losslessly(tmp_
 
 
 def test_bench_labels_name_the_scheme(engines):
-    from trtspec.bench.formats import format_label
+    from trtspec.bench.compare import format_label
     from trtspec.bench.quality import _weights_text
 
     m = read_manifest(engines["none"])

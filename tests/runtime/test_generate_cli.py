@@ -111,7 +111,7 @@ def test_a_two_turn_prompt_set_is_refused_with_where_it_runs(engine):
     result = _run(engine, "--prompt-set", "mt-bench-2turn")
     assert result.exit_code == 1 and result.output.count("\n") == 1, result.output
     assert "--prompt-set mt-bench-2turn: its second turns need the engine's own first answers" in result.output
-    assert "bench drafting" in result.output and "Traceback" not in result.output
+    assert "trtspec bench ENGINE --sets mt-bench-2turn" in result.output and "Traceback" not in result.output
 
 
 def test_prompt_file_forms_give_the_same_tokens_as_the_library(engine, tmp_path):

@@ -251,7 +251,8 @@ def verify(engine: Path, quiet: bool) -> None:
 
     manifest = read_manifest(engine)  # sizes: a truncated file is one line here already
     if not manifest.checksums:
-        click.echo(f"{engine}: built before trtspec recorded checksums; nothing to compare (rebuild to record them)")
+        click.echo(f"{engine}: its manifest records no checksums (a TensorRT-LLM engine's files are written on the "
+                   "GPU host, after the build here); nothing to compare")
         return
     total = sum(r["size"] for r in manifest.checksums.values())
     with progress_bar(f"verify {engine.name}", total=total, enabled=not quiet) as advance:

@@ -42,7 +42,7 @@ def engine_summary(directory: Path) -> dict:
     if curve.is_file():
         try:
             data = json.loads(curve.read_text())
-            data = data["curves"][-1] if "curves" in data else data  # the most recent setting measured
+            data = data["curves"][-1]  # the most recent setting measured
             out["verify_curve"] = {str(s): f"{ms:.2f} ms ({rel:.2f}x)" for s, ms, rel in
                                    zip(data["profiles"], data["step_ms"], data["relative"])}
             out["verify_curve_measured"] = (f"threads {data['threads']}, "
