@@ -312,7 +312,7 @@ def base_graph(c: ModelShape, layout: _Layout, wf: WeightFile, positions: int, *
     takes tree positions and mask, a context graph is causal. `attention_rows`, `attention` (the kernel): see
     prelude."""
     g = Graph(wf)
-    pre = prelude(g, _inv_freq(c), positions, None, tree=tree, attention_rows=attention_rows, kernel=attention)
+    pre = prelude(g, _inv_freq(c), positions, tree=tree, attention_rows=attention_rows, kernel=attention)
     x = Residual(embed(g, "input_ids", tied=layout.tied))  # [B, T, H]
     for layer in range(c.num_layers):
         x = decoder_layer(g, _dims(c), pre, x, f"layers.{layer}", layer, c.intermediate_size)
@@ -368,7 +368,7 @@ def draft_graph(c: ModelShape, layout: _Layout, wf: WeightFile, positions: int, 
     lm_head over every entry; a generation graph (tree nodes) scores every row."""
     d = _draft_config(c)
     g = Graph(wf)
-    pre = prelude(g, _inv_freq(d), positions, None, tree=tree)
+    pre = prelude(g, _inv_freq(d), positions, tree=tree)
     x = Residual(linear(g, g.op("Concat", embed(g, "input_ids", tied=layout.tied), "features", axis=-1), "fc", "fc"))
     for j in range(d.num_layers):
         x = decoder_layer(g, _dims(d), pre, x, f"layers.{j}", j, d.intermediate_size)

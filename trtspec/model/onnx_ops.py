@@ -204,14 +204,14 @@ class Prelude:
     tree_mask: str = ""  # [B, T, T] bool, what TreeAttention reads ("" otherwise)
 
 
-def prelude(g: Graph, inv_freq: np.ndarray, positions: int, tokens: int | None, *, tree: bool,
-            attention_rows: int = 1, kernel: str = "gqa") -> Prelude:
-    """The attention inputs a graph over T = `tokens` new tokens needs (None: T dynamic, read from input_ids).
+def prelude(g: Graph, inv_freq: np.ndarray, positions: int, *, tree: bool, attention_rows: int = 1,
+            kernel: str = "gqa") -> Prelude:
+    """The attention inputs a graph over T new tokens needs (T read from input_ids).
 
     A context graph (tree False) appends consecutive positions after each row's past and is causal; a generation
     graph (tree True) takes position_ids and a tree mask. Either way every row's own past is wholly visible.
 
-    `attention_rows` > 1 (a generation graph with T dynamic): attention runs over T' = max(T, attention_rows) rows,
+    `attention_rows` > 1 (a generation graph): attention runs over T' = max(T, attention_rows) rows,
     the new ones zeros that see only the past and that no fed row sees; every other op runs over the T rows fed.
     That is how a quantized engine's one-token plain step computes its token exactly as a verify step's first slot
     (see quantize.PLAIN_STEP_SLOTS) without paying for a second slot in every MatMul and norm.
@@ -225,13 +225,12 @@ def prelude(g: Graph, inv_freq: np.ndarray, positions: int, tokens: int | None, 
             raise ValueError("TreeAttention runs a generation graph's attention, unpadded")
         cos, sin = _rope_tables(g, inv_freq, positions)
         return Prelude("", "", "", cos, sin, "position_ids", "", kernel="tree", tree_mask="tree_mask")
-    t = (g.const([tokens], np.int32) if tokens is not None
-         else g.op("Cast", g.op("Shape", "input_ids", start=1, end=2), to=TensorProto.INT32))  # [1]
+    t = g.op("Cast", g.op("Shape", "input_ids", start=1, end=2), to=TensorProto.INT32)  # [1]
     pads = rows = ""
     position_ids, tree_mask = "position_ids", "tree_mask"
     if attention_rows > 1:
-        if not tree or tokens is not None:
-            raise ValueError("attention_rows > 1 pads a generation graph whose T is dynamic")
+        if not tree:
+            raise ValueError("attention_rows > 1 pads a generation graph")
         rows = g.op("Cast", t, to=TensorProto.INT64)
         t = g.op("Max", t, g.const([attention_rows], np.int32))  # T' from here on
         extra = g.op("Sub", g.op("Cast", t, to=TensorProto.INT64), rows)  # [1]: T' - T, 0 or more
