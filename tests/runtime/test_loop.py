@@ -181,7 +181,7 @@ def test_stop_words_end_generation(engines):
     ("medusa", "medusa", {"tree": chain_tree(17)}, "max_draft_len is 16"),
     ("medusa", "medusa", {"tree": chain_tree(5)}, "tree depth 5 exceeds the 4 Medusa heads"),
     ("eagle2", "eagle", {}, "needs a dynamic tree"),
-    ("beam", "medusa", {}, "unknown method 'beam'"),
+    ("beam", "medusa", {}, "method 'beam' is not one of none, medusa"),
 ])
 def test_method_errors(engines, method, engine_name, kwargs, message):
     with pytest.raises(ConfigError, match=message):

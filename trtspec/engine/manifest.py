@@ -328,11 +328,7 @@ class Manifest:
             data["backend"] = Backend(data["backend"])
         except ValueError as e:
             raise ConfigError(f"{where}: {e}") from None
-        method = data["method"]
-        data["method"] = Method.parse(method)
-        if data["method"] not in Method.built_into_engines():
-            raise ConfigError(f"{where}: method {method!r} is not one an engine is built for "
-                              f"({', '.join(m.value for m in Method.built_into_engines())})")
+        data["method"] = Method.expect(data["method"], Method.built_into_engines(), f"{where}: method")
         if data["backend"] is Backend.ONNX and data["graph_format"] != ONNX_GRAPH_FORMAT:
             raise BuildError(f"{where}: the engine's ONNX graphs are of format {data['graph_format']!r}, this "
                              f"trtspec runs format {ONNX_GRAPH_FORMAT}; rebuild the engine with this trtspec "

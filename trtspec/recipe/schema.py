@@ -444,11 +444,7 @@ def _section(name: str, data: object):
     cls = SECTIONS[name]
     values = dict(check_fields(cls, data if data is not None else {}, f"recipe {name}", container="a mapping"))
     if name == "drafter" and "kind" in values:
-        kind = Method.parse(values["kind"])
-        if kind not in Method.recipe_drafters():
-            raise ConfigError(f"recipe drafter.kind {values['kind']!r} is not one of "
-                              f"{', '.join(d.value for d in Method.recipe_drafters())}")
-        values["kind"] = kind
+        values["kind"] = Method.expect(values["kind"], Method.recipe_drafters(), "recipe drafter.kind")
     for f in dataclasses.fields(cls):
         if f.name in values and f.type in ("int", "int | None") and not _is_int(values[f.name]):
             raise ConfigError(f"recipe {name}.{f.name} must be an integer, got {values[f.name]!r}")

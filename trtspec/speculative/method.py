@@ -44,6 +44,17 @@ class Method(str, enum.Enum):
             return None
 
     @classmethod
+    def expect(cls, text: str, allowed: tuple[Method, ...], what: str) -> Method:
+        """The method named `text` if it is one of `allowed`, else the user error naming `what` (a flag or a field)
+        and the names allowed."""
+        method = cls.parse(text)
+        if method not in allowed:
+            from trtspec.errors import ConfigError
+
+            raise ConfigError(f"{what} {text!r} is not one of {', '.join(m.value for m in allowed)}")
+        return method
+
+    @classmethod
     def decoded_on_cpu(cls) -> tuple[Method, ...]:
         """What trtspec's CPU runtime decodes with, in the order commands list them."""
         return tuple(m for m in cls if m is not Method.DRAFT_TARGET)

@@ -51,8 +51,7 @@ def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dyna
     On an engine that verifies chains only exactly (`Engine.chains_only`) every method drafts a chain: Medusa and
     EAGLE-1 the top-1 path as deep as their tree, EAGLE-2 its top-1 path `depth` deep, ngram / suffix / hybrid their
     most probable path; lookahead, whose Jacobi columns are a tree by construction, is refused."""
-    if method not in METHODS:
-        raise ConfigError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    Method.expect(method, Method.decoded_on_cpu(), "method")
     if method == "none":
         return NoDraft()
     if chains_only(engine):

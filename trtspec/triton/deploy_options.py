@@ -91,14 +91,13 @@ def check_datastore(manifest: Manifest, engine_dir: Path, path: Path) -> None:
 
 def check_method(manifest: Manifest, method: str, what: str = "--method") -> None:
     """`--method` (or a request's `draft_method`): a drafter the engine can run, checked before anything runs."""
-    from trtspec.speculative.methods import METHODS, TRAINING_FREE
+    from trtspec.speculative.method import TRAINING_FREE, Method
 
     if manifest.backend is not Backend.ONNX:
         raise ConfigError(f"{what} applies to the CPU flavour only (a TensorRT-LLM engine runs the method it was "
                           "built for)")
     own = manifest.method.value
-    if method not in METHODS:
-        raise ConfigError(f"{what} {method!r} is not one of {', '.join(METHODS)}")
+    Method.expect(method, Method.decoded_on_cpu(), what)
     if method in TRAINING_FREE and manifest.profile.max_draft_len < 1:
         raise ConfigError(f"{what} {method}: the engine was built with max_draft_len 0; rebuild it with "
                           "--max-draft-len K (e.g. 16)")
