@@ -210,16 +210,17 @@ def second_turns(engine: str, *, name: str, limit: int, max_tokens: int, threads
 
 
 def run_engine(engine: str, prompts: list[list[int]], *, methods: list[str], max_tokens: int, threads: int,
-               spin: bool | None = None, backoff: bool = True, datastore: str | None = None,
-               step_costs: dict | None = None) -> Iterator[dict]:
+               sets: list[str] | None = None, spin: bool | None = None, backoff: bool = True,
+               datastore: str | None = None, step_costs: dict | None = None) -> Iterator[dict]:
     """Plain greedy decoding and each drafter on one engine (`peers.alternate`'s rows; a drafter's samples with its
     accepted and drafted tokens, steps and drafting time), after a first row {"step_costs": ...}, the verify curve
-    its drafters budget with. `METHOD:full` runs METHOD's whole tree every step. Each drafter that learns from recent
-    outputs (suffix, hybrid) keeps its own, so that none drafts from another's answer to the same prompt."""
-    from trtspec.bench.peers import alternate
+    its drafters budget with. `METHOD:full` runs METHOD's whole tree every step. Each drafter keeps its own recent
+    outputs (suffix, hybrid: none drafts from another's answer to the same prompt), forgotten where the prompt set
+    (`sets`, one name per prompt) changes, and its own acceptance model (how much ngram / suffix draft)."""
     from trtspec.runtime.generator import LocalGenerator
     from trtspec.speculative.datastore import RecentOutputs
     from trtspec.speculative.loop import GenerationConfig
+    from trtspec.speculative.ngram_proposer import AcceptanceModel
     from trtspec.speculative.step_costs import StepCosts
 
     generator = LocalGenerator(engine, threads=threads, spin=spin, datastore=Path(datastore) if datastore else None)
@@ -227,26 +228,31 @@ def run_engine(engine: str, prompts: list[list[int]], *, methods: list[str], max
         generator.engine.use_step_costs(StepCosts(tuple(step_costs["profiles"]), tuple(step_costs["relative"]),
                                                   tuple(step_costs.get("step_ms") or ())))  # () when not measured
     yield {"step_costs": generator.engine.step_costs().to_dict()}
+    labels = [PLAIN, *methods]
+    learnt = {label: AcceptanceModel() for label in labels}
 
-    def runner(label: str, recent):
+    def generate(label: str, ids: list[int], new_tokens: int) -> dict:
         method, _, whole = label.partition(":")
         plain = label == PLAIN
+        generator.recent, generator.acceptance = recent[label], learnt[label]
+        config = GenerationConfig(max_tokens=new_tokens, no_spec=plain, method=None if plain else method,
+                                  backoff=backoff and whole != "full")
+        r = generator.generate(ids, config).result
+        s = r.stats
+        return {"output_ids": [int(t) for t in r.output_ids], "ttft_s": r.ttft_s, "total_s": r.total_s,
+                **({} if plain else {"accepted": s.accepted_tokens, "drafted": s.draft_tokens, "steps": s.steps,
+                                     "draft_s": s.draft_s})}
 
-        def generate(ids: list[int], new_tokens: int) -> dict:
-            generator.recent = recent
-            config = GenerationConfig(max_tokens=new_tokens, no_spec=plain, method=None if plain else method,
-                                      backoff=backoff and whole != "full")
-            r = generator.generate(ids, config).result
-            s = r.stats
-            return {"output_ids": [int(t) for t in r.output_ids], "ttft_s": r.ttft_s, "total_s": r.total_s,
-                    **({} if plain else {"accepted": s.accepted_tokens, "drafted": s.draft_tokens, "steps": s.steps,
-                                         "draft_s": s.draft_s})}
-        return generate
-
-    for label in (PLAIN, *methods):  # warm-up: sessions, bindings, the drafters' first lookups, then forgotten
-        runner(label, RecentOutputs())(prompts[0], WARMUP_TOKENS)
-    runners = {label: runner(label, RecentOutputs()) for label in (PLAIN, *methods)}
-    yield from alternate(prompts, max_tokens, runners, warmup=False)
+    recent = {label: RecentOutputs() for label in labels}
+    for label in labels:  # warm-up: sessions, bindings, the drafters' first lookups (then forgotten)
+        generate(label, prompts[0], WARMUP_TOKENS)
+    learnt = {label: AcceptanceModel() for label in labels}
+    sets = sets or [""] * len(prompts)
+    for index, ids in enumerate(prompts):
+        if index == 0 or sets[index] != sets[index - 1]:
+            recent = {label: RecentOutputs() for label in labels}
+        k = index % len(labels)
+        yield {"prompt": index, "runs": {label: generate(label, ids, max_tokens) for label in labels[k:] + labels[:k]}}
 
 
 def measure_curve(engine: str, *, threads: int, past: int = 256, repeats: int = 10, warmup: int = 2) -> dict:
@@ -480,8 +486,9 @@ def run_compare(options: CompareOptions, *, show: Callable[[str], None] = print,
                     show(_prompt_line(system.label, prompts[row["prompt"]], row["runs"]))
                     advance()
 
+                sets = {"sets": [prompts[i]["set"] for i in indices]} if system.is_engine else {}
                 run_child(system.function, {**system.kwargs, "prompts": [prompts[i]["ids"] for i in indices],
-                                            **common}, log=log, threads=options.threads, on_row=on_row)
+                                            **common, **sets}, log=log, threads=options.threads, on_row=on_row)
     bandwidth = None
     if options.floors:
         from trtspec.bench.floors import BANDWIDTH_REPEATS
@@ -495,6 +502,10 @@ def run_compare(options: CompareOptions, *, show: Callable[[str], None] = print,
         report["systems"][label]["step_costs"] = costs
     report["skipped"] = skipped
     report["targets"] = targets(report, skipped, options.peers) if options.peers else []
+    if options.peer_limit is not None and options.peer_limit < options.limit:
+        for t in report["targets"]:
+            t["note"] = "; ".join(filter(None, [t["note"], f"the peers decoded each set's first {options.peer_limit} "
+                                                           f"prompts, the engines {options.limit}"]))
     report["load_average"] = {k: [round(x, 2) for x in v] for k, v in load.items()}
     report["settings"] = {**{k: v for k, v in asdict(options).items()
                              if k not in ("engines", "hf", "gguf", "work", "datastore", "step_costs")},
@@ -551,7 +562,8 @@ def speculation_cell(spec: list[dict], plain: list[dict]) -> dict:
     decode_s = sum(r["total_s"] - r["ttft_s"] for r in spec)
     return {**rates, "plain_tokens_per_s": base["tokens_per_s"],
             "plain_decode_tokens_per_s": base["decode_tokens_per_s"],
-            "speedup": round(base["total_s"] / rates["total_s"], 3) if rates["total_s"] else None,
+            "speedup": round(rates["tokens_per_s"] / base["tokens_per_s"], 3)
+            if rates["tokens_per_s"] and base["tokens_per_s"] else None,
             "decode_speedup": round(rates["decode_tokens_per_s"] / base["decode_tokens_per_s"], 3)
             if rates["decode_tokens_per_s"] and base["decode_tokens_per_s"] else None,
             "tau": round((accepted + steps) / steps, 3) if counted and steps else None,
@@ -624,8 +636,7 @@ def int4_targets(report: dict, skipped: dict, peers: tuple[str, ...] = ()) -> li
     systems, out = report["systems"], []
     int4 = [label for label, e in systems.items() if e["kind"] == "engine" and e["format"].startswith("int4")]
     if not int4:
-        return [{"name": "int4 targets", "value": None, "at_least": None, "ok": None, "note": None,
-                 "reason": "no int4 engine among ENGINES"}]
+        return []
     grounded = [s for s in report["sets"] if s in GROUNDED_SETS]
     genai, llama = _peer(systems, GENAI, "int4"), _peer(systems, LLAMA_CPP, "int4")
     for label in int4:
@@ -637,12 +648,12 @@ def int4_targets(report: dict, skipped: dict, peers: tuple[str, ...] = ()) -> li
         if not grounded:
             _line(out, f"{label} + speculation on grounded sets", None, TARGET_SPEC_GENAI, "no grounded set in --sets")
         for s in grounded:
-            method, best = max(((m, cells[s][TARGET_RATE]) for m, cells in engine["methods"].items()),
-                               key=lambda x: x[1] or 0, default=(None, None))
+            method, best = best_lossless(engine, s, TARGET_RATE)
             for peer, system, at_least in ((GENAI, genai, TARGET_SPEC_GENAI), (LLAMA_CPP, llama, TARGET_SPEC_LLAMA)):
                 name = f"{label} + {method or 'speculation'} ÷ {system or peer} plain on {s}"
                 if best is None:
-                    _line(out, name, None, at_least, "no drafter measured")
+                    _line(out, name, None, at_least, "no drafter measured" if not engine["methods"] else
+                          f"no drafter's outputs all token-identical to plain decoding on {s}")
                 elif system is None:
                     _line(out, name, None, at_least, _missing(peer, skipped, peers))
                 else:
@@ -682,12 +693,12 @@ def openvino_targets(report: dict, skipped: dict, peers: tuple[str, ...] = ()) -
     return out
 
 
-def best_lossless(engine: dict, set_name: str) -> tuple[str | None, float | None]:
-    """The engine's fastest drafter (tokens/s end to end) among those whose outputs on the set were all
-    token-identical to its plain decoding: (method, tokens/s), or (None, None)."""
-    lossless = [(m, cells[set_name][TARGET_OPENVINO_RATE]) for m, cells in engine["methods"].items()
+def best_lossless(engine: dict, set_name: str, rate: str = TARGET_OPENVINO_RATE) -> tuple[str | None, float | None]:
+    """The engine's fastest drafter (at `rate`) among those whose outputs on the set were all token-identical to its
+    plain decoding: (method, rate), or (None, None)."""
+    lossless = [(m, cells[set_name][rate]) for m, cells in engine["methods"].items()
                 if cells[set_name]["compared"] and cells[set_name]["identical"] == cells[set_name]["compared"]
-                and cells[set_name][TARGET_OPENVINO_RATE]]
+                and cells[set_name][rate]]
     return max(lossless, key=lambda x: x[1], default=(None, None))
 
 

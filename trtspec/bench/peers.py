@@ -402,7 +402,7 @@ def run_child(function: str, kwargs: dict, *, log: Path, on_row: Callable[[dict]
 def _resolve(function: str) -> Callable:
     module, _, name = function.partition(":")
     if not module.startswith(("trtspec.bench.", "benchmarks.")) or not name:
-        raise ConfigError(f"{function!r}: expected trtspec.bench.<module>:<function>")
+        raise ConfigError(f"{function!r}: expected trtspec.bench.<module>:<function> (or benchmarks.<module>:...)")
     return getattr(importlib.import_module(module), name)
 
 

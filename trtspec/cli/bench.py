@@ -134,7 +134,8 @@ def bench_run(engines: tuple[Path, ...], methods, sets, peers, out: Path | None,
     speedup and p50/p90/p99 per category and --concurrency, in process and served, and how many outputs equal plain
     decoding's at T = 0.
 
-    Compare (several ENGINES, --sets, --peers, --curves, --floors or --datastore): every engine and peer in its own
+    Compare (several ENGINES, or any of --sets, --peers, --curves, --floors, --datastore, --rounds > 1, --gguf,
+    --peer-limit, --work): every engine and peer in its own
     process on the same token ids, per set and method: tokens/s, the speedup over the same system's plain decoding,
     τ, identical outputs; the verify curves, bandwidth floors and the targets against the peers on request."""
     show = lambda line: click.echo(line, err=True)  # noqa: E731
@@ -163,7 +164,7 @@ def _compare(engines, methods, sets, peers, out, as_json, no_progress, flags, sh
     from trtspec.bench.compare import DEFAULT_SETS, CompareOptions, render_table, run_compare, write_outputs
 
     for name, default in (("url", None), ("serve", False), ("prompt_set", None), ("concurrency", (1,)),
-                          ("temperature", 0.0), ("no_spec", False)):
+                          ("temperature", 0.0), ("seed", 0), ("model", "ensemble"), ("no_spec", False)):
         if flags[name] != default:
             raise click.UsageError(f"--{name.replace('_', '-')} measures requests on one engine; comparing "
                                    "(several ENGINES, --sets, --peers, ...) takes neither")
