@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the optional peers of `trtspec bench formats --peers` and `trtspec bench drafting --peers` (idempotent;
+# Install the optional peers of `trtspec bench ENGINE... --peers` (idempotent;
 # nothing else in trtspec needs them, and scripts/setup.sh never installs them):
 #   llama.cpp  llama-cpp-python 0.3.36 (CPU only), built from source into .venv
 #   openvino   OpenVINO GenAI 2026.4.1 (openvino, openvino-tokenizers, openvino-genai) into .venv, and its model
