@@ -1,20 +1,12 @@
 """The embedded CPU engine: ONNX Runtime sessions over the graphs `trtspec build --backend onnx` wrote.
 
-KV caches are pre-allocated per sequence as one array [L, 2, 1, nkv, S_max, hd]: a layer's key (value) is a
-contiguous [B, nkv, S_max, hd] buffer that the graph's GroupQueryAttention reads as its past and writes as its
-present, bound to the same memory (I/O binding kept across steps), so a step's new rows land in the cache in
-place after the sequence's length: no copy, no per-step allocation. After a verify step, `commit` compacts the
-accepted slots' rows in place. The context graph runs prompts; every decode step runs the generation graph (one
-session for the whole decode), a plain step over one token and a speculative step over the smallest of the engine's
-slot profiles (manifest `profile.slot_profiles`, e.g. 2, 3, 5, 9, 17) that holds its draft, padding it with masked
-slots: on a CPU a verify step's cost grows with its slots, so a step pays only for the draft it carries. A batched
-step runs the profile of its largest draft.
-
-The caches of the first max_batch_size sequences are rows of one pool [L, 2, max_batch_size, nkv, S_max, hd], kept
-dense (rows 0..n-1: a sequence that closes hands its row to the last row's sequence, which moves once), so a batched
-verify step over the open sequences binds the pool's rows directly: no per-step copy of anyone's past. EAGLE draft
-caches live in a second pool with the same rows, so the accepted entries of a whole batch extend the draft caches
-in one run (`draft_extend_batch`).
+KV caches are pre-allocated rows of one pool [L, 2, rows, nkv, S_max, hd], bound to the graphs as past and present
+(I/O binding kept across steps), so a step's new rows land in the cache in place: no copy, no per-step allocation;
+`commit` compacts a verify step's accepted slots in place, and the rows stay dense as sequences close, so a batched
+step binds the open sequences' rows directly. The context graph runs prompts; every decode step runs the generation
+graph over the smallest of the engine's slot profiles that holds its draft (padding with masked slots), so a step
+pays only for the draft it carries. EAGLE draft caches live in a second pool with the same rows. The whole layout
+and its reasons: docs/design.md.
 """
 
 from __future__ import annotations
