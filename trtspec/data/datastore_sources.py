@@ -121,7 +121,7 @@ def _row_documents(row, where: str) -> Iterator[Document]:
 
 
 BATCH_DOCUMENTS = 256  # texts tokenized per batch
-DEFAULT_MAX_TOKENS = 10_000_000  # about 0.5 GB of index at 4-grams; the build holds about twice that at its peak
+DEFAULT_MAX_TOKENS = 10_000_000  # the index's size grows with it; the build holds about twice the index at its peak
 
 
 def build_datastore(sources: str | tuple[str, ...], out: Path, *, tokenizer: Path | None, max_ngram: int = 4,

@@ -41,8 +41,8 @@ class WeightDtype(str, enum.Enum):
 
 
 # MatMulNBits accuracy_level: 4 rounds the activations to int8 per block and runs integer dot products, the fastest
-# level on CPUs without AVX-512 by far; int8 weights have no fp32-compute kernel at all (levels 0-3 dequantize the
-# whole matrix on every call).
+# level on CPUs without AVX-512; int8 weights have no fp32-compute kernel at all (levels 0-3 dequantize the whole
+# matrix on every call).
 ACCURACY_LEVEL = 4
 # Speculation is lossless when a verify step computes each slot exactly as a plain step would. ONNX Runtime does not
 # quite, in two places: GroupQueryAttention's one-token path (T = 1) differs from T >= 2 in the last bits, and on

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# a small model's curve on 2 cores, a line in the slots: the guess used until the engine's curve is measured
+# a line in the slots: the guess used until the engine's curve is measured
 DEFAULT_COST_PER_SLOT = 0.0375
 
 
@@ -20,7 +20,7 @@ class StepCosts:
     relative: tuple[float, ...]
     step_ms: tuple[float, ...] = ()  # the measured milliseconds behind `relative`, when measured
     # the same steps over `batch` sequences at once (an in-flight batch), relative to the one-sequence plain step:
-    # a batch's slots cost far more than one sequence's (SmolLM2, 8 sequences: 17 slots each cost 6x 1 slot each)
+    # a batch's slots cost far more than one sequence's
     batch: int = 1
     batch_relative: tuple[float, ...] = ()
 

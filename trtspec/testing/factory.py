@@ -48,7 +48,7 @@ class TinyModel:
     max_position_embeddings: int = 512
     rms_norm_eps: float = 1e-6
     # std of the vocabulary tables (embed_tokens, a base's lm_head); a trained model's are several times its other
-    # weights' (SmolLM2-135M's embedding: 0.14), so a token's embedding weighs in an EAGLE fc as it does there
+    # weights', so a token's embedding weighs in an EAGLE fc as it does there
     embedding_std: float = 0.02
 
     def __post_init__(self) -> None:

@@ -19,7 +19,7 @@ from trtspec.progress import StatusBar
 from trtspec.train.data import DataCache, load_training_prompts
 
 log = logging.getLogger(__name__)
-BATCH = 16  # sequences per step: past this a 2-core machine distils no faster
+BATCH = 16  # sequences per step: more buys a small CPU nothing
 
 
 def build_base_engine(base: Path, work: Path, *, max_input_len: int, max_seq_len: int) -> Path:
