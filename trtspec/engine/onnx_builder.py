@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json")
 # max |ORT − torch reference| / max(1, |reference|) per output: fp32 rounding over a real model's layers stays well
 # under it, a wrong weight or rope far over it (tests/model/test_reference_parity holds both; figures:
-# docs/quantization-numerics.md)
+# docs/results-quantization.md)
 NUMERICS_TOLERANCE = 1e-3
 # Quantized weights are checked with the same tolerance, against the reference computing with the same dequantized
 # weights, on twins of the graphs whose MatMulNBits run at accuracy level 1 (fp32 arithmetic over the dequantized

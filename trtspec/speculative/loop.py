@@ -252,7 +252,7 @@ def _observe_all(steps: list[tuple[_Decoding, tuple[StepOutput, Accepted]]]) -> 
 
 
 # a drafting batch step's cost beyond its graph run, as a share of it (acceptance, commit and drafter updates per
-# row), chosen where batched speculation's budget matched plain batched decoding best (docs/drafting.md)
+# row), chosen where batched speculation's budget matched plain batched decoding best (docs/results.md)
 BATCH_DRAFT_OVERHEAD = 0.1
 
 

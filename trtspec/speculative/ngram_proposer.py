@@ -54,7 +54,7 @@ class NgramConfig:
 
 
 # Prior conditional acceptance rates (a node accepted given its parent was), by node kind, learnt online from there:
-# a continuation after a long match is right far more often than after a one-token match (docs/drafting.md).
+# a continuation after a long match is right far more often than after a one-token match (docs/results.md).
 PRIOR_WEIGHT = 4.0
 MATCH_BUCKETS = (1, 2, 3, 4, 6, 10)  # a match of m tokens counts as the largest bucket <= m
 NGRAM_PRIOR = {1: 0.20, 2: 0.45, 3: 0.60, 4: 0.75, 6: 0.80, 10: 0.85}
