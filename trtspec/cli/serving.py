@@ -89,27 +89,100 @@ def doctor(repository: Path, engine: Path | None, as_json: bool) -> None:
 @click.option("--drain-seconds", "drain_s", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="On Ctrl-C / SIGTERM: how long requests in flight may finish; then they end with an error "
                    "(the stop takes about this plus 3 s; docs/serving-faults.md).")
+@click.option("--openai-port", type=click.IntRange(0, 65535),
+              help="Also serve an OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions) on this "
+                   "port, on --address, in front of the ensemble (docs/serving.md).")
+@click.option("--served-model-name", help="With --openai-port: the model name OpenAI clients send (default: ensemble).")
 @user_errors
-def serve(repository: Path, **flags) -> None:
+def serve(repository: Path, openai_port: int | None, served_model_name: str | None, **flags) -> None:
     """Run tritonserver on a model repository until Ctrl-C / SIGTERM; exit with tritonserver's status."""
     import signal
 
     from trtspec.triton.server import ServerOptions, TritonServer, exit_status
 
+    if served_model_name is not None and openai_port is None:
+        raise click.UsageError("--served-model-name names the model of the OpenAI API; pass --openai-port too")
     server = TritonServer(ServerOptions(repository=repository, **flags),
                           on_log=lambda line: click.echo(line, err=True))
+    openai = None
+    if openai_port is not None:  # bound before Triton starts: a port in use fails at once
+        from trtspec.triton.openai_frontend import OpenAIFrontend, OpenAIServer
+
+        frontend = OpenAIFrontend.for_repository(repository, _local(server.grpc_url),
+                                                 served_model_name=served_model_name)
+        openai = OpenAIServer(frontend, host=server.options.address, port=openai_port)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it like Ctrl-C
-    with server:
-        # on stderr, like the server's log: stdout stays free for what a caller pipes
-        click.echo(f"serving {repository}: gRPC {server.grpc_url}, HTTP {server.http_url}, "
-                   f"metrics {server.metrics_url} (Ctrl-C stops)", err=True)
-        try:
-            code = server.wait()
-        except KeyboardInterrupt:
-            code = server.stop()
+    try:
+        with server:
+            if openai is not None:
+                openai.start()
+                click.echo(f"OpenAI-compatible API at {openai.url} (model {frontend.name!r})", err=True)
+            # on stderr, like the server's log: stdout stays free for what a caller pipes
+            click.echo(f"serving {repository}: gRPC {server.grpc_url}, HTTP {server.http_url}, "
+                       f"metrics {server.metrics_url} (Ctrl-C stops)", err=True)
+            try:
+                code = server.wait()
+            except KeyboardInterrupt:
+                if openai is not None:
+                    openai.stop()  # no new requests; those in flight end as the server drains
+                code = server.stop()
+    finally:
+        if openai is not None:
+            openai.stop()
     status = exit_status(code)
     if status:
         reason = server.exit_reason()
         click.echo(f"Error: tritonserver exited with status {status}{': ' + reason if reason else ''}", err=True)
         sys.exit(status)
     click.echo("tritonserver exited (0)", err=True)
+
+
+def _local(url: str) -> str:
+    """A gRPC address to connect to: a server listening on every interface is reached on loopback."""
+    host, _, port = url.rpartition(":")
+    return f"127.0.0.1:{port}" if host in ("0.0.0.0", "", "[::]", "::") else url
+
+
+@cli.command("openai")
+@click.option("--url", required=True, help="HOST:PORT of the deployment's Triton gRPC endpoint (`trtspec serve`, or "
+                                           "tensorrtllm_backend's launch_triton.sh).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (loopback by default; 0.0.0.0 for every interface).")
+@click.option("--port", type=click.IntRange(0, 65535), default=9000, show_default=True)
+@click.option("--tokenizer", type=EXISTING_DIR,
+              help="The model's tokenizer folder, or the model repository (its preprocessing's): renders chats of "
+                   "several messages, counts prompt tokens and sizes a chat without max_tokens. Without it a chat is "
+                   "one user message, rendered by the deployment (trtspec's CPU flavour).")
+@click.option("--model", "model", default="ensemble", show_default=True, help="The Triton model to call.")
+@click.option("--served-model-name", help="The model name OpenAI clients send (default: --model).")
+@click.option("--wait", "wait_s", type=float, default=0.0, help="Wait up to this many seconds for the server.")
+@user_errors
+def openai(url: str, host: str, port: int, tokenizer: Path | None, model: str, served_model_name: str | None,
+           wait_s: float) -> None:
+    """Serve an OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions) in front of a running
+    deployment, until Ctrl-C."""
+    from trtspec.triton.openai_frontend import OpenAIFrontend, OpenAIServer
+
+    kwargs = {"model": model, "served_model_name": served_model_name}
+    if tokenizer is not None and (tokenizer / "tokenizer.json").is_file():
+        from trtspec.runtime.tokenizer import Tokenizer
+
+        frontend = OpenAIFrontend(url, tokenizer=Tokenizer.from_dir(tokenizer), **kwargs)
+    elif tokenizer is not None:
+        frontend = OpenAIFrontend.for_repository(tokenizer, url, **kwargs)
+        if frontend.tokenizer is None:
+            raise click.BadParameter(f"{tokenizer} has no tokenizer.json and is not a model repository with one",
+                                     param_hint="--tokenizer")
+    else:
+        frontend = OpenAIFrontend(url, **kwargs)
+    server = OpenAIServer(frontend, host=host, port=port)
+    try:
+        frontend.check(wait_s=wait_s)
+        click.echo(f"OpenAI-compatible API at {server.url} (model {frontend.name!r}) in front of {url} "
+                   "(Ctrl-C stops)", err=True)
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.httpd.server_close()
+        frontend.close()

@@ -56,12 +56,14 @@ class RemoteGeneration:
 
 
 def build_inputs(prompt: str, options: GenerationConfig, *, stream: bool, stop_words: list[str] = (),
-                 accepted: set[str] | None = None) -> list:
+                 accepted: set[str] | None = None, chat_template: bool = True) -> list:
     """The request tensors of the client contract for one prompt (batch 1).
 
     `accepted` (the model's input names, from its metadata) adapts to the deployment: `seed` where the ensemble
     has no `random_seed` (TensorRT-LLM ≥ 1.0), `return_perf_metrics` where it exists (GPU acceptance counters),
-    and `use_speculation` only where the ensemble takes it (trtspec's CPU flavour)."""
+    and `use_speculation` only where the ensemble takes it (trtspec's CPU flavour). `chat_template`: whether the
+    server renders the prompt as one user turn of the chat template (where the ensemble takes
+    `apply_chat_template`; false sends the text as the prompt, as upstream's clients do)."""
     import tritonclient.grpc as grpcclient
 
     _check_sendable(options)
@@ -82,7 +84,7 @@ def build_inputs(prompt: str, options: GenerationConfig, *, stream: bool, stop_w
               tensor("top_k", np.array([[options.sampling.top_k]], np.int32)),
               tensor("top_p", np.array([[options.sampling.top_p]], np.float32))]
     if has("apply_chat_template"):  # as in-process generate renders a text prompt (trtspec's CPU flavour)
-        inputs.append(tensor("apply_chat_template", np.array([[True]], np.bool_)))
+        inputs.append(tensor("apply_chat_template", np.array([[chat_template]], np.bool_)))
     if options.sampling.seed is not None:
         name = "random_seed" if has("random_seed") else "seed"
         inputs.append(tensor(name, np.array([[options.sampling.seed]], np.uint64)))
@@ -134,17 +136,23 @@ def _wire_type(array: np.ndarray) -> str:
 
 
 class TritonClient:
-    """One gRPC connection and stream; `generate` may be called from one thread at a time per client."""
+    """One gRPC connection and stream; `generate` / `stream` may be called from one thread at a time per client.
 
-    def __init__(self, url: str, *, model: str = MODEL, timeout_s: float = 600.0):
-        import tritonclient.grpc as grpcclient
+    `connection`: the `tritonclient.grpc.InferenceServerClient` to use (default: one to `url`); `inputs`: the model's
+    input names when the caller already read them (else read once from its metadata)."""
 
+    def __init__(self, url: str, *, model: str = MODEL, timeout_s: float = 600.0, connection=None,
+                 inputs: set[str] | None = None):
+        if connection is None:
+            import tritonclient.grpc as grpcclient
+
+            connection = grpcclient.InferenceServerClient(url)
         self.url, self.model, self.timeout_s = url, model, timeout_s
-        self._client = grpcclient.InferenceServerClient(url)
+        self._client = connection
         self._responses: dict[str, queue.Queue] = {}
         self._lock = threading.Lock()
         self._streaming = False
-        self._inputs: set[str] | None = None
+        self._inputs: set[str] | None = None if inputs is None else set(inputs)
 
     def model_inputs(self) -> set[str]:
         """The model's input names (cached), to speak to trtspec and tensorrtllm_backend ensembles alike."""
@@ -194,33 +202,76 @@ class TritonClient:
                  stream: bool = True, on_text: Callable[[str], None] | None = None,
                  stop_words: list[str] = ()) -> RemoteGeneration:
         """Send one prompt on the bidirectional stream; collect (and pass on) text until the final response."""
+        out = RemoteGeneration(index)
+        start = time.perf_counter()
+        for result in self._results(prompt, options, stream=stream, stop_words=stop_words, chat_template=True):
+            self._absorb(out, result, on_text, start)
+        return self._finished(out, start, stream=stream)
+
+    def stream(self, prompt: str, options: GenerationConfig = GenerationConfig(), *, index: int = 0,
+               stream: bool = True, stop_words: list[str] = (),
+               chat_template: bool = True) -> Iterator[tuple[str, RemoteGeneration]]:
+        """Send one prompt; yield (the new text, the record so far) for every response that carries outputs, until
+        the final one (after it the record holds the totals). Closing the iterator before that cancels the request
+        on the server (its gRPC stream ends with cancel_requests; the next request opens a new one).
+        `chat_template`: see build_inputs."""
+        out = RemoteGeneration(index)
+        start = time.perf_counter()
+        results = self._results(prompt, options, stream=stream, stop_words=stop_words, chat_template=chat_template)
+        try:
+            for result in results:
+                pieces: list[str] = []
+                self._absorb(out, result, pieces.append, start)
+                out.total_s = time.perf_counter() - start
+                yield "".join(pieces), out
+        finally:
+            results.close()  # at once, not when collected: an abandoned request is cancelled now
+        self._finished(out, start, stream=stream)
+
+    def _results(self, prompt: str, options: GenerationConfig, *, stream: bool, stop_words: list[str],
+                 chat_template: bool) -> Iterator:
+        """The InferResults of one request that carry outputs, until its final response; a ServerError (its
+        __cause__ the tritonclient error, when there is one) for an error response or a timeout. Left before the
+        final response (an error, or the caller closed the iterator), the request is cancelled."""
         self._ensure_stream()
         request_id = uuid.uuid4().hex
         responses: queue.Queue = queue.Queue()
         with self._lock:
             self._responses[request_id] = responses
-        out = RemoteGeneration(index)
-        start = time.perf_counter()
+        sent = ended = False
         try:
-            inputs = build_inputs(prompt, options, stream=stream, stop_words=stop_words, accepted=self.model_inputs())
+            inputs = build_inputs(prompt, options, stream=stream, stop_words=stop_words, accepted=self.model_inputs(),
+                                  chat_template=chat_template)
             self._client.async_stream_infer(self.model, inputs,
                                             request_id=request_id, enable_empty_final_response=True)
+            sent = True
             while True:
                 try:
                     result, error = responses.get(timeout=self.timeout_s)
                 except queue.Empty:
                     raise ServerError(f"no response from {self.url} within {self.timeout_s:.0f} s") from None
                 if error is not None:
-                    raise ServerError(f"{self.url}: {_first_line(error)}")
+                    ended = True  # an error response is the request's last
+                    raise ServerError(f"{self.url}: {_first_line(error)}") from error
                 response = result.get_response()
+                final = response.parameters.get("triton_final_response")
+                ended = bool(final and final.bool_param)
                 if response.outputs:
-                    self._absorb(out, result, on_text, start)
-                if response.parameters.get("triton_final_response") and \
-                        response.parameters["triton_final_response"].bool_param:
+                    yield result
+                if ended:
                     break
         finally:
             with self._lock:
                 self._responses.pop(request_id, None)
+            if sent and not ended and self._streaming:  # abandoned: end it on the server too
+                self._streaming = False
+                try:
+                    self._client.stop_stream(cancel_requests=True)
+                except Exception:  # a connection already gone has nothing left to cancel
+                    pass
+
+    @staticmethod
+    def _finished(out: RemoteGeneration, start: float, *, stream: bool) -> RemoteGeneration:
         out.total_s = time.perf_counter() - start
         if out.steps == 0 and out.draft_tokens and stream:
             out.steps = max(out.responses - 1, 1)  # TensorRT-LLM streams one response per decoding step
