@@ -12,13 +12,15 @@ from trtspec.cli.app import DIR, EXISTING_DIR, SPIN_HELP, cli, user_errors
 
 
 @cli.command()
-@click.argument("engine", type=EXISTING_DIR)
+@click.argument("engine", type=EXISTING_DIR, required=False)
 @click.option("--out", required=True, type=DIR, help="Model repository folder to write.")
-@click.option("--flavour", type=click.Choice(["cpu", "trtllm"]),
+@click.option("--flavour", type=click.Choice(["cpu", "trtllm", "llmapi"]),
               help="cpu: trtspec runtime on ONNX Runtime (Python backend); trtllm: tensorrtllm_backend "
-                   "(default: from the engine's backend).")
+                   "(default: from the engine's backend); llmapi: TensorRT-LLM's LLM API (PyTorch backend) from a "
+                   "Hugging Face folder (--hf), no engine.")
 @click.option("--instances", type=int, default=1, show_default=True, help="Engine model instances.")
-@click.option("--max-batch-size", type=int, help="Triton max_batch_size (default: the engine profile's).")
+@click.option("--max-batch-size", type=int, help="Triton max_batch_size (default: the engine profile's); llmapi: "
+                                                 "the LLM's max_batch_size (default 64; Triton's stays 0).")
 @click.option("--decoupled/--no-decoupled", default=True, show_default=True,
               help="Streaming responses (needed for stream=true and in-flight joining of new requests).")
 @click.option("--chat-template/--no-chat-template", default=False, show_default=True,
@@ -41,19 +43,102 @@ from trtspec.cli.app import DIR, EXISTING_DIR, SPIN_HELP, cli, user_errors
 @click.option("--draft-engine", "draft_engine_dir", type=EXISTING_DIR,
               help="trtllm, draft-target engines: the draft model's engine (served as tensorrt_llm_draft).")
 @click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=0.9, show_default=True,
-              help="trtllm: share of free GPU memory for the KV cache (halved per model for a draft-target pair).")
+              help="trtllm: share of free GPU memory for the KV cache (halved per model for a draft-target pair); "
+                   "llmapi: kv_cache_config.free_gpu_memory_fraction.")
+@click.option("--hf", "hf_dir", type=EXISTING_DIR, help="llmapi: the Hugging Face base folder.")
+@click.option("--trtllm-version", help="llmapi: the TensorRT-LLM version whose LLM-API keys to write (1.3 or 1.4; "
+                                       "default 1.4).")
+@click.option("--eagle3", "eagle3_dir", type=EXISTING_DIR, help="llmapi: an EAGLE-3 draft folder (decoding_type Eagle3).")
+@click.option("--mtp", is_flag=True, help="llmapi: the base's own multi-token-prediction layers (decoding_type MTP).")
+@click.option("--ngram", is_flag=True, help="llmapi: prompt-lookup n-gram drafting (decoding_type NGram).")
+@click.option("--draft-model", "draft_model_dir", type=EXISTING_DIR,
+              help="llmapi: a smaller model of the same tokenizer drafts (decoding_type DraftTarget).")
+@click.option("--max-draft-len", type=int, help="llmapi: K, draft tokens per step (default 3; --mtp: "
+                                                "num_nextn_predict_layers, default the base's).")
+@click.option("--max-total-draft-tokens", type=int, help="llmapi, --eagle3 / --mtp: most draft-tree nodes.")
+@click.option("--dynamic-tree", "dynamic_tree_top_k", type=int, metavar="TOP_K",
+              help="llmapi, --eagle3 / --mtp: a dynamic draft tree expanding TOP_K tokens per node.")
+@click.option("--max-concurrency", type=int, help="llmapi: no speculation above this many requests in flight.")
+@click.option("--max-matching-ngram-size", type=int, help="llmapi, --ngram: longest n-gram matched (default 3).")
+@click.option("--speculative-option", "speculative_options", multiple=True, metavar="KEY=VALUE",
+              help="llmapi: another speculative_config field (VALUE as YAML); a field the version lacks is refused.")
+@click.option("--max-num-tokens", type=int, default=8192, show_default=True,
+              help="llmapi: the LLM's max_num_tokens (tokens per engine step).")
+@click.option("--kv-cache-reuse/--no-kv-cache-reuse", default=True, show_default=True,
+              help="llmapi: kv_cache_config.enable_block_reuse.")
+@click.option("--model-path", help="llmapi: `model` as the GPU host sees it (default: --hf, absolute).")
+@click.option("--draft-path", help="llmapi: `speculative_model` as the GPU host sees it (default: the draft folder, "
+                                   "absolute).")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out.")
 @user_errors
-def deploy(engine: Path, out: Path, **flags) -> None:
-    """Write a Triton model repository for a built engine (everything read from its manifest)."""
+def deploy(engine: Path | None, out: Path, **flags) -> None:
+    """Write a Triton model repository for a built engine, or for a Hugging Face folder (--flavour llmapi).
+
+    An engine's repository reads everything from its manifest; --flavour llmapi writes TensorRT-LLM's LLM-API
+    (PyTorch backend) model.yaml for --hf DIR and its drafter."""
+    from trtspec.errors import ConfigError
     from trtspec.triton.deploy import deploy as write_repository
     from trtspec.triton.deploy_options import DeployOptions
 
+    llmapi = {k: flags.pop(k) for k in LLMAPI_FLAGS}
+    if flags["flavour"] == "llmapi":
+        repo = _deploy_llmapi(engine, out, flags, llmapi)
+        click.echo(f"wrote {repo}: serve its tensorrt_llm model in the Triton TensorRT-LLM container "
+                   f"(tritonserver --model-repository={repo.resolve()})")
+        return
+    given = [LLMAPI_FLAGS[k] for k, v in llmapi.items()
+             if type(v) is not type(LLMAPI_DEFAULTS.get(k)) or v != LLMAPI_DEFAULTS.get(k)]
+    if given:
+        raise ConfigError(f"{given[0]} applies to --flavour llmapi only")
+    if engine is None:
+        raise ConfigError("missing argument ENGINE (or deploy a Hugging Face folder with --flavour llmapi --hf DIR)")
     repo = write_repository(DeployOptions(engine_dir=engine, out=out, **flags))
     if (repo / "launch_triton.sh").is_file():
         click.echo(f"wrote {repo}: serve it with {repo / 'launch_triton.sh'} in the TensorRT-LLM Triton container")
         return
     click.echo(f"wrote {repo}: serve it with `trtspec serve {repo}`")
+
+
+LLMAPI_FLAGS = {"hf_dir": "--hf", "trtllm_version": "--trtllm-version", "eagle3_dir": "--eagle3", "mtp": "--mtp",
+                "ngram": "--ngram", "draft_model_dir": "--draft-model", "max_draft_len": "--max-draft-len",
+                "max_total_draft_tokens": "--max-total-draft-tokens", "dynamic_tree_top_k": "--dynamic-tree",
+                "max_concurrency": "--max-concurrency", "max_matching_ngram_size": "--max-matching-ngram-size",
+                "speculative_options": "--speculative-option", "max_num_tokens": "--max-num-tokens",
+                "kv_cache_reuse": "--kv-cache-reuse", "model_path": "--model-path", "draft_path": "--draft-path"}
+LLMAPI_DEFAULTS = {"mtp": False, "ngram": False, "speculative_options": (), "max_num_tokens": 8192,
+                   "kv_cache_reuse": True}  # the others: None
+ENGINE_ONLY = {"instances": ("--instances", 1), "chat_template": ("--chat-template", False),
+               "copy_engine": ("--copy-engine", False), "threads": ("--threads", None), "spin": ("--spin", None),
+               "method": ("--method", None), "datastore": ("--datastore", None), "backoff": ("--no-backoff", True),
+               "draft_engine_dir": ("--draft-engine", None)}
+
+
+def _deploy_llmapi(engine: Path | None, out: Path, flags: dict, llmapi: dict) -> Path:
+    from trtspec.errors import ConfigError
+    from trtspec.triton.deploy_options import LlmapiOptions
+    from trtspec.triton.llmapi_repo import deploy_llmapi
+
+    if engine is not None:
+        raise ConfigError("--flavour llmapi deploys a Hugging Face folder (--hf DIR), not an engine: drop ENGINE")
+    if llmapi["hf_dir"] is None:
+        raise ConfigError("--flavour llmapi needs --hf DIR, the Hugging Face base folder")
+    for key, (flag, default) in ENGINE_ONLY.items():
+        if flags[key] != default:
+            raise ConfigError(f"{flag} applies to the engine flavours, not --flavour llmapi")
+    drafters = [name for name, on in (("eagle3", llmapi["eagle3_dir"] is not None), ("mtp", llmapi["mtp"]),
+                                      ("ngram", llmapi["ngram"]),
+                                      ("draft_target", llmapi["draft_model_dir"] is not None)) if on]
+    if len(drafters) > 1:
+        raise ConfigError("pass at most one of --eagle3, --mtp, --ngram, --draft-model")
+    eagle3_dir, draft_model_dir = llmapi.pop("eagle3_dir"), llmapi.pop("draft_model_dir")
+    draft_dir = eagle3_dir or draft_model_dir
+    del llmapi["mtp"], llmapi["ngram"]
+    batch = flags["max_batch_size"]
+    return deploy_llmapi(LlmapiOptions(
+        out=out, drafter=drafters[0] if drafters else None, draft_dir=draft_dir, decoupled=flags["decoupled"],
+        kv_cache_free_gpu_mem_fraction=flags["kv_cache_free_gpu_mem_fraction"], force=flags["force"],
+        speculative_options=tuple(llmapi.pop("speculative_options")),
+        **({"max_batch_size": batch} if batch is not None else {}), **llmapi))
 
 
 @cli.command()

@@ -2,7 +2,8 @@
 
 The one place they are checked: `deploy` runs check_options once and hands the writers (`cpu_repo`, `trtllm_repo`)
 the result; the engine model checks a request's `draft_method` with check_method. Imports nothing of `deploy` or
-the writers, so the dependency runs one way: deploy → writers → deploy_options.
+the writers, so the dependency runs one way: deploy → writers → deploy_options. The llmapi flavour deploys a
+Hugging Face folder, not an engine: LlmapiOptions and check_llmapi_options are its counterparts.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from trtspec.engine.manifest import Backend, Manifest
 from trtspec.errors import ConfigError
 
-FLAVOURS = ("cpu", "trtllm")
+FLAVOURS = ("cpu", "trtllm")  # the engine flavours; "llmapi" deploys a Hugging Face folder (LlmapiOptions)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +46,9 @@ class DeployOptions:
 def resolve_flavour(manifest: Manifest, flavour: str | None) -> str:
     default = "trtllm" if manifest.backend is Backend.TRTLLM else "cpu"
     flavour = flavour or default
+    if flavour == "llmapi":
+        raise ConfigError("--flavour llmapi deploys a Hugging Face folder with --hf DIR, not an engine (TensorRT-LLM's "
+                          "LLM API builds nothing ahead of time); drop the ENGINE argument")
     if flavour not in FLAVOURS:
         raise ConfigError(f"--flavour {flavour!r} is not one of {', '.join(FLAVOURS)}")
     if flavour == "cpu" and manifest.backend is not Backend.ONNX:
@@ -111,3 +115,88 @@ def check_method(manifest: Manifest, method: str, what: str = "--method") -> Non
     if method not in runs:
         raise ConfigError(f"{what} {method}: the engine was built for {own} ({manifest.name}); it runs "
                           f"{', '.join(runs[:-1])} or {runs[-1]}")
+
+
+# ---- the llmapi flavour (TensorRT-LLM's LLM API, PyTorch backend) ------------------------------------------------
+
+DRAFTERS = ("eagle3", "mtp", "ngram", "draft_target")
+DECODING_TYPES = {"eagle3": "Eagle3", "mtp": "MTP", "ngram": "NGram", "draft_target": "DraftTarget"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlmapiOptions:
+    """`trtspec deploy --flavour llmapi`: a Hugging Face base (+ drafter) → model.yaml for the LLM API."""
+
+    hf_dir: Path  # the HF base folder (read here: config.json)
+    out: Path
+    trtllm_version: str | None = None  # default: the newest version the table holds
+    drafter: str | None = None  # eagle3 / mtp / ngram / draft_target (None: plain decoding)
+    draft_dir: Path | None = None  # eagle3: the EAGLE-3 draft; draft_target: the draft model
+    model_path: str | None = None  # `model` as the GPU host sees it (default: hf_dir, absolute)
+    draft_path: str | None = None  # `speculative_model` as the GPU host sees it (default: draft_dir, absolute)
+    max_draft_len: int | None = None  # K (MTP: num_nextn_predict_layers, default the base's)
+    max_total_draft_tokens: int | None = None
+    dynamic_tree_top_k: int | None = None  # use_dynamic_tree with dynamic_tree_max_topK
+    max_concurrency: int | None = None  # speculation off above this many requests
+    max_matching_ngram_size: int | None = None  # ngram
+    speculative_options: tuple[str, ...] = ()  # further speculative_config KEY=VALUE (YAML values)
+    max_batch_size: int = 64  # LLM max_batch_size (Triton's stays 0: the LLM batches in flight)
+    max_num_tokens: int = 8192
+    kv_cache_free_gpu_mem_fraction: float = 0.9
+    kv_cache_reuse: bool = True  # kv_cache_config.enable_block_reuse
+    decoupled: bool = True
+    force: bool = False
+
+
+def check_llmapi_options(options: LlmapiOptions) -> None:
+    """The checks that need no file: numbers in range, the drafter's inputs present."""
+    drafter = options.drafter
+    if drafter is not None and drafter not in DRAFTERS:
+        raise ConfigError(f"drafter {drafter!r} is not one of {', '.join(DRAFTERS)}")
+    needs_dir = drafter in ("eagle3", "draft_target")
+    if needs_dir and options.draft_dir is None:
+        raise ConfigError(f"{'--eagle3' if drafter == 'eagle3' else '--draft-model'} needs the draft's folder")
+    if not needs_dir and options.draft_dir is not None:
+        raise ConfigError("a draft folder applies to --eagle3 or --draft-model only")
+    if drafter is None and (options.max_draft_len is not None or options.speculative_options):
+        raise ConfigError("--max-draft-len / --speculative-option need a drafter: --eagle3 DIR, --mtp, --ngram or "
+                          "--draft-model DIR")
+    for flag, value, low in (("--max-draft-len", options.max_draft_len, 1),
+                             ("--max-total-draft-tokens", options.max_total_draft_tokens, 1),
+                             ("--dynamic-tree", options.dynamic_tree_top_k, 1),
+                             ("--max-concurrency", options.max_concurrency, 1),
+                             ("--max-matching-ngram-size", options.max_matching_ngram_size, 1),
+                             ("--max-batch-size", options.max_batch_size, 1),
+                             ("--max-num-tokens", options.max_num_tokens, 1)):
+        if value is not None and value < low:
+            raise ConfigError(f"{flag} must be >= {low}, got {value}")
+    if options.max_num_tokens < options.max_batch_size:
+        raise ConfigError(f"--max-num-tokens {options.max_num_tokens} is below --max-batch-size "
+                          f"{options.max_batch_size}: every scheduled request needs at least one token a step")
+    if not 0 < options.kv_cache_free_gpu_mem_fraction <= 1:
+        raise ConfigError(f"--kv-cache-free-gpu-mem-fraction {options.kv_cache_free_gpu_mem_fraction} must be in "
+                          "(0, 1]")
+    for flag, value in (("--dynamic-tree", options.dynamic_tree_top_k),
+                        ("--max-total-draft-tokens", options.max_total_draft_tokens)):
+        if value is not None and drafter not in ("eagle3", "mtp"):
+            raise ConfigError(f"{flag} applies to --eagle3 and --mtp (the tree-drafting methods)")
+    if options.max_matching_ngram_size is not None and drafter != "ngram":
+        raise ConfigError("--max-matching-ngram-size applies to --ngram")
+    parse_speculative_options(options.speculative_options)
+
+
+def parse_speculative_options(items: tuple[str, ...]) -> dict:
+    """KEY=VALUE items (VALUE read as YAML: 4, true, [1, 2]) → a dict; one line naming a malformed item."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ConfigError(f"--speculative-option {item!r}: write KEY=VALUE, e.g. max_concurrency=8")
+        try:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--speculative-option {item!r}: the value is not YAML ({str(e).splitlines()[0]})") \
+                from None
+    return out

@@ -34,7 +34,7 @@ class TritonModelConfig:
     """One model's config.pbtxt as data: the fields of Triton's `ModelConfig` protobuf that trtspec writes."""
 
     name: str
-    max_batch_size: int
+    max_batch_size: int | None  # None: left out (a Python model's auto_complete_config sets it)
     backend: str | None = None
     platform: str | None = None
     inputs: tuple[Tensor, ...] = ()
@@ -53,7 +53,8 @@ def render(config: TritonModelConfig) -> str:
         parts.append(f"backend: {_q(config.backend)}")
     if config.platform:
         parts.append(f"platform: {_q(config.platform)}")
-    parts.append(f"max_batch_size: {config.max_batch_size}")
+    if config.max_batch_size is not None:
+        parts.append(f"max_batch_size: {config.max_batch_size}")
     if config.decoupled is not None:
         parts.append(model_transaction_policy(config.decoupled))
     if config.dynamic_batching is not None:
