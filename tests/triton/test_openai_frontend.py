@@ -107,7 +107,8 @@ class FakeConnection:
                 break
             if "midway" in prompt and sent == 2:
                 engine.sent_words.append(sent)
-                return callback(None, InferenceServerException("engine step failed: boom", status="StatusCode.INTERNAL"))
+                return callback(None, InferenceServerException("engine step failed: boom",
+                                                               status="StatusCode.INTERNAL"))
             sent += len(chunk)
             last = i == len(chunks) - 1
             outputs = {"text_output": np.array(["".join(chunk).encode()], np.object_),
@@ -256,7 +257,7 @@ def test_a_chat_is_rendered_with_the_models_template(engine, tmp_path):
         _assert_error(body, param="messages", message="one user message only.*--tokenizer")
 
 
-# ---- streaming --------------------------------------------------------------------------------------------------------
+# ---- streaming -------------------------------------------------------------------------------------------------------
 
 
 def test_streams_are_server_sent_events_that_add_up_to_the_reply(api):
@@ -288,7 +289,7 @@ def test_a_chat_stream_starts_with_the_role_and_ends_with_the_reason(api):
     assert events[-1]["choices"][0]["finish_reason"] == "length"
 
 
-# ---- stop strings -----------------------------------------------------------------------------------------------------
+# ---- stop strings ----------------------------------------------------------------------------------------------------
 
 
 def test_stop_scanner_holds_back_what_may_become_a_stop_string():
@@ -324,7 +325,7 @@ def test_a_stop_string_ends_the_text_before_it_and_cancels_the_request(stream):
         assert engine.cancelled == 1 and engine.sent_words[-1] < 20  # not the 400 words asked for
 
 
-# ---- errors -----------------------------------------------------------------------------------------------------------
+# ---- errors ----------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("body, status, param, code, message", [
@@ -425,12 +426,16 @@ def test_requests_run_concurrently(engine):
         assert time.monotonic() - start < 4 * 6 * 0.05  # not one after the other
 
 
-# ---- the commands -----------------------------------------------------------------------------------------------------
+# ---- the commands ----------------------------------------------------------------------------------------------------
 
 
-def test_openai_command_says_when_no_server_answers():
+def test_openai_command_says_when_no_server_answers(tmp_path):
     result = CliRunner().invoke(cli, ["openai", "--url", f"127.0.0.1:{free_port()}", "--port", str(free_port())])
     assert result.exit_code == 1 and "cannot reach a Triton server" in result.output
+    assert "OpenAI-compatible API at" not in result.output  # said once it answers
+    result = CliRunner().invoke(cli, ["openai", "--url", "127.0.0.1:1", "--tokenizer", str(tmp_path)])
+    assert result.exit_code == 1
+    assert f"--tokenizer {tmp_path}: no tokenizer.json there, and not a model repository with one" in result.output
 
 
 def test_serve_takes_a_model_name_only_with_the_openai_port(tmp_path):
@@ -450,7 +455,7 @@ def test_a_port_in_use_is_one_line(engine):
             OpenAIServer(OpenAIFrontend("x:1", connect=engine.connect), port=held.getsockname()[1])
 
 
-# ---- the real server and the real openai client ------------------------------------------------------------------------
+# ---- the real server and the real openai client ----------------------------------------------------------------------
 
 PROMPT = "Hello world speculative decoding"
 

@@ -181,6 +181,7 @@ def doctor(repository: Path, engine: Path | None, as_json: bool) -> None:
 @user_errors
 def serve(repository: Path, openai_port: int | None, served_model_name: str | None, **flags) -> None:
     """Run tritonserver on a model repository until Ctrl-C / SIGTERM; exit with tritonserver's status."""
+    import contextlib
     import signal
 
     from trtspec.triton.server import ServerOptions, TritonServer, exit_status
@@ -191,41 +192,28 @@ def serve(repository: Path, openai_port: int | None, served_model_name: str | No
                           on_log=lambda line: click.echo(line, err=True))
     openai = None
     if openai_port is not None:  # bound before Triton starts: a port in use fails at once
-        from trtspec.triton.openai_frontend import OpenAIFrontend, OpenAIServer
+        from trtspec.triton.openai_frontend import OpenAIServer
 
-        frontend = OpenAIFrontend.for_repository(repository, _local(server.grpc_url),
-                                                 served_model_name=served_model_name)
-        openai = OpenAIServer(frontend, host=server.options.address, port=openai_port)
+        openai = OpenAIServer.beside(server, repository, port=openai_port, served_model_name=served_model_name)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it like Ctrl-C
-    try:
-        with server:
-            if openai is not None:
-                openai.start()
-                click.echo(f"OpenAI-compatible API at {openai.url} (model {frontend.name!r})", err=True)
-            # on stderr, like the server's log: stdout stays free for what a caller pipes
-            click.echo(f"serving {repository}: gRPC {server.grpc_url}, HTTP {server.http_url}, "
-                       f"metrics {server.metrics_url} (Ctrl-C stops)", err=True)
-            try:
-                code = server.wait()
-            except KeyboardInterrupt:
-                if openai is not None:
-                    openai.stop()  # no new requests; those in flight end as the server drains
-                code = server.stop()
-    finally:
+    with server, openai or contextlib.nullcontext():  # the API starts once Triton is ready and stops first
         if openai is not None:
-            openai.stop()
+            click.echo(f"OpenAI-compatible API at {openai.url} (model {openai.frontend.name!r})", err=True)
+        # on stderr, like the server's log: stdout stays free for what a caller pipes
+        click.echo(f"serving {repository}: gRPC {server.grpc_url}, HTTP {server.http_url}, "
+                   f"metrics {server.metrics_url} (Ctrl-C stops)", err=True)
+        try:
+            code = server.wait()
+        except KeyboardInterrupt:
+            if openai is not None:
+                openai.stop()  # no new requests; those in flight end as the server drains
+            code = server.stop()
     status = exit_status(code)
     if status:
         reason = server.exit_reason()
         click.echo(f"Error: tritonserver exited with status {status}{': ' + reason if reason else ''}", err=True)
         sys.exit(status)
     click.echo("tritonserver exited (0)", err=True)
-
-
-def _local(url: str) -> str:
-    """A gRPC address to connect to: a server listening on every interface is reached on loopback."""
-    host, _, port = url.rpartition(":")
-    return f"127.0.0.1:{port}" if host in ("0.0.0.0", "", "[::]", "::") else url
 
 
 @cli.command("openai")
@@ -248,26 +236,14 @@ def openai(url: str, host: str, port: int, tokenizer: Path | None, model: str, s
     deployment, until Ctrl-C."""
     from trtspec.triton.openai_frontend import OpenAIFrontend, OpenAIServer
 
-    kwargs = {"model": model, "served_model_name": served_model_name}
-    if tokenizer is not None and (tokenizer / "tokenizer.json").is_file():
-        from trtspec.runtime.tokenizer import Tokenizer
-
-        frontend = OpenAIFrontend(url, tokenizer=Tokenizer.from_dir(tokenizer), **kwargs)
-    elif tokenizer is not None:
-        frontend = OpenAIFrontend.for_repository(tokenizer, url, **kwargs)
-        if frontend.tokenizer is None:
-            raise click.BadParameter(f"{tokenizer} has no tokenizer.json and is not a model repository with one",
-                                     param_hint="--tokenizer")
-    else:
-        frontend = OpenAIFrontend(url, **kwargs)
+    frontend = OpenAIFrontend.with_tokenizer(url, tokenizer, model=model, served_model_name=served_model_name)
     server = OpenAIServer(frontend, host=host, port=port)
-    try:
-        frontend.check(wait_s=wait_s)
+
+    def ready() -> None:  # on stderr: stdout stays free for what a caller pipes
         click.echo(f"OpenAI-compatible API at {server.url} (model {frontend.name!r}) in front of {url} "
                    "(Ctrl-C stops)", err=True)
-        server.serve_forever()
+
+    try:
+        server.serve_forever(wait_s=wait_s, on_ready=ready)
     except KeyboardInterrupt:
         pass
-    finally:
-        server.httpd.server_close()
-        frontend.close()

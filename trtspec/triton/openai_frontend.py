@@ -4,12 +4,9 @@
 (`stream: true`) or not, with `usage` and trtspec's acceptance statistics in `usage.trtspec`. Triton's own OpenAI
 frontend needs the in-process `tritonserver` bindings (wheels only for Python 3.12 on glibc >= 2.39, and they host
 the models themselves); this one is a thin translator to the contract of docs/triton-contract.md on the standard
-library's threaded HTTP server, so the serving path gains no dependency. A request's sampling fields keep OpenAI's
-meaning (temperature 1 samples; 0 is greedy), which the frontend spells out in TensorRT-LLM's terms. Stop strings
-are applied here on the text (the ensemble's stop words are token sequences and stay in the reply): the text ends
-before the first one, held back while it may still become one, and the request is cancelled on the server.
-Chat messages are rendered with the model's chat template by the frontend when it has the tokenizer, else one user
-message goes to the deployment's own template (`apply_chat_template`).
+library's threaded HTTP server, so the serving path gains no dependency. Requests are checked by openai_request.
+Stop strings are applied here on the text (the ensemble's stop words are token sequences and stay in the reply):
+the text ends before the first one, held back while it may still become one, and the request is cancelled.
 """
 
 from __future__ import annotations
@@ -27,51 +24,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from trtspec.errors import ConfigError, ServerError, TrtspecError
-from trtspec.speculative.loop import GenerationConfig
-from trtspec.speculative.sampling import SamplingParams
 from trtspec.triton.client import MODEL, RemoteGeneration, TritonClient
+from trtspec.triton.openai_request import APIError, Call, Target, bad_request, parse_request
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9000  # as Triton's own OpenAI frontend
-COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-CHAT_MAX_TOKENS = 512  # chat without max_tokens when the engine's room is unknown (else: up to its max_seq_len)
 MAX_BODY = 16 << 20
 IDLE_CLIENTS = 16  # gRPC connections kept for the next requests
 # the engine's finish reason → OpenAI's ("abort": the server ended the request, e.g. its drain time was over)
 FINISH = {"length": "length", "end_id": "stop", "stop_word": "stop", "cancelled": "abort"}
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-
-
-class APIError(Exception):
-    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}} with an HTTP status."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def _bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    return APIError(400, message, param=param, code=code)
-
-
-@dataclass
-class Call:
-    """One parsed request: what to send the ensemble and how to answer."""
-
-    chat: bool
-    prompt: str  # text_input
-    chat_template: bool  # the deployment renders it (one user message, no tokenizer here)
-    options: GenerationConfig
-    stop: tuple[str, ...] = ()
-    stream: bool = False
-    include_usage: bool = False
-    echo: str = ""  # completions' echo: the prompt, before the completion
-    prompt_tokens: int | None = None  # counted here (with the tokenizer), when the server does not say
 
 
 @dataclass
@@ -139,12 +101,18 @@ class OpenAIFrontend:
         """A frontend for the deployment in model repository `repo`, served at `url`: its tokenizer and max_seq_len
         read from the repository."""
         tokenizer_dir, max_seq_len = deployment_files(repo)
-        tokenizer = None
-        if tokenizer_dir is not None:
-            from trtspec.runtime.tokenizer import Tokenizer
+        return cls(url, tokenizer=_tokenizer(tokenizer_dir), max_seq_len=max_seq_len, **kwargs)
 
-            tokenizer = Tokenizer.from_dir(tokenizer_dir)
-        return cls(url, tokenizer=tokenizer, max_seq_len=max_seq_len, **kwargs)
+    @classmethod
+    def with_tokenizer(cls, url: str, path: Path | None, **kwargs) -> OpenAIFrontend:
+        """A frontend for the deployment at `url`, with the tokenizer of `path`: a tokenizer folder, or a model
+        repository (its preprocessing's, and its engine's max_seq_len); None: without one."""
+        if path is None or (Path(path) / "tokenizer.json").is_file():
+            return cls(url, tokenizer=_tokenizer(path), **kwargs)
+        frontend = cls.for_repository(path, url, **kwargs)
+        if frontend.tokenizer is None:
+            raise ConfigError(f"--tokenizer {path}: no tokenizer.json there, and not a model repository with one")
+        return frontend
 
     def check(self, *, wait_s: float = 0.0) -> OpenAIFrontend:
         """Wait (up to wait_s) for the model to be ready; read its inputs and whether it streams."""
@@ -172,87 +140,9 @@ class OpenAIFrontend:
 
     def parse(self, body: object, *, chat: bool) -> Call:
         """A request body → Call, or APIError naming the field that cannot be served."""
-        if not isinstance(body, dict):
-            raise _bad("the request body must be a JSON object")
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise _bad("you must provide a model parameter (this server serves "
-                       f"{self.name!r})", "model")
-        if model != self.name:
-            raise APIError(404, f"The model {model!r} does not exist; this server serves {self.name!r}",
-                           param="model", code="model_not_found")
-        n = body.get("n")
-        if n is not None and n != 1:
-            raise _bad(f"n = {n!r}: one choice per request (n = 1) is supported; send n requests instead", "n")
-        _refuse(body, chat)
-        if chat:
-            prompt, template, counted = self._chat_prompt(body.get("messages"))
-        else:
-            prompt, template, counted = self._completion_prompt(body.get("prompt"))
-        max_tokens = body.get("max_completion_tokens") if chat else None
-        max_tokens = body.get("max_tokens") if max_tokens is None else max_tokens
-        if max_tokens is None:
-            max_tokens = self._default_max_tokens(counted) if chat else COMPLETION_MAX_TOKENS
-        max_tokens = _integer(max_tokens, "max_tokens", low=1)
-        stream = _boolean(body.get("stream", False), "stream")
-        usage = body.get("stream_options") or {}
-        if not isinstance(usage, dict):
-            raise _bad("stream_options must be an object", "stream_options")
-        method, speculate = body.get("draft_method"), body.get("use_speculation", True)
-        if method is not None and not isinstance(method, str):
-            raise _bad("draft_method must be a string (none, ngram, suffix, lookahead, hybrid or the engine's own)",
-                       "draft_method")
-        try:
-            options = GenerationConfig(max_tokens=max_tokens, sampling=_sampling(body), method=method or None,
-                                       no_spec=not _boolean(speculate, "use_speculation"))
-        except ConfigError as e:
-            raise _bad(str(e)) from None
-        echo = not chat and _boolean(body.get("echo", False), "echo")
-        return Call(chat, prompt, template, options, stop=_stops(body.get("stop")), stream=stream,
-                    include_usage=_boolean(usage.get("include_usage", False), "stream_options.include_usage"),
-                    echo=prompt if echo else "", prompt_tokens=counted)
-
-    def _completion_prompt(self, prompt) -> tuple[str, bool, int | None]:
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if isinstance(prompt, list):
-            raise _bad("prompt: one text prompt per request is supported (not a batch, not token ids)", "prompt")
-        if not isinstance(prompt, str) or not prompt:
-            raise _bad("prompt must be a non-empty string", "prompt")
-        counted = None if self.tokenizer is None else len(self.tokenizer.encode(prompt, add_special_tokens=True))
-        return prompt, False, counted
-
-    def _chat_prompt(self, messages) -> tuple[str, bool, int | None]:
-        """The chat as the text to send: rendered here with the tokenizer's template (as the text whose encoding
-        by the deployment's preprocessing, special tokens added, gives the rendered chat's ids), or one user
-        message for the deployment's own template."""
-        if not isinstance(messages, list) or not messages:
-            raise _bad("messages must be a non-empty list", "messages")
-        chat = [_message(m, i) for i, m in enumerate(messages)]
-        single = len(chat) == 1 and chat[0]["role"] == "user"
-        can_template = self.inputs is None or "apply_chat_template" in self.inputs
-        if self.tokenizer is not None and self.tokenizer.chat_template:
-            try:
-                ids = self.tokenizer.encode_chat(chat)
-                text = self.tokenizer.apply_chat_template(chat)
-            except TrtspecError as e:
-                raise _bad(str(e), "messages") from None
-            bos = self.tokenizer.special_tokens.get("bos_token")
-            for candidate in (text, text[len(bos):] if bos and text.startswith(bos) else None):
-                if candidate and self.tokenizer.encode(candidate, add_special_tokens=True) == ids:
-                    return candidate, False, len(ids)
-            if single and can_template:
-                return chat[0]["content"], True, len(ids)
-            return text, False, len(ids)
-        if single and can_template:
-            return chat[0]["content"], True, None
-        raise _bad("this server renders a chat of one user message only (it was started without the model's "
-                   "tokenizer: `trtspec openai --tokenizer`)", "messages")
-
-    def _default_max_tokens(self, prompt_tokens: int | None) -> int:
-        if self.max_seq_len is not None and prompt_tokens is not None:
-            return max(1, self.max_seq_len - prompt_tokens)
-        return CHAT_MAX_TOKENS
+        target = Target(self.name, self.tokenizer, self.inputs is None or "apply_chat_template" in self.inputs,
+                        self.max_seq_len)
+        return parse_request(body, target, chat=chat)
 
     @contextmanager
     def _client(self) -> Iterator[TritonClient]:
@@ -360,97 +250,6 @@ class OpenAIFrontend:
                 log.debug("closing a gRPC client failed", exc_info=True)
 
 
-def _refuse(body: dict, chat: bool) -> None:
-    """APIError for an OpenAI field set to what the CPU / TensorRT-LLM engines cannot do here."""
-    unsupported = {
-        "best_of": lambda v: v not in (None, 1),
-        "logprobs": lambda v: v not in (None, False) if chat else v is not None,
-        "top_logprobs": lambda v: v not in (None, 0),
-        "presence_penalty": lambda v: v not in (None, 0, 0.0),
-        "frequency_penalty": lambda v: v not in (None, 0, 0.0),
-        "logit_bias": lambda v: bool(v),
-        "suffix": lambda v: bool(v),
-        "tools": lambda v: bool(v),
-        "functions": lambda v: bool(v),
-        "tool_choice": lambda v: v not in (None, "none"),
-        "function_call": lambda v: v not in (None, "none"),
-        "response_format": lambda v: v not in (None, {"type": "text"}),
-    }
-    for name, refused in unsupported.items():
-        if name in body and refused(body[name]):
-            raise _bad(f"{name} = {json.dumps(body[name])[:80]} is not supported by this server "
-                       "(trtspec's OpenAI frontend)", name)
-
-
-def _sampling(body: dict) -> SamplingParams:
-    """OpenAI's temperature (default 1: sampling), top_p (default 1) and vLLM's top_k (0 or -1: off), seed."""
-    temperature = _number(body.get("temperature", 1.0), "temperature", low=0.0)
-    top_p = _number(body.get("top_p", 1.0), "top_p", low=0.0, high=1.0)
-    top_k = _integer(body.get("top_k", 0), "top_k", low=-1)
-    seed = body.get("seed")
-    if seed is not None:
-        seed = _integer(seed, "seed", low=0, high=2**64 - 1)
-    if top_p == 0.0:  # only the most likely token survives
-        temperature, top_p = 0.0, 1.0
-    return SamplingParams(temperature=temperature, top_k=max(top_k, 0), top_p=top_p, seed=seed)
-
-
-def _stops(stop) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise _bad("stop must be a string or a list of strings", "stop")
-    return tuple(s for s in stop if s)
-
-
-def _message(message, index: int) -> dict:
-    where = f"messages[{index}]"
-    if not isinstance(message, dict):
-        raise _bad(f"{where} must be an object with role and content", "messages")
-    role = ROLES.get(message.get("role"))
-    if role is None:
-        raise _bad(f"{where}.role = {message.get('role')!r}: system, developer, user or assistant messages are "
-                   "supported (not tool calls)", "messages")
-    content = message.get("content")
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise _bad(f"{where}.content: only text parts are supported, not {kind!r}", "messages")
-            texts.append(part["text"])
-        content = "".join(texts)
-    if not isinstance(content, str):
-        raise _bad(f"{where}.content must be a string or a list of text parts", "messages")
-    return {"role": role, "content": content}
-
-
-def _number(value, name: str, *, low: float, high: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise _bad(f"{name} must be a number, got {json.dumps(value)}", name)
-    if value < low or (high is not None and value > high):
-        bounds = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise _bad(f"{name} = {value} is out of range (it must be {bounds})", name)
-    return float(value)
-
-
-def _integer(value, name: str, *, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(f"{name} must be an integer, got {json.dumps(value)}", name)
-    if value < low or (high is not None and value > high):
-        raise _bad(f"{name} = {value} is out of range (it must be >= {low}"
-                   f"{f' and <= {high}' if high is not None else ''})", name)
-    return value
-
-
-def _boolean(value, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise _bad(f"{name} must be true or false, got {json.dumps(value)}", name)
-    return value
-
-
 def _upstream(error: ServerError) -> APIError:
     """A failed gRPC request as the HTTP answer: refused by the deployment (bad input) 400; the server unreachable
     or stopping 503; no answer in time 504; anything else 502."""
@@ -465,6 +264,14 @@ def _upstream(error: ServerError) -> APIError:
     if cause is None or status is None or "INVALID_ARGUMENT" in str(status):  # the model answered with an error
         return APIError(400, message)
     return APIError(502, message, type="server_error", code="upstream_error")
+
+
+def _tokenizer(path: Path | None):
+    if path is None:
+        return None
+    from trtspec.runtime.tokenizer import Tokenizer
+
+    return Tokenizer.from_dir(path)
 
 
 def deployment_files(repo: Path) -> tuple[Path | None, int | None]:
@@ -606,7 +413,7 @@ class _Handler(BaseHTTPRequestHandler):
             length = int(self.headers.get("Content-Length", "0"))
         except ValueError:
             self.close_connection = True
-            raise _bad("Content-Length is not a number") from None
+            raise bad_request("Content-Length is not a number") from None
         if length > MAX_BODY:
             self.close_connection = True
             raise APIError(413, f"the request body is {length} bytes; at most {MAX_BODY} are taken")
@@ -614,11 +421,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _body(self) -> object:
         if not self._raw:
-            raise _bad("the request body is empty; send a JSON object")
+            raise bad_request("the request body is empty; send a JSON object")
         try:
             return json.loads(self._raw)
         except ValueError as e:
-            raise _bad(f"the request body is not valid JSON ({e})") from None
+            raise bad_request(f"the request body is not valid JSON ({e})") from None
 
     def _send_json(self, status: int, body: dict) -> None:
         data = json.dumps(body, ensure_ascii=False).encode()
@@ -655,6 +462,15 @@ class OpenAIServer:
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
+    @classmethod
+    def beside(cls, server, repo: Path, *, port: int, served_model_name: str | None = None) -> OpenAIServer:
+        """The API for the repository a TritonServer (not started yet) serves, bound on its address; its gRPC
+        endpoint reached on loopback when it listens on every interface."""
+        address, grpc_port = server.options.address, server.options.grpc_port
+        local = "127.0.0.1" if address in ("0.0.0.0", "", "::") else address
+        frontend = OpenAIFrontend.for_repository(repo, f"{local}:{grpc_port}", served_model_name=served_model_name)
+        return cls(frontend, host=address, port=port)
+
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
@@ -668,8 +484,16 @@ class OpenAIServer:
         self._thread.start()
         return self
 
-    def serve_forever(self) -> None:
-        self.httpd.serve_forever()
+    def serve_forever(self, *, wait_s: float = 0.0, on_ready=None) -> None:
+        """Check the deployment (waiting up to wait_s for it), call on_ready(), then serve in this thread until
+        interrupted."""
+        try:
+            self.frontend.check(wait_s=wait_s)
+            if on_ready is not None:
+                on_ready()
+            self.httpd.serve_forever()
+        finally:
+            self.stop()
 
     def stop(self) -> None:
         """Take no new requests; those in flight end with the deployment's answers."""
