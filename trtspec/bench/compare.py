@@ -791,7 +791,10 @@ def plot(report: dict, png: Path) -> None:
         where = sorted(values)
         bars.bar(x[where] + j * width, [values[i] for i in where], width, label=name)
     bars.set_xticks(x + width * (len(series) - 1) / 2, labels, fontsize=7, rotation=25, ha="right")
-    bars.set(ylabel="tokens/s end to end", title="plain decoding and speculation, same prompt ids")
+    settings = report.get("settings", {})
+    bars.set(ylabel="tokens/s end to end", title=f"plain decoding and speculation on {', '.join(report['sets'])}\n"
+             f"n = {settings.get('prompts')} prompts x {settings.get('rounds')} round(s), {settings.get('threads')} "
+             "threads, in process")
     bars.legend(fontsize=8)
     if with_curves:
         curves = axes[0][1]
