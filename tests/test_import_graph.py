@@ -8,7 +8,7 @@ from pathlib import Path
 import trtspec
 
 ROOT = Path(trtspec.__file__).parent
-SHARED = {"errors", "outdir", "progress", "procfs", "__version__"}  # leaves every package may use
+SHARED = {"errors", "lazy", "outdir", "progress", "procfs", "__version__"}  # leaves every package may use
 
 
 def _package_of(module: str) -> str | None:

@@ -10,7 +10,8 @@ import trtspec.speculative
 
 CORE = Path(trtspec.speculative.__file__).parent
 # the core itself and the backend-free utilities every package shares
-ALLOWED = ("trtspec.speculative", "trtspec.errors", "trtspec.outdir", "trtspec.progress", "trtspec.__version__")
+ALLOWED = ("trtspec.speculative", "trtspec.errors", "trtspec.lazy", "trtspec.outdir", "trtspec.progress",
+           "trtspec.__version__")
 
 
 def _trtspec_imports(path: Path) -> list[str]:

@@ -49,7 +49,7 @@ def cli(verbose: bool) -> None:
 
 def _sampling_flag(param: click.Parameter, value):
     """--temperature / --top-k / --top-p checked as the flag the user typed (SamplingParams' rule, one line)."""
-    from trtspec.speculative.sampling import RULES, SamplingParams
+    from trtspec.speculative import RULES, SamplingParams
 
     try:
         SamplingParams(**{param.name: value})

@@ -145,8 +145,7 @@ def bench_run(engines: tuple[Path, ...], methods, sets, peers, out: Path | None,
         return
     if flags["hf"]:
         raise click.UsageError("--hf is the peers' model folder: pass --peers too")
-    from trtspec.bench.bench_outputs import format_table, write_outputs
-    from trtspec.bench.runner import BenchOptions, run_bench
+    from trtspec.bench import BenchOptions, format_bench_table, run_bench, write_bench_outputs
 
     request_flags = ("url", "serve", "concurrency", "temperature", "seed", "max_tokens", "threads", "spin", "model",
                      "no_spec", "backoff", "limit")
@@ -154,14 +153,14 @@ def bench_run(engines: tuple[Path, ...], methods, sets, peers, out: Path | None,
                            prompt_set=flags["prompt_set"] or "mt-bench", show_progress=not no_progress,
                            **{f: flags[f] for f in request_flags})
     run = run_bench(options, show=show)
-    click.echo(json.dumps(run.report, indent=1) if as_json else "\n".join(format_table(run.report)))
+    click.echo(json.dumps(run.report, indent=1) if as_json else "\n".join(format_bench_table(run.report)))
     if out is not None:
-        written = write_outputs(run, out)
+        written = write_bench_outputs(run, out)
         click.echo(f"wrote {', '.join(str(p) for p in written.values())}", err=True)
 
 
 def _compare(engines, methods, sets, peers, out, as_json, no_progress, flags, show) -> None:
-    from trtspec.bench.compare import DEFAULT_SETS, CompareOptions, render_table, run_compare, write_outputs
+    from trtspec.bench import DEFAULT_SETS, CompareOptions, render_compare_table, run_compare, write_compare_outputs
 
     for name, default in (("url", None), ("serve", False), ("prompt_set", None), ("concurrency", (1,)),
                           ("temperature", 0.0), ("seed", 0), ("model", "ensemble"), ("no_spec", False)):
@@ -177,8 +176,8 @@ def _compare(engines, methods, sets, peers, out, as_json, no_progress, flags, sh
                              **({"methods": methods} if methods else {}), **{k: flags[k] for k in keep})
     report = run_compare(options, show=show, progress=not no_progress)
     if out is not None:
-        write_outputs(report, out)
-    click.echo(json.dumps(report, indent=2) if as_json else "\n".join(render_table(report)))
+        write_compare_outputs(report, out)
+    click.echo(json.dumps(report, indent=2) if as_json else "\n".join(render_compare_table(report)))
     if out is not None and not as_json:
         click.echo(f"wrote {out}/summary.json, {out}/compare.png", err=True)
 
@@ -201,8 +200,7 @@ def bench_perf_input(prompt_set: str, limit: int, max_tokens: int, method: str |
     served ensemble with it (gRPC streaming, concurrency 1 to 4; `scripts/setup-load-tools.sh` installs the tool)."""
     import shlex
 
-    from trtspec.bench.perf_analyzer import command, input_data
-    from trtspec.bench.workload import load_bench_prompts
+    from trtspec.bench import load_bench_prompts, perf_analyzer_command as command, perf_input_data as input_data
     from trtspec.outdir import atomic_output_file
 
     prompts = [p.text for p in load_bench_prompts(prompt_set, limit=limit, max_tokens=max_tokens)]
@@ -235,24 +233,23 @@ def bench_serving(engine: Path, prompt_set: str, limit: int, max_tokens: int, co
     """Serving overhead on one engine: `trtspec bench ENGINE --serve --concurrency 1,N` (Triton gRPC streaming
     against in-process generate, back to back, at concurrency 1 — target ratio >= 0.9 — and N, with how many
     sequences the engine batched per step). --unary compares unary requests with streams instead."""
-    from trtspec.bench import serving
+    from trtspec.bench import format_unary, unary_vs_streaming
 
     show = lambda line: click.echo(line, err=True)  # noqa: E731
     if unary:
-        report = serving.unary_vs_streaming(engine, prompt_set=prompt_set, limit=limit, max_tokens=max_tokens,
-                                            threads=threads, show=show)
-        click.echo(json.dumps(report, indent=2) if as_json else serving.format_unary(report))
+        report = unary_vs_streaming(engine, prompt_set=prompt_set, limit=limit, max_tokens=max_tokens,
+                                    threads=threads, show=show)
+        click.echo(json.dumps(report, indent=2) if as_json else format_unary(report))
         return
-    from trtspec.bench.bench_outputs import format_table, write_outputs
-    from trtspec.bench.runner import BenchOptions, run_bench
+    from trtspec.bench import BenchOptions, format_bench_table, run_bench, write_bench_outputs
 
     options = BenchOptions(engine=engine, serve=True, prompt_set=prompt_set, limit=limit, max_tokens=max_tokens,
                            concurrency=tuple(dict.fromkeys((1, concurrency))), threads=threads,
                            methods=methods or (), no_spec=no_spec, show_progress=not no_progress)
     run = run_bench(options, show=show)
-    click.echo(json.dumps(run.report, indent=1) if as_json else "\n".join(format_table(run.report)))
+    click.echo(json.dumps(run.report, indent=1) if as_json else "\n".join(format_bench_table(run.report)))
     if out is not None:
-        written = write_outputs(run, out)
+        written = write_bench_outputs(run, out)
         click.echo(f"wrote {', '.join(str(p) for p in written.values())}", err=True)
 
 
@@ -298,8 +295,7 @@ def bench_soak(url: str | None, as_json: bool, check: bool, **flags) -> None:
     the prompt served alone, the server's memory and /metrics sampled, faults injected on request.
 
     URL is HOST:PORT of a running server's gRPC endpoint (loopback unless --allow-remote), or use --repo."""
-    from trtspec.bench.soak import SoakOptions, run_soak
-    from trtspec.bench.soak_report import format_report
+    from trtspec.bench import SoakOptions, format_soak_report as format_report, run_soak
 
     report = run_soak(SoakOptions(url=url, **flags), show=lambda line: click.echo(line, err=True))
     if as_json:
@@ -337,7 +333,7 @@ def bench_soak(url: str | None, as_json: bool, check: bool, **flags) -> None:
 def bench_quality(engines: tuple, reference, corpora: tuple[str, ...], out, as_json: bool, **flags) -> None:
     """Perplexity, top-1 agreement and free-running greedy divergence of ENGINES against --reference on the same
     held-out text (quantized builds against fp32)."""
-    from trtspec.bench.quality import QualityOptions, format_report, measure_quality
+    from trtspec.bench import QualityOptions, format_quality_report as format_report, measure_quality
     from trtspec.outdir import atomic_output_file
 
     options = QualityOptions(corpora=corpora or ("sharegpt", "humaneval"), **flags)

@@ -32,7 +32,7 @@ def datastore() -> None:
 def datastore_build(sources: tuple[str, ...], out: Path, tokenizer: Path | None, max_ngram: int, max_tokens: int,
                     limit: int | None, force: bool, as_json: bool) -> None:
     """Index a corpus for the suffix drafter (atomic: nothing is left behind on an error or a signal)."""
-    from trtspec.data.datastore_sources import build_datastore
+    from trtspec.data import build_datastore
 
     store = build_datastore(sources, out, tokenizer=tokenizer, max_ngram=max_ngram, max_tokens=max_tokens,
                             limit=limit, force=force, progress=not as_json)
@@ -45,7 +45,7 @@ def datastore_build(sources: tuple[str, ...], out: Path, tokenizer: Path | None,
 @user_errors
 def datastore_inspect(file: Path, as_json: bool) -> None:
     """Describe a datastore file (and check its integrity)."""
-    from trtspec.speculative.datastore import Datastore
+    from trtspec.speculative import Datastore
 
     _print_datastore(Datastore.load(file), as_json)
 

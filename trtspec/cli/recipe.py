@@ -23,11 +23,15 @@ def recipe() -> None:
 @click.option("--workdir", default=".", show_default=True, help="Folder the printed commands write under.")
 @user_errors
 def recipe_check(file: Path, workdir: str) -> None:
-    """Validate a recipe and print the commands of convert, build and deploy, one per line."""
+    """Validate a recipe and print the commands of convert, build and deploy, one per line; then, on stderr, each
+    path it names (relative to the recipe file) that does not exist here."""
     from trtspec.recipe import command_lines, load_recipe
+    from trtspec.recipe.schema import missing_paths
 
     for line in command_lines(load_recipe(file), workdir):
         click.echo(line)
+    for line in missing_paths(file):
+        click.echo(f"warning: {line}", err=True)
 
 
 @recipe.command("run")
@@ -49,8 +53,7 @@ def recipe_run(file: Path, stages: str | None, workdir: Path, force: bool, dry_r
                update_baseline: bool, as_json: bool) -> None:
     """Run a recipe's stages in order, skipping convert / build / deploy whose inputs and settings are unchanged
     since their last success; exit 1 when a stage fails or the gate does."""
-    from trtspec.recipe import load_recipe
-    from trtspec.recipe.run import RunOptions, dry_run_lines, run_recipe, selected_stages
+    from trtspec.recipe import RunOptions, dry_run_lines, load_recipe, run_recipe, selected_stages
 
     chosen = tuple(s.strip() for s in stages.split(",") if s.strip()) if stages else None
     if dry_run:

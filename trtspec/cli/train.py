@@ -47,7 +47,7 @@ def _train_options(fn):
 
 
 def _train(method: str, as_json: bool, flags: dict) -> None:
-    from trtspec.train.run import TrainOptions, train as run_training
+    from trtspec.train import TrainOptions, train as run_training
 
     result = run_training(TrainOptions(method=method, show_progress=not as_json, **flags))
     if as_json:

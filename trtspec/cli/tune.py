@@ -43,8 +43,8 @@ def tune(engine: Path, write_recipe: Path | None, template: Path | None, as_json
     (ngram / suffix per node budget; Medusa and EAGLE-1 engines: the Medusa paper's greedy tree per budget over the
     heads' / the teacher-forced draft's ranks), measure the best on held-out prompts, print predicted beside measured
     and the winner."""
-    from trtspec.tune.tuner import TuneOptions, format_tune, run_tune
-    from trtspec.recipe.tuned import check_target, write_winner_recipe
+    from trtspec.recipe import check_target, write_winner_recipe
+    from trtspec.tune import TuneOptions, format_tune, run_tune
 
     if template is not None and write_recipe is None:
         raise click.UsageError("--recipe is the template of --write-recipe FILE: pass --write-recipe too")
@@ -81,7 +81,7 @@ def tune(engine: Path, write_recipe: Path | None, template: Path | None, as_json
 def advise(engine: Path, methods, as_json: bool, no_progress: bool, **flags) -> None:
     """Go / no-go for speculation on this engine and traffic, with the measured reasons (acceptance, output
     length, temperature, concurrency on the batch verify curve, drafting overhead, TTFT) and the method to use."""
-    from trtspec.tune.advise import AdviseOptions, format_advice, run_advise
+    from trtspec.tune import AdviseOptions, format_advice, run_advise
 
     advice = run_advise(AdviseOptions(engine=engine, methods=methods or (), show_progress=not no_progress, **flags),
                         show=lambda line: click.echo(line, err=True))
