@@ -102,5 +102,7 @@ def test_real_trtllm_build_of_a_tiny_medusa_checkpoint(tmp_path):
     manifest = build(TrtllmBuildOptions(source=ckpt, out=tmp_path / "engine", preset="chain_3", max_batch_size=2,
                                         max_input_len=64, max_seq_len=128))
     config = json.loads((tmp_path / "engine" / "config.json").read_text())
-    assert config["build_config"]["max_draft_len"] == manifest.profile.max_draft_len == 7
+    # K follows the 3-node tree (the checkpoint says 7): trtllm-build read the checkpoint view, config.json with K = 3
+    assert config["build_config"]["max_draft_len"] == config["pretrained_config"]["max_draft_len"] == 3
+    assert manifest.profile.max_draft_len == 3 and (tmp_path / "engine" / "checkpoint" / "config.json").is_file()
     assert read_manifest(tmp_path / "engine") == manifest

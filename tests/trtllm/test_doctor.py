@@ -80,7 +80,8 @@ CASES = [
      "error", "tensorrt_llm", "medusa_choices", "exceeds the 4 Medusa heads"),
     # tensorrtllm_backend#473 and its family: the default tree (63 nodes) on an engine built for K = 8
     ("medusa8", lambda r: set_param(r, "tensorrt_llm", "medusa_choices", None),
-     "error", "tensorrt_llm", "medusa_choices", "63 tree nodes need --max-draft-len >= 63 (got 8)"),
+     "error", "tensorrt_llm", "medusa_choices", "63 tree nodes, more than the engine's max_draft_len 8; set "
+                                              "medusa_choices to a tree that fits"),
     # NVIDIA/TensorRT-LLM#1449 (TensorRT-LLM#1449): top_k / top_p on a Medusa engine returns zeros
     ("medusa", lambda r: set_param(r, "tensorrt_llm", "decoding_mode", "top_k_top_p"),
      "error", "tensorrt_llm", "decoding_mode", "TensorRT-LLM#1449"),

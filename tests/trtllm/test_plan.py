@@ -65,8 +65,9 @@ def test_vicuna_7b_eagle(checkpoints, tmp_path):
     assert p.build_config["max_seq_len"] == 2048 + 63 + 4  # + max_draft_len + num_eagle_layers (TensorRT-LLM tensorrt_llm/builder.py)
     assert p.build_config["speculative_decoding_mode"] == 32
     assert (p.runtime["tree_depth"], p.runtime["decoding_mode"]) == (4, "eagle")  # depth == num_eagle_layers
+    # TensorRT-LLM tensorrt_llm/models/eagle/model.py sizes the draft inputs by pretrained_config.max_draft_len
     assert p.pretrained_config == {"architecture": "EagleForCausalLM", "dtype": "float16", "vocab_size": 32000,
-                                   "num_eagle_layers": 4, "max_non_leaves_per_layer": 10}
+                                   "max_draft_len": 63, "num_eagle_layers": 4, "max_non_leaves_per_layer": 10}
     assert p.runtime["eagle_choices"] == cpp_choices(p.manifest.tree)
     assert p.notes == (ONE_PROFILE,)  # says why a TensorRT-LLM engine keeps one max_draft_len
 
@@ -128,18 +129,16 @@ def test_llama3_rope_scaling_keeps_the_position_limit(checkpoints, tmp_path):
 
 @pytest.mark.parametrize("name,overrides,kwargs,error,message", [
     ("vicuna-7b-medusa", {}, {"max_draft_len": 31}, BuildError,
-     "--max-draft-len 31 disagrees with"),
+     "the tree has 63 nodes but --max-draft-len is 31; leave --max-draft-len out (K follows the tree)"),
     ("vicuna-7b-medusa", {}, {"choices": "[[0],[0,0],[0,0,0],[0,0,0,0],[0,0,0,0,0]]"}, BuildError,
-     "tree depth 5 exceeds the 4 Medusa heads"),
-    ("vicuna-7b-medusa", {"max_draft_len": 8}, {}, BuildError,
-     "the tree has 63 nodes but max_draft_len is 8"),
-    ("vicuna-7b-medusa", {"max_draft_len": 64}, {}, BuildError,
+     "tree depth 5 exceeds the 4 Medusa heads (one per level); pass a tree at most 4 deep (--choices / --preset)"),
+    ("vicuna-7b-medusa", {}, {"max_draft_len": 64}, BuildError,
      "max_draft_len 64 is a multiple of 32"),
     ("vicuna-7b-eagle", {}, {"preset": "eagle_25"}, BuildError,
-     "EAGLE-1 needs tree depth == num_eagle_layers = 4, but the tree has depth 5"),
-    ("vicuna-7b-eagle", {"max_non_leaves_per_layer": 5}, {}, BuildError,
-     "has 10 non-leaf nodes, above --max-non-leaves-per-layer 5"),
-    ("vicuna-7b-eagle", {}, {"max_draft_len": 50}, BuildError, "the tree has 63 nodes but max_draft_len is 50"),
+     "EAGLE-1 needs tree depth == num_eagle_layers = 4, but the tree has depth 5; pass a tree 4 deep"),
+    ("vicuna-7b-eagle", {"max_non_leaves_per_layer": 5}, {"preset": "mc_sim_7b_63"}, BuildError,
+     "has 10 non-leaf nodes, above the checkpoint's max_non_leaves_per_layer 5"),
+    ("vicuna-7b-eagle", {}, {"max_draft_len": 50}, BuildError, "the tree has 63 nodes but --max-draft-len is 50"),
     ("vicuna-7b-eagle", {}, {"max_batch_size": 600}, BuildError, "--max-batch-size <= 512"),
     ("vicuna-7b-eagle", {}, {"max_draft_len": 300}, BuildError, "max_draft_len <= 256"),
     ("vicuna-7b-eagle", {"mapping": {"world_size": 2, "tp_size": 1, "pp_size": 2}}, {}, BuildError,

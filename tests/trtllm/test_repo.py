@@ -210,7 +210,7 @@ def test_renamed_inputs_follow_the_engine_version(engines, tmp_path):
     ("medusa", {"draft_engine_dir": "draft"}, "--draft-engine needs a draft-target engine"),
     ("target", {"draft_engine_dir": "medusa"}, "the draft engine must be a plain trtllm engine"),
     ("target", {"draft_engine_dir": "draft-0.21"}, "the draft was built by TensorRT-LLM 0.21.0, the target by 1.0.0"),
-    ("medusa", {"batching_strategy": "dynamic"}, "--batching-strategy 'dynamic' is not one of"),
+    ("medusa", {"batching_strategy": "dynamic"}, "batching strategy 'dynamic' is not one of"),
     ("medusa", {"max_batch_size": 8}, "exceeds the engine's max_batch_size 4"),
 ])
 def test_deploy_errors(engines, tmp_path, name, kwargs, message):

@@ -64,7 +64,7 @@ def inspect(directory: Path, as_json: bool) -> None:
 
     if is_model_repository(directory) or is_engine_dir(directory):
         repository = is_model_repository(directory)
-        facts = repository_summary(directory) if repository else engine_summary(directory)
+        facts = repository_summary(directory) if repository else _engine_facts(directory, engine_summary)
         if as_json:
             click.echo(json.dumps(facts, indent=2))
             return
@@ -72,7 +72,10 @@ def inspect(directory: Path, as_json: bool) -> None:
             click.echo(f"{directory}: Triton model repository · {facts.pop('flavour')} flavour")
             facts = {**{f"model {name}": line for name, line in facts.pop("models").items()}, **facts}
         else:
-            click.echo(f"{directory}: {facts.pop('backend')} engine · {facts.pop('method')}")
+            planned = " (planned: no engine files yet)" if "engine_files_to_come" in facts else ""
+            click.echo(f"{directory}: {facts.pop('backend')} engine · {facts.pop('method')}{planned}")
+            if planned:
+                facts.pop("files", None)
         for key, value in facts.items():
             click.echo(f"  {key:<26} {_fact_text(key, value)}")
         return
@@ -85,7 +88,25 @@ def inspect(directory: Path, as_json: bool) -> None:
     click.echo(f"  dtypes                     {', '.join(f'{k} ×{v}' for k, v in summary.dtypes.items())}")
     click.echo(f"  files                      {', '.join(f'{k} ({v / 2**20:.1f} MiB)' for k, v in summary.files.items())}")
     for key, value in summary.details.items():
-        click.echo(f"  {key:<26} {value}")
+        for i, line in enumerate(value if key == "problems" else [value]):  # one line per problem
+            click.echo(f"  {key if i == 0 else '':<26} {line}")
+
+
+def _engine_facts(directory: Path, engine_summary) -> dict:
+    """engine_summary, plus for a planned TensorRT-LLM engine (`build --plan-only`) the files still to come and the
+    command that writes them."""
+    from trtspec.engine.trtllm_builder import expected_engine_files, is_planned, read_plan
+
+    facts = engine_summary(directory)
+    if is_planned(directory):
+        plan = read_plan(directory)
+        world = int(plan.get("manifest", {}).get("tp_size", 1)) * int(plan.get("manifest", {}).get("pp_size", 1))
+        missing = [f for f in plan.get("engine_files") or expected_engine_files(world)
+                   if not (directory / f).is_file()]
+        facts["engine_files_to_come"] = missing
+        if plan.get("command_line"):
+            facts["trtllm_build"] = plan["command_line"]
+    return facts
 
 
 @cli.command()
@@ -151,6 +172,10 @@ def tree(choices: str | None, preset: str | None, as_json: bool, png: Path | Non
 @click.option("--tokenizer", type=EXISTING_DIR, help="Tokenizer folder (default: the converted HF base's).")
 @click.option("--force", is_flag=True, help="Replace a non-empty --out.")
 @click.option("--dry-run", is_flag=True, help="Validate and print the plan (the manifest) without building.")
+@click.option("--plan-only", is_flag=True,
+              help="trtllm: write the engine folder without its engine files (manifest, plan, tokenizer) for "
+                   "`trtspec deploy` and `trtspec doctor`; trtllm-build fills it on a GPU host, then `trtspec build` "
+                   "adopts it.")
 @click.option("--trtllm-version",
               help="trtllm: TensorRT-LLM version to plan for, 0.15-1.2 (default: the installed one, else 1.2).")
 @click.option("--lookahead", help="trtllm: lookahead decoding W,N,G on a plain checkpoint, e.g. 7,7,7.")
@@ -186,7 +211,7 @@ def build(source: Path, backend: str, eagle2: str | None, dry_run: bool, **flags
 
 
 TRTLLM_ONLY = {"trtllm_version": "--trtllm-version", "lookahead": "--lookahead", "draft_target": "--draft-target",
-               "max_num_tokens": "--max-num-tokens", "as_json": "--json"}
+               "max_num_tokens": "--max-num-tokens", "as_json": "--json", "plan_only": "--plan-only"}
 
 
 def _reject_trtllm_flags(flags: dict) -> None:
@@ -196,7 +221,7 @@ def _reject_trtllm_flags(flags: dict) -> None:
 
 
 def _build_trtllm(source: Path, eagle2: str | None, dry_run: bool, *, as_json: bool, lookahead: str | None,
-                  **flags) -> None:
+                  plan_only: bool, **flags) -> None:
     if flags.pop("int4_scheme") is not None:
         raise click.UsageError("--int4-scheme applies to --backend onnx only")
     if flags.pop("attention") is not None:
@@ -211,16 +236,28 @@ def _build_trtllm(source: Path, eagle2: str | None, dry_run: bool, *, as_json: b
     if eagle2 is not None:
         raise click.UsageError("--eagle2: the Triton tensorrt_llm model exposes no dynamic tree (EAGLE-2); build "
                                "the EAGLE engine with a static tree")
-    from trtspec.engine.trtllm_builder import build as build_engine, trtllm_available
+    if dry_run and plan_only:
+        raise click.UsageError("pass either --dry-run (writes nothing) or --plan-only (writes the planned engine "
+                               "folder), not both")
+    from trtspec.engine.trtllm_builder import build as build_engine, expected_engine_files, trtllm_available, write_plan
     from trtspec.engine.trtllm_plan import Lookahead, TrtllmBuildOptions, plan_trtllm_build
 
     opts = TrtllmBuildOptions(source=source, lookahead=Lookahead.parse(lookahead) if lookahead else None, **flags)
     plan = plan_trtllm_build(opts)
-    if dry_run or not (trtllm_available() or (opts.out / "config.json").is_file()):
+    shown = dry_run or plan_only or not (trtllm_available() or (opts.out / "config.json").is_file())
+    if shown:
         click.echo(json.dumps(plan.to_dict(), indent=2) if as_json else _plan_text(plan))
-        if dry_run:
-            return
-    manifest = build_engine(opts)
+    if dry_run:
+        return
+    if plan_only:
+        manifest = write_plan(opts, plan)
+        files = ", ".join(expected_engine_files(manifest.world_size))
+        click.echo(f"wrote {opts.out}: planned {manifest.method.value} TensorRT-LLM {plan.version.text} engine, "
+                   f"K={manifest.profile.max_draft_len}, without its engine files ({files}): `trtspec deploy` takes "
+                   f"it now; on the GPU host run the trtllm-build command above (or this `trtspec build` without "
+                   f"--plan-only) into it", err=as_json)
+        return
+    manifest = build_engine(opts, log_notes=not shown)
     click.echo(f"wrote {opts.out}: {manifest.method.value} TensorRT-LLM {manifest.versions['tensorrt_llm']} engine, "
                f"K={manifest.profile.max_draft_len} ({manifest.profile.tokens_per_step} tokens per step)")
 

@@ -58,7 +58,7 @@ def resolve_method(cfg: ModelShape, request: MethodRequest, backend: Backend) ->
         what = "--lookahead" if request.lookahead is not None else "--draft-target"
         if drafter:
             raise BuildError(f"{what} needs a plain checkpoint, but {request.source} is a {cfg.architecture}; "
-                             f"convert the base alone (trtspec convert --base ...) for {what}")
+                             f"for {what} convert the base alone (`trtspec convert --base ...`)")
         if request.tree_flags:
             raise BuildError(f"{what} drafts without a tree; drop --choices / --preset")
         return Method.LOOKAHEAD if request.lookahead is not None else Method.DRAFT_TARGET
@@ -76,22 +76,59 @@ def resolve_method(cfg: ModelShape, request: MethodRequest, backend: Backend) ->
 
 
 def resolve_tree(cfg: ModelShape, method: Method, request: MethodRequest, backend: Backend) -> Tree | None:
-    """The static tree of a Medusa / EAGLE-1 engine: --choices, --preset or the backend's default, checked against
-    the checkpoint (Medusa: no deeper than its heads; TensorRT-LLM EAGLE-1: exactly its layers deep)."""
+    """The static tree of a Medusa / EAGLE-1 engine: --choices, --preset or the default (`default_choices`), checked
+    against the checkpoint (Medusa: no deeper than its heads; TensorRT-LLM EAGLE-1: exactly its layers deep, at most
+    max_non_leaves_per_layer expanding nodes per level). The hints name `build`'s flags or `trtspec convert`'s."""
     if method not in (Method.MEDUSA, Method.EAGLE):
         return None
-    default = DEFAULT_TREE[backend]
-    choices = parse_choices(request.choices) if request.choices is not None else preset(request.preset or default)
-    heads = cfg.num_medusa_heads if method is Method.MEDUSA else None
+    if request.tree_flags:
+        choices = parse_choices(request.choices) if request.choices is not None else preset(request.preset)
+    else:
+        choices = default_choices(cfg, method, backend)
     if backend is Backend.ONNX:
-        if not request.tree_flags and heads is not None and heads < 3:
-            choices = [[0] * d for d in range(1, heads + 1)]  # the default tree needs 3 heads; a chain fits any
-        return build_tree(choices, num_heads=heads, max_draft_len=request.max_draft_len)
-    where = "" if request.tree_flags else f" (the default tree {default})"
+        tree = build_tree(choices, max_draft_len=request.max_draft_len)
+        check_tree_fits(tree, cfg, method, backend)
+        return tree
+    where = "" if request.tree_flags else f" (the default tree {DEFAULT_TREE[backend]})"
     try:
-        if method is Method.MEDUSA:  # depth <= heads (tensorrtllm_backend tensorrt_llm/config.pbtxt)
-            return build_tree(choices, num_heads=heads)
-        return build_tree(choices, exact_depth=cfg.num_eagle_layers,
-                          max_non_leaves_per_layer=cfg.max_non_leaves_per_layer)
+        tree = build_tree(choices)
+        check_tree_fits(tree, cfg, method, backend)
     except ConfigError as e:
         raise BuildError(f"{request.source / 'config.json'}{where}: {e}") from None
+    return tree
+
+
+def default_choices(cfg: ModelShape, method: Method, backend: Backend) -> list[list[int]]:
+    """The backend's default tree (DEFAULT_TREE) where the checkpoint can draft it, else a chain as deep as the
+    checkpoint drafts: one level per Medusa head (both backends), exactly num_eagle_layers levels for TensorRT-LLM's
+    EAGLE-1. A chain fits any such checkpoint; `--choices` / `--preset` choose a wider tree."""
+    choices = preset(DEFAULT_TREE[backend])
+    try:
+        check_tree_fits(build_tree(choices), cfg, method, backend)
+    except ConfigError:
+        depth = cfg.num_medusa_heads if method is Method.MEDUSA else cfg.num_eagle_layers
+        return [[0] * d for d in range(1, depth + 1)]
+    return choices
+
+
+def check_tree_fits(tree: Tree, cfg: ModelShape, method: Method, backend: Backend) -> None:
+    """ConfigError where the checkpoint cannot draft `tree`: a Medusa head per level (TensorRT-LLM reads the same
+    rule, tensorrtllm_backend tensorrt_llm/config.pbtxt); TensorRT-LLM's EAGLE-1 drafts exactly num_eagle_layers
+    levels with at most max_non_leaves_per_layer expanding nodes each (TensorRT-LLM tensorrt_llm/llmapi/llm_args.py)."""
+    heads = cfg.num_medusa_heads
+    if method is Method.MEDUSA and heads is not None and tree.depth > heads:
+        raise ConfigError(f"tree depth {tree.depth} exceeds the {heads} Medusa heads (one per level); pass a tree at "
+                          f"most {heads} deep (--choices / --preset), or a checkpoint converted with more heads "
+                          "(`trtspec convert --num-medusa-heads N`)")
+    if method is not Method.EAGLE or backend is not Backend.TRTLLM:
+        return
+    layers, widest = cfg.num_eagle_layers, cfg.max_non_leaves_per_layer
+    if layers is not None and tree.depth != layers:
+        raise ConfigError(f"EAGLE-1 needs tree depth == num_eagle_layers = {layers}, but the tree has depth "
+                          f"{tree.depth}; pass a tree {layers} deep (--choices / --preset), or reconvert with "
+                          f"`trtspec convert --num-eagle-layers {tree.depth}`")
+    for level, count in enumerate(tree.non_leaves_per_level()):
+        if widest is not None and count > widest:
+            raise ConfigError(f"tree level {level} has {count} non-leaf nodes, above the checkpoint's "
+                              f"max_non_leaves_per_layer {widest}; pass a narrower tree (--choices / --preset), or "
+                              f"reconvert with `trtspec convert --max-non-leaves-per-layer {count}`")

@@ -9,6 +9,7 @@ follows (TensorRT-LLM, tensorrtllm_backend); `docs/upstream-sources.md` lists th
 from __future__ import annotations
 
 import enum
+import json
 import math
 import shlex
 from dataclasses import dataclass, replace
@@ -18,15 +19,18 @@ from trtspec import __version__
 from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
 from trtspec.engine.manifest import Backend, Manifest, Method, ModelInfo, Profile
-from trtspec.engine.resolve import MethodRequest, resolve_method, resolve_tree
+from trtspec.engine.resolve import DEFAULT_TREE, MethodRequest, resolve_method, resolve_tree
 from trtspec.engine.trtllm_quant import TrtllmQuantization, plan_quantization, quantization_notes
 from trtspec.engine.trtllm_versions import TrtllmVersion, installed_version, newest, parse_version
 from trtspec.errors import BuildError, CheckpointError, ConfigError
 from trtspec.speculative.tree import Tree
+from trtspec.speculative.tree_presets import preset
 
 DEFAULT_MAX_NUM_TOKENS = 8192  # trtllm-build's default (TensorRT-LLM tensorrt_llm/commands/build.py)
 EAGLE_MAX_BATCH_SIZE = 512  # TensorRT-LLM tensorrt_llm/builder.py: asserted by builder.build() for EAGLE
 EAGLE_MAX_DRAFT_LEN = 256  # TensorRT-LLM tensorrt_llm/builder.py and the EAGLE converter's assert (TensorRT-LLM examples/eagle/convert_checkpoint.py)
+CHECKPOINT_VIEW = "checkpoint"  # in the engine dir: the checkpoint with the engine's max_draft_len (CheckpointView)
+PADDING_NOTE_RATIO = 2  # a K whose K + 1 slots are at least this many times the tree's gets a note of its cost
 
 
 class SpecMode(enum.Enum):
@@ -109,6 +113,23 @@ class TrtllmBuildOptions(EngineBuildOptions):
 
 
 @dataclass(frozen=True)
+class CheckpointView:
+    """The checkpoint as trtllm-build must read it when the engine's K is not the checkpoint's: Medusa and EAGLE-1
+    engines size their draft inputs by the checkpoint's config.json, whatever --max_draft_len says (TensorRT-LLM
+    tensorrt_llm/models/medusa/model.py `max_medusa_token_len`, tensorrt_llm/models/eagle/model.py `max_draft_len`,
+    both `= config.max_draft_len`; the C++ runtime reads pretrained_config, tensorrt_llm/builder.py Engine.save). So
+    `build` writes `path`: config.json with max_draft_len set, every other file of `source` linked (the weights do
+    not depend on K)."""
+
+    path: Path  # ENGINE/checkpoint
+    source: Path  # the checkpoint it stands for
+    max_draft_len: int
+
+    def to_dict(self) -> dict:
+        return {"path": str(self.path), "source": str(self.source), "max_draft_len": self.max_draft_len}
+
+
+@dataclass(frozen=True)
 class TrtllmPlan:
     """What `build` runs and what it expects back: the command, the engine config fields, the runtime config."""
 
@@ -120,6 +141,8 @@ class TrtllmPlan:
     manifest: Manifest  # written last by build (files and tokenizer filled in then)
     notes: tuple[str, ...] = ()  # what the engine will not do that the checkpoint asks for (printed, logged)
     quantization: TrtllmQuantization | None = None  # None: the checkpoint's float dtype
+    checkpoint_view: CheckpointView | None = None  # what trtllm-build reads when K differs from the checkpoint's
+    checkpoint_config: dict | None = None  # the checkpoint's config.json as read (not in to_dict)
 
     @property
     def command_line(self) -> str:
@@ -130,7 +153,20 @@ class TrtllmPlan:
                 "command": list(self.argv), "command_line": self.command_line,
                 "build_config": self.build_config, "pretrained_config": self.pretrained_config,
                 "runtime_config": self.runtime, "notes": list(self.notes), "manifest": self.manifest.to_dict(),
-                "quantization": None if self.quantization is None else self.quantization.to_dict()}
+                "quantization": None if self.quantization is None else self.quantization.to_dict(),
+                "checkpoint_view": None if self.checkpoint_view is None else self.checkpoint_view.to_dict()}
+
+    @property
+    def engine_config(self) -> dict:
+        """The engine config.json trtllm-build should write, as far as the plan knows it (the checkpoint's
+        pretrained_config with the planned fields, the planned build_config): what `doctor` checks a repository
+        against before the engine exists."""
+        pretrained = {**(self.checkpoint_config or {}), **self.pretrained_config}
+        if self.quantization is not None:
+            q = self.quantization
+            pretrained["quantization"] = {**(pretrained.get("quantization") or {}), "quant_algo": q.quant_algo,
+                                          **({"group_size": q.group_size} if q.group_size else {})}
+        return {"version": self.version.text, "pretrained_config": pretrained, "build_config": self.build_config}
 
 
 def plan_trtllm_build(opts: TrtllmBuildOptions) -> TrtllmPlan:
@@ -142,7 +178,7 @@ def plan_trtllm_build(opts: TrtllmBuildOptions) -> TrtllmPlan:
     request = MethodRequest.of(opts)
     method = resolve_method(cfg, request, Backend.TRTLLM)
     tree = resolve_tree(cfg, method, request, Backend.TRTLLM)
-    k = _max_draft_len(cfg, method, tree, opts, config_path)
+    k = _max_draft_len(method, tree, opts)
     tp, pp = _mapping(raw, config_path)
     _check_limits(method, k, tree, opts, pp)
     max_seq_len = _max_seq_len(cfg, opts, config_path)
@@ -154,11 +190,18 @@ def plan_trtllm_build(opts: TrtllmBuildOptions) -> TrtllmPlan:
     argv = _argv(opts, cfg, method, k, max_seq_len, max_num_tokens)
     if quant is not None:
         argv = _with_checkpoint(argv, quant.checkpoint)
+    view = None
+    if method in (Method.MEDUSA, Method.EAGLE) and k != cfg.max_draft_len \
+            and (quant is None or quant.quantize_argv is None):  # quantize.py writes K itself (--max_draft_len)
+        view = CheckpointView(Path(opts.out) / CHECKPOINT_VIEW, Path(opts.source) if quant is None
+                              else quant.checkpoint, k)
+        argv = _with_checkpoint(argv, view.path)
+    notes = (*_notes(opts, cfg, method, tree, k, view), *quantization_notes(quant, cfg.dtype))
     return TrtllmPlan(version=version, argv=argv,
                       build_config=_expected_build_config(opts, cfg, method, k, max_seq_len, max_num_tokens),
                       pretrained_config=_expected_pretrained(cfg, method, k),
                       runtime=_runtime(method, tree, k, opts, tp, pp), manifest=manifest,
-                      notes=(*_notes(opts, method), *quantization_notes(quant, cfg.dtype)), quantization=quant)
+                      notes=notes, quantization=quant, checkpoint_view=view, checkpoint_config=raw)
 
 
 def _with_checkpoint(argv: tuple[str, ...], checkpoint: Path) -> tuple[str, ...]:
@@ -167,7 +210,9 @@ def _with_checkpoint(argv: tuple[str, ...], checkpoint: Path) -> tuple[str, ...]
     return tuple(out)
 
 
-def _notes(opts: TrtllmBuildOptions, method: Method) -> tuple[str, ...]:
+def _notes(opts: TrtllmBuildOptions, cfg: ModelShape, method: Method, tree: Tree | None, k: int,
+           view: CheckpointView | None) -> tuple[str, ...]:
+    """One line per fact the plan settles that a person would otherwise find out on the GPU host."""
     from trtspec.checkpoint.draft_vocab import CHECKPOINT_FILE
 
     notes = []
@@ -175,10 +220,63 @@ def _notes(opts: TrtllmBuildOptions, method: Method) -> tuple[str, ...]:
         notes.append("one generation-step profile of max_draft_len + 1 tokens: on a GPU a verify step costs about "
                      "the same at any token count up to it, so TensorRT-LLM pads every draft to it (the onnx backend "
                      "carries several slot profiles instead, because a CPU's verify step grows with its slots)")
+    if tree is not None and not MethodRequest.of(opts).tree_flags:
+        default = DEFAULT_TREE[Backend.TRTLLM]
+        if sorted(map(tuple, tree.choices)) != sorted(map(tuple, preset(default))):
+            what = (f"{cfg.num_medusa_heads} Medusa heads" if method is Method.MEDUSA else
+                    f"num_eagle_layers {cfg.num_eagle_layers}, max_non_leaves_per_layer {cfg.max_non_leaves_per_layer}")
+            notes.append(f"the default tree {default} does not fit the checkpoint ({what}), so the default here is "
+                         f"a chain of {tree.depth} (the onnx backend's rule too); --choices / --preset choose a wider "
+                         "tree")
+    if view is not None:
+        notes.append(f"max_draft_len {k} follows the tree ({tree.num_nodes} nodes; the checkpoint says "
+                     f"{cfg.max_draft_len}): TensorRT-LLM sizes Medusa / EAGLE engines by the checkpoint's "
+                     f"config.json, so trtllm-build reads {view.path}, the checkpoint with max_draft_len {k} "
+                     "(config.json rewritten, the rank files linked), which `trtspec build` writes there (with "
+                     "--plan-only too)")
+    if tree is not None and (k + 1) >= PADDING_NOTE_RATIO * (tree.num_nodes + 1):
+        slots = tree.num_nodes + 1
+        notes.append(f"max_draft_len {k} pads the {tree.num_nodes}-node tree: every generation step feeds {k + 1} "
+                     f"tokens per sequence where the tree needs {slots} ({(k + 1) / slots:.1f}x the tokens a verify "
+                     f"step computes, free only while the GPU is underused, and {k + 1 - slots} more KV-cache slots "
+                     "per sequence); leave --max-draft-len out to let K follow the tree")
+    if cfg.dtype == "float32" and opts.weights is None:
+        notes.append(f"the checkpoint is float32, so the engine computes in float32 (--gemm_plugin float32); "
+                     "TensorRT-LLM engines are normally float16 or bfloat16 (half the weight memory and bandwidth, "
+                     f"tensor-core GEMMs): convert for that with `{_convert_command(opts, method, k)}` (or "
+                     "`trtspec convert --dtype bfloat16`) and build from it")
     if method is Method.EAGLE and (Path(opts.source) / CHECKPOINT_FILE).is_file():
         notes.append(f"{Path(opts.source) / CHECKPOINT_FILE}: TensorRT-LLM's EAGLE-1 engine has no reduced draft "
                      "vocabulary, so its draft scores the whole vocabulary (same outputs; a larger draft lm_head)")
     return tuple(notes)
+
+
+# the `trtspec convert` flags a conversion recorded that a float16 reconversion repeats, per method
+CONVERT_FLAGS = {Method.MEDUSA: {"medusa": "--medusa", "num_medusa_heads": "--num-medusa-heads"},
+                 Method.EAGLE: {"eagle": "--eagle", "num_eagle_layers": "--num-eagle-layers",
+                                "max_non_leaves_per_layer": "--max-non-leaves-per-layer"}}
+
+
+def _convert_command(opts: TrtllmBuildOptions, method: Method, k: int) -> str:
+    """`trtspec convert` again in float16, from what the conversion recorded (trtspec-convert.json) where it did."""
+    from trtspec.engine.trtllm_quant import PROVENANCE_FILE
+
+    source = Path(opts.source)
+    try:
+        recorded = json.loads((source / PROVENANCE_FILE).read_text())
+    except (OSError, ValueError):
+        recorded = {}
+    options = recorded.get("options") if isinstance(recorded.get("options"), dict) else {}
+    argv = ["trtspec", "convert", "--base", str(recorded.get("base") or "BASE"),
+            "--out", str(source.with_name(source.name + "-float16"))]
+    flags = {**CONVERT_FLAGS.get(method, {}), "tp_size": "--tp-size", "pp_size": "--pp-size"}
+    for key, flag in flags.items():
+        value = options.get(key)
+        if value is not None and not (key in ("tp_size", "pp_size") and value == 1):
+            argv += [flag, str(value)]
+    if method in (Method.MEDUSA, Method.EAGLE):
+        argv += ["--max-draft-len", str(k)]
+    return shlex.join([*argv, "--dtype", "float16"])
 
 
 # ---- inputs -------------------------------------------------------------------------------------------
@@ -206,8 +304,7 @@ def _mapping(raw: dict, path: Path) -> tuple[int, int]:
     return tp, pp
 
 
-def _max_draft_len(cfg: ModelShape, method: Method, tree: Tree | None, opts: TrtllmBuildOptions,
-                   config_path: Path) -> int:
+def _max_draft_len(method: Method, tree: Tree | None, opts: TrtllmBuildOptions) -> int:
     if method is Method.NONE:
         if opts.max_draft_len not in (None, 0):
             raise BuildError(f"--max-draft-len {opts.max_draft_len} needs a speculative method; "
@@ -224,15 +321,15 @@ def _max_draft_len(cfg: ModelShape, method: Method, tree: Tree | None, opts: Trt
             raise BuildError("--draft-target needs --max-draft-len K (the most draft tokens per step, "
                              "the BLS's num_draft_tokens must not exceed it)")
         return opts.max_draft_len
-    k = opts.max_draft_len if opts.max_draft_len is not None else cfg.max_draft_len
-    # Medusa: the C++ runtime reads max_draft_len from pretrained_config, not build_config (TensorRT-LLM tensorrt_llm/builder.py Engine.save).
-    if method is Method.MEDUSA and k != cfg.max_draft_len:
-        raise BuildError(f"--max-draft-len {k} disagrees with {config_path} max_draft_len={cfg.max_draft_len}; "
-                         f"the Medusa runtime reads the checkpoint's value, so reconvert with --max-draft-len {k} "
-                         f"or drop the flag")
+    # Medusa / EAGLE-1: K follows the tree unless given (the checkpoint's own K, convert's default 63, is what the
+    # engine would pad every step to otherwise; a CheckpointView gives trtllm-build the K chosen here)
+    if opts.max_draft_len is None:
+        k = tree.num_nodes
+        return k + 1 if k % 32 == 0 else k  # the packed-mask rule of _check_limits: one slot of padding
+    k = opts.max_draft_len
     if tree.num_nodes > k:  # number of choices <= max_draft_len (TensorRT-LLM tensorrt_llm/llmapi/llm_args.py, tensorrtllm_backend tensorrt_llm/config.pbtxt)
-        raise BuildError(f"the tree has {tree.num_nodes} nodes but max_draft_len is {k}; pass --max-draft-len "
-                         f">= {tree.num_nodes} (Medusa: reconvert with it) or a smaller tree")
+        raise BuildError(f"the tree has {tree.num_nodes} nodes but --max-draft-len is {k}; leave --max-draft-len out "
+                         f"(K follows the tree), pass one >= {tree.num_nodes}, or a smaller tree")
     return k
 
 
@@ -243,7 +340,7 @@ def _check_limits(method: Method, k: int, tree: Tree | None, opts: TrtllmBuildOp
                              f"{EAGLE_MAX_DRAFT_LEN}; got {opts.max_batch_size} and {k}")
         if pp > 1:  # TensorRT-LLM examples/eagle/convert_checkpoint.py: no pipeline parallelism for EAGLE
             raise BuildError(f"EAGLE does not support pipeline parallelism; the checkpoint has pp_size={pp}, "
-                             "reconvert with --pp-size 1")
+                             "reconvert with `trtspec convert --pp-size 1`")
     # TensorRT-LLM tensorrt_llm/builder.py Engine.save: the engine packs ceil((K+1)/32) mask words per row, the C++ module divUp(K, 32);
     # they disagree exactly when K is a multiple of 32. Draft-target engines take no packed mask (TensorRT-LLM tensorrt_llm/models/generation_mixin.py).
     if method in (Method.MEDUSA, Method.EAGLE, Method.LOOKAHEAD) and k % 32 == 0:
@@ -259,8 +356,10 @@ def _max_seq_len(cfg: ModelShape, opts: TrtllmBuildOptions, config_path: Path) -
     limit = _position_limit(cfg)
     max_seq_len = opts.max_seq_len if opts.max_seq_len is not None else min(2 * opts.max_input_len, limit)
     if max_seq_len <= opts.max_input_len:
-        raise ConfigError(f"--max-seq-len {max_seq_len} leaves no room to generate after --max-input-len "
-                          f"{opts.max_input_len}; raise --max-seq-len or lower --max-input-len")
+        given = f"--max-seq-len {max_seq_len}" if opts.max_seq_len is not None else \
+            f"max_seq_len {max_seq_len} (the default, min(2 x --max-input-len, the model's {limit} positions))"
+        raise ConfigError(f"{given} leaves no room to generate after --max-input-len {opts.max_input_len}; "
+                          f"raise --max-seq-len or lower --max-input-len")
     if max_seq_len > limit:
         raise BuildError(f"--max-seq-len {max_seq_len} exceeds what {config_path} supports "
                          f"(max_position_embeddings={cfg.max_position_embeddings}{_rope_note(cfg)}); lower it")
@@ -332,8 +431,9 @@ def _expected_pretrained(cfg: ModelShape, method: Method, k: int) -> dict:
     out = {"architecture": cfg.architecture, "dtype": cfg.dtype, "vocab_size": cfg.vocab_size}
     if method is Method.MEDUSA:  # TensorRT-LLM tensorrt_llm/builder.py Engine.save: the C++ Medusa module reads these two from pretrained_config
         out.update(max_draft_len=k, num_medusa_heads=cfg.num_medusa_heads)
-    if method is Method.EAGLE:
-        out.update(num_eagle_layers=cfg.num_eagle_layers, max_non_leaves_per_layer=cfg.max_non_leaves_per_layer)
+    if method is Method.EAGLE:  # TensorRT-LLM tensorrt_llm/models/eagle/model.py: the draft inputs are sized by it
+        out.update(max_draft_len=k, num_eagle_layers=cfg.num_eagle_layers,
+                   max_non_leaves_per_layer=cfg.max_non_leaves_per_layer)
     return out
 
 

@@ -2,7 +2,9 @@
 
 Two flavours keep one client contract (`trtspec.triton.contract`): `cpu` hosts the trtspec runtime on ONNX
 Runtime in Python-backend models; `trtllm` writes tensorrtllm_backend's `inflight_batcher_llm` layout for a
-TensorRT-LLM engine. The repository is written to a temporary sibling and renamed into place on success.
+TensorRT-LLM engine, or for one planned by `build --plan-only` (its engine files still to come: the repository is
+complete but for them, and `doctor` lists them). The repository is written to a temporary sibling and renamed into
+place on success.
 """
 
 from __future__ import annotations
@@ -36,4 +38,18 @@ def deploy(options: DeployOptions) -> Path:
         if leftover:
             raise RepositoryError(f"unfilled template placeholder left in {leftover[0].relative_to(staging)}")
     log.info("wrote %s repository %s", flavour, options.out)
+    if flavour == "trtllm":
+        _warn_if_planned(engine_dir, manifest)
     return Path(options.out)
+
+
+def _warn_if_planned(engine_dir: Path, manifest) -> None:
+    from trtspec.engine.trtllm_builder import expected_engine_files, is_planned, read_plan
+
+    if not is_planned(engine_dir):
+        return
+    missing = [f for f in expected_engine_files(manifest.world_size) if not (engine_dir / f).is_file()]
+    command = read_plan(engine_dir).get("command_line")
+    log.warning("%s is a planned engine: the repository is complete except its engine files (%s), which "
+                "trtllm-build writes there on the GPU host%s; `trtspec doctor` lists them until they exist",
+                engine_dir, ", ".join(missing), f" (`{command}`)" if command else "")

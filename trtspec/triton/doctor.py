@@ -15,6 +15,7 @@ from pathlib import Path
 
 from trtspec.engine.manifest import Backend
 from trtspec.engine.resolve import DEFAULT_TREE
+from trtspec.engine.trtllm_builder import expected_engine_files, is_planned, read_plan
 from trtspec.engine.trtllm_plan import SpecMode, Lookahead, cpp_choices
 from trtspec.engine.trtllm_versions import installed_version, parse_version
 from trtspec.errors import ConfigError, TrtspecError
@@ -141,6 +142,16 @@ def _engine(name: str, model: dict, engine_dir: Path | None, findings: list[Find
         findings.append(Finding("warning", name, "gpt_model_path", f"points to {path_param}, not the engine "
                                                                     f"checked here ({path})"))
     config_path = path / "config.json"
+    planned = is_planned(path)  # `trtspec build --plan-only`: the manifest is there, trtllm-build has not run yet
+    if not config_path.is_file() and planned:
+        plan = read_plan(path)
+        missing = _missing_engine_files(path, plan.get("engine_config") or {})
+        command = f"`{plan['command_line']}`" if plan.get("command_line") else "the plan's trtllm-build command"
+        findings.append(Finding("warning", name, "engine files", f"{path} is a planned engine: {', '.join(missing)} "
+                                f"still to come. Run {command} on the GPU host (or there the `trtspec build` that "
+                                "planned it, without --plan-only); until then the checks here use the plan's engine "
+                                "config"))
+        return TrtllmEngineConfig(path, plan["engine_config"]) if isinstance(plan.get("engine_config"), dict) else None
     if not config_path.is_file():
         findings.append(Finding("error", name, "gpt_model_path", f"{path} holds no engine config.json; the model "
                                                                   "fails to load (build the engine or fix the path)"))
@@ -150,7 +161,19 @@ def _engine(name: str, model: dict, engine_dir: Path | None, findings: list[Find
     except (OSError, json.JSONDecodeError) as e:
         findings.append(Finding("error", name, "gpt_model_path", f"{config_path} is unreadable ({e})"))
         return None
+    missing = _missing_engine_files(path, config)
+    if missing:  # trtllm-build writes one rank{r}.engine per rank of the mapping beside config.json
+        findings.append(Finding("warning" if planned else "error", name, "engine files",
+                                f"{path} has config.json but lacks {', '.join(missing)}; the model fails to load "
+                                "(an interrupted or partly copied build: build it again)"))
     return TrtllmEngineConfig(path, config)
+
+
+def _missing_engine_files(path: Path, config: dict) -> list[str]:
+    mapping = (config.get("pretrained_config") or {}).get("mapping") or {}
+    world = mapping.get("world_size") or (mapping.get("tp_size") or 1) * (mapping.get("pp_size") or 1)
+    return [f for f in expected_engine_files(world if isinstance(world, int) and world >= 1 else 1)
+            if not (path / f).is_file()]
 
 
 # ---- the engine model ---------------------------------------------------------------------------------
@@ -232,16 +255,34 @@ def _check_tree(name: str, params: dict, engine: TrtllmEngineConfig) -> list[Fin
                                             f"-style brace groups: {cpp_choices(parse_choices(text))[:60]}...")]
     source = f"{key} (the default mc_sim_7b_63, since it is unset)" if not _set(text) else key
     try:
-        choices = parse_choices(text) if _set(text) else preset(DEFAULT_TREE[Backend.TRTLLM])
-        pre = engine.pretrained
-        if engine.mode is SpecMode.MEDUSA:
-            build_tree(choices, num_heads=pre.get("num_medusa_heads"), max_draft_len=engine.max_draft_len)
-        else:  # TensorRT-LLM tensorrt_llm/llmapi/llm_args.py: depth == num_eagle_layers, non-leaves per level, nodes <= max_draft_len
-            build_tree(choices, exact_depth=pre.get("num_eagle_layers"), max_draft_len=engine.max_draft_len,
-                       max_non_leaves_per_layer=pre.get("max_non_leaves_per_layer"))
-    except TrtspecError as e:  # tensorrtllm_backend#473, FasterDecoding/Medusa#76: fails inside the engine at request time
-        return [Finding("error", name, key, f"{source} does not fit the engine {engine.path}: {e}")]
+        tree = build_tree(parse_choices(text) if _set(text) else preset(DEFAULT_TREE[Backend.TRTLLM]))
+    except TrtspecError as e:
+        return [Finding("error", name, key, f"{source} is not a valid tree: {e}")]
+    problem = _tree_problem(tree, engine)
+    if problem:  # tensorrtllm_backend#473, FasterDecoding/Medusa#76: fails inside the engine at request time
+        return [Finding("error", name, key, f"{source} does not fit the engine {engine.path}: {problem}; set {key} "
+                                            "to a tree that fits (`trtspec deploy` writes the engine's own)")]
     return []
+
+
+def _tree_problem(tree, engine: TrtllmEngineConfig) -> str | None:
+    """What keeps the engine from running `tree`: a Medusa head per level; TensorRT-LLM's EAGLE-1 drafts exactly
+    num_eagle_layers levels, at most max_non_leaves_per_layer expanding nodes each (TensorRT-LLM
+    tensorrt_llm/llmapi/llm_args.py); no more nodes than max_draft_len."""
+    pre = engine.pretrained
+    heads, layers, widest = pre.get("num_medusa_heads"), pre.get("num_eagle_layers"), \
+        pre.get("max_non_leaves_per_layer")
+    if engine.mode is SpecMode.MEDUSA and isinstance(heads, int) and tree.depth > heads:
+        return f"tree depth {tree.depth} exceeds the {heads} Medusa heads (one per level)"
+    if engine.mode is SpecMode.EAGLE and isinstance(layers, int) and tree.depth != layers:
+        return f"EAGLE-1 needs tree depth == num_eagle_layers = {layers}, but the tree has depth {tree.depth}"
+    if engine.mode is SpecMode.EAGLE and isinstance(widest, int):
+        for level, count in enumerate(tree.non_leaves_per_level()):
+            if count > widest:
+                return f"tree level {level} has {count} non-leaf nodes, above max_non_leaves_per_layer {widest}"
+    if tree.num_nodes > engine.max_draft_len:
+        return f"{tree.num_nodes} tree nodes, more than the engine's max_draft_len {engine.max_draft_len}"
+    return None
 
 
 def _check_lookahead(name: str, params: dict, engine: TrtllmEngineConfig) -> list[Finding]:

@@ -77,9 +77,9 @@ def _context(manifest: Manifest, options: DeployOptions, batch: int) -> Context:
     version = parse_version(manifest.versions.get("tensorrt_llm", ""))
     if manifest.tokenizer is None:
         raise RepositoryError(f"{where}: the engine has no tokenizer; preprocessing needs one, rebuild with "
-                              "--tokenizer DIR")
+                              "`trtspec build --tokenizer DIR`")
     if options.batching_strategy not in BATCHING_STRATEGIES:  # any other value throws at load (tensorrtllm_backend tensorrt_llm/config.pbtxt)
-        raise RepositoryError(f"--batching-strategy {options.batching_strategy!r} is not one of "
+        raise RepositoryError(f"batching strategy {options.batching_strategy!r} is not one of "
                               f"{', '.join(BATCHING_STRATEGIES)}")
     if not 0 < options.kv_cache_free_gpu_mem_fraction <= 1:
         raise RepositoryError(f"--kv-cache-free-gpu-mem-fraction {options.kv_cache_free_gpu_mem_fraction} "
@@ -106,10 +106,12 @@ def _check_method_support(manifest: Manifest, version: TrtllmVersion, where: Pat
     method = manifest.method
     if method is Method.LOOKAHEAD and not version.has_lookahead_parameters:
         raise RepositoryError(f"{where}: lookahead on Triton needs the tensorrt_llm model's lookahead_* parameters, "
-                              f"which TensorRT-LLM {version.text} lacks (added in 0.19); build for 0.19 or newer")
+                              f"which TensorRT-LLM {version.text} lacks (added in 0.19); rebuild with "
+                              "`trtspec build --backend trtllm --trtllm-version 0.19` or newer")
     if method is Method.EAGLE and not version.has_eagle_choices and manifest.tree != _default_tree():
         raise RepositoryError(f"{where}: TensorRT-LLM {version.text} has no eagle_choices parameter (0.16+), so the "
-                              f"server would run {DEFAULT_TREE[Backend.TRTLLM]}, not this engine's tree; build for 0.16 or newer")
+                              f"server would run {DEFAULT_TREE[Backend.TRTLLM]}, not this engine's tree; rebuild with "
+                              "`trtspec build --backend trtllm --trtllm-version 0.17` or newer")
     if method in (Method.MEDUSA, Method.EAGLE) and not manifest.tree:
         raise RepositoryError(f"{where}: a {method.value} engine's manifest lists no tree")
     if method is Method.LOOKAHEAD and not manifest.lookahead:
@@ -127,11 +129,12 @@ def _draft(manifest: Manifest, options, version: TrtllmVersion) -> tuple[Manifes
     if manifest.method is not Method.DRAFT_TARGET:
         if draft_dir is not None:
             raise RepositoryError(f"--draft-engine needs a draft-target engine; {options.engine_dir} is a "
-                                  f"{manifest.method.value} engine (build the target with --draft-target)")
+                                  f"{manifest.method.value} engine (build the target with "
+                                  "`trtspec build --draft-target`)")
         return None
     if draft_dir is None:
         raise RepositoryError(f"{options.engine_dir} is a draft-target engine: pass --draft-engine DIR, the draft "
-                              "model's engine (trtspec build --backend trtllm on the draft checkpoint)")
+                              "model's engine (`trtspec build --backend trtllm` on the draft checkpoint)")
     draft = read_manifest(Path(draft_dir))
     where = Path(draft_dir) / "manifest.json"
     if draft.backend is not Backend.TRTLLM or draft.method is not Method.NONE:
