@@ -23,15 +23,11 @@ def recipe() -> None:
 @click.option("--workdir", default=".", show_default=True, help="Folder the printed commands write under.")
 @user_errors
 def recipe_check(file: Path, workdir: str) -> None:
-    """Validate a recipe and print the commands of convert, build and deploy, one per line; then, on stderr, each
-    path it names (relative to the recipe file) that does not exist here."""
+    """Validate a recipe and print the commands of convert, build and deploy, one per line."""
     from trtspec.recipe import command_lines, load_recipe
-    from trtspec.recipe.schema import missing_paths
 
     for line in command_lines(load_recipe(file), workdir):
         click.echo(line)
-    for line in missing_paths(file):
-        click.echo(f"warning: {line}", err=True)
 
 
 @recipe.command("run")
