@@ -55,7 +55,7 @@ def resolve_flavour(manifest: Manifest, flavour: str | None) -> str:
         raise ConfigError(f"--flavour cpu needs an onnx engine; the manifest's backend is {manifest.backend.value!r}")
     if flavour == "trtllm" and manifest.backend is not Backend.TRTLLM:
         raise ConfigError(f"--flavour trtllm needs a trtllm engine; the manifest's backend is "
-                          f"{manifest.backend.value!r} (build with --backend trtllm)")
+                          f"{manifest.backend.value!r} (build one with `trtspec build CKPT --backend trtllm`)")
     return flavour
 
 
