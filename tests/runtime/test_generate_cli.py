@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 
 import numpy as np
 import pytest
@@ -126,3 +128,122 @@ def test_prompt_file_forms_give_the_same_tokens_as_the_library(engine, tmp_path)
     expected = LocalGenerator(engine).generate_many([[3, 4, 5], [9, 8]], GenerationConfig(max_tokens=5))
     assert [r["prompt_index"] for r in rows] == [0, 1]
     assert [r["output_ids"] for r in rows] == [g.output_ids for g in expected]
+
+
+@pytest.fixture(scope="module")
+def eagle_engines(tmp_path_factory):
+    """One EAGLE checkpoint built twice: EAGLE-1's static tree and EAGLE-2's dynamic one (--eagle2 3,2,6)."""
+    from trtspec.speculative.tree import DynamicTree
+
+    root = tmp_path_factory.mktemp("gen-eagle")
+    ckpt = tiny_trtllm_checkpoints(root, MODEL, ("eagle",))["eagle"]
+    common = dict(max_input_len=64, max_seq_len=128, max_batch_size=2)
+    build(BuildOptions(source=ckpt, out=root / "eagle1", **common))
+    build(BuildOptions(source=ckpt, out=root / "eagle2", dynamic_tree=DynamicTree.parse("3,2,6"), **common))
+    return ckpt, root / "eagle1", root / "eagle2"
+
+
+def test_a_method_the_engine_was_not_built_for_says_what_to_rebuild(eagle_engines, prompts_file):
+    ckpt, eagle, eagle2 = eagle_engines
+    res = _run(eagle, "--prompts", prompts_file, "--max-tokens", 4, "--method", "eagle2")
+    assert res.exit_code == 1 and res.output.count("\n") == 1 and "Traceback" not in res.output, res.output
+    assert "method eagle2 drafts EAGLE-2's dynamic tree and this engine was built with a static (EAGLE-1) tree: " \
+           f"use --method eagle, or rebuild it with `trtspec build {ckpt} --out DIR --eagle2 " \
+           "DEPTH,TOP_K,TOTAL_TOKENS` (TOTAL_TOKENS at most its max_draft_len 8)" in res.output
+    res = _run(eagle2, "--prompts", prompts_file, "--max-tokens", 4, "--method", "eagle")
+    assert res.exit_code == 1 and res.output.count("\n") == 1, res.output
+    assert "this engine was built for EAGLE-2's dynamic tree (--eagle2): use --method eagle2" in res.output
+    assert _run(eagle2, "--prompts", prompts_file, "--max-tokens", 4, "--method", "eagle2").exit_code == 0
+
+
+def test_the_drafter_session_line_only_where_a_drafter_runs(eagle_engines, prompts_file, caplog, monkeypatch):
+    """An engine with a drafter graph: the "drafter runs in its own session" line (and spinning off) only where the
+    run uses that drafter; --method none / ngram and --no-spec run as a plain engine does."""
+    monkeypatch.setenv("TRTSPEC_ORT_SPIN", "1")  # spinning on, as on a dedicated machine, where the line applies
+    _, eagle, _ = eagle_engines
+    for args, logged in ((("--method", "none"), False), (("--no-spec",), False), (("--method", "ngram"), False),
+                         ((), True), (("--method", "hybrid"), True)):
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            res = _run(eagle, "--prompts", prompts_file, "--max-tokens", 2, *args)
+        assert res.exit_code == 0, res.output
+        assert any("drafter runs in its own ONNX Runtime session" in r.getMessage() for r in caplog.records) \
+            == logged, args
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--prompt-set", "{csv}"], "prompt set {csv}: a prompt file must be JSONL, named *.jsonl: one "),
+    (["--prompt-set", "prompts.txt"], "prompt set prompts.txt: a prompt file must be JSONL"),
+    (["--prompts", "{csv}"], "p.csv:1: not valid JSON (Expecting value at column 1); a prompt file must be JSONL"),
+    (["--prompts", "{cut}"], "cut.jsonl:2: not valid JSON (Expecting ',' delimiter at column 19: the line ends "
+                             "there, cut off?)"),
+    (["--prompts", "{cut_string}"], "cut2.jsonl:1: not valid JSON (Unterminated string starting at column 12; "
+                                    "the line ends at column 15: cut off?)"),
+])
+def test_a_prompt_file_that_is_not_jsonl_is_one_line(engine, tmp_path, args, message):
+    csv = tmp_path / "p.csv"
+    csv.write_text("prompt,category\nhello,chat\n")
+    cut = tmp_path / "cut.jsonl"  # a file cut off mid-line: json names "line 2 column 1", past the line's end
+    cut.write_text('{"prompt": "a"}\n{"prompt": "hello"\n')
+    cut_string = tmp_path / "cut2.jsonl"
+    cut_string.write_text('{"prompt": "hel')
+    paths = {"csv": csv, "cut": cut, "cut_string": cut_string}
+    res = _run(engine, *[a.format(**paths) for a in args])
+    assert res.exit_code == 1 and res.output.count("\n") == 1 and "Traceback" not in res.output, res.output
+    assert message.format(**paths) in res.output, res.output
+
+
+def test_inspect_shows_the_manifest_with_the_bad_files_flagged(engine, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(engine, broken)
+    (broken / "generation.onnx").write_bytes(b"garbage")
+    (broken / "medusa.onnx").unlink()
+    res = CliRunner().invoke(cli, ["inspect", str(broken)])
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    lines = res.output.splitlines()
+    assert lines[0] == f"{broken}: onnx engine · medusa"  # the manifest, as for a good engine
+    assert any(line.split() == ["max_draft_len", "8"] for line in lines)
+    [problems] = [line for line in lines if line.lstrip().startswith("problems ")]
+    size = (engine / "generation.onnx").stat().st_size
+    assert f"generation.onnx: 7 bytes, the manifest says {size} (truncated or replaced after the build)" in problems
+    assert "medusa.onnx: missing (the manifest's medusa file)" in problems
+    facts = json.loads(CliRunner().invoke(cli, ["inspect", str(broken), "--json"]).output)
+    assert "medusa.onnx" not in facts["files"] and facts["files"]["generation.onnx"] == 7
+    assert "problems" not in json.loads(CliRunner().invoke(cli, ["inspect", str(engine), "--json"]).output)
+
+
+class _Replies:
+    """generate_remote's stand-in: records the url and hands back one reply per prompt, streamed or not."""
+
+    def __init__(self):
+        self.urls = []
+
+    def __call__(self, url, prompts, config, *, stream, **kwargs):
+        from trtspec.triton.client import RemoteGeneration, TritonClient
+
+        self.urls.append(url)
+        for i, _ in enumerate(prompts):
+            reply = RemoteGeneration(i, output_ids=[1, 2, 3], text="abc", finish_reason="length", ttft_s=0.25)
+            yield TritonClient._finished(reply, __import__("time").perf_counter() - 0.5, stream=stream)
+
+
+def test_url_replies_name_ttft_only_when_streamed(monkeypatch):
+    """--no-stream: the reply comes in one response, so its stats line gives the whole reply's latency, not a TTFT."""
+    from trtspec.triton import client
+
+    monkeypatch.setattr(client, "generate_remote", _Replies())
+    streamed = CliRunner().invoke(cli, ["generate", "--url", "h:1", "--prompt", "hi"])
+    assert streamed.exit_code == 0 and "TTFT 250 ms" in streamed.stderr, streamed.output
+    whole = CliRunner().invoke(cli, ["generate", "--url", "h:1", "--prompt", "hi", "--no-stream"])
+    assert whole.exit_code == 0 and "TTFT" not in whole.stderr, whole.output
+    assert re.search(r"whole-reply latency \d+ ms, finish length\]$", whole.stderr.strip())
+    record = json.loads(CliRunner().invoke(cli, ["generate", "--url", "h:1", "--prompt", "hi", "--no-stream",
+                                                 "--json"]).stdout)
+    assert record["stats"]["ttft_ms"] is None and record["stats"]["latency_ms"] >= 500
+
+
+def test_url_without_a_port_uses_serves_grpc_port():
+    """--url HOST: `trtspec serve`'s default gRPC port; the error (nothing there, or no such model) names it."""
+    res = CliRunner().invoke(cli, ["generate", "--url", "127.0.0.1", "--prompt", "hi", "--model", "no-such-model"])
+    assert res.exit_code == 1 and res.output.count("\n") == 1 and "Traceback" not in res.output, res.output
+    assert "127.0.0.1:8001" in res.output

@@ -180,7 +180,9 @@ def test_stop_words_end_generation(engines):
     ("eagle", "medusa", {"tree": TREE}, "needs an engine built from an EAGLE checkpoint"),
     ("medusa", "medusa", {"tree": chain_tree(17)}, "max_draft_len is 16"),
     ("medusa", "medusa", {"tree": chain_tree(5)}, "tree depth 5 exceeds the 4 Medusa heads"),
-    ("eagle2", "eagle", {}, "needs a dynamic tree"),
+    ("eagle2", "eagle", {}, "drafts EAGLE-2.s dynamic tree and this engine was built with a static .EAGLE-1. tree: "
+                            "use --method eagle, or rebuild it with `trtspec build .* --eagle2 DEPTH,TOP_K,TOTAL_TOKENS`"),
+    ("eagle", "eagle", {"dynamic": DynamicTree(depth=2, top_k=2, total_tokens=4)}, "use --method eagle2"),
     ("beam", "medusa", {}, "method 'beam' is not one of none, medusa"),
 ])
 def test_method_errors(engines, method, engine_name, kwargs, message):

@@ -173,6 +173,7 @@ def test_cli_prints_accuracy_per_depth(setup, tmp_path):
     (["--prompts", "humaneval"], "--prompts humaneval is an evaluation set"),
     (["--prompts", "wikipedia"], "unknown prompt set 'wikipedia'; train on sharegpt, champ or a .jsonl file"),
     (["--prompts", "missing.jsonl"], "prompt file missing.jsonl does not exist"),
+    (["--prompts", "prompts.csv"], "--prompts prompts.csv: a prompt file must be JSONL, named *.jsonl: one "),
     (["--samples", "0"], "--samples must be >= 1, got 0"),
     (["--epochs", "0"], "--epochs must be >= 1, got 0"),
     (["--lr", "-1"], "--lr must be > 0, got -1.0"),

@@ -42,3 +42,23 @@ def test_gpu_flavour_gets_its_spelling_and_perf_metrics(newest):
 def test_a_setting_the_request_cannot_carry_is_refused(field, value):
     with pytest.raises(ConfigError, match=f"^{field}=.*the gRPC client does not send it"):
         build_inputs("hi", GenerationConfig(**{field: value}), stream=True)
+
+
+@pytest.mark.parametrize("url,address", [("localhost", "localhost:8001"), ("10.0.0.2:9001", "10.0.0.2:9001"),
+                                         ("[::1]", "[::1]:8001"), ("[::1]:7001", "[::1]:7001"), ("::1", "[::1]:8001")])
+def test_a_url_without_a_port_gets_serves_grpc_port(url, address):
+    from trtspec.triton.client import TritonClient, grpc_address
+
+    assert grpc_address(url) == address
+    assert TritonClient(url, connection=object()).url == address
+
+
+def test_the_default_grpc_port_is_serves():
+    from trtspec.cli import cli
+    from trtspec.triton.client import GRPC_PORT
+    from trtspec.triton.server import ServerOptions
+
+    serve = {p.name: p.default for p in cli.commands["serve"].params}
+    assert GRPC_PORT == ServerOptions.__dataclass_fields__["grpc_port"].default == serve["grpc_port"] == 8001
+    assert f"serve's default gRPC port, {GRPC_PORT}" in " ".join(
+        next(p.help for p in cli.commands["generate"].params if p.name == "url").split())

@@ -79,6 +79,12 @@ def test_the_cpu_flavours_own_checks(tiny_engine, tmp_path):
 
     _set_param(repo, "threads", "0")
     weights = engine / "weights.bin"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # the same size, another content: only the hashes tell (as `trtspec serve` checks them)
+    weights.write_bytes(bytes(data))
+    [finding] = _problems(doctor(repo))
+    assert (finding.severity, finding.field) == ("error", "engine_dir")
+    assert "content hash" in finding.message and finding.message.endswith("`trtspec serve` refuses the repository")
     weights.write_bytes(weights.read_bytes()[:100])
     [finding] = _problems(doctor(repo))
     assert (finding.severity, finding.field) == ("error", "engine_dir")
@@ -105,3 +111,29 @@ def test_an_engine_running_tree_attention_needs_the_native_library(tiny_engine, 
     monkeypatch.setattr(native, "LIBRARY", tmp_path / "missing" / "libtrtspec_ops.so")
     problems = _problems(doctor(repo))
     assert len(problems) == 1 and "TreeAttention" in str(problems[0]) and "scripts/setup.sh" in str(problems[0]), problems
+
+
+def test_the_cli_lists_what_it_checked_on_a_cpu_repository(tiny_engine, tmp_path):
+    """`trtspec doctor` on a CPU repository names each thing it checked (engine, hashes, compiled ops, method,
+    threads) before "no problems found"; --json carries them; --help says it checks both flavours."""
+    from click.testing import CliRunner
+
+    from trtspec.cli import cli
+
+    repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "repo", method="ngram"))
+    result = CliRunner().invoke(cli, ["doctor", str(repo)])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    checked = {line.split(": ")[2]: line for line in lines if line.startswith("checked: tensorrt_llm: ")}
+    assert list(checked) == ["engine", "hashes", "compiled ops", "method", "threads"], lines
+    assert str(tiny_engine) in checked["engine"] and "files as built (blake2b" in checked["hashes"]
+    assert "TreeAttention from " in checked["compiled ops"] and "ngram runs on the engine" in checked["method"]
+    assert checked["threads"].endswith("all cores per instance, 1 instance(s), " f"{os.cpu_count()} cores")
+    assert lines[-1] == f"{repo}: no problems found"
+    as_json = json.loads(CliRunner().invoke(cli, ["doctor", str(repo), "--json"]).stdout)
+    assert [c["what"] for c in as_json["checked"]] == list(checked) and as_json["errors"] == 0
+    help_text = " ".join(CliRunner().invoke(cli, ["doctor", "--help"]).stdout.split())
+    assert help_text.startswith("Usage: cli doctor [OPTIONS] REPOSITORY [ENGINE] Check a TensorRT-LLM or CPU "
+                                "Triton repository and its engine. TensorRT-LLM: ")
+    listing = CliRunner().invoke(cli, ["--help"]).stdout
+    assert "doctor     Check a TensorRT-LLM or CPU Triton repository and its engine.\n" in listing

@@ -24,6 +24,14 @@ def test_a_cpu_flavour_repository_is_described(tiny_engine, tmp_path):
     assert text.splitlines()[0] == f"{repo}: Triton model repository · cpu flavour"
 
 
+def test_threads_zero_reads_all_cores(tiny_engine, tmp_path):
+    """A repository deployed without --threads (threads 0: ONNX Runtime's all cores) says so."""
+    repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "repo"))
+    text = CliRunner().invoke(cli, ["inspect", str(repo)]).stdout
+    assert "  threads                    all cores" in text.splitlines(), text
+    assert json.loads(CliRunner().invoke(cli, ["inspect", str(repo), "--json"]).stdout)["threads"] == "all cores"
+
+
 def test_an_upstream_layout_repository_is_described(tmp_path):
     model = tmp_path / "repo" / "tensorrt_llm"
     model.mkdir(parents=True)

@@ -13,7 +13,8 @@ from trtspec.cli.app import _sampling_flag
 
 @cli.command()
 @click.argument("engine", type=EXISTING_DIR, required=False)
-@click.option("--url", help="HOST:PORT of a Triton gRPC endpoint (`trtspec serve`) instead of a local ENGINE.")
+@click.option("--url", help="HOST:PORT of a Triton gRPC endpoint (`trtspec serve`) instead of a local ENGINE "
+                            "(a bare HOST: serve's default gRPC port, 8001).")
 @click.option("--prompt", help="One prompt (goes through the chat template).")
 @click.option("--prompts", "prompts_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="JSONL file: one {\"prompt\": ...}, {\"messages\": [...]} or {\"input_ids\": [...]} per line "
@@ -94,13 +95,25 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
         from trtspec.runtime.generator import LocalGenerator
 
         streamed = bool(stream)  # else all prompts at once, with in-flight batching
-        generator = LocalGenerator(engine, threads=threads, spin=spin, datastore=datastore)
+        generator = LocalGenerator(engine, threads=threads, spin=spin, datastore=datastore,
+                                   drafter=_runs_drafter(config))
         engine_facts = {"weights": generator.manifest.weights.summary()}  # --json: the weight format per component
         replies = generator.replies(prompts, config, stream=streamed, on_text=on_text)
     for i, reply in enumerate(replies):
         _echo_reply(reply, as_json, engine_facts, streamed=streamed)
         if not as_json and i < len(prompts) - 1:
             click.echo("")  # a blank line between replies
+
+
+def _runs_drafter(config) -> bool:
+    """Whether the run may use the engine's own drafter graphs (its own method, or hybrid): not for --no-spec or a
+    method that drafts without them."""
+    from trtspec.speculative import Method
+
+    if config.no_spec:
+        return False
+    method = Method.parse(config.method) if config.method else None
+    return method is None or method.trained or method is Method.HYBRID
 
 
 def _echo_reply(reply, as_json: bool, engine_facts: dict, *, streamed: bool) -> None:
@@ -115,8 +128,11 @@ def _echo_reply(reply, as_json: bool, engine_facts: dict, *, streamed: bool) -> 
 
 def _stats_line(record: dict) -> str:
     s = record["stats"]
+    # a reply that came in one response (--url --no-stream) has no first-token time: its latency is the whole reply's
+    timing = f"TTFT {s['ttft_ms']:.0f} ms" if s["ttft_ms"] is not None else \
+        f"whole-reply latency {s['latency_ms']:.0f} ms"
     return (f"[{len(record['output_ids'])} tokens in {s['steps']} steps: acceptance length {s['acceptance_length']:.2f}, "
-            f"acceptance rate {s['acceptance_rate']:.0%}, {s['tokens_per_second']:.1f} tok/s, TTFT {s['ttft_ms']:.0f} ms, "
+            f"acceptance rate {s['acceptance_rate']:.0%}, {s['tokens_per_second']:.1f} tok/s, {timing}, "
             f"finish {record['finish_reason'] or '-'}]")
 
 

@@ -144,17 +144,22 @@ def _deploy_llmapi(engine: Path | None, out: Path, flags: dict, llmapi: dict) ->
 @cli.command()
 @click.argument("repository", type=EXISTING_DIR)
 @click.argument("engine", type=EXISTING_DIR, required=False)
-@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings, and what was checked, as JSON.")
 @user_errors
 def doctor(repository: Path, engine: Path | None, as_json: bool) -> None:
-    """Cross-check a TensorRT-LLM Triton repository against its engine; exit 1 on any error found."""
+    """Check a TensorRT-LLM or CPU Triton repository and its engine.
+
+    TensorRT-LLM: tensorrtllm_backend's configs against the engine's config.json. CPU: the engine its model loads
+    (manifest, file sizes and hashes), the compiled ops it runs, its method, datastore and threads. Prints every
+    problem found and what was checked; exit 1 on any error."""
     from trtspec.triton.doctor import doctor as check, report
 
-    findings = check(repository, engine)
+    checked = []
+    findings = check(repository, engine, checked)
     if as_json:
-        click.echo(json.dumps(report(findings), indent=2))
-    for finding in [] if as_json else findings:
-        click.echo(str(finding))
+        click.echo(json.dumps(report(findings, checked), indent=2))
+    for line in [] if as_json else [*findings, *checked]:
+        click.echo(str(line))
     if not as_json and all(f.severity == "note" for f in findings):
         click.echo(f"{repository}: no problems found")
     if any(f.severity == "error" for f in findings):

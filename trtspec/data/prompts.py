@@ -262,6 +262,7 @@ def load_prompts(name: str, *, limit: int | None = None, category: str | None = 
     """
     source = PROMPT_SETS.get(name)
     if source is None and not name.endswith(".jsonl"):
+        refuse_non_jsonl_file(name, "prompt set")
         raise ConfigError(f"unknown prompt set {name!r}; known sets: {', '.join(prompt_set_names())}, "
                           "or a path to a .jsonl file")
     if split is not None and (source is None or source.measure_size is None):
@@ -286,6 +287,15 @@ def load_prompts(name: str, *, limit: int | None = None, category: str | None = 
     if spread:
         prompts = iter(spread_categories(list(prompts)))
     return _take(prompts, limit, category)
+
+
+def refuse_non_jsonl_file(name: str, what: str) -> None:
+    """ConfigError when `name` (not a known set's, not *.jsonl) is meant as a file: an existing file, a path, or a
+    name with a suffix (prompts.csv). `what` names the flag or field in the message."""
+    path = Path(name)
+    if path.is_file() or "/" in name or "\\" in name or path.suffix:
+        raise ConfigError(f"{what} {name}: a prompt file must be JSONL, named *.jsonl: one "
+                          '{"prompt": ...}, {"messages": [...]} or {"input_ids": [...]} object a line')
 
 
 def spread_categories(prompts: list[Prompt]) -> list[Prompt]:
@@ -347,7 +357,8 @@ def _read_jsonl_prompts(f: TextIO, path: Path) -> Iterator[Prompt]:
         try:
             prompt = _parse_prompt_line(line, default_id=str(lineno))
         except ValueError as e:
-            raise ConfigError(f"{path}:{lineno}: {e}") from None
+            jsonl = "" if path.suffix == ".jsonl" else "; a prompt file must be JSONL, one JSON object a line"
+            raise ConfigError(f"{path}:{lineno}: {e}{jsonl}") from None
         if prompt.id in seen:
             raise ConfigError(f"{path}:{lineno}: duplicate id {prompt.id!r}; ids must be unique")
         seen.add(prompt.id)
@@ -356,10 +367,17 @@ def _read_jsonl_prompts(f: TextIO, path: Path) -> Iterator[Prompt]:
 
 def _parse_prompt_line(line: str, *, default_id: str) -> Prompt:
     """Parse one JSONL line into a Prompt; raise ValueError saying what is wrong with it."""
+    text = line.rstrip("\r\n")  # the line's end is no JSON: an error past it would read "line 2 column 1"
     try:
-        row = json.loads(line)
+        row = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"not valid JSON ({e.msg} at column {e.colno})") from None
+        where = f"{e.msg} column {e.pos + 1}" if e.msg.endswith(" at") else f"{e.msg} at column {e.pos + 1}"
+        end = len(text.rstrip())
+        if e.pos >= end:
+            where += ": the line ends there, cut off?"
+        elif e.msg.startswith("Unterminated string"):
+            where += f"; the line ends at column {end}: cut off?"
+        raise ValueError(f"not valid JSON ({where})") from None
     if not isinstance(row, dict):
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
     if unknown := sorted(set(row) - set(JSONL_KEYS)):

@@ -367,8 +367,9 @@ def check_version(data: dict, where: str) -> None:
                      "(`trtspec build ... --force`)")
 
 
-def read_manifest(engine_dir: Path) -> Manifest:
-    """Read and validate an engine dir's manifest, and check that the files it lists exist."""
+def read_manifest(engine_dir: Path, *, check_files: bool = True) -> Manifest:
+    """Read and validate an engine dir's manifest, and check that the files it lists exist at their recorded sizes
+    (`check_files` False: the manifest alone, as `inspect` shows it beside the files that are not as built)."""
     engine_dir = Path(engine_dir)
     path = engine_dir / MANIFEST_FILE
     if not path.is_file():
@@ -378,6 +379,8 @@ def read_manifest(engine_dir: Path) -> Manifest:
     except (OSError, json.JSONDecodeError) as e:
         raise BuildError(f"{path}: unreadable manifest ({e})") from None
     manifest = Manifest.from_dict(data, str(path))
+    if not check_files:
+        return manifest
     for role, rel in manifest.files.items():
         if not (engine_dir / rel).is_file():
             raise BuildError(f"{path}: file {rel} ({role}) is missing from the engine directory")

@@ -15,9 +15,10 @@ def is_engine_dir(directory: Path) -> bool:
 
 
 def engine_summary(directory: Path) -> dict:
-    """The engine's facts in display order: method, backend, K, slot profiles, limits, files, the verify curve."""
+    """The engine's facts in display order: method, backend, K, slot profiles, limits, files (each file that is not
+    as the manifest records it under "problems"), the verify curve."""
     directory = Path(directory)
-    m = read_manifest(directory)
+    m = read_manifest(directory, check_files=False)
     p = m.profile
     out = {"name": m.name, "backend": m.backend.value, "method": m.method.value,
            "architecture": m.model.architecture, "max_draft_len": p.max_draft_len,
@@ -37,7 +38,12 @@ def engine_summary(directory: Path) -> dict:
         if m.native_ops:  # what the engine's sessions load from trtspec's compiled library
             out["compiled_ops"] = ", ".join(m.native_ops) + " (trtspec/native, built by scripts/setup.sh)"
         out["methods"] = list(m.runnable_methods())
-    out["files"] = {rel: (directory / rel).stat().st_size for rel in sorted(set(m.files.values()))}
+    out["files"] = {rel: (directory / rel).stat().st_size for rel in sorted(set(m.files.values()))
+                    if (directory / rel).is_file()}
+    problems = file_problems(directory, m)
+    if problems:
+        out["problems"] = [f"{rel}: {problem}" for rel, problem in problems.items()] + [
+            "rebuild the engine (`trtspec verify ENGINE` checks every file's content hash too)"]
     curve = directory / CURVE_FILE
     if curve.is_file():
         try:
@@ -50,3 +56,22 @@ def engine_summary(directory: Path) -> dict:
         except (ValueError, KeyError, TypeError, IndexError):
             out["verify_curve"] = "unreadable (measured again on the next start)"
     return out
+
+
+def file_problems(directory: Path, manifest) -> dict[str, str]:
+    """{file: what is wrong with it} for each file the manifest lists that is missing or not at its recorded size
+    (the checks opening the engine makes, all of them instead of the first)."""
+    problems = {}
+    for role, rel in manifest.files.items():
+        if not (directory / rel).is_file():
+            problems[rel] = f"missing (the manifest's {role} file)"
+    for rel, record in manifest.checksums.items():
+        path = directory / rel
+        if rel in problems:
+            continue
+        if not path.is_file():
+            problems[rel] = "missing (the manifest lists it)"
+        elif path.stat().st_size != record["size"]:
+            problems[rel] = (f"{path.stat().st_size} bytes, the manifest says {record['size']} (truncated or replaced "
+                             "after the build)")
+    return dict(sorted(problems.items()))

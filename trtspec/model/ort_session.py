@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,9 +24,13 @@ def session_options(threads: int | None = None, spin: bool | None = None, *,
     a step's time.
 
     Denormal floats are flushed to zero: attention over a real cache produces them (tiny probabilities), and the
-    CPU computes with them slowly."""
+    CPU computes with them slowly. ONNX Runtime does it by setting the CPU's flush-to-zero / denormals-are-zero
+    modes on the thread that creates the session, and numpy, asked afterwards for the limits of a float type it has
+    not described yet (np.finfo: np.polyfit, scipy's imports, ...), then finds its smallest subnormal to be zero and
+    warns, once per type: that warning (QUIET_NUMPY) is silenced, no other."""
     import onnxruntime as ort
 
+    quiet_numpy_subnormal_warning()
     options = ort.SessionOptions()
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -39,6 +44,21 @@ def session_options(threads: int | None = None, spin: bool | None = None, *,
 
         native.register(options)
     return options
+
+
+# numpy's getlimits warning once flush-to-zero is on (above): "The value of the smallest subnormal for <class
+# 'numpy.float32'> type is zero."
+QUIET_NUMPY = r"The value of the smallest subnormal for <class 'numpy\.\w+'> type is zero\."
+
+
+def quiet_numpy_subnormal_warning() -> None:
+    """Silence numpy's smallest-subnormal UserWarning, and only it, in this process (see session_options)."""
+    warnings.filterwarnings("ignore", message=QUIET_NUMPY, category=UserWarning)
+
+
+def threads_text(threads: int | str | None) -> str:
+    """Intra-op threads as a person reads them: 0 or unset (session_options' default) is "all cores"."""
+    return "all cores" if threads in (None, "", 0, "0") else str(threads)
 
 
 def effective_spin(spin: bool | None) -> bool:

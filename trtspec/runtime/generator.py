@@ -47,8 +47,10 @@ class LocalGenerator:
     """An engine dir opened for generation: ONNX Runtime sessions, tokenizer, and the manifest's method."""
 
     def __init__(self, engine_dir: str | Path, *, threads: int | None = None, spin: bool | None = None,
-                 datastore: str | Path | None = None, method: str | None = None, backoff: bool = True):
-        self.engine = OrtEngine(engine_dir, threads=threads, spin=spin)
+                 datastore: str | Path | None = None, method: str | None = None, backoff: bool = True,
+                 drafter: bool = True):
+        """`drafter` False: no request will run the engine's own drafter (OrtEngine's)."""
+        self.engine = OrtEngine(engine_dir, threads=threads, spin=spin, drafter=drafter)
         self.manifest = self.engine.manifest
         self.method = method  # the drafter of requests that name none (None: the manifest's)
         self.backoff = backoff  # False: every request's Medusa / EAGLE / lookahead drafts are whole trees

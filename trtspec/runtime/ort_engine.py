@@ -150,12 +150,15 @@ class _Graph:
 class OrtEngine:
     """The Engine interface over ONNX Runtime, one sequence per call."""
 
-    def __init__(self, engine_dir: str | Path, *, threads: int | None = None, spin: bool | None = None):
+    def __init__(self, engine_dir: str | Path, *, threads: int | None = None, spin: bool | None = None,
+                 drafter: bool = True):
+        """`drafter` False: no request runs the engine's Medusa heads or EAGLE draft (plain decoding, or a drafter
+        with no graph of its own), so workers spin as on an engine without them."""
         self.engine_dir = Path(engine_dir)
         self.manifest: Manifest = read_manifest(self.engine_dir)
         files = self.manifest.files
         drafter_graphs = [role for role in ("draft_context", "draft_generation", "medusa") if role in files]
-        if spin is None and drafter_graphs and effective_spin(None):
+        if spin is None and drafter and drafter_graphs and effective_spin(None):
             # every step also runs the drafter's own session; two sessions' spinning pools take each other's cores
             # and slow decoding to a fraction, so a drafter engine spins only when asked to (--spin)
             log.info("%s: the drafter runs in its own ONNX Runtime session; intra-op workers do not spin (pass "

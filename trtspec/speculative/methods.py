@@ -87,16 +87,13 @@ def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dyna
         return HybridProposer(drafter, step_costs(engine), ngram or NgramConfig(), model=acceptance,
                               max_draft_len=engine.max_draft_len, sources=sources, recent=recent,
                               chains=chains_only(engine))
-    size = _need(dynamic, method).total_tokens if method == "eagle2" else _need(tree, method).num_nodes
+    _check_trained(method, engine, tree, dynamic)
+    size = dynamic.total_tokens if method == "eagle2" else tree.num_nodes
     if size > engine.max_draft_len:
         raise ConfigError(f"{method} drafts {size} tokens per step but the engine's max_draft_len is "
                           f"{engine.max_draft_len}; rebuild with --max-draft-len {size} or use a smaller tree")
     if method == "medusa":
-        if not engine.num_medusa_heads:
-            raise ConfigError("method medusa needs an engine built from a Medusa checkpoint (it has no heads)")
         return _backed_off(MedusaProposer(tree, engine.num_medusa_heads), engine, backoff)
-    if not engine.has_eagle_draft:
-        raise ConfigError(f"method {method} needs an engine built from an EAGLE checkpoint (it has no draft)")
     drafter = EagleProposer(tree) if method == "eagle" else EagleProposer(dynamic=dynamic)
     return _backed_off(drafter, engine, backoff)
 
@@ -128,10 +125,36 @@ def default_lookahead(max_draft_len: int, own: LookaheadConfig | None = None) ->
                         if c.max_draft_len <= max_draft_len), None)
 
 
-def _need(value, method: str):
-    if value is None:
-        raise ConfigError(f"method {method} needs a {'dynamic tree' if method == 'eagle2' else 'tree'}")
-    return value
+EAGLE2_FLAG = "--eagle2 DEPTH,TOP_K,TOTAL_TOKENS"  # `trtspec build`'s flag for EAGLE-2's dynamic tree
+
+
+def _check_trained(method: str, engine: Engine, tree: Tree | None, dynamic: DynamicTree | None) -> None:
+    """A trained drafter's method against what the engine was built with: its heads or draft, and the static tree
+    (medusa, eagle) or the dynamic one (eagle2) it drafts; a mismatch is one line saying what to run or rebuild."""
+    if method == "medusa" and not engine.num_medusa_heads:
+        raise ConfigError("method medusa needs an engine built from a Medusa checkpoint (it has no heads)")
+    if method in ("eagle", "eagle2") and not engine.has_eagle_draft:
+        how = f" with {EAGLE2_FLAG}" if method == "eagle2" else ""
+        raise ConfigError(f"method {method} needs an engine built from an EAGLE checkpoint{how} (it has no draft)")
+    if method == "eagle2" and dynamic is None:
+        raise ConfigError(f"method eagle2 drafts EAGLE-2's dynamic tree and this engine was built with a static "
+                          f"(EAGLE-1) tree: use --method eagle, or rebuild it with `{_rebuild(engine)} {EAGLE2_FLAG}` "
+                          f"(TOTAL_TOKENS at most its max_draft_len {engine.max_draft_len})")
+    if method in ("medusa", "eagle") and tree is None:
+        if dynamic is not None:
+            raise ConfigError(f"method {method} drafts a static tree and this engine was built for EAGLE-2's dynamic "
+                              f"tree (--eagle2): use --method eagle2, or rebuild it without --eagle2")
+        raise ConfigError(f"method {method} needs a tree; this engine has none")
+
+
+def _rebuild(engine: Engine) -> str:
+    """`trtspec build CHECKPOINT --out DIR`, naming the checkpoint the engine was built from where its manifest
+    says."""
+    import shlex
+
+    manifest = getattr(engine, "manifest", None)
+    source = getattr(manifest, "source", "") or "CHECKPOINT"
+    return f"trtspec build {source if source == 'CHECKPOINT' else shlex.quote(str(source))} --out DIR"
 
 
 def step_costs(engine: Engine) -> StepCosts:

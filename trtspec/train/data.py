@@ -143,7 +143,7 @@ def check_prompt_source(name: str) -> str:
     if name in EVALUATION_SETS:
         raise ConfigError(f"--prompts {name} is an evaluation set (it measures the drafters); "
                           "train on sharegpt, champ or your own .jsonl file")
-    from trtspec.data.prompts import PROMPT_SETS
+    from trtspec.data.prompts import PROMPT_SETS, refuse_non_jsonl_file
 
     if name in PROMPT_SETS:
         return name
@@ -152,6 +152,7 @@ def check_prompt_source(name: str) -> str:
         if not path.is_file():
             raise ConfigError(f"prompt file {path} does not exist")
         return str(path.resolve())
+    refuse_non_jsonl_file(name, "--prompts")
     raise ConfigError(f"unknown prompt set {name!r}; train on sharegpt, champ or a .jsonl file")
 
 

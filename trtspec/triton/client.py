@@ -22,6 +22,17 @@ from trtspec.errors import ConfigError, ServerError
 from trtspec.speculative.loop import GenerationConfig
 
 MODEL = "ensemble"
+GRPC_PORT = 8001  # `trtspec serve`'s default gRPC port (server.ServerOptions.grpc_port), and Triton's
+
+
+def grpc_address(url: str) -> str:
+    """HOST:PORT to connect to: a bare HOST (or [IPv6]) gets `trtspec serve`'s default gRPC port."""
+    url = url.strip()
+    if url.startswith("["):  # [::1] or [::1]:8001
+        return url if "]:" in url else f"{url}:{GRPC_PORT}"
+    if url.count(":") > 1:  # a bare IPv6 address
+        return f"[{url}]:{GRPC_PORT}"
+    return url if ":" in url else f"{url}:{GRPC_PORT}"
 
 
 @dataclass
@@ -37,6 +48,7 @@ class RemoteGeneration:
     accepted_tokens: int = 0
     ttft_s: float = 0.0
     total_s: float = 0.0
+    streamed: bool = True  # False: one response carried the whole reply, so there is no time to a first token
     responses: int = 0
     steps_per_profile: dict[str, int] = field(default_factory=dict)  # trtspec's CPU flavour reports it
     input_tokens: int | None = None  # the prompt's tokens as the server counted them (trtspec's CPU flavour)
@@ -50,7 +62,8 @@ class RemoteGeneration:
         stats = {"steps": self.steps, "draft_tokens": self.draft_tokens, "accepted_tokens": self.accepted_tokens,
                  "acceptance_rate": round(rate, 4), "acceptance_length": round(length, 4),
                  "steps_per_profile": dict(self.steps_per_profile),
-                 "ttft_ms": round(self.ttft_s * 1000, 2), "tokens_per_second": round(tps, 2)}
+                 "ttft_ms": round(self.ttft_s * 1000, 2) if self.streamed else None,
+                 "latency_ms": round(self.total_s * 1000, 2), "tokens_per_second": round(tps, 2)}
         return {"prompt_index": self.prompt_index, "output_ids": self.output_ids, "text": self.text,
                 "finish_reason": self.finish_reason, "stats": stats}
 
@@ -143,6 +156,7 @@ class TritonClient:
 
     def __init__(self, url: str, *, model: str = MODEL, timeout_s: float = 600.0, connection=None,
                  inputs: set[str] | None = None):
+        url = grpc_address(url)
         if connection is None:
             import tritonclient.grpc as grpcclient
 
@@ -273,6 +287,7 @@ class TritonClient:
     @staticmethod
     def _finished(out: RemoteGeneration, start: float, *, stream: bool) -> RemoteGeneration:
         out.total_s = time.perf_counter() - start
+        out.streamed = stream
         if out.steps == 0 and out.draft_tokens and stream:
             out.steps = max(out.responses - 1, 1)  # TensorRT-LLM streams one response per decoding step
         return out

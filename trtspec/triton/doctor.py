@@ -1,6 +1,7 @@
 """`trtspec doctor REPO [ENGINE_DIR]`: cross-check a Triton TensorRT-LLM repository (trtspec's or hand-made) against
 its engine, and list every mismatch upstream only reports at request time or not at all. trtspec's CPU flavour gets
-its own checks (the engine its engine model loads, the method and datastore it asks for, threads against cores).
+its own checks (the engine its engine model loads, its files' sizes and hashes, the compiled ops it runs, the method
+and datastore it asks for, threads against cores), each listed as checked when it holds.
 
 Each check cites the public issue it catches (tensorrtllm_backend#n, TensorRT-LLM#n, Medusa#n) or the upstream file
 whose rule it enforces; `docs/upstream-sources.md` lists them.
@@ -69,8 +70,22 @@ class TrtllmEngineConfig:
         return int(source.get("max_draft_len") or 0)
 
 
-def doctor(repo: Path, engine_dir: Path | None = None) -> list[Finding]:
-    """Every problem found in `repo` (against `engine_dir`, else each LLM model's gpt_model_path)."""
+@dataclass(frozen=True)
+class Checked:
+    """One thing doctor looked at, and what it found there: `trtspec doctor` lists them beside the findings, so that
+    "no problems found" says over what."""
+
+    model: str
+    what: str  # engine, hashes, compiled ops, method, datastore, threads, ...
+    result: str
+
+    def __str__(self) -> str:
+        return f"checked: {self.model}: {self.what}: {self.result}"
+
+
+def doctor(repo: Path, engine_dir: Path | None = None, checked: list[Checked] | None = None) -> list[Finding]:
+    """Every problem found in `repo` (against `engine_dir`, else each LLM model's gpt_model_path); what was checked is
+    appended to `checked` when given."""
     repo = Path(repo)
     if not repo.is_dir():
         raise ConfigError(f"{repo} is not a directory")
@@ -84,7 +99,7 @@ def doctor(repo: Path, engine_dir: Path | None = None) -> list[Finding]:
         engine = _engine(name, model, engine_dir if name == "tensorrt_llm" or len(llms) == 1 else None, findings)
         findings += check_llm(name, model, engine)
     findings += check_preprocessing(models)
-    findings += check_cpu_engine(models, repo, engine_dir)
+    findings += check_cpu_engine(models, repo, engine_dir, checked)
     findings += check_ensemble(models)
     findings += check_bls(models, llms, repo, engine_dir, findings)
     return findings
@@ -394,35 +409,36 @@ def _same_engine(engine_dir: Path, manifest) -> bool:
         return False
 
 
-def check_cpu_engine(models: dict[str, dict], repo: Path, engine_dir: Path | None) -> list[Finding]:
+def check_cpu_engine(models: dict[str, dict], repo: Path, engine_dir: Path | None,
+                     checked: list[Checked] | None = None) -> list[Finding]:
     """trtspec's CPU flavour: each engine model (python backend, `engine_dir` parameter) loads a trtspec engine whose
-    files are as built, runs the method it asks for, finds its datastore, and asks for no more threads than cores."""
+    files are as built (sizes, and content hashes as `trtspec serve` checks them), finds the compiled ops it runs,
+    runs the method it asks for, finds its datastore, and asks for no more threads than cores. Each of these that
+    holds is appended to `checked`."""
     import os
 
     from trtspec.engine.manifest import read_manifest
     from trtspec.triton.model_args import repository_path
 
     out, cores = [], os.cpu_count() or 1
+    checked = [] if checked is None else checked
     for name, model in models.items():
         params = _params(model)
         if model.get("backend") != "python" or "engine_dir" not in params:
             continue
+        ok = lambda what, result: checked.append(Checked(name, what, result))  # noqa: E731
         path = repository_path(repo, params["engine_dir"])
         try:
             manifest = read_manifest(path)
         except TrtspecError as e:
             out.append(Finding("error", name, "engine_dir", f"{e}; the model fails to load"))
             continue
+        ok("engine", f"{path}: its manifest (method {manifest.method.value}, K {manifest.profile.max_draft_len}) and "
+                     "every file it lists, at its recorded size")
         if engine_dir is not None and Path(engine_dir).resolve() != path and not _same_engine(engine_dir, manifest):
             out.append(Finding("warning", name, "engine_dir", f"loads {path}, not the ENGINE given ({engine_dir})"))
-        if manifest.native_ops:  # the engine's own kernels need trtspec's compiled ops on this machine
-            from trtspec import native
-
-            try:
-                native.library_path()
-            except TrtspecError as e:
-                out.append(Finding("error", name, "engine_dir", f"{path} runs {' and '.join(manifest.native_ops)}: "
-                                                                f"{e}; the model fails to load"))
+        out += _check_cpu_hashes(name, path, manifest, ok)
+        out += _check_cpu_native_ops(name, path, manifest, ok)
         w = manifest.weights
         if any(f is not None and f.dtype.value != "fp32" for f in (w.linear, w.lm_head, w.embedding, w.drafter)):
             out.append(Finding("note", name, "weights", ", ".join(f"{k} {v}" for k, v in w.summary().items())))
@@ -431,16 +447,57 @@ def check_cpu_engine(models: dict[str, dict], repo: Path, engine_dir: Path | Non
         if method not in ("", "auto") and method not in methods:
             out.append(Finding("error", name, "method", f"{method!r} does not run on {path} (it runs "
                                                          f"{', '.join(methods)}); requests fail"))
+        else:
+            what = f"{method}" if method not in ("", "auto") else f"auto (the engine's own, {manifest.method.value})"
+            ok("method", f"{what} runs on the engine (it runs {', '.join(methods)})")
         datastore = params.get("datastore", "")
         if datastore and not repository_path(repo, datastore).is_file():
             out.append(Finding("error", name, "datastore", f"{datastore} does not exist; the model fails to load"))
-        threads = int(params.get("threads", "0") or 0) or cores
+        elif datastore:
+            ok("datastore", f"{datastore} is there")
+        asked = int(params.get("threads", "0") or 0)
+        threads = asked or cores
         instances = sum(int(g.get("count", 1)) for g in model.get("instance_group", [])) or 1
         if threads * instances > cores:
             out.append(Finding("warning", name, "threads", f"{instances} instance(s) x {threads} threads on "
                                                            f"{cores} cores: the instances take each other's cores "
-                                                           "(deploy --threads N with N x instances <= cores)"))
+                                                           "(`trtspec deploy --threads N` with N x instances <= cores)"))
+        else:
+            from trtspec.model.ort_session import threads_text
+
+            ok("threads", f"{threads_text(asked)} per instance, {instances} instance(s), {cores} cores")
     return out
+
+
+def _check_cpu_hashes(name: str, path: Path, manifest, ok) -> list[Finding]:
+    """Every file's content hash against the manifest's, as `trtspec serve` checks them before it starts."""
+    from trtspec.engine.integrity import HASH, verify_files
+
+    if not manifest.checksums:
+        ok("hashes", "none recorded (an engine built before trtspec recorded them): not checked")
+        return []
+    try:
+        read = verify_files(path, manifest.checksums)
+    except TrtspecError as e:
+        return [Finding("error", name, "engine_dir", f"{e}; `trtspec serve` refuses the repository")]
+    ok("hashes", f"{len(manifest.checksums)} files as built ({HASH}, {read / 2**20:.1f} MiB read)")
+    return []
+
+
+def _check_cpu_native_ops(name: str, path: Path, manifest, ok) -> list[Finding]:
+    """The engine's own kernels need trtspec's compiled ops, built on this machine."""
+    if not manifest.native_ops:
+        ok("compiled ops", "none needed (ONNX Runtime's own ops only)")
+        return []
+    from trtspec import native
+
+    ops = " and ".join(manifest.native_ops)
+    try:
+        library = native.library_path()
+    except TrtspecError as e:
+        return [Finding("error", name, "engine_dir", f"{path} runs {ops}: {e}; the model fails to load")]
+    ok("compiled ops", f"{ops} from {library}")
+    return []
 
 
 def check_ensemble(models: dict[str, dict]) -> list[Finding]:
@@ -557,8 +614,8 @@ def _request_names(ensemble: dict) -> Finding:
     return Finding("note", ensemble["name"], "request tensors", f"takes {names}")
 
 
-def report(findings: list[Finding]) -> dict:
+def report(findings: list[Finding], checked: list[Checked] = ()) -> dict:
     return {"errors": sum(f.severity == "error" for f in findings),
             "warnings": sum(f.severity == "warning" for f in findings),
             "notes": sum(f.severity == "note" for f in findings),
-            "findings": [asdict(f) for f in findings]}
+            "findings": [asdict(f) for f in findings], "checked": [asdict(c) for c in checked]}

@@ -16,6 +16,7 @@ def is_model_repository(directory: Path) -> bool:
 def repository_summary(repo: Path) -> dict:
     """Flavour, the engine it loads and how (method, datastore, threads / the TensorRT-LLM engine path and decoding
     mode), and one line per model: backend, max_batch_size, decoupled, instances."""
+    from trtspec.model.ort_session import threads_text
     from trtspec.triton.doctor import load_model_configs, model_params
     from trtspec.triton.model_args import repository_path
 
@@ -35,7 +36,7 @@ def repository_summary(repo: Path) -> dict:
         out["method"] = params.get("method", "auto")
         if params.get("datastore"):
             out["datastore"] = params["datastore"]
-        out["threads"] = params.get("threads", "0")
+        out["threads"] = threads_text(params.get("threads", "0"))  # 0: all cores
         out["spin"] = params.get("spin", "auto")
     elif "gpt_model_path" in params:
         out["engine"] = params["gpt_model_path"]
