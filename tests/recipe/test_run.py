@@ -287,3 +287,47 @@ def test_the_bench_stage_runs_trtspec_bench_per_prompt_set(built, tmp_path):
     text = json.dumps(summary)
     assert '"ngram"' in text and "identical" in text
     assert any("ngram" in line for line in lines)
+
+
+def test_paths_are_relative_to_the_recipe_file_and_check_names_the_missing(tmp_path, monkeypatch):
+    """base.path, drafter.path and the datastores resolve against the recipe's folder, whatever the working folder;
+    absolute paths stay; `recipe check` prints the commands and, on stderr, each path that does not exist."""
+    folder = tmp_path / "recipes"
+    (folder / "heads").mkdir(parents=True)
+    (tmp_path / "models" / "base").mkdir(parents=True)
+    store = tmp_path / "corpus.ds"
+    store.write_bytes(b"")
+    data = {"name": "r", "base": {"path": "../models/base"}, "drafter": {"kind": "medusa", "path": "heads"},
+            "deploy": {"method": "suffix", "datastore": str(store)}, "bench": {"datastore": "missing.ds"}}
+    path = folder / "r.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    recipe = load_recipe(Path("../recipes/r.yaml"))
+    assert (recipe.base.path, recipe.drafter.path) == ("../models/base", "../recipes/heads")
+    assert recipe.deploy.datastore == str(store) and recipe.bench.datastore == "../recipes/missing.ds"
+    result = CliRunner().invoke(cli, ["recipe", "check", "../recipes/r.yaml"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[0].startswith("trtspec convert --base ../models/base --out r/checkpoint "
+                                                    "--medusa ../recipes/heads")
+    assert result.stderr.splitlines() == ["warning: bench.datastore missing.ds does not exist (../recipes/missing.ds: "
+                                          "paths in a recipe are relative to its file)"]
+
+
+def test_the_shipped_recipes_find_their_assets_from_anywhere(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    recipe = load_recipe(RECIPES / "smollm2-135m-eagle.yaml")
+    assert Path(recipe.drafter.path) == RECIPES / "assets" / "smollm2-135m-eagle" and Path(recipe.drafter.path).is_dir()
+    result = CliRunner().invoke(cli, ["recipe", "check", str(RECIPES / "smollm2-135m-medusa.yaml")])
+    assert result.exit_code == 0 and result.stderr == "", result.output
+
+
+def test_a_template_written_elsewhere_keeps_naming_the_same_folders(tmp_path):
+    from trtspec.recipe.tuned import rebase_paths
+
+    recipe = {"base": {"path": "../models/base"}, "drafter": {"kind": "medusa", "path": "/abs/heads"},
+              "deploy": {"datastore": "c.ds"}}
+    rebase_paths(recipe, tmp_path / "recipes", tmp_path / "out" / "deep")
+    assert recipe == {"base": {"path": "../../models/base"}, "drafter": {"kind": "medusa", "path": "/abs/heads"},
+                      "deploy": {"datastore": "../../recipes/c.ds"}}

@@ -23,11 +23,16 @@ def recipe() -> None:
 @click.option("--workdir", default=".", show_default=True, help="Folder the printed commands write under.")
 @user_errors
 def recipe_check(file: Path, workdir: str) -> None:
-    """Validate a recipe and print the commands of convert, build and deploy, one per line."""
-    from trtspec.recipe import command_lines, load_recipe
+    """Validate a recipe and print the commands of convert, build and deploy, one per line.
+
+    Then, on stderr, each path the recipe names that does not exist here (its paths are relative to the recipe
+    file)."""
+    from trtspec.recipe import command_lines, load_recipe, missing_paths
 
     for line in command_lines(load_recipe(file), workdir):
         click.echo(line)
+    for line in missing_paths(file):
+        click.echo(f"warning: {line}", err=True)
 
 
 @recipe.command("run")

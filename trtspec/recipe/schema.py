@@ -4,11 +4,15 @@ pipeline, and may carry the baseline its measurements are gated against.
 A recipe is validated as a whole (unknown keys rejected with the valid ones listed, method-specific fields
 required, backend and flavour consistent) and turns into the exact `trtspec` commands a person runs;
 `trtspec recipe check FILE` prints them and `trtspec recipe run FILE` runs them (trtspec.recipe.run).
+
+The paths a recipe names (PATH_FIELDS: the base and drafter folders, the datastores) are relative to the recipe
+file's folder, wherever it is run from; `recipe check` says which of them do not exist.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -420,15 +424,45 @@ def read_yaml(path: Path):
 
 
 def load_recipe(path: Path) -> Recipe:
-    """Read and validate a recipe YAML file; ConfigError names the file and the first bad key."""
+    """Read and validate a recipe YAML file, its paths taken relative to the file's folder; ConfigError names the file
+    and the first bad key."""
     data = read_yaml(path)
     try:
-        return recipe_from_dict(data)
+        return recipe_from_dict(data, folder=Path(path).parent)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
 
 
-def recipe_from_dict(data: object) -> Recipe:
+# the recipe fields that name files or folders: relative to the recipe file
+PATH_FIELDS = (("base", "path"), ("drafter", "path"), ("deploy", "datastore"), ("bench", "datastore"))
+
+
+def resolve_path(folder: Path | str, path: str) -> str:
+    """`path` as written in a recipe in `folder`: absolute (and ~) as it is, else joined to the folder, normalised
+    (recipes/../models/x is models/x: what a person reads in the printed commands)."""
+    path = os.path.expanduser(path)
+    return path if os.path.isabs(path) else os.path.normpath(os.path.join(folder, path))
+
+
+def missing_paths(file: Path) -> list[str]:
+    """One line for each path the recipe `file` names (PATH_FIELDS) that does not exist, saying where it was looked
+    for (`recipe check`)."""
+    data, folder = read_yaml(file), Path(file).parent
+    out = []
+    for section, key in PATH_FIELDS:
+        written = (data.get(section) or {}).get(key) if isinstance(data, dict) else None
+        if not isinstance(written, str) or not written:
+            continue
+        resolved = resolve_path(folder, written)
+        if not os.path.exists(resolved):
+            where = "" if resolved == written else f" ({resolved}: paths in a recipe are relative to its file)"
+            out.append(f"{section}.{key} {written} does not exist{where}")
+    return out
+
+
+def recipe_from_dict(data: object, folder: Path | str | None = None) -> Recipe:
+    """A recipe from its YAML's data; `folder`: the recipe file's, the one its relative paths start from (None: as
+    written)."""
     top = check_fields(Recipe, data, "recipe", container="a mapping")
     sections = {k: _section(k, top.get(k)) for k in SECTIONS if k in top and top.get(k) is not None}
     if "base" not in sections:
@@ -437,6 +471,11 @@ def recipe_from_dict(data: object) -> Recipe:
     name = str(top.get("name", "")) or _missing("name")
     if "/" in name or name in (".", ".."):
         raise ConfigError(f"recipe name {name!r} names a folder under the work dir: no slashes")
+    if folder is not None:
+        for section, key in PATH_FIELDS:
+            value = getattr(sections.get(section), key, None)
+            if isinstance(value, str) and value:
+                sections[section] = dataclasses.replace(sections[section], **{key: resolve_path(folder, value)})
     return Recipe(name=name, **sections)
 
 

@@ -45,17 +45,20 @@ def write_winner_recipe(report: dict, path: Path, template: Path | None = None) 
     from trtspec.recipe.schema import read_yaml, recipe_from_dict
 
     path = Path(path)
+    folder = None  # where the start's relative paths are relative to (a recipe's are to its file)
     if path.is_file():
         start, origin = read_yaml(path), str(path)
     elif template is not None:
-        start, origin = read_yaml(template), str(template)
-    else:
+        start, origin, folder = read_yaml(template), str(template), Path(template).parent
+    else:  # its paths are absolute
         start, origin = recipe_for_engine(Path(report["engine"]), report), f"engine {report['engine']}"
     try:
         recipe_from_dict(start)
     except ConfigError as e:
         raise ConfigError(f"{origin}: not a recipe to write the winner into ({e})") from None
     recipe = apply_winner(start, report)
+    if folder is not None:
+        rebase_paths(recipe, folder, path.parent)
     try:
         recipe_from_dict(recipe)
     except ConfigError as e:  # a bug here, never the user's: say what was written from what
@@ -65,6 +68,19 @@ def write_winner_recipe(report: dict, path: Path, template: Path | None = None) 
     with atomic_output_file(path) as tmp:
         tmp.write_text(text)
     return recipe
+
+
+def rebase_paths(recipe: dict, old: Path, new: Path) -> None:
+    """A recipe dict's relative paths (schema.PATH_FIELDS), written relative to folder `old`, rewritten relative to
+    folder `new`, in place: a template's recipe written elsewhere still names the same folders."""
+    import os
+
+    from trtspec.recipe.schema import PATH_FIELDS, resolve_path
+
+    for section, key in PATH_FIELDS:
+        value = (recipe.get(section) or {}).get(key)
+        if isinstance(value, str) and value and not os.path.isabs(os.path.expanduser(value)):
+            recipe[section][key] = os.path.relpath(os.path.abspath(resolve_path(old, value)), os.path.abspath(new))
 
 
 def apply_winner(recipe: dict, report: dict) -> dict:
@@ -147,14 +163,16 @@ def recipe_for_engine(engine_dir: Path, report: dict) -> dict:
     options = record.get("options", {})
     method, profile = manifest["method"], manifest["profile"]
     drafter: dict = {"kind": method if method in TRAINED else "none"}
+    # the drafter's folder as convert resolved it (options hold it as typed, relative to where convert ran)
     if method == "medusa":
-        drafter["path"] = options["medusa"]
+        drafter["path"] = (record.get("medusa") or {}).get("directory") or options["medusa"]
         if options.get("num_medusa_heads"):
             drafter["num_heads"] = options["num_medusa_heads"]
         if options.get("num_medusa_layers"):
             drafter["num_medusa_layers"] = options["num_medusa_layers"]
     elif method == "eagle":
-        drafter.update(path=options["eagle"], num_eagle_layers=options.get("num_eagle_layers", 4),
+        drafter.update(path=(record.get("eagle") or {}).get("directory") or options["eagle"],
+                       num_eagle_layers=options.get("num_eagle_layers", 4),
                        max_non_leaves_per_layer=options.get("max_non_leaves_per_layer", 10))
     convert = {k: options[k] for k in ("dtype", "tp_size", "pp_size") if options.get(k) not in (None, 1)}
     if method in TRAINED and options.get("max_draft_len"):
@@ -212,13 +230,15 @@ def _bench_section(report: dict) -> dict:
 
 def header(report: dict, origin: str) -> str:
     """The figures behind the choice, as YAML comments."""
+    from trtspec.model.ort_session import threads_text
+
     w = report["winner"]
     lines = [f"trtspec tune's winner: {w['name']} (method {w['method']}"
              + (f", {w['budget']} draft nodes a step" if w["method"] in TRAINING_FREE else "")
              + (f", tree {json.dumps(w['choices'])}" if w["choices"] else "") + ")",
              f"tuned on {report['engine']}, {time.strftime('%Y-%m-%d')}; written from {origin}",
              f"calibration: {report['split']['calibration']}; evaluation: {report['split']['evaluation']}",
-             f"{report['max_tokens']} tokens a prompt, T = 0, threads {report['threads']}; load average "
+             f"{report['max_tokens']} tokens a prompt, T = 0, threads: {threads_text(report['threads'])}; load average "
              f"{report['load_average']['before'][0]} -> {report['load_average']['after'][0]}"]
     for s in report["settings"]:
         if s["measured"] is None:
