@@ -19,7 +19,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from trtspec.cli import cli
-from trtspec.testing import TinyModel, write_eagle3_draft, write_eagle_draft, write_hf_base, write_medusa_heads
+from trtspec.testing import (TinyModel, write_eagle3_draft, write_eagle_draft, write_hf_base, write_medusa_heads,
+                             write_redrafter_drafter)
 
 GQA = TinyModel()  # hidden 64, 4 heads, 2 KV heads, 2 layers, vocab 256
 
@@ -148,6 +149,81 @@ def medusa_and_eagle(tmp: Path) -> list[str]:
     write_medusa_heads(tmp / "medusa", GQA)
     write_eagle_draft(tmp / "eagle", GQA)
     return convert_args(tmp, "--medusa", str(tmp / "medusa"), "--eagle", str(tmp / "eagle"))
+
+
+def redrafter_other_model(tmp: Path) -> list[str]:
+    write_hf_base(tmp / "base", GQA)
+    write_redrafter_drafter(tmp / "redrafter", TinyModel(hidden_size=32, num_heads=2, num_kv_heads=1, vocab_size=128))
+    return convert_args(tmp, "--redrafter", str(tmp / "redrafter"))
+
+
+def redrafter_layers_disagree(tmp: Path) -> list[str]:
+    write_hf_base(tmp / "base", GQA)
+    edit_config(write_redrafter_drafter(tmp / "redrafter", GQA, num_draft_layers=2), num_draft_layers=1)
+    return convert_args(tmp, "--redrafter", str(tmp / "redrafter"))
+
+
+def redrafter_no_input_proj(tmp: Path) -> list[str]:
+    write_hf_base(tmp / "base", GQA)
+    d = write_redrafter_drafter(tmp / "redrafter", GQA, exit_dim=96)
+    edit_safetensors(d / "model.safetensors", drop=("input_proj.weight", "input_proj.bias"))
+    return convert_args(tmp, "--redrafter", str(tmp / "redrafter"))
+
+
+def redrafter_no_weights(tmp: Path) -> list[str]:
+    write_hf_base(tmp / "base", GQA)
+    (write_redrafter_drafter(tmp / "redrafter", GQA) / "model.safetensors").unlink()
+    return convert_args(tmp, "--redrafter", str(tmp / "redrafter"))
+
+
+def redrafter_rnn_missing(tmp: Path) -> list[str]:
+    write_hf_base(tmp / "base", GQA)
+    edit_config(write_redrafter_drafter(tmp / "redrafter", GQA), rnn=None)
+    return convert_args(tmp, "--redrafter", str(tmp / "redrafter"))
+
+
+def redrafter_tp_vs_exit_dim(tmp: Path) -> list[str]:
+    write_hf_base(tmp / "base", GQA)  # hidden 64, 4 heads: --tp-size 4 divides the base
+    write_redrafter_drafter(tmp / "redrafter", GQA, exit_dim=98)
+    return convert_args(tmp, "--redrafter", str(tmp / "redrafter"), "--tp-size", "4")
+
+
+def redrafter_pipeline(tmp: Path) -> list[str]:
+    write_hf_base(tmp / "base", GQA)
+    write_redrafter_drafter(tmp / "redrafter", GQA)
+    return convert_args(tmp, "--redrafter", str(tmp / "redrafter"), "--pp-size", "2")
+
+
+def redrafter_qwen2_old_version(tmp: Path) -> list[str]:
+    qwen = TinyModel(arch="qwen2")
+    write_hf_base(tmp / "base", qwen)
+    write_redrafter_drafter(tmp / "redrafter", qwen)
+    return convert_args(tmp, "--redrafter", str(tmp / "redrafter"), "--trtllm-version", "0.21")
+
+
+def redrafter_version_out_of_range(tmp: Path) -> list[str]:
+    write_hf_base(tmp / "base", GQA)
+    write_redrafter_drafter(tmp / "redrafter", GQA)
+    return convert_args(tmp, "--redrafter", str(tmp / "redrafter"), "--trtllm-version", "0.14")
+
+
+def trtllm_version_without_redrafter(tmp: Path) -> list[str]:
+    write_hf_base(tmp / "base", GQA)
+    write_medusa_heads(tmp / "medusa", GQA)
+    return convert_args(tmp, "--medusa", str(tmp / "medusa"), "--trtllm-version", "1.0")
+
+
+def redrafter_and_eagle(tmp: Path) -> list[str]:
+    write_hf_base(tmp / "base", GQA)
+    write_eagle_draft(tmp / "eagle", GQA)
+    write_redrafter_drafter(tmp / "redrafter", GQA)
+    return convert_args(tmp, "--eagle", str(tmp / "eagle"), "--redrafter", str(tmp / "redrafter"))
+
+
+def redrafter_zero_beams(tmp: Path) -> list[str]:
+    write_hf_base(tmp / "base", GQA)
+    write_redrafter_drafter(tmp / "redrafter", GQA)
+    return convert_args(tmp, "--redrafter", str(tmp / "redrafter"), "--redrafter-num-beams", "0")
 
 
 def zero_draft_len(tmp: Path) -> list[str]:
@@ -305,6 +381,26 @@ BAD_INPUT: list = [
     pytest.param(eagle_long_draft, ("--max-draft-len 300", "256", "EAGLE"), id="eagle-max-draft-len-300"),
     pytest.param(eagle_pipeline, ("--pp-size 2", "EagleForCausalLM", "pp_size 1"), id="eagle-pp-size-2"),
     pytest.param(medusa_and_eagle, ("--medusa", "--eagle", "exclusive"), id="medusa-and-eagle"),
+    pytest.param(redrafter_other_model, ("redrafter/config.json", "hidden_size=32", "hidden_size=64",
+                                         "redrafter/model.safetensors", "lm_head.2.weight", "vocab_size=256"),
+                 id="redrafter-other-model"),
+    pytest.param(redrafter_layers_disagree, ("redrafter/config.json", "num_draft_layers=1", "lm_head.2.weight"),
+                 id="redrafter-num-draft-layers"),
+    pytest.param(redrafter_no_input_proj, ("redrafter/config.json", "exit_dim=96", "input_proj.weight"),
+                 id="redrafter-no-input-proj"),
+    pytest.param(redrafter_no_weights, ("/redrafter", "model.safetensors or model.pt"), id="redrafter-no-weights"),
+    pytest.param(redrafter_rnn_missing, ("redrafter/config.json", "field rnn", "None"), id="redrafter-rnn-missing"),
+    pytest.param(redrafter_tp_vs_exit_dim, ("--tp-size 4", "exit_dim=98", "redrafter/config.json"),
+                 id="redrafter-tp-vs-exit-dim"),
+    pytest.param(redrafter_pipeline, ("--pp-size 2", "ReDrafter", "pp_size 1"), id="redrafter-pp-size-2"),
+    pytest.param(redrafter_qwen2_old_version, ("base/config.json", "0.21", "ReDrafterForCausalLM",
+                                               "Qwen2ForCausalLM", "--trtllm-version 1.0"),
+                 id="redrafter-qwen2-before-1.0"),
+    pytest.param(redrafter_version_out_of_range, ("--trtllm-version 0.14", "0.15"), id="redrafter-version-0.14"),
+    pytest.param(trtllm_version_without_redrafter, ("--trtllm-version 1.0", "--redrafter only"),
+                 id="trtllm-version-without-redrafter"),
+    pytest.param(redrafter_and_eagle, ("--eagle", "--redrafter", "exclusive"), id="redrafter-and-eagle"),
+    pytest.param(redrafter_zero_beams, ("--redrafter-num-beams", ">= 1", "got 0"), id="redrafter-num-beams-0"),
     pytest.param(zero_draft_len, ("--max-draft-len", ">= 1", "got 0"), id="max-draft-len-0"),
     pytest.param(tp_vs_heads, ("--tp-size 3", "num_attention_heads=4", "base/config.json"), id="tp-vs-heads"),
     pytest.param(tp_not_multiple_of_kv, ("--tp-size 6", "not a multiple of num_key_value_heads=4",

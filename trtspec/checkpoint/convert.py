@@ -1,4 +1,5 @@
-"""`trtspec convert`: a Hugging Face base (+ Medusa heads or an EAGLE-1/2 draft) → a TensorRT-LLM checkpoint.
+"""`trtspec convert`: a Hugging Face base (+ Medusa heads, an EAGLE-1/2 draft or a ReDrafter drafter) → a TensorRT-LLM
+checkpoint.
 
 Output: `config.json` + `rank{r}.safetensors` (r = tp_rank + pp_rank * tp_size) as the TensorRT-LLM converters
 write them, plus `trtspec-convert.json` recording where every part came from. Everything is validated before
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,10 +22,12 @@ from trtspec.checkpoint.draft_vocab import DraftVocab, write_checkpoint_vocab
 from trtspec.checkpoint.eagle import EagleDraft, read_eagle_draft
 from trtspec.checkpoint.hf_config import BaseModelConfig, read_base_config, read_json
 from trtspec.checkpoint.medusa import FULL_MODEL_PREFIX, MODELOPT_PREFIX, has_embedded_heads, read_medusa_heads
+from trtspec.checkpoint.redrafter import (DEFAULT_DRAFT_LEN_PER_BEAM, DEFAULT_NUM_BEAMS, ReDrafterDrafter,
+                                          read_redrafter_drafter, redrafter_mismatches)
 from trtspec.checkpoint.safetensors_writer import PlannedTensor, write_safetensors
 from trtspec.checkpoint.sharding import Mapping, check_tp_divisibility
 from trtspec.checkpoint.tensorfile import open_hf_weights
-from trtspec.checkpoint.trtllm_config import base_config, eagle_config, medusa_config
+from trtspec.checkpoint.trtllm_config import base_config, eagle_config, medusa_config, redrafter_config
 from trtspec.errors import CheckpointError, ConfigError
 from trtspec.outdir import atomic_output_dir, check_output_dir
 from trtspec.progress import progress_bar
@@ -33,6 +37,7 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 EAGLE_MAX_DRAFT_LEN = 256  # asserted by TensorRT-LLM's EAGLE converter
 PROVENANCE_FILE = "trtspec-convert.json"
+NEWEST_TRTLLM = "1.2"  # engine/trtllm_versions.py NEWEST (checkpoint does not import engine: engine imports it)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +52,11 @@ class ConvertOptions:
     eagle: Path | None = None
     num_eagle_layers: int = 4
     max_non_leaves_per_layer: int = 10
+    redrafter: Path | None = None
+    redrafter_num_beams: int = DEFAULT_NUM_BEAMS
+    redrafter_draft_len_per_beam: int = DEFAULT_DRAFT_LEN_PER_BEAM
+    redrafter_greedy_search: bool = True
+    trtllm_version: str | None = None  # ReDrafter only: the release whose names the checkpoint uses (None: newest)
     max_draft_len: int = 63
     dtype: str | None = None  # None: the base's stored dtype
     tp_size: int = 1
@@ -54,11 +64,13 @@ class ConvertOptions:
     force: bool = False
 
     def __post_init__(self):
-        if self.medusa and self.eagle:
-            raise ConfigError("--medusa and --eagle are exclusive: a checkpoint has one speculative method")
+        given = [f"--{name}" for name in ("medusa", "eagle", "redrafter") if getattr(self, name)]
+        if len(given) > 1:
+            raise ConfigError(f"{' and '.join(given)} are exclusive: a checkpoint has one speculative method")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ConfigError(f"--dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
-        for name in ("max_draft_len", "num_eagle_layers", "max_non_leaves_per_layer"):
+        for name in ("max_draft_len", "num_eagle_layers", "max_non_leaves_per_layer", "redrafter_num_beams",
+                     "redrafter_draft_len_per_beam"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.eagle and self.max_draft_len > EAGLE_MAX_DRAFT_LEN:
@@ -66,6 +78,14 @@ class ConvertOptions:
                               "the EAGLE limit of TensorRT-LLM")
         if self.eagle and self.pp_size != 1:
             raise ConfigError(f"--pp-size {self.pp_size}: TensorRT-LLM's EagleForCausalLM supports pp_size 1 only")
+        if self.redrafter and self.pp_size != 1:
+            raise ConfigError(f"--pp-size {self.pp_size}: TensorRT-LLM's ReDrafter converter writes pp_size 1 only")
+        if self.trtllm_version is not None and not self.redrafter:
+            raise ConfigError(f"--trtllm-version {self.trtllm_version} applies to --redrafter only (its architecture "
+                              "name changed in 1.0); plain, Medusa and EAGLE checkpoints are the same for every "
+                              "version")
+        if self.redrafter:
+            trtllm_version_key(self.trtllm_version)
 
 
 @dataclass(frozen=True)
@@ -83,7 +103,7 @@ def convert(opts: ConvertOptions, *, show_progress: bool = True) -> ConvertResul
     start = time.perf_counter()
     check_output_dir(Path(opts.out), force=opts.force)
     cfg = read_base_config(opts.base)
-    for directory in (opts.base, opts.medusa, opts.eagle):
+    for directory in (opts.base, opts.medusa, opts.eagle, opts.redrafter):
         if directory is not None:
             _check_not_quantized(directory)
     mapping = Mapping(tp_size=opts.tp_size, pp_size=opts.pp_size)
@@ -140,6 +160,20 @@ def _make_plan(opts: ConvertOptions, cfg: BaseModelConfig, mapping: Mapping,
         provenance["eagle"] = {"directory": str(Path(opts.eagle).resolve()), "fc_bias": draft.has_fc_bias,
                                "embed_tokens": "draft" if draft.has_embed_tokens else "base",
                                "draft_vocab_size": draft_vocab.size if draft_vocab else cfg.vocab_size}
+    elif opts.redrafter:
+        drafter = read_redrafter_drafter(opts.redrafter, strict=False)
+        mismatches = redrafter_mismatches(drafter, cfg)
+        if mismatches:
+            raise CheckpointError("; ".join(mismatches))
+        _check_redrafter_parallelism(drafter, mapping)
+        version = trtllm_version_key(opts.trtllm_version)
+        config = redrafter_config(cfg, drafter, dtype=dtype_name, mapping=mapping, num_beams=opts.redrafter_num_beams,
+                                  draft_len_per_beam=opts.redrafter_draft_len_per_beam,
+                                  greedy_search=opts.redrafter_greedy_search, trtllm_version=version)
+        P.add_redrafter(plan, drafter)
+        P.check_all_consumed(plan, drafter.store)
+        provenance["redrafter"] = {"directory": str(Path(opts.redrafter).resolve()), "weights": drafter.weights.name,
+                                   "spelling": drafter.spelling, "trtllm_version": ".".join(map(str, version))}
     else:
         config = base_config(cfg, dtype=dtype_name, mapping=mapping)
     if has_embedded_heads(store) and not opts.medusa:
@@ -157,6 +191,22 @@ def _check_draft_fits(draft: EagleDraft, cfg: BaseModelConfig, mapping: Mapping)
                               f"vocab_size={cfg.vocab_size}; the draft was trained for another model")
     check_tp_divisibility(mapping.tp_size, num_heads=draft.num_heads, num_kv_heads=draft.num_kv_heads,
                           hidden_size=draft.hidden_size, intermediate_size=draft.intermediate_size, where=where)
+
+
+def trtllm_version_key(text: str | None) -> tuple[int, int]:
+    """(major, minor) of a TensorRT-LLM version ("1.2", "0.21.0", "1.0.0rc4"; None: the newest). The CLI checks
+    the supported range (engine/trtllm_versions.parse_version) before it gets here."""
+    match = re.match(r"^(\d+)\.(\d+)", (text or NEWEST_TRTLLM).strip())
+    if not match:
+        raise ConfigError(f"--trtllm-version {text!r} is not a version; write it as X.Y or X.Y.Z, e.g. 1.2")
+    return int(match[1]), int(match[2])
+
+
+def _check_redrafter_parallelism(drafter: ReDrafterDrafter, mapping: Mapping) -> None:
+    """Each drafter Linear is split on its output rows (exit_dim, hidden_size; the vocabulary is padded)."""
+    if drafter.exit_dim % mapping.tp_size:
+        raise ConfigError(f"--tp-size {mapping.tp_size} does not divide exit_dim={drafter.exit_dim} "
+                          f"({drafter.config_path})")
 
 
 def _check_not_quantized(directory: Path) -> None:

@@ -15,6 +15,7 @@ import torch
 from trtspec.checkpoint.eagle import EagleDraft, eagle_layer_keys
 from trtspec.checkpoint.hf_config import BaseModelConfig
 from trtspec.checkpoint.medusa import MedusaHeads
+from trtspec.checkpoint.redrafter import ReDrafterDrafter
 from trtspec.checkpoint.sharding import Mapping, QkvLayout, Split, shard, shard_shape, split_of
 from trtspec.checkpoint.tensorfile import TensorStore
 from trtspec.errors import CheckpointError
@@ -218,6 +219,13 @@ def add_eagle(plan: Plan, draft: EagleDraft, base_store: TensorStore, cfg: BaseM
                                     qkv=qkv, intermediate=draft.intermediate_size, where=str(draft.directory)):
                 plan.add(0, rule)
         plan.add(0, Rule(p + "lm_head.weight", (lm,), Split.VOCAB))
+
+
+def add_redrafter(plan: Plan, drafter: ReDrafterDrafter) -> None:
+    """The drafter under `drafter.` beside the base (one pipeline stage: the ReDrafter converter has no PP), each
+    Linear split on dim 0; its lm_head padded to the base's padded vocabulary, which the model sizes it to."""
+    for name, key in drafter.tensor_map().items():
+        plan.add(0, Rule(name, (source(drafter.store, key),), split_of(name)))
 
 
 def check_all_consumed(plan: Plan, store: TensorStore, skip_prefixes: tuple[str, ...] = ()) -> None:

@@ -32,7 +32,10 @@ SPLIT_RULES: tuple[tuple[str, Split], ...] = (
     (r".*\.mlp\.(fc|gate)\.(weight|bias)$", Split.COLUMN),
     (r"^medusa_heads\.\d+\.medusa_layers\.\d+\.linear\.(weight|bias)$", Split.COLUMN),
     (r"^eagle_nets\.\d+\.drafter\.fc\.(weight|bias)$", Split.COLUMN),
-    (r"^(lm_head|medusa_heads\.\d+\.lm_head|eagle_nets\.\d+\.lm_head)\.weight$", Split.VOCAB),
+    # ReDrafter: every drafter Linear is a ColumnLinear (tensorrt_llm/models/redrafter/drafter.py), its lm_head
+    # sized to the padded vocabulary
+    (r"^drafter\.(input_proj|layers\.\d+\.linear|rnn_u|rnn_w)\.(weight|bias)$", Split.COLUMN),
+    (r"^(lm_head|medusa_heads\.\d+\.lm_head|eagle_nets\.\d+\.lm_head|drafter\.lm_head)\.weight$", Split.VOCAB),
     (r".*(layernorm|ln_f)\.weight$", Split.REPLICATE),
     (r".*vocab_embedding\.weight$", Split.REPLICATE),
 )

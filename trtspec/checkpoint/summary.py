@@ -9,6 +9,7 @@ from pathlib import Path
 from trtspec.checkpoint.eagle import is_eagle3, read_eagle3_draft, read_eagle_draft
 from trtspec.checkpoint.hf_config import read_base_config, read_json
 from trtspec.checkpoint.medusa import HEAD_FILES, has_embedded_heads, read_medusa_heads
+from trtspec.checkpoint.redrafter import is_redrafter_drafter, read_redrafter_drafter
 from trtspec.checkpoint.tensorfile import TensorStore, open_hf_weights
 from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
 from trtspec.errors import CheckpointError
@@ -19,7 +20,7 @@ class CheckpointSummary:
     """What `inspect` reports; `details` holds the format-specific facts (heads, layers, shards …)."""
 
     path: str
-    format: str  # trtllm | hf | medusa | eagle | eagle3
+    format: str  # trtllm | hf | medusa | eagle | eagle3 | redrafter
     architecture: str
     dtypes: dict[str, int]  # dtype → tensor count
     num_parameters: int
@@ -40,6 +41,8 @@ def inspect_checkpoint(directory: Path) -> CheckpointSummary:
         return _trtllm(directory)
     if any((directory / name).is_file() for name in HEAD_FILES):
         return _medusa(directory)
+    if is_redrafter_drafter(directory):
+        return _redrafter(directory)
     if is_eagle3(directory):
         return _eagle3(directory)
     if set(config.get("architectures") or []) & {"LlamaForCausalLM"} and _looks_like_eagle(directory):
@@ -106,13 +109,27 @@ def _eagle3(directory: Path) -> CheckpointSummary:
     return _summary(directory, "eagle3", "EAGLE-3 draft", d.store, details)
 
 
+def _redrafter(directory: Path) -> CheckpointSummary:
+    """The drafter's sizes as config.json and the weights give them; what disagrees within it under `problems` (one
+    line each). Checked against a base by `convert --redrafter`."""
+    d = read_redrafter_drafter(directory, strict=False)
+    details = {"weights": d.weights.name, "spelling": d.spelling, "hidden_size": d.hidden_size, "exit_dim": d.exit_dim,
+               "input_proj": d.input_proj_prefix is not None, "num_draft_layers": d.num_draft_layers, "rnn": d.rnn,
+               "vocab_size": d.vocab_size}
+    if d.problems:
+        details["problems"] = list(d.problems)
+    return _summary(directory, "redrafter", "ReDrafter drafter", d.store, details)
+
+
 def _trtllm(directory: Path) -> CheckpointSummary:
     ckpt = read_trtllm_checkpoint(directory)
     cfg = ckpt.config
     dtypes = Counter(str(i.dtype).removeprefix("torch.") for f in ckpt.ranks for i in f.infos.values())
     keys = ("dtype", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
             "vocab_size", "max_draft_len", "num_medusa_heads", "num_medusa_layers", "num_eagle_layers",
-            "max_non_leaves_per_layer")
+            "max_non_leaves_per_layer", "base_model_architecture", "redrafter_num_layers", "redrafter_hidden_size",
+            "redrafter_exit_dim", "redrafter_is_rnn", "redrafter_num_beams", "redrafter_draft_len_per_beam",
+            "redrafter_greedy_search")
     details = {k: cfg[k] for k in keys if k in cfg}
     details.update(tp_size=ckpt.mapping.tp_size, pp_size=ckpt.mapping.pp_size, tensors=len(ckpt.names()))
     q = cfg.get("quantization") or {}

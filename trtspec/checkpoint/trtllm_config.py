@@ -1,8 +1,10 @@
-"""The TensorRT-LLM checkpoint `config.json` (PretrainedConfig.to_dict) for LLaMA-family bases, Medusa and EAGLE.
+"""The TensorRT-LLM checkpoint `config.json` (PretrainedConfig.to_dict) for LLaMA-family bases, Medusa, EAGLE and
+ReDrafter.
 
 Field names and values follow the TensorRT-LLM converters for the 0.15-1.2.x engine flow
-(`examples/{llama,medusa,eagle}/convert_checkpoint.py`); the C++ runtime reads `num_medusa_heads` and
-`max_draft_len` (Medusa) or `num_eagle_layers`, `max_non_leaves_per_layer`, `eagle_net_config` (EAGLE) from it.
+(`examples/{llama,medusa,eagle,redrafter}/convert_checkpoint.py`); the C++ runtime reads `num_medusa_heads` and
+`max_draft_len` (Medusa) or `num_eagle_layers`, `max_non_leaves_per_layer`, `eagle_net_config` (EAGLE) from it;
+ReDrafter's `redrafter_*` fields size the engine's beam search at build time.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from trtspec.checkpoint.eagle import EagleDraft
 from trtspec.checkpoint.hf_config import BaseModelConfig
 from trtspec.checkpoint.medusa import MedusaHeads
+from trtspec.checkpoint.redrafter import ReDrafterDrafter, exclude_modules, redrafter_architecture
 from trtspec.checkpoint.sharding import Mapping
 
 QUANTIZATION_NONE = {"quant_algo": None, "kv_cache_quant_algo": None}
@@ -82,4 +85,20 @@ def eagle_config(cfg: BaseModelConfig, draft: EagleDraft, *, dtype: str, mapping
                max_position_embeddings=draft.config.get("max_position_embeddings", cfg.max_position_embeddings))
     net.pop("qwen_type", None)
     out["eagle_net_config"] = net
+    return out
+
+
+def redrafter_config(cfg: BaseModelConfig, drafter: ReDrafterDrafter, *, dtype: str, mapping: Mapping,
+                     num_beams: int, draft_len_per_beam: int, greedy_search: bool,
+                     trtllm_version: tuple[int, int]) -> dict:
+    """The base's config with the ReDrafter fields (`hf_redrafter_config`): the architecture the version names, the
+    base's as base_model_architecture, the drafter's sizes, the beam search settings the build unrolls, and the
+    drafter kept out of quantization."""
+    out = base_config(cfg, dtype=dtype, mapping=mapping)
+    out["base_model_architecture"] = out["architecture"]
+    out["architecture"] = redrafter_architecture(out["architecture"], trtllm_version, where=str(cfg.path))
+    out.update(redrafter_num_layers=drafter.num_draft_layers, redrafter_hidden_size=drafter.hidden_size,
+               redrafter_exit_dim=drafter.exit_dim, redrafter_is_rnn=drafter.rnn, redrafter_num_beams=num_beams,
+               redrafter_draft_len_per_beam=draft_len_per_beam, redrafter_greedy_search=greedy_search)
+    out["quantization"]["exclude_modules"] = exclude_modules(drafter)
     return out

@@ -23,7 +23,20 @@ from trtspec.cli.app import DIR, EXISTING_DIR, cli, user_errors
               help="EAGLE tree depth (EagleNet invocations), not draft transformer layers.")
 @click.option("--max-non-leaves-per-layer", type=int, default=10, show_default=True,
               help="EAGLE: most non-leaf tree nodes per level.")
-@click.option("--max-draft-len", type=int, default=63, show_default=True, help="K: draft tokens per step.")
+@click.option("--redrafter", type=EXISTING_DIR,
+              help="ReDrafter drafter folder (apple/ml-recurrent-drafter's config.json + model.safetensors or "
+                   "model.pt).")
+@click.option("--redrafter-num-beams", type=int, default=5, show_default=True,
+              help="ReDrafter: beams the drafter's beam search keeps (fixed in the engine at build).")
+@click.option("--redrafter-draft-len-per-beam", type=int, default=5, show_default=True,
+              help="ReDrafter: draft tokens per beam, at most the drafter's trained length.")
+@click.option("--redrafter-no-greedy-search", is_flag=True,
+              help="ReDrafter: the beam search samples its tokens instead of taking the most probable.")
+@click.option("--trtllm-version",
+              help="ReDrafter: TensorRT-LLM version whose names to write, 0.15-1.2 (ReDrafterForCausalLM before 1.0, "
+                   "ReDrafterForLLaMALM / ReDrafterForQWenLM from 1.0; default: the installed one, else 1.2).")
+@click.option("--max-draft-len", type=int, default=63, show_default=True,
+              help="K: draft tokens per step (Medusa / EAGLE; ReDrafter's is beams x draft length per beam).")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]),
               help="Weight dtype (default: the base model's).")
 @click.option("--tp-size", type=int, default=1, show_default=True, help="Tensor-parallel ranks.")
@@ -31,8 +44,15 @@ from trtspec.cli.app import DIR, EXISTING_DIR, cli, user_errors
 @click.option("--force", is_flag=True, help="Replace a non-empty --out.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @user_errors
-def convert(as_json: bool, **flags) -> None:
-    """Convert a HF base (+ Medusa heads / EAGLE draft) into a TensorRT-LLM checkpoint."""
+def convert(as_json: bool, redrafter_no_greedy_search: bool, trtllm_version: str | None, **flags) -> None:
+    """Convert a HF base (+ Medusa heads / EAGLE draft / ReDrafter drafter) into a TensorRT-LLM checkpoint."""
+    if flags["redrafter"] is not None:  # the names differ by version: the installed one's, else the newest's
+        from trtspec.engine.trtllm_versions import installed_version, newest, parse_version
+
+        installed = installed_version()
+        trtllm_version = (parse_version(trtllm_version) if trtllm_version else
+                          parse_version(installed) if installed else newest()).text
+    flags.update(redrafter_greedy_search=not redrafter_no_greedy_search, trtllm_version=trtllm_version)
     result = trtspec.convert(trtspec.ConvertOptions(**flags), show_progress=not as_json)
     if as_json:
         click.echo(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(result).items()}))
@@ -57,8 +77,8 @@ def _fact_text(key: str, value) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @user_errors
 def inspect(directory: Path, as_json: bool) -> None:
-    """Summarise any HF / Medusa / EAGLE / TensorRT-LLM checkpoint folder, a built engine, or a Triton model
-    repository (`trtspec deploy` output or upstream's layout)."""
+    """Summarise any HF / Medusa / EAGLE / ReDrafter / TensorRT-LLM checkpoint folder, a built engine, or a Triton
+    model repository (`trtspec deploy` output or upstream's layout)."""
     from trtspec.engine.summary import engine_summary, is_engine_dir
     from trtspec.triton.repo_summary import is_model_repository, repository_summary
 

@@ -10,6 +10,7 @@ from trtspec.testing.factory import (
     write_example,
     write_hf_base,
     write_medusa_heads,
+    write_redrafter_drafter,
 )
 
 __all__ = [
@@ -22,5 +23,6 @@ __all__ = [
     "write_example",
     "write_hf_base",
     "write_medusa_heads",
+    "write_redrafter_drafter",
     "write_tiny_tokenizer",
 ]

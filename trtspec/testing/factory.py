@@ -1,7 +1,8 @@
 """Tiny random checkpoints in every released on-disk format, for tests and examples.
 
 Each writer lays a directory out the way the released tools do (HF base, FasterDecoding Medusa heads,
-yuhuili EAGLE-1/2 and EAGLE-3 drafts), with seeded random weights of the right names, shapes and dtype.
+yuhuili EAGLE-1/2 and EAGLE-3 drafts, apple/ml-recurrent-drafter ReDrafter drafters), with seeded random weights
+of the right names, shapes and dtype.
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ HF_STORAGES = ("safetensors", "sharded", "bin", "streamed")
 MEDUSA_VARIANTS = ("pt", "safetensors", "full_model", "modelopt")
 MEDUSA_CONFIGS = ("match", "mismatch", "alt_key", "no_count", "absent")
 EAGLE_STORAGES = ("bin", "safetensors")
+# ReDrafter drafter key spellings TensorRT-LLM's examples/redrafter/convert_checkpoint.py reads: apple's
+# save_pretrained (input_proj.*, lm_head.{i}.linear.*, lm_head.{N}.weight), the plural one (input_projs.*,
+# lm_heads.*) and the indexed one (0.{i}.linear.*, 0.{N}.weight; its input_proj keeps the singular name)
+REDRAFTER_SPELLINGS = {"lm_head": ("input_proj.", "lm_head."), "lm_heads": ("input_projs.", "lm_heads."),
+                       "indexed": ("input_proj.", "0.")}
+REDRAFTER_STORAGES = {"safetensors": "model.safetensors", "pt": "model.pt"}
 BASE_SEED = 0  # seed of the base weights inside full-model Medusa checkpoints (= write_hf_base's default)
 MAX_SHARD_BYTES = 256 * 2**20  # sharded storage never puts more than this (or half the model) in one file
 MODELOPT_PRODUCER = {"name": "modelopt", "version": "0.15.0"}
@@ -162,6 +169,33 @@ def _eagle3_shapes(m: TinyModel, draft_vocab_size: int, embed_tokens: bool) -> S
     if embed_tokens:
         shapes["embed_tokens.weight"] = (m.vocab_size, h)
     return shapes
+
+
+def _redrafter_shapes(m: TinyModel, *, exit_dim: int, num_draft_layers: int, rnn: bool) -> Shapes:
+    """Return a ReDrafter drafter's tensors under canonical names (input_proj., layers.{i}., lm_head., rnn_*);
+    _redrafter_key spells them as stored."""
+    h, e = m.hidden_size, exit_dim
+    shapes: Shapes = {}
+    if e != 2 * h:  # the drafter reads cat(hidden state, token embedding state); input_proj only when sizes differ
+        shapes |= {"input_proj.weight": (e, 2 * h), "input_proj.bias": (e,)}
+    for i in range(num_draft_layers):
+        shapes |= {f"layers.{i}.linear.weight": (e, e), f"layers.{i}.linear.bias": (e,)}
+    shapes["lm_head.weight"] = (m.vocab_size, e)
+    if rnn:
+        shapes |= {"rnn_u.weight": (h, h), "rnn_u.bias": (h,), "rnn_w.weight": (h, h)}
+    return shapes
+
+
+def _redrafter_key(canonical: str, spelling: str, num_draft_layers: int) -> str:
+    """The stored name of a canonical ReDrafter tensor name in one of REDRAFTER_SPELLINGS."""
+    proj, head = REDRAFTER_SPELLINGS[spelling]
+    if canonical.startswith("input_proj."):
+        return proj + canonical.removeprefix("input_proj.")
+    if canonical.startswith("layers."):
+        return head + canonical.removeprefix("layers.")
+    if canonical == "lm_head.weight":
+        return f"{head}{num_draft_layers}.weight"
+    return canonical
 
 
 def _nbytes(shapes: Shapes, dtype: torch.dtype) -> int:
@@ -402,6 +436,52 @@ def write_eagle3_draft(out_dir: str | Path, model: TinyModel = TinyModel(), *, d
     state["d2t"], state["t2d"] = _draft_vocab(model.vocab_size, draft_vocab_size, gen)
     _save_safetensors(state, out / "model.safetensors")
     _write_json(out / "config.json", _eagle3_config(model, draft_vocab_size))
+    return out
+
+
+def write_redrafter_drafter(out_dir: str | Path, model: TinyModel = TinyModel(), *, spelling: str = "lm_head",
+                            storage: str = "safetensors", rnn: bool = True, exit_dim: int | None = None,
+                            num_draft_layers: int = 2, config_vocab_size: bool = True, seed: int = 4) -> Path:
+    """Write a tiny random ReDrafter drafter as apple/ml-recurrent-drafter saves one (config.json of its
+    DrafterConfig + model.safetensors), or model.pt; `spelling` picks one of REDRAFTER_SPELLINGS; exit_dim None is
+    2 x hidden_size (no input_proj). The values depend on the seed and shapes only, not on spelling or storage."""
+    _check_choice("spelling", spelling, tuple(REDRAFTER_SPELLINGS))
+    _check_choice("storage", storage, tuple(REDRAFTER_STORAGES))
+    exit_dim = 2 * model.hidden_size if exit_dim is None else exit_dim
+    _check_positive("exit_dim", exit_dim)
+    if isinstance(num_draft_layers, bool) or not isinstance(num_draft_layers, int) or num_draft_layers < 0:
+        raise ValueError(f"num_draft_layers must be an int >= 0, got {num_draft_layers!r}")
+    out = _mkdir(out_dir)
+    shapes = _redrafter_shapes(model, exit_dim=exit_dim, num_draft_layers=num_draft_layers, rnn=rnn)
+    canonical = _random_state(shapes, model.torch_dtype, seed)
+    state = {_redrafter_key(k, spelling, num_draft_layers): v for k, v in canonical.items()}
+    if storage == "pt":
+        torch.save(state, out / REDRAFTER_STORAGES["pt"])
+    else:
+        _save_safetensors(state, out / REDRAFTER_STORAGES["safetensors"])
+    config: dict[str, Any] = {"architectures": ["Drafter"], "model_type": "recurrent_drafting_drafter",
+                              "hidden_size": model.hidden_size, "exit_dim": exit_dim,
+                              "num_draft_layers": num_draft_layers, "num_lookback_tokens": -1, "rnn": rnn,
+                              "torch_dtype": model.dtype}
+    if config_vocab_size:
+        config["vocab_size"] = model.vocab_size
+    _write_json(out / "config.json", config)
+    return out
+
+
+def redrafter_source_keys(spelling: str, *, exit_dim_is_twice_hidden: bool, num_draft_layers: int,
+                          rnn: bool) -> dict[str, str]:
+    """TensorRT-LLM tensor name → the stored key write_redrafter_drafter gives it (the test oracle, written out
+    from TensorRT-LLM's examples/redrafter/convert_checkpoint.py hf_drafter)."""
+    proj, head = REDRAFTER_SPELLINGS[spelling]
+    out = {}
+    if not exit_dim_is_twice_hidden:
+        out |= {"drafter.input_proj.weight": f"{proj}weight", "drafter.input_proj.bias": f"{proj}bias"}
+    for i in range(num_draft_layers):
+        out |= {f"drafter.layers.{i}.linear.{k}": f"{head}{i}.linear.{k}" for k in ("weight", "bias")}
+    out["drafter.lm_head.weight"] = f"{head}{num_draft_layers}.weight"
+    if rnn:
+        out |= {f"drafter.{k}": k for k in ("rnn_u.weight", "rnn_u.bias", "rnn_w.weight")}
     return out
 
 
