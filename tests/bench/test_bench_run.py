@@ -287,3 +287,21 @@ def test_in_process_ttft_counts_from_arrival_as_a_served_client_does(engine, pro
     ttfts = [t.ttft_s for t in timed]
     assert ttfts == sorted(ttfts) and len(set(ttfts)) == len(ttfts)
     assert all(t.chunk_s[0] == pytest.approx(t.ttft_s) for t in timed)
+
+
+def test_a_prompt_file_of_token_ids_is_measured_as_its_ids(engine, tmp_path):
+    """JSONL lines of "input_ids" are sent as they are, in requests mode and when comparing (not encoded as empty
+    messages)."""
+    from trtspec.bench.compare import CompareOptions, run_compare
+
+    ids_file = tmp_path / "ids.jsonl"
+    ids_file.write_text("".join(json.dumps({"id": f"p{i}", "input_ids": [5 + i, 9, 13, 5, 9, 13]}) + "\n"
+                                for i in range(2)))
+    run = run_bench(BenchOptions(engine=engine, prompt_set=str(ids_file), limit=None, methods=("ngram",),
+                                 max_tokens=6, threads=1, show_progress=False), show=lambda line: None)
+    assert run.report["prompts"] == 2
+    assert all(r.input_tokens == 6 for r in run.records)
+    report = run_compare(CompareOptions(engines=(engine,), sets=(str(ids_file),), limit=2, max_tokens=6, threads=1,
+                                        methods=("ngram",), own_drafter=False, work=tmp_path / "w"),
+                         show=lambda line: None, progress=False)
+    assert report["systems"]["engine"]["plain"]["all"]["runs"] == 2

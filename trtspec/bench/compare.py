@@ -181,11 +181,11 @@ def prompt_ids(engines: list[dict], sets: tuple[str, ...], limit: int, max_token
             rows = run_child("trtspec.bench.compare:second_turns", {
                 "engine": engines[0]["path"], "name": name, "limit": limit, "max_tokens": max_tokens,
                 "threads": threads}, log=log, threads=threads)
-            chosen = [(row["id"], row["messages"]) for row in rows]
+            chosen = [(row["id"], row["messages"], ()) for row in rows]
         else:
-            chosen = [(p.id, list(p.messages)) for p in load_bench_prompts(name, limit=limit, show=show)]
-        for prompt_id, messages in chosen:
-            ids = tokenizer.encode_chat(messages)
+            chosen = [(p.id, list(p.messages), p.ids) for p in load_bench_prompts(name, limit=limit, show=show)]
+        for prompt_id, messages, given in chosen:
+            ids = list(given) if given else tokenizer.encode_chat(messages)
             if len(ids) > max_input or len(ids) + max_tokens > max_seq:
                 show(f"  {name} {prompt_id}: {len(ids)} prompt tokens + {max_tokens} do not fit every engine "
                      f"(max_input_len {max_input}, max_seq_len {max_seq}); skipped")

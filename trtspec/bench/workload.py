@@ -31,6 +31,9 @@ class BenchPrompt:
 
     @property
     def text(self) -> str:
+        if not self.messages:
+            raise ConfigError(f"prompt {self.id} holds token ids (\"input_ids\"); a served run sends text: give the "
+                              "prompt as text or messages")
         return self.messages[-1]["content"]
 
 
@@ -73,6 +76,12 @@ def load_bench_prompts(name: str, *, limit: int | None, split: str | None = "mea
     out = []
     for p in prompts:
         messages = tuple(p.messages)
+        if p.input_ids:  # a JSONL line's token ids, sent as they are
+            ids = list(p.input_ids)
+            if generator is not None and not _fits(p.id, len(ids), generator, max_tokens, show):
+                continue
+            out.append(BenchPrompt(p.id, p.category, messages, tuple(ids)))
+            continue
         if source is not None and source.two_turn:
             if generator is None:
                 raise ConfigError(f"--prompt-set {name}: a two-turn set needs the engine's own first answers; "
@@ -83,13 +92,19 @@ def load_bench_prompts(name: str, *, limit: int | None, split: str | None = "mea
             out.append(BenchPrompt(p.id, p.category, messages))
             continue
         ids = generator.encode(list(messages))
-        profile = generator.manifest.profile
-        if len(ids) > profile.max_input_len or len(ids) + max_tokens > profile.max_seq_len:
-            show(f"  {p.id}: {len(ids)} prompt tokens + {max_tokens} do not fit the engine "
-                 f"(max_input_len {profile.max_input_len}, max_seq_len {profile.max_seq_len}); skipped")
-            continue
-        out.append(BenchPrompt(p.id, p.category, messages, tuple(ids)))
+        if _fits(p.id, len(ids), generator, max_tokens, show):
+            out.append(BenchPrompt(p.id, p.category, messages, tuple(ids)))
     return out
+
+
+def _fits(prompt_id: str, tokens: int, generator, max_tokens: int, show) -> bool:
+    """Whether a prompt of `tokens` tokens and its reply fit the engine (else one line says it is skipped)."""
+    profile = generator.manifest.profile
+    if tokens > profile.max_input_len or tokens + max_tokens > profile.max_seq_len:
+        show(f"  {prompt_id}: {tokens} prompt tokens + {max_tokens} do not fit the engine "
+             f"(max_input_len {profile.max_input_len}, max_seq_len {profile.max_seq_len}); skipped")
+        return False
+    return True
 
 
 def spreads(name: str) -> bool:
