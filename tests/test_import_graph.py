@@ -83,3 +83,28 @@ def test_the_graph_sees_the_packages_it_checks():
     assert "speculative" not in graph  # the core imports no other package
     assert set(graph) <= {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}  # packages only
     assert set().union(*graph.values()) <= {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+
+
+def test_the_command_line_imports_packages_not_their_modules():
+    """The CLI parses and prints over the library: it imports `trtspec`, a package's public names (`trtspec.bench`,
+    `trtspec.engine`, ...: trtspec.lazy) and the shared leaves, never a module inside a package."""
+    deep = []
+    for path in sorted((ROOT / "cli").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for target in _targets(node):
+                parts = target.split(".")
+                if parts[0] == "trtspec" and len(parts) > 2 and parts[1] != "cli":
+                    deep.append(f"cli/{path.name}: {target}")
+    assert not deep, "the CLI imports modules inside packages:\n" + "\n".join(deep)
+
+
+def test_no_public_name_of_a_package_is_one_of_its_modules():
+    """A lazy export named like a module of its package would be hidden by that module once it is imported."""
+    import importlib
+
+    for init in sorted(ROOT.rglob("__init__.py")):
+        package = importlib.import_module(".".join(("trtspec", *init.parent.relative_to(ROOT).parts)).rstrip("."))
+        modules = {p.stem for p in init.parent.glob("*.py")} | {p.name for p in init.parent.iterdir() if p.is_dir()}
+        clashes = set(getattr(package, "__all__", ())) & (modules - {"__init__"})
+        assert not clashes, f"{package.__name__} exports names of its own modules: {sorted(clashes)}"
+

@@ -45,7 +45,7 @@ def cli(verbose: bool) -> None:
     """Speculative decoding in production: checkpoints → static-K engines → Triton repositories."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(message)s",
                         stream=sys.stderr)
-    from trtspec.model.ort_session import quiet_numpy_subnormal_warning
+    from trtspec.model import quiet_numpy_subnormal_warning
 
     quiet_numpy_subnormal_warning()  # numpy's, once anything has turned flush-to-zero on (ort_session.session_options)
 

@@ -62,7 +62,7 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
     if lookahead_text is not None:
         if flags.get("method") != "lookahead":
             raise click.UsageError("--lookahead W,N,G configures --method lookahead; pass the method too")
-        from trtspec.speculative.lookahead_proposer import LookaheadConfig
+        from trtspec.speculative import LookaheadConfig
 
         flags["lookahead"] = LookaheadConfig.parse(lookahead_text)
     if datastore is not None and flags.get("method") not in ("suffix", "hybrid"):
@@ -76,23 +76,22 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
         raise click.UsageError("pass exactly one of --prompt, --prompts or --prompt-set")
     if (engine is None) == (url is None):
         raise click.UsageError("pass an ENGINE directory or --url HOST:PORT (not both)")
-    from trtspec.data.prompts import generation_inputs
-    from trtspec.speculative.loop import GenerationConfig
-    from trtspec.speculative.sampling import SamplingParams
+    from trtspec.data import generation_inputs
+    from trtspec.speculative import GenerationConfig, SamplingParams
 
     prompts = generation_inputs(prompt=prompt, prompts_file=prompts_file, prompt_set=prompt_set, limit=limit)
     sampling = SamplingParams(**{name: flags.pop(name) for name in ("temperature", "top_k", "top_p", "seed")})
     config = GenerationConfig(sampling=sampling, **flags)
     on_text = None if as_json else (lambda index, piece: click.echo(piece, nl=False))
     if url is not None:
-        from trtspec.triton.client import generate_remote
+        from trtspec.triton import generate_remote
 
         streamed = stream is not False and concurrency == 1  # concurrent replies print when they are complete
         replies = generate_remote(url, prompts, config, model=model_name, stream=stream is not False,
                                   concurrency=concurrency, wait_s=wait_s, on_text=on_text if streamed else None)
         engine_facts = {}
     else:
-        from trtspec.runtime.generator import LocalGenerator
+        from trtspec.runtime import LocalGenerator
 
         streamed = bool(stream)  # else all prompts at once, with in-flight batching
         generator = LocalGenerator(engine, threads=threads, spin=spin, datastore=datastore,

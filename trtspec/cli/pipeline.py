@@ -47,7 +47,8 @@ from trtspec.cli.app import DIR, EXISTING_DIR, cli, user_errors
 def convert(as_json: bool, redrafter_no_greedy_search: bool, trtllm_version: str | None, **flags) -> None:
     """Convert a HF base (+ Medusa heads / EAGLE draft / ReDrafter drafter) into a TensorRT-LLM checkpoint."""
     if flags["redrafter"] is not None:  # the names differ by version: the installed one's, else the newest's
-        from trtspec.engine.trtllm_versions import installed_version, newest, parse_version
+        from trtspec.engine import (installed_trtllm_version as installed_version, newest_trtllm_version as newest,
+                                    parse_trtllm_version as parse_version)
 
         installed = installed_version()
         trtllm_version = (parse_version(trtllm_version) if trtllm_version else
@@ -79,8 +80,8 @@ def _fact_text(key: str, value) -> str:
 def inspect(directory: Path, as_json: bool) -> None:
     """Summarise any HF / Medusa / EAGLE / ReDrafter / TensorRT-LLM checkpoint folder, a built engine, or a Triton
     model repository (`trtspec deploy` output or upstream's layout)."""
-    from trtspec.engine.summary import engine_summary, is_engine_dir
-    from trtspec.triton.repo_summary import is_model_repository, repository_summary
+    from trtspec.engine import engine_summary, is_engine_dir
+    from trtspec.triton import is_model_repository, repository_summary
 
     if is_model_repository(directory) or is_engine_dir(directory):
         repository = is_model_repository(directory)
@@ -115,7 +116,7 @@ def inspect(directory: Path, as_json: bool) -> None:
 def _engine_facts(directory: Path, engine_summary) -> dict:
     """engine_summary, plus for a planned TensorRT-LLM engine (`build --plan-only`) the files still to come and the
     command that writes them."""
-    from trtspec.engine.trtllm_builder import expected_engine_files, is_planned, read_plan
+    from trtspec.engine import expected_engine_files, is_planned, read_plan
 
     facts = engine_summary(directory)
     if is_planned(directory):
@@ -143,12 +144,11 @@ def tree(choices: str | None, preset: str | None, as_json: bool, png: Path | Non
     """Validate a draft tree and show its buffers (topks, paths, packed mask)."""
     if (choices is None) == (preset is None):
         raise click.UsageError("pass exactly one of --choices or --preset")
-    from trtspec.speculative.tree import build_tree, parse_choices  # numpy only, loaded on use
-    from trtspec.speculative.tree_presets import preset as preset_choices
+    from trtspec.speculative import build_tree, parse_choices, tree_preset as preset_choices  # numpy only
 
     built = build_tree(parse_choices(choices) if choices is not None else preset_choices(preset), **limits)
     if png is not None:
-        from trtspec.speculative.tree_plot import draw_tree
+        from trtspec.speculative import draw_tree
 
         click.echo(f"wrote the tree drawing to {draw_tree(built, png)}", err=True)
     if as_json:
@@ -212,9 +212,8 @@ def build(source: Path, backend: str, eagle2: str | None, dry_run: bool, **flags
         return _build_trtllm(source, eagle2, dry_run, **flags)
     _reject_trtllm_flags(flags)
     flags["quantize_heads"] = flags["quantize_heads"] is not False
-    from trtspec.engine.manifest import WeightFormat
-    from trtspec.engine.onnx_builder import BuildOptions, build as build_engine, plan_build, plan_summary
-    from trtspec.speculative.tree import DynamicTree
+    from trtspec.engine import BuildOptions, WeightFormat, build_onnx as build_engine, plan_build, plan_summary
+    from trtspec.speculative import DynamicTree
 
     opts = BuildOptions(source=source, dynamic_tree=DynamicTree.parse(eagle2) if eagle2 else None, **flags)
     if dry_run:
@@ -259,8 +258,8 @@ def _build_trtllm(source: Path, eagle2: str | None, dry_run: bool, *, as_json: b
     if dry_run and plan_only:
         raise click.UsageError("pass either --dry-run (writes nothing) or --plan-only (writes the planned engine "
                                "folder), not both")
-    from trtspec.engine.trtllm_builder import build as build_engine, expected_engine_files, trtllm_available, write_plan
-    from trtspec.engine.trtllm_plan import Lookahead, TrtllmBuildOptions, plan_trtllm_build
+    from trtspec.engine import (Lookahead, TrtllmBuildOptions, build_trtllm as build_engine, expected_engine_files,
+                                plan_trtllm_build, trtllm_available, write_plan)
 
     opts = TrtllmBuildOptions(source=source, lookahead=Lookahead.parse(lookahead) if lookahead else None, **flags)
     plan = plan_trtllm_build(opts)
@@ -302,8 +301,7 @@ def _plan_text(plan) -> str:
 @user_errors
 def verify(engine: Path, quiet: bool) -> None:
     """Check every file of a built engine against the sizes and content hashes its manifest recorded."""
-    from trtspec.engine.integrity import verify_files
-    from trtspec.engine.manifest import read_manifest
+    from trtspec.engine import read_manifest, verify_files
     from trtspec.progress import progress_bar
 
     manifest = read_manifest(engine)  # sizes: a truncated file is one line here already

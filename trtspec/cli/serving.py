@@ -77,8 +77,7 @@ def deploy(engine: Path | None, out: Path, **flags) -> None:
     An engine's repository reads everything from its manifest; --flavour llmapi writes TensorRT-LLM's LLM-API
     (PyTorch backend) model.yaml for --hf DIR and its drafter."""
     from trtspec.errors import ConfigError
-    from trtspec.triton.deploy import deploy as write_repository
-    from trtspec.triton.deploy_options import DeployOptions
+    from trtspec.triton import DeployOptions, deploy_repository as write_repository
 
     llmapi = {k: flags.pop(k) for k in LLMAPI_FLAGS}
     if flags["flavour"] == "llmapi":
@@ -115,8 +114,7 @@ ENGINE_ONLY = {"instances": ("--instances", 1), "chat_template": ("--chat-templa
 
 def _deploy_llmapi(engine: Path | None, out: Path, flags: dict, llmapi: dict) -> Path:
     from trtspec.errors import ConfigError
-    from trtspec.triton.deploy_options import LlmapiOptions
-    from trtspec.triton.llmapi_repo import deploy_llmapi
+    from trtspec.triton import LlmapiOptions, deploy_llmapi
 
     if engine is not None:
         raise ConfigError("--flavour llmapi deploys a Hugging Face folder (--hf DIR), not an engine: drop ENGINE")
@@ -152,7 +150,7 @@ def doctor(repository: Path, engine: Path | None, as_json: bool) -> None:
     TensorRT-LLM: tensorrtllm_backend's configs against the engine's config.json. CPU: the engine its model loads
     (manifest, file sizes and hashes), the compiled ops it runs, its method, datastore and threads. Prints every
     problem found and what was checked; exit 1 on any error."""
-    from trtspec.triton.doctor import doctor as check, report
+    from trtspec.triton import check_repository as check, doctor_report as report
 
     checked = []
     findings = check(repository, engine, checked)
@@ -189,7 +187,7 @@ def serve(repository: Path, openai_port: int | None, served_model_name: str | No
     import contextlib
     import signal
 
-    from trtspec.triton.server import ServerOptions, TritonServer, exit_status
+    from trtspec.triton import ServerOptions, TritonServer, exit_status
 
     if served_model_name is not None and openai_port is None:
         raise click.UsageError("--served-model-name names the model of the OpenAI API; pass --openai-port too")
@@ -197,7 +195,7 @@ def serve(repository: Path, openai_port: int | None, served_model_name: str | No
                           on_log=lambda line: click.echo(line, err=True))
     openai = None
     if openai_port is not None:  # bound before Triton starts: a port in use fails at once
-        from trtspec.triton.openai_frontend import OpenAIServer
+        from trtspec.triton import OpenAIServer
 
         openai = OpenAIServer.beside(server, repository, port=openai_port, served_model_name=served_model_name)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops it like Ctrl-C
@@ -239,7 +237,7 @@ def openai(url: str, host: str, port: int, tokenizer: Path | None, model: str, s
            wait_s: float) -> None:
     """Serve an OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions) in front of a running
     deployment, until Ctrl-C."""
-    from trtspec.triton.openai_frontend import OpenAIFrontend, OpenAIServer
+    from trtspec.triton import OpenAIFrontend, OpenAIServer
 
     frontend = OpenAIFrontend.with_tokenizer(url, tokenizer, model=model, served_model_name=served_model_name)
     server = OpenAIServer(frontend, host=host, port=port)
