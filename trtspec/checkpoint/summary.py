@@ -8,6 +8,7 @@ from pathlib import Path
 
 from trtspec.checkpoint.eagle import is_eagle3, read_eagle3_draft, read_eagle_draft
 from trtspec.checkpoint.hf_config import read_base_config, read_json
+from trtspec.checkpoint.llmapi_fields import eagle3_layer_ids, mtp_field
 from trtspec.checkpoint.medusa import HEAD_FILES, has_embedded_heads, read_medusa_heads
 from trtspec.checkpoint.redrafter import is_redrafter_drafter, read_redrafter_drafter
 from trtspec.checkpoint.tensorfile import TensorStore, open_hf_weights
@@ -47,6 +48,11 @@ def inspect_checkpoint(directory: Path) -> CheckpointSummary:
         return _eagle3(directory)
     if set(config.get("architectures") or []) & {"LlamaForCausalLM"} and _looks_like_eagle(directory):
         return _eagle(directory)
+    if mtp_field(config)[0] is not None:
+        try:
+            read_base_config(directory)
+        except CheckpointError:  # an architecture trtspec does not convert (DeepSeek-V3): its config alone
+            return _mtp_base(directory, config)
     return _hf(directory)
 
 
@@ -80,7 +86,26 @@ def _hf(directory: Path) -> CheckpointSummary:
     if has_embedded_heads(store):
         heads = read_medusa_heads(directory)
         details["medusa"] = {"variant": heads.variant, "heads": heads.stored_heads, "layers": heads.num_layers}
+    details.update(_mtp_details(read_json(directory / "config.json")))
     return _summary(directory, "hf", cfg.architecture, store, details)
+
+
+def _mtp_details(config: dict) -> dict:
+    field_name, layers = mtp_field(config)
+    if field_name is None:
+        return {}
+    return {"mtp_layers": f"{layers} ({field_name}): drafts with TensorRT-LLM's MTP (deploy --flavour llmapi --mtp)"}
+
+
+def _mtp_base(directory: Path, config: dict) -> CheckpointSummary:
+    """A base with multi-token-prediction layers whose architecture trtspec does not convert (DeepSeek-V3 / R1,
+    Qwen3-Next): config.json's sizes and its MTP modules, for the llmapi flavour."""
+    store = open_hf_weights(directory)
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "torch_dtype")
+    details = {k: config[k] for k in keys if k in config}
+    details.update(_mtp_details(config), shards=len(store.files))
+    arch = ", ".join(config.get("architectures") or []) or str(config.get("model_type", "unknown"))
+    return _summary(directory, "hf", arch, store, details)
 
 
 def _medusa(directory: Path) -> CheckpointSummary:
@@ -101,11 +126,24 @@ def _eagle(directory: Path) -> CheckpointSummary:
 
 
 def _eagle3(directory: Path) -> CheckpointSummary:
+    """The fields TensorRT-LLM's Eagle3 loader reads (trtspec.checkpoint.llmapi_fields): sizes, the reduced
+    vocabulary and its maps, the base layers the draft names, its eagle_config."""
     d = read_eagle3_draft(directory)
-    details = {"draft_layers": d.num_layers, "hidden_size": d.hidden_size,
+    field_name, ids = eagle3_layer_ids(d.config)
+    details = {"architectures": ", ".join(d.config.get("architectures") or []) or "(none)",
+               "draft_layers": d.num_layers, "hidden_size": d.hidden_size,
                "target_hidden_size": d.target_hidden_size, "vocab_size": d.vocab_size,
-               "draft_vocab_size": d.draft_vocab_size, "embed_tokens": d.has_embed_tokens,
-               "engine_flow": "not supported by TensorRT-LLM's engine flow (PyTorch backend only)"}
+               "draft_vocab_size": d.draft_vocab_size,
+               "vocab_maps": ", ".join(k for k in ("d2t", "t2d") if k in d.store) or "none (the full vocabulary)",
+               "embed_tokens": d.has_embed_tokens,
+               "target_layers": f"{ids} ({field_name})" if field_name else
+               "not named (TensorRT-LLM captures its default, 1, N/2 - 1, N - 4 of an N-layer base)"}
+    eagle = d.config.get("eagle_config") if isinstance(d.config.get("eagle_config"), dict) else {}
+    rest = {k: v for k, v in eagle.items() if k != "eagle_aux_hidden_state_layer_ids"}
+    if rest:  # eh_proj_before_attn, norm_before_fc, ...: how TensorRT-LLM builds the draft's layers
+        details["eagle_config"] = rest
+    details["serve"] = ("TensorRT-LLM's LLM API, PyTorch backend (trtspec deploy --flavour llmapi --eagle3 DIR); not "
+                        "its engine flow")
     return _summary(directory, "eagle3", "EAGLE-3 draft", d.store, details)
 
 

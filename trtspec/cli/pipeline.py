@@ -75,14 +75,20 @@ def _fact_text(key: str, value) -> str:
 
 @cli.command()
 @click.argument("directory", type=EXISTING_DIR)
+@click.option("--base", type=EXISTING_DIR,
+              help="An EAGLE-3 draft's or a draft model's Hugging Face base: check the draft against it as `deploy "
+                   "--flavour llmapi` does, one line per mismatch (exit 1 on any).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @user_errors
-def inspect(directory: Path, as_json: bool) -> None:
-    """Summarise any HF / Medusa / EAGLE / ReDrafter / TensorRT-LLM checkpoint folder, a built engine, or a Triton
-    model repository (`trtspec deploy` output or upstream's layout)."""
+def inspect(directory: Path, base: Path | None, as_json: bool) -> None:
+    """Summarise any HF / Medusa / EAGLE / EAGLE-3 / ReDrafter / TensorRT-LLM checkpoint folder, a built engine, or a
+    Triton model repository (`trtspec deploy` output or upstream's layout)."""
     from trtspec.engine import engine_summary, is_engine_dir
+    from trtspec.errors import ConfigError
     from trtspec.triton import is_model_repository, repository_summary
 
+    if base is not None and (is_model_repository(directory) or is_engine_dir(directory)):
+        raise ConfigError("--base applies to an EAGLE-3 draft or a draft model's folder, not a repository or engine")
     if is_model_repository(directory) or is_engine_dir(directory):
         repository = is_model_repository(directory)
         facts = repository_summary(directory) if repository else _engine_facts(directory, engine_summary)
@@ -101,16 +107,43 @@ def inspect(directory: Path, as_json: bool) -> None:
             click.echo(f"  {key:<26} {_fact_text(key, value)}")
         return
     summary = trtspec.inspect_checkpoint(directory)
+    mismatches = _against_base(summary, directory, base) if base is not None else []
     if as_json:
         click.echo(json.dumps(summary.to_dict(), indent=2))
+        if mismatches:
+            raise SystemExit(1)
         return
     click.echo(f"{summary.path}: {summary.format} · {summary.architecture}")
     click.echo(f"  parameters                 {summary.num_parameters:,}")
     click.echo(f"  dtypes                     {', '.join(f'{k} ×{v}' for k, v in summary.dtypes.items())}")
     click.echo(f"  files                      {', '.join(f'{k} ({v / 2**20:.1f} MiB)' for k, v in summary.files.items())}")
     for key, value in summary.details.items():
-        for i, line in enumerate(value if key == "problems" else [value]):  # one line per problem
+        for i, line in enumerate(value if key in ("problems", "mismatches") else [value]):  # one line per problem
             click.echo(f"  {key if i == 0 else '':<26} {line}")
+    if mismatches:
+        raise SystemExit(1)
+
+
+def _against_base(summary, directory: Path, base: Path) -> list[str]:
+    """`inspect DRAFT --base BASE`: the llmapi flavour's drafter checks, into the summary's details (`against`, and
+    `mismatches` one line each, or `eagle3_layers`)."""
+    from trtspec.errors import ConfigError
+    from trtspec.triton import check_llmapi_drafter, eagle3_capture
+
+    drafter = {"eagle3": "eagle3", "hf": "draft_target"}.get(summary.format)
+    if drafter is None:
+        raise ConfigError(f"--base: {directory} is a {summary.format} checkpoint; --base checks an EAGLE-3 draft or a "
+                          "draft model (Medusa / EAGLE-1/2 / ReDrafter drafters are checked against their base by "
+                          "`trtspec convert`)")
+    lines = check_llmapi_drafter(base, drafter, directory)
+    kind = "EAGLE-3 draft" if drafter == "eagle3" else "draft model"
+    summary.details["against"] = f"{base} ({kind}, as deploy --flavour llmapi checks it)"
+    if drafter == "eagle3":
+        config = json.loads((base / "config.json").read_text())
+        severity, line = eagle3_capture(config, json.loads((directory / "config.json").read_text()))
+        summary.details["eagle3_layers"] = line if severity == "note" else f"{severity}: {line}"
+    summary.details["mismatches"] = lines or ["none"]
+    return lines
 
 
 def _engine_facts(directory: Path, engine_summary) -> dict:

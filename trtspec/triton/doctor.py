@@ -102,6 +102,9 @@ def doctor(repo: Path, engine_dir: Path | None = None, checked: list[Checked] | 
     findings += check_cpu_engine(models, repo, engine_dir, checked)
     findings += check_ensemble(models)
     findings += check_bls(models, llms, repo, engine_dir, findings)
+    from trtspec.triton.llmapi_doctor import check_llmapi  # the llmapi flavour: MODEL/1/model.yaml
+
+    findings += check_llmapi(repo, checked)
     return findings
 
 

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import yaml
 
+from trtspec.checkpoint.hf_config import read_json
 from trtspec.errors import ConfigError, RepositoryError
 from trtspec.outdir import atomic_output_dir
 from trtspec.triton.deploy_options import DECODING_TYPES, LlmapiOptions, check_llmapi_options, \
     parse_speculative_options
-from trtspec.triton.llmapi_check import base_config, check_drafter, mtp_layers
+from trtspec.triton.llmapi_check import base_config, check_drafter, eagle3_capture, mtp_layers
 from trtspec.triton.llmapi_versions import KV_CACHE, TOP_LEVEL, LlmapiVersion, parse_llmapi_version
 from trtspec.triton.pbtxt import Tensor, TritonModelConfig, render
 
@@ -81,8 +82,13 @@ def model_config() -> TritonModelConfig:
                              instance_count=1)
 
 
+VERSION_LINE = "# trtspec llmapi version: "  # the comment `trtspec doctor` reads the version from
+
+
 def model_yaml_text(plan: LlmapiPlan) -> str:
     head = (f"# Written by trtspec deploy --flavour llmapi for {plan.version.name}.\n"
+            f"{VERSION_LINE}{plan.version.short} (held to {plan.version.held_to}; `trtspec doctor` checks the keys "
+            "against it)\n"
             "# model.py passes every key but triton_config to tensorrt_llm.LLM(**args); triton_config sets Triton's\n"
             "# max_batch_size (0: the LLM batches requests in flight) and decoupled (streaming).\n")
     return head + yaml.safe_dump(plan.model_yaml, sort_keys=False, default_flow_style=False)
@@ -108,6 +114,11 @@ def plan_llmapi(options: LlmapiOptions) -> LlmapiPlan:
                                "enable_block_reuse": options.kv_cache_reuse}}
     if options.drafter is not None:
         doc["speculative_config"] = speculative_config(options, version, base_config(hf))
+    if options.drafter == "eagle3":
+        severity, line = eagle3_capture(base_config(hf), read_json(Path(options.draft_dir) / "config.json"),
+                                        doc["speculative_config"].get("eagle3_layers_to_capture"))
+        if severity == "warning":
+            log.warning("%s: %s", options.draft_dir, line)
     doc["triton_config"] = {"max_batch_size": 0, "decoupled": options.decoupled}
     _check_keys(doc, version)
     return LlmapiPlan(version=version, model_yaml=doc)
