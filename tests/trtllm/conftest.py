@@ -60,7 +60,8 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 # ---- a stand-in for trtllm-build (this machine has no GPU and no tensorrt_llm) --------------------------
 
-SPEC_MODE_BITS = {None: 1, "draft_tokens_external": 2, "medusa": 4, "lookahead_decoding": 8, "eagle": 32}
+SPEC_MODE_BITS = {None: 1, "draft_tokens_external": 2, "medusa": 4, "lookahead_decoding": 8,
+                  "explicit_draft_tokens": 16, "eagle": 32}
 
 
 def fake_trtllm_build(argv, cwd, *, version="1.2.1", tamper=None):
@@ -71,6 +72,8 @@ def fake_trtllm_build(argv, cwd, *, version="1.2.1", tamper=None):
     ckpt = json.loads((Path(flags["--checkpoint_dir"]) / "config.json").read_text())
     mode = flags.get("--speculative_decoding_mode")
     k = int(flags.get("--max_draft_len", 0)) or ckpt.get("max_draft_len", 0) if mode else 0  # the checkpoint's K unless given
+    if "redrafter_num_beams" in ckpt:  # a ReDrafter checkpoint: K = beams x length, the mode forced
+        mode, k = "explicit_draft_tokens", ckpt["redrafter_num_beams"] * ckpt["redrafter_draft_len_per_beam"]
     batch, seq_len = int(flags["--max_batch_size"]), int(flags["--max_seq_len"])
     if mode:
         seq_len += k  # the draft slots

@@ -238,6 +238,7 @@ def test_every_hint_names_a_flag_that_exists(tiny, write_ckpt, tmp_path, monkeyp
         result = run("deploy", *args, "--out", tmp_path / "repo", "--force")
         messages.append(("deploy", result.output))
     messages += [("doctor", str(f)) for f in doctor(tmp_path / "repo")]
+    messages += redrafter_messages(tmp_path / "redrafter")
 
     seen = [(default, command, flag) for default, text in messages for command, flag in hinted_flags(text, default)]
     unknown = sorted({(command, flag) for _, command, flag in seen if flag not in command_flags(command)})
@@ -246,6 +247,47 @@ def test_every_hint_names_a_flag_that_exists(tiny, write_ckpt, tmp_path, monkeyp
     assert {command for _, command, _ in seen} >= {"build", "convert", "deploy"}
     assert ("convert", "--num-eagle-layers") in {(c, f) for _, c, f in seen}
     assert ("build", "--plan-only") in {(c, f) for _, c, f in seen}
+    assert {("convert", "--redrafter-num-beams"), ("convert", "--trtllm-version"), ("deploy", "--flavour"),
+            ("generate", "--url"), ("build", "--backend")} <= {(c, f) for _, c, f in seen}
+
+
+def redrafter_messages(root: Path) -> list[tuple[str, str]]:
+    """(command, output) of what the ReDrafter paths print: build's refusals and notes, the onnx backend's refusal,
+    generate's CPU refusal, doctor's decoding_mode and manifest findings."""
+    from trtspec.checkpoint.convert import ConvertOptions, convert
+    from trtspec.testing import TinyModel, write_hf_base, write_redrafter_drafter, write_tiny_tokenizer
+
+    tokenizer = root / "tokenizer"
+    model = TinyModel(vocab_size=write_tiny_tokenizer(tokenizer))
+    ckpts = {}
+    for name, version in (("new", None), ("old", "0.21")):
+        ckpts[name] = root / name
+        convert(ConvertOptions(base=write_hf_base(root / "base", model), out=ckpts[name], trtllm_version=version,
+                               redrafter=write_redrafter_drafter(root / "drafter", model)), show_progress=False)
+    out = []
+    for ckpt, args in ((ckpts["new"], ["--max-draft-len", "5"]), (ckpts["new"], ["--no-spec"]),
+                       (ckpts["new"], ["--choices", "[[0]]"]), (ckpts["new"], ["--lookahead", "2,2,1"]),
+                       (ckpts["new"], ["--weights", "int8"]), (ckpts["new"], ["--trtllm-version", "0.21"]),
+                       (ckpts["old"], []), (ckpts["new"], ["--dry-run"])):
+        result = run("build", ckpt, "--backend", "trtllm", "--out", root / "e", "--trtllm-version", "1.2",
+                     "--max-input-len", "128", *args)
+        assert "Traceback" not in result.output, result.output
+        out.append(("build", result.output))
+    out.append(("build", run("build", ckpts["new"], "--out", root / "e").output))  # the onnx backend
+    engine, repo = root / "engine", root / "repo"
+    result = run("build", ckpts["new"], "--backend", "trtllm", "--out", engine, "--plan-only", "--trtllm-version", "1.2",
+                 "--max-input-len", "128", "--tokenizer", tokenizer)
+    assert result.exit_code == 0, result.output
+    out += [("build", result.output), ("generate", run("generate", engine, "--prompt", "hi").output)]
+    assert run("deploy", engine, "--out", repo).exit_code == 0
+    config = repo / "tensorrt_llm" / "config.pbtxt"
+    config.write_text(config.read_text().replace('"redrafter"', '"top_k_top_p"'))
+    manifest = json.loads((engine / "manifest.json").read_text())
+    (engine / "manifest.json").write_text(json.dumps({**manifest, "redrafter": {**manifest["redrafter"],
+                                                                                 "num_beams": 1}}))
+    found = doctor(repo)
+    assert {f.field for f in found if f.severity == "error"} >= {"decoding_mode", "redrafter"}
+    return out + [("doctor", str(f)) for f in found]
 
 
 # ---- 3. deploy from a plan; doctor lists what is still to come -----------------------------------------

@@ -17,7 +17,13 @@ from dataclasses import dataclass
 
 from trtspec.errors import CheckpointError, ConfigError, check_fields
 
-TRTLLM_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MedusaForCausalLM", "EagleForCausalLM")
+# TensorRT-LLM's ReDrafter checkpoints: one class before 1.0 (LLaMA bases), one per base family from 1.0
+# (checkpoint.redrafter ARCHITECTURES); the base's own shape is read from base_model_architecture's fields
+REDRAFTER_ARCHITECTURES = ("ReDrafterForCausalLM", "ReDrafterForLLaMALM", "ReDrafterForQWenLM")
+REDRAFTER_BASES = {"ReDrafterForCausalLM": ("LlamaForCausalLM",), "ReDrafterForLLaMALM": ("LlamaForCausalLM",),
+                   "ReDrafterForQWenLM": ("Qwen2ForCausalLM",)}
+TRTLLM_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MedusaForCausalLM", "EagleForCausalLM",
+                        *REDRAFTER_ARCHITECTURES)
 HIDDEN_ACTS = ("silu",)  # every supported family is SwiGLU; Medusa ResBlocks use the same activation
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -26,7 +32,7 @@ DTYPES = ("float32", "float16", "bfloat16")
 class ModelShape:
     """A LLaMA-style decoder (RMSNorm, RoPE, SwiGLU): dimensions, RoPE, biases, and its drafter's sizes."""
 
-    architecture: str  # as config.json names it (HF: the base family's; TensorRT-LLM: also Medusa / Eagle)
+    architecture: str  # as config.json names it (HF: the base family's; TensorRT-LLM: also Medusa / Eagle / ReDrafter)
     dtype: str | None  # the stored dtype (None: an HF config.json that names none)
     vocab_size: int
     hidden_size: int
@@ -76,6 +82,8 @@ class ModelShape:
     def from_trtllm(cls, config: dict) -> ModelShape:
         """Read a TensorRT-LLM `config.json` dict; CheckpointError names the first bad or missing field."""
         arch = _choice(config, "architecture", TRTLLM_ARCHITECTURES)
+        if arch in REDRAFTER_ARCHITECTURES:  # the base's shape; its drafter's fields: checkpoint.redrafter
+            _choice(config, "base_model_architecture", REDRAFTER_BASES[arch])
         hidden, heads = _int(config, "hidden_size"), _int(config, "num_attention_heads")
         kv_heads = _int(config, "num_key_value_heads") if config.get("num_key_value_heads") is not None else heads
         head_dim = next((_int(config, k) for k in ("head_size", "head_dim") if config.get(k) is not None),
@@ -114,6 +122,53 @@ class ModelShape:
             raise ConfigError(f"{where}: {e}") from None
 
 
+@dataclass(frozen=True, kw_only=True)
+class ReDrafterBeams:
+    """A ReDrafter engine's beam search, fixed at build (the checkpoint's redrafter_* fields): `num_beams` paths of
+    `draft_len_per_beam` tokens each, so K = num_beams x draft_len_per_beam (TensorRT-LLM tensorrt_llm/builder.py
+    `build`; the C++ runtime reads the same two fields from pretrained_config, gptJsonConfig.cpp). The manifest's
+    `redrafter` section is `to_dict`."""
+
+    num_beams: int
+    draft_len_per_beam: int
+    greedy_search: bool = True  # False: requests' temperatures pick the beams' tokens (examples/redrafter/README.md)
+
+    def __post_init__(self):
+        for key in ("num_beams", "draft_len_per_beam"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"redrafter {key} must be a positive integer, found {value!r}")
+        if not isinstance(self.greedy_search, bool):
+            raise ConfigError(f"redrafter greedy_search must be true or false, found {self.greedy_search!r}")
+
+    @property
+    def max_draft_len(self) -> int:
+        return self.num_beams * self.draft_len_per_beam
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str) -> ReDrafterBeams:
+        check_fields(cls, data, where)
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in data]
+        if missing:
+            raise ConfigError(f"{where}: missing key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
+        try:
+            return cls(**data)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
+
+    @classmethod
+    def from_trtllm(cls, config: dict) -> ReDrafterBeams:
+        """From a ReDrafter checkpoint's config.json dict; CheckpointError names the bad field."""
+        greedy = config.get("redrafter_greedy_search", True)
+        if not isinstance(greedy, bool):
+            raise CheckpointError(f"config field redrafter_greedy_search must be true or false, found {greedy!r}")
+        return cls(num_beams=_int(config, "redrafter_num_beams"),
+                   draft_len_per_beam=_int(config, "redrafter_draft_len_per_beam"), greedy_search=greedy)
+
+
 def _medusa_fields(config: dict) -> dict:
     return {"num_medusa_heads": _int(config, "num_medusa_heads"),
             "num_medusa_layers": _int(config, "num_medusa_layers"), "max_draft_len": _int(config, "max_draft_len")}
@@ -133,8 +188,8 @@ def _eagle_fields(config: dict) -> dict:
 
 
 def _is_qwen(config: dict) -> bool:
-    return (config["architecture"] == "Qwen2ForCausalLM" or "qwen_type" in config
-            or "qwen" in str(config.get("model_type", "")))
+    return ("Qwen2ForCausalLM" in (config["architecture"], config.get("base_model_architecture"))
+            or "qwen_type" in config or "qwen" in str(config.get("model_type", "")))
 
 
 def _rope_scaling(config: dict) -> dict | None:

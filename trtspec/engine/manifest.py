@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtspec.checkpoint.model_shape import ModelShape
+from trtspec.checkpoint.model_shape import ModelShape, ReDrafterBeams
 from trtspec.errors import BuildError, ConfigError, check_fields
 from trtspec.outdir import chmod_as_created
 from trtspec.model.quantize import QuantScheme, WeightDtype, min_step_slots
@@ -263,6 +263,10 @@ class Manifest:
     numerics: dict[str, float] = field(default_factory=dict)  # max |ORT − reference| / max(1, |reference|) per output
     # lookahead (W, N, G) as {"window_size", "ngram_size", "verification_set_size"}; K = f(W, N, G)
     lookahead: dict[str, int] | None = None
+    # redrafter: the beam search built into the engine, {"num_beams", "draft_len_per_beam", "greedy_search"}
+    # (model_shape.ReDrafterBeams); K = num_beams x draft_len_per_beam. A manifest without the key (written before
+    # trtspec built ReDrafter engines) reads as null.
+    redrafter: dict | None = None
     tp_size: int = 1  # tensor-parallel ranks (trtllm engines: one rank{r}.engine per rank, one MPI rank per GPU)
     pp_size: int = 1
     graph_format: int | None = None  # onnx backend: ONNX_GRAPH_FORMAT of the graphs it built (trtllm: None)
@@ -322,8 +326,8 @@ class Manifest:
             raise ConfigError(f"{where}: expected an object, found {type(data).__name__}")
         check_version(data, where)
         check_fields(cls, data, where)
+        data = {"redrafter": None, **data}  # the one key a manifest of this version may lack (see the field)
         _check_complete(cls, data, where)
-        data = dict(data)
         try:
             data["backend"] = Backend(data["backend"])
         except ValueError as e:
@@ -341,6 +345,7 @@ class Manifest:
             raise ConfigError(f"{where}: attention {data['attention']!r} is not an attention kernel this trtspec runs "
                               "(gqa, tree)")
         data["weights"] = EngineWeights.from_dict(data["weights"], f"{where}: weights")
+        _check_redrafter(data, where)
         return _from_dict(cls, data, where)
 
     def write(self, engine_dir: Path) -> Path:
@@ -355,6 +360,22 @@ class Manifest:
         return path
 
 
+def _check_redrafter(data: dict, where: str) -> None:
+    """A ReDrafter engine's manifest has its beam search, whose K is the profile's; no other engine has one."""
+    section, method = data["redrafter"], data["method"]
+    if (section is None) != (method is not Method.REDRAFTER):
+        raise ConfigError(f"{where}: method {method.value} with redrafter {section!r}; a redrafter engine records "
+                          "its num_beams and draft_len_per_beam there, no other engine does")
+    if section is None:
+        return
+    beams = ReDrafterBeams.from_dict(section, f"{where}: redrafter")
+    if beams.max_draft_len != data["profile"].max_draft_len:
+        raise ConfigError(f"{where}: redrafter num_beams {beams.num_beams} x draft_len_per_beam "
+                          f"{beams.draft_len_per_beam} = {beams.max_draft_len}, but the profile's max_draft_len is "
+                          f"{data['profile'].max_draft_len}")
+    data["redrafter"] = beams.to_dict()
+
+
 def check_version(data: dict, where: str) -> None:
     """Refuse, in one line, a manifest of another MANIFEST_VERSION (or none): its engine is rebuilt, not read."""
     version = data.get("version")
@@ -365,6 +386,16 @@ def check_version(data: dict, where: str) -> None:
     raise BuildError(f"{where}: {found}, this trtspec reads version {MANIFEST_VERSION}: the engine was written by "
                      f"{'a later' if newer else 'an earlier'} trtspec; rebuild it with this one "
                      "(`trtspec build ... --force`)")
+
+
+def check_decoded_on_cpu(manifest: Manifest, engine_dir: Path) -> None:
+    """Refuse, in one line, an engine whose method trtspec's CPU runtime does not decode (Method.decoded_on_cpu:
+    ReDrafter and draft-target engines run on TensorRT-LLM only)."""
+    if manifest.method not in Method.decoded_on_cpu():
+        raise ConfigError(f"{engine_dir}: a {manifest.method.value} engine runs on TensorRT-LLM only (trtspec's CPU "
+                          f"runtime does not decode {manifest.method.value} yet); serve it on a GPU host "
+                          f"(`trtspec deploy {engine_dir} --flavour trtllm`) and query it with "
+                          "`trtspec generate --url HOST`")
 
 
 def read_manifest(engine_dir: Path, *, check_files: bool = True) -> Manifest:

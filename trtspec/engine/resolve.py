@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtspec.checkpoint.model_shape import ModelShape
+from trtspec.checkpoint.model_shape import REDRAFTER_ARCHITECTURES, ModelShape
 from trtspec.engine.manifest import Backend, Method
 from trtspec.errors import BuildError, ConfigError
 from trtspec.speculative.tree import DynamicTree, Tree, build_tree, parse_choices
@@ -53,6 +53,8 @@ class MethodRequest:
 def resolve_method(cfg: ModelShape, request: MethodRequest, backend: Backend) -> Method:
     """The engine's method: the checkpoint's drafter unless --no-spec; lookahead / draft-target (trtllm) on a plain
     checkpoint; EAGLE-2 (onnx) where a dynamic tree is asked for. Contradictions are one BuildError naming both."""
+    if cfg.architecture in REDRAFTER_ARCHITECTURES:
+        return _redrafter(cfg, request, backend)
     drafter = cfg.architecture in DRAFTER_ARCHITECTURES
     if request.lookahead is not None or request.draft_target:
         what = "--lookahead" if request.lookahead is not None else "--draft-target"
@@ -73,6 +75,24 @@ def resolve_method(cfg: ModelShape, request: MethodRequest, backend: Backend) ->
             raise BuildError("a dynamic (EAGLE-2) tree needs an EAGLE checkpoint; Medusa trees are static")
         return Method.MEDUSA
     return Method.EAGLE2 if request.dynamic_tree else Method.EAGLE
+
+
+def _redrafter(cfg: ModelShape, request: MethodRequest, backend: Backend) -> Method:
+    """A ReDrafter checkpoint builds a ReDrafter engine, on TensorRT-LLM only: trtllm-build builds any checkpoint with
+    redrafter_* fields with its drafter (tensorrt_llm/builder.py `build` sets explicit_draft_tokens itself), and
+    the drafter drafts its own beams, so no tree, lookahead or draft-target applies."""
+    where = request.source / "config.json"
+    if backend is not Backend.TRTLLM:
+        raise BuildError(f"{where}: a ReDrafter checkpoint ({cfg.architecture}) builds for TensorRT-LLM only; "
+                         "trtspec's CPU runtime has no ReDrafter decoder yet: pass --backend trtllm")
+    asked = [flag for flag, given in (("--no-spec", request.no_spec), ("--choices", request.choices is not None),
+                                      ("--preset", request.preset is not None), ("--lookahead", request.lookahead),
+                                      ("--draft-target", request.draft_target)) if given]
+    if asked:
+        raise BuildError(f"{where}: {' / '.join(asked)} does not apply to a ReDrafter checkpoint "
+                         f"({cfg.architecture}): TensorRT-LLM builds it with its drafter, which drafts its own beams; "
+                         "drop it, or for another method convert the base alone (`trtspec convert --base ...`)")
+    return Method.REDRAFTER
 
 
 def resolve_tree(cfg: ModelShape, method: Method, request: MethodRequest, backend: Backend) -> Tree | None:

@@ -32,6 +32,10 @@ def engine_summary(directory: Path) -> dict:
         out["weights"] = m.weights.summary()  # the weight format per component (onnx)
     if m.tree:
         out["tree"] = [list(c) for c in m.tree]
+    if m.redrafter:  # the beam search built into a ReDrafter engine
+        r = m.redrafter
+        out["redrafter"] = (f"{r['num_beams']} beams x {r['draft_len_per_beam']} draft tokens, "
+                            f"{'greedy' if r['greedy_search'] else 'sampled'} beam search")
     if m.backend.value == "onnx":  # the drafters `generate --method` / `draft_method` may ask for
         out["attention"] = ("TreeAttention (trtspec's kernel: every tree slot exact)" if m.attention == "tree" else
                             "GroupQueryAttention" + (" (quantized: chains only)" if m.chains_only else ""))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trtspec import __version__
-from trtspec.checkpoint.model_shape import ModelShape
+from trtspec.checkpoint.model_shape import ModelShape, ReDrafterBeams
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
 from trtspec.engine.manifest import Backend, Manifest, Method, ModelInfo, Profile
 from trtspec.engine.resolve import DEFAULT_TREE, MethodRequest, resolve_method, resolve_tree
@@ -40,6 +40,7 @@ class SpecMode(enum.Enum):
     DRAFT_TOKENS_EXTERNAL = ("draft_tokens_external", 2)
     MEDUSA = ("medusa", 4)
     LOOKAHEAD = ("lookahead_decoding", 8)
+    EXPLICIT_DRAFT_TOKENS = ("explicit_draft_tokens", 16)  # ReDrafter (TensorRT-LLM examples/redrafter/README.md)
     EAGLE = ("eagle", 32)
 
     @property
@@ -52,11 +53,13 @@ class SpecMode(enum.Enum):
 
 
 MODE_OF_METHOD = {Method.NONE: SpecMode.NONE, Method.MEDUSA: SpecMode.MEDUSA, Method.EAGLE: SpecMode.EAGLE,
-                  Method.LOOKAHEAD: SpecMode.LOOKAHEAD, Method.DRAFT_TARGET: SpecMode.DRAFT_TOKENS_EXTERNAL}
+                  Method.LOOKAHEAD: SpecMode.LOOKAHEAD, Method.DRAFT_TARGET: SpecMode.DRAFT_TOKENS_EXTERNAL,
+                  Method.REDRAFTER: SpecMode.EXPLICIT_DRAFT_TOKENS}
 # The Triton tensorrt_llm model's `decoding_mode` per method (tensorrtllm_backend tensorrt_llm/config.pbtxt); plain and draft-target engines
-# sample normally. A Medusa engine with top_k / top_p returns all-zero ids (TensorRT-LLM#1449).
+# sample normally. A Medusa engine with top_k / top_p returns all-zero ids (TensorRT-LLM#1449). ReDrafter's is
+# "redrafter" (ExplicitDraftTokens: tensorrtllm_backend inflight_batcher_llm/src/model_instance_state.cc).
 DECODING_MODE = {Method.NONE: "top_k_top_p", Method.DRAFT_TARGET: "top_k_top_p", Method.MEDUSA: "medusa",
-                 Method.EAGLE: "eagle", Method.LOOKAHEAD: "lookahead"}
+                 Method.EAGLE: "eagle", Method.LOOKAHEAD: "lookahead", Method.REDRAFTER: "redrafter"}
 
 
 @dataclass(frozen=True)
@@ -178,13 +181,14 @@ def plan_trtllm_build(opts: TrtllmBuildOptions) -> TrtllmPlan:
     request = MethodRequest.of(opts)
     method = resolve_method(cfg, request, Backend.TRTLLM)
     tree = resolve_tree(cfg, method, request, Backend.TRTLLM)
-    k = _max_draft_len(method, tree, opts)
+    beams = _redrafter(raw, cfg, version, config_path) if method is Method.REDRAFTER else None
+    k = _max_draft_len(method, tree, opts, beams)
     tp, pp = _mapping(raw, config_path)
     _check_limits(method, k, tree, opts, pp)
     max_seq_len = _max_seq_len(cfg, opts, config_path)
     max_num_tokens = _max_num_tokens(opts, k, max_seq_len, method)
     quant = plan_quantization(opts, raw, cfg, method, k, tp, pp)
-    manifest = _manifest(opts, cfg, method, tree, k, max_seq_len, tp, pp, version)
+    manifest = _manifest(opts, cfg, method, tree, k, max_seq_len, tp, pp, version, beams)
     if quant is not None:
         manifest = replace(manifest, quantization=quant.to_dict())
     argv = _argv(opts, cfg, method, k, max_seq_len, max_num_tokens)
@@ -199,8 +203,8 @@ def plan_trtllm_build(opts: TrtllmBuildOptions) -> TrtllmPlan:
     notes = (*_notes(opts, cfg, method, tree, k, view), *quantization_notes(quant, cfg.dtype))
     return TrtllmPlan(version=version, argv=argv,
                       build_config=_expected_build_config(opts, cfg, method, k, max_seq_len, max_num_tokens),
-                      pretrained_config=_expected_pretrained(cfg, method, k),
-                      runtime=_runtime(method, tree, k, opts, tp, pp), manifest=manifest,
+                      pretrained_config=_expected_pretrained(cfg, method, k, beams),
+                      runtime=_runtime(method, tree, k, opts, tp, pp, beams), manifest=manifest,
                       notes=notes, quantization=quant, checkpoint_view=view, checkpoint_config=raw)
 
 
@@ -254,7 +258,10 @@ def _notes(opts: TrtllmBuildOptions, cfg: ModelShape, method: Method, tree: Tree
 # the `trtspec convert` flags a conversion recorded that a float16 reconversion repeats, per method
 CONVERT_FLAGS = {Method.MEDUSA: {"medusa": "--medusa", "num_medusa_heads": "--num-medusa-heads"},
                  Method.EAGLE: {"eagle": "--eagle", "num_eagle_layers": "--num-eagle-layers",
-                                "max_non_leaves_per_layer": "--max-non-leaves-per-layer"}}
+                                "max_non_leaves_per_layer": "--max-non-leaves-per-layer"},
+                 Method.REDRAFTER: {"redrafter": "--redrafter", "redrafter_num_beams": "--redrafter-num-beams",
+                                    "redrafter_draft_len_per_beam": "--redrafter-draft-len-per-beam",
+                                    "trtllm_version": "--trtllm-version"}}
 
 
 def _convert_command(opts: TrtllmBuildOptions, method: Method, k: int) -> str:
@@ -276,6 +283,8 @@ def _convert_command(opts: TrtllmBuildOptions, method: Method, k: int) -> str:
             argv += [flag, str(value)]
     if method in (Method.MEDUSA, Method.EAGLE):
         argv += ["--max-draft-len", str(k)]
+    if method is Method.REDRAFTER and options.get("redrafter_greedy_search") is False:
+        argv.append("--redrafter-no-greedy-search")
     return shlex.join([*argv, "--dtype", "float16"])
 
 
@@ -295,6 +304,30 @@ def _model_config(raw: dict, path: Path) -> ModelShape:
         raise CheckpointError(f"{path}: {e}") from None
 
 
+def _redrafter(raw: dict, cfg: ModelShape, version: TrtllmVersion, path: Path) -> ReDrafterBeams:
+    """The checkpoint's beam search, and its architecture checked against the version's name for it: one
+    ReDrafterForCausalLM before 1.0, one class per base family from 1.0 (TensorRT-LLM tensorrt_llm/models/__init__.py
+    MODEL_MAP), where trtllm-build looks the architecture up."""
+    from trtspec.checkpoint.redrafter import redrafter_architecture
+
+    try:
+        beams = ReDrafterBeams.from_trtllm(raw)
+    except (CheckpointError, ConfigError) as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    base = raw["base_model_architecture"]
+    try:
+        want = redrafter_architecture(base, version.key, where=str(path))
+    except ConfigError as e:
+        raise BuildError(f"{e} (TensorRT-LLM {version.text}, the build's --trtllm-version)") from None
+    if cfg.architecture != want:
+        other = "0.21" if version.at_least(1, 0) else "1.0"
+        raise BuildError(f"{path}: architecture {cfg.architecture} is not a name TensorRT-LLM {version.text} has "
+                         f"(it calls a ReDrafter {base} checkpoint {want}, trtllm-build looks it up in MODEL_MAP); "
+                         f"reconvert with `trtspec convert --redrafter DIR --trtllm-version {version.short}`, or "
+                         f"build for the checkpoint's release (--trtllm-version {other})")
+    return beams
+
+
 def _mapping(raw: dict, path: Path) -> tuple[int, int]:
     mapping = raw.get("mapping") or {}
     tp, pp = mapping.get("tp_size", 1), mapping.get("pp_size", 1)
@@ -304,7 +337,8 @@ def _mapping(raw: dict, path: Path) -> tuple[int, int]:
     return tp, pp
 
 
-def _max_draft_len(method: Method, tree: Tree | None, opts: TrtllmBuildOptions) -> int:
+def _max_draft_len(method: Method, tree: Tree | None, opts: TrtllmBuildOptions,
+                   beams: ReDrafterBeams | None = None) -> int:
     if method is Method.NONE:
         if opts.max_draft_len not in (None, 0):
             raise BuildError(f"--max-draft-len {opts.max_draft_len} needs a speculative method; "
@@ -315,6 +349,15 @@ def _max_draft_len(method: Method, tree: Tree | None, opts: TrtllmBuildOptions) 
         if opts.max_draft_len is not None and opts.max_draft_len != k:  # tensorrtllm_backend docs/medusa.md, docs/eagle.md, docs/lookahead.md, tensorrtllm_backend#710
             raise BuildError(f"--lookahead {_wng(opts.lookahead)} needs max_draft_len == (N-2)+(W-1+G)(N-1) = {k}, "
                              f"got --max-draft-len {opts.max_draft_len}; drop --max-draft-len")
+        return k
+    if method is Method.REDRAFTER:  # TensorRT-LLM tensorrt_llm/builder.py `build`: K = beams x length, set whatever --max_draft_len says
+        k = beams.max_draft_len
+        if opts.max_draft_len is not None and opts.max_draft_len != k:
+            raise BuildError(f"a ReDrafter engine's max_draft_len is redrafter_num_beams x redrafter_draft_len_per_beam "
+                             f"= {beams.num_beams} x {beams.draft_len_per_beam} = {k} (TensorRT-LLM sets it from the "
+                             f"checkpoint), got --max-draft-len {opts.max_draft_len}; drop --max-draft-len, or "
+                             "reconvert with other beams (`trtspec convert --redrafter DIR --redrafter-num-beams B "
+                             "--redrafter-draft-len-per-beam L`)")
         return k
     if method is Method.DRAFT_TARGET:
         if not opts.max_draft_len or opts.max_draft_len < 1:
@@ -427,17 +470,20 @@ def _engine_seq_len(cfg: ModelShape, method: Method, k: int, max_seq_len: int) -
     return max_seq_len + k + (cfg.num_eagle_layers if method is Method.EAGLE else 0)
 
 
-def _expected_pretrained(cfg: ModelShape, method: Method, k: int) -> dict:
+def _expected_pretrained(cfg: ModelShape, method: Method, k: int, beams: ReDrafterBeams | None = None) -> dict:
     out = {"architecture": cfg.architecture, "dtype": cfg.dtype, "vocab_size": cfg.vocab_size}
     if method is Method.MEDUSA:  # TensorRT-LLM tensorrt_llm/builder.py Engine.save: the C++ Medusa module reads these two from pretrained_config
         out.update(max_draft_len=k, num_medusa_heads=cfg.num_medusa_heads)
     if method is Method.EAGLE:  # TensorRT-LLM tensorrt_llm/models/eagle/model.py: the draft inputs are sized by it
         out.update(max_draft_len=k, num_eagle_layers=cfg.num_eagle_layers,
                    max_non_leaves_per_layer=cfg.max_non_leaves_per_layer)
+    if method is Method.REDRAFTER:  # TensorRT-LLM gptJsonConfig.cpp: the C++ runtime's K is their product
+        out.update(redrafter_num_beams=beams.num_beams, redrafter_draft_len_per_beam=beams.draft_len_per_beam)
     return out
 
 
-def _runtime(method: Method, tree: Tree | None, k: int, opts: TrtllmBuildOptions, tp: int, pp: int) -> dict:
+def _runtime(method: Method, tree: Tree | None, k: int, opts: TrtllmBuildOptions, tp: int, pp: int,
+             beams: ReDrafterBeams | None = None) -> dict:
     out = {"decoding_mode": DECODING_MODE[method], "tokens_per_step": k + 1, "world_size": tp * pp}
     if tree is not None:
         key = "medusa_choices" if method is Method.MEDUSA else "eagle_choices"
@@ -450,13 +496,17 @@ def _runtime(method: Method, tree: Tree | None, k: int, opts: TrtllmBuildOptions
         n = opts.lookahead.ngram_size  # TensorRT-LLM tensorrt_llm/llmapi/llm_args.py: (maxDecodingTokens, maxPathLen, maxDraftTokens, maxDraftPathLen)
         out["lookahead"] = {**opts.lookahead.to_dict(), "max_decoding_tokens": k + 1, "max_path_len": n,
                             "max_draft_tokens": k, "max_draft_path_len": n - 1}
+    if method is Method.REDRAFTER:  # the beam search the engine unrolls: beams of draft_len_per_beam + 1 tokens, each
+        # with its true token, flattened to at most K + 1 per step (TensorRT-LLM tensorrt_llm/models/redrafter/model.py)
+        out.update({f"redrafter_{key}": value for key, value in beams.to_dict().items()})
     if method is Method.DRAFT_TARGET:
         out["num_draft_tokens"] = k  # the BLS default; requests may ask for fewer, never more (tensorrtllm_backend tensorrt_llm_bls/1/lib/decode.py)
     return out
 
 
 def _manifest(opts: TrtllmBuildOptions, cfg: ModelShape, method: Method, tree: Tree | None, k: int,
-              max_seq_len: int, tp: int, pp: int, version: TrtllmVersion) -> Manifest:
+              max_seq_len: int, tp: int, pp: int, version: TrtllmVersion,
+              beams: ReDrafterBeams | None = None) -> Manifest:
     # the engine's own (raised) max_seq_len: the KV capacity the static-K profile was built for; its one step shape
     # is K + 1 slots
     profile = Profile(max_batch_size=opts.max_batch_size, max_input_len=opts.max_input_len,
@@ -468,7 +518,7 @@ def _manifest(opts: TrtllmBuildOptions, cfg: ModelShape, method: Method, tree: T
                     source=str(Path(opts.source).resolve()),
                     versions={"trtspec": __version__, "tensorrt_llm": version.text},
                     lookahead=opts.lookahead.to_dict() if opts.lookahead is not None else None,
-                    tp_size=tp, pp_size=pp)
+                    redrafter=beams.to_dict() if beams is not None else None, tp_size=tp, pp_size=pp)
 
 
 def cpp_choices(choices) -> str:

@@ -60,7 +60,7 @@ def plan_quantization(opts, raw: dict, cfg, method: Method, k: int, tp: int, pp:
     if weights is not None and weights not in FORMATS:
         raise ConfigError(f"--weights {weights}: the trtllm backend builds {', '.join(FORMATS)} "
                           "(TensorRT-LLM weight-only INT8, INT4-AWQ, FP8) or the checkpoint's dtype")
-    has_drafter = method in (Method.MEDUSA, Method.EAGLE)
+    has_drafter = method in (Method.MEDUSA, Method.EAGLE, Method.REDRAFTER)
     if algo is not None:  # quantized already: trtllm-build takes it as it is
         if weights is not None and WEIGHTS_OF_ALGO.get(algo) != weights:
             raise ConfigError(f"--weights {weights}: {where} is quantized already (quant_algo={algo}); leave "
@@ -74,6 +74,10 @@ def plan_quantization(opts, raw: dict, cfg, method: Method, k: int, tp: int, pp:
         if opts.block_size is not None:
             raise ConfigError(f"--block-size {opts.block_size}: applies to --weights int4 (INT4-AWQ groups)")
         return None
+    if method is Method.REDRAFTER:  # TensorRT-LLM examples/redrafter/README.md: quantize the base, then convert onto it
+        raise BuildError(f"--weights {weights}: TensorRT-LLM's {QUANTIZE_SCRIPT} takes no ReDrafter drafter; "
+                         "upstream quantizes the base checkpoint first and converts the drafter onto it, which "
+                         f"`trtspec convert` does not do yet; build {source} in {cfg.dtype}")
     if method is Method.EAGLE:
         raise BuildError(f"--weights {weights}: TensorRT-LLM's {QUANTIZE_SCRIPT} takes Medusa heads but no EAGLE "
                          "draft, so no upstream flow quantizes an EAGLE checkpoint's base and keeps its draft; build "

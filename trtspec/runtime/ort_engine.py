@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from trtspec.engine.manifest import Manifest, read_manifest
+from trtspec.engine.manifest import Manifest, check_decoded_on_cpu, read_manifest
 from trtspec.errors import BuildError, ConfigError, RuntimeEngineError
 from trtspec.speculative.engine import StepOutput
 from trtspec.model.ort_session import effective_spin, session_options
@@ -156,6 +156,7 @@ class OrtEngine:
         with no graph of its own), so workers spin as on an engine without them."""
         self.engine_dir = Path(engine_dir)
         self.manifest: Manifest = read_manifest(self.engine_dir)
+        check_decoded_on_cpu(self.manifest, self.engine_dir)
         files = self.manifest.files
         drafter_graphs = [role for role in ("draft_context", "draft_generation", "medusa") if role in files]
         if spin is None and drafter and drafter_graphs and effective_spin(None):

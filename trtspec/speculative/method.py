@@ -20,6 +20,7 @@ class Method(str, enum.Enum):
     LOOKAHEAD = "lookahead"  # Jacobi guesses and an n-gram pool (W, N, G): no drafter
     HYBRID = "hybrid"  # the engine's Medusa / EAGLE drafter and suffix's candidates in one tree
     DRAFT_TARGET = "draft_target"  # a separate draft model (TensorRT-LLM hosts)
+    REDRAFTER = "redrafter"  # Apple's recurrent drafter in the engine, beam search over its drafts (TensorRT-LLM hosts)
 
     @property
     def plain(self) -> bool:
@@ -28,7 +29,7 @@ class Method(str, enum.Enum):
     @property
     def trained(self) -> bool:
         """A drafter trained for the base and built into the engine."""
-        return self in (Method.MEDUSA, Method.EAGLE, Method.EAGLE2)
+        return self in (Method.MEDUSA, Method.EAGLE, Method.EAGLE2, Method.REDRAFTER)
 
     @property
     def training_free(self) -> bool:
@@ -56,13 +57,15 @@ class Method(str, enum.Enum):
 
     @classmethod
     def decoded_on_cpu(cls) -> tuple[Method, ...]:
-        """What trtspec's CPU runtime decodes with, in the order commands list them."""
-        return tuple(m for m in cls if m is not Method.DRAFT_TARGET)
+        """What trtspec's CPU runtime decodes with, in the order commands list them (not ReDrafter yet: its
+        engines run on TensorRT-LLM only)."""
+        return tuple(m for m in cls if m not in (Method.DRAFT_TARGET, Method.REDRAFTER))
 
     @classmethod
     def built_into_engines(cls) -> tuple[Method, ...]:
         """What an engine is built for (its manifest's method)."""
-        return (Method.NONE, Method.MEDUSA, Method.EAGLE, Method.EAGLE2, Method.LOOKAHEAD, Method.DRAFT_TARGET)
+        return (Method.NONE, Method.MEDUSA, Method.EAGLE, Method.EAGLE2, Method.LOOKAHEAD, Method.DRAFT_TARGET,
+                Method.REDRAFTER)
 
     @classmethod
     def recipe_drafters(cls) -> tuple[Method, ...]:

@@ -25,7 +25,8 @@ from trtspec.speculative.tree_presets import preset
 
 PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
 MODE_BITS = {m.bit: m for m in SpecMode}
-DECODING_MODES = {SpecMode.MEDUSA: "medusa", SpecMode.EAGLE: "eagle", SpecMode.LOOKAHEAD: "lookahead"}
+DECODING_MODES = {SpecMode.MEDUSA: "medusa", SpecMode.EAGLE: "eagle", SpecMode.LOOKAHEAD: "lookahead",
+                  SpecMode.EXPLICIT_DRAFT_TOKENS: "redrafter"}  # model_instance_state.cc: redrafter = ExplicitDraftTokens
 BATCHING_STRATEGIES = ("inflight_fused_batching", "inflight_batching", "V1", "v1")
 TYPE_OF_DTYPE = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
 TRUE = ("true", "True", "TRUE", "1")
@@ -208,6 +209,7 @@ def check_llm(name: str, model: dict, engine: TrtllmEngineConfig | None) -> list
         return out
     mode, decoding = engine.mode, params.get("decoding_mode", "")
     out += _check_decoding_mode(name, mode, decoding)
+    out += _check_redrafter(name, engine)
     out += _check_tree(name, params, engine)
     out += _check_lookahead(name, params, engine)
     out += _check_engine_limits(name, model, params, engine)
@@ -252,13 +254,42 @@ def _check_decoding_mode(name: str, mode: SpecMode, decoding: str) -> list[Findi
     want = DECODING_MODES.get(mode)
     if want and _set(decoding) and decoding != want:
         hint = " (all output ids come back 0, TensorRT-LLM#1449)" if decoding.startswith("top_") else ""
+        if mode is SpecMode.EXPLICIT_DRAFT_TOKENS:
+            hint = " (built with speculative_decoding_mode explicit_draft_tokens, which decoding_mode 'redrafter' " \
+                   "decodes)"
         return [Finding("error", name, "decoding_mode", f"{decoding!r} on a {want} engine{hint}; set {want!r}")]
     if want and not _set(decoding):
         return [Finding("warning", name, "decoding_mode", f"unset on a {want} engine: TensorRT-LLM switches with "
                                                           f"only a warning; set {want!r}")]
     if not want and decoding in ("medusa", "eagle", "lookahead", "redrafter"):
+        need = " ('redrafter' decodes an engine built with explicit_draft_tokens, from a ReDrafter checkpoint)" \
+            if decoding == "redrafter" else ""
         return [Finding("error", name, "decoding_mode", f"{decoding!r} but the engine was built with "
-                                                        f"speculative_decoding_mode {mode.flag or 'none'}")]
+                                                        f"speculative_decoding_mode {mode.flag or 'none'}{need}")]
+    return []
+
+
+def _check_redrafter(name: str, engine: TrtllmEngineConfig) -> list[Finding]:
+    """The engine against trtspec's manifest beside it: method redrafter exactly when the engine was built with
+    explicit_draft_tokens, and the beam search the manifest records is the one in the engine's pretrained_config,
+    which the C++ runtime sizes its K by (TensorRT-LLM gptJsonConfig.cpp: num_beams x draft_len_per_beam)."""
+    method = _manifest_field(engine.path, "method")
+    explicit = engine.mode is SpecMode.EXPLICIT_DRAFT_TOKENS
+    if not isinstance(method, str) or (method != "redrafter" and not explicit):  # no manifest, or no ReDrafter
+        return []
+    if (method == "redrafter") != explicit:
+        return [Finding("error", name, "speculative_decoding_mode", f"the engine {engine.path} was built with "
+                        f"{engine.mode.flag or 'none'}, its manifest.json says method {method} (explicit_draft_tokens "
+                        "is method redrafter): the engine is not the one trtspec planned; rebuild it with "
+                        "`trtspec build`")]
+    beams = _manifest_field(engine.path, "redrafter") or {}
+    pre = engine.pretrained
+    built = (pre.get("redrafter_num_beams"), pre.get("redrafter_draft_len_per_beam"))
+    planned = (beams.get("num_beams"), beams.get("draft_len_per_beam"))
+    if built != planned:
+        return [Finding("error", name, "redrafter", f"the engine's config.json has redrafter_num_beams x "
+                        f"redrafter_draft_len_per_beam = {built[0]} x {built[1]}, its manifest.json {planned[0]} x "
+                        f"{planned[1]}: the engine is not the one trtspec planned; rebuild it with `trtspec build`")]
     return []
 
 
