@@ -2,9 +2,11 @@
 
 convert, build and deploy run the exact `trtspec` commands `recipe check` prints, each in a child process (logs in
 WORK/NAME/logs/STAGE.log), and are skipped when a stamp says their commands, inputs and trtspec's version are what they
-were at their last success. serve and bench measure the present, so they always run: serve starts the real server on
-free loopback ports and checks every greedy reply over gRPC against in-process decoding of the same engine; bench
-measures the recipe's methods against plain decoding, or with `gate` the baseline's slice, judged against its figures.
+were at their last success (a recipe of deploy.flavour llmapi has deploy alone: TensorRT-LLM's LLM API loads its
+Hugging Face base on the GPU host; its serve and bench stages are skipped, saying why). serve and bench measure the
+present, so they always run: serve starts the real server on free loopback ports and checks every greedy reply over
+gRPC against in-process decoding of the same engine; bench measures the recipe's methods against plain decoding, or
+with `gate` the baseline's slice, judged against its figures.
 
 A stage's old output and stamp are removed before it runs, so a failing stage leaves the earlier stages' outputs intact
 and its own absent.
@@ -90,6 +92,8 @@ def dry_run_lines(recipe: Recipe, workdir: Path, stages: tuple[str, ...]) -> lis
     lines = []
     for stage in stages:
         lines.append(f"# {stage}")
+        if recipe.skipped(stage):
+            lines.append(f"# (skipped: {recipe.skipped(stage)})")
         if stage == "convert" and recipe.base.tiny is not None:
             lines.append(f"# (writes a tiny random base{' and ' + recipe.drafter.kind.value if recipe.drafter_path(str(workdir)) else ''} "
                          f"into {recipe.paths(str(workdir))['tiny']} with trtspec.testing)")
@@ -159,6 +163,10 @@ def stage_key(recipe: Recipe, stage: str, root: Path, commands: list[list[str]])
                              for k, v in dataclasses.asdict(recipe.drafter).items()}
         if recipe.base.path is not None:
             inputs["base_config"] = _file_digest(Path(recipe.base.path) / "config.json")
+    elif recipe.flavour == "llmapi":  # deploy reads the Hugging Face folders themselves: no earlier stage
+        inputs["base_config"] = _file_digest(Path(recipe.base.path) / "config.json")
+        if recipe.deploy.draft_path:
+            inputs["draft_config"] = _file_digest(Path(recipe.deploy.draft_path) / "config.json")
     else:
         previous = CACHED[CACHED.index(stage) - 1]
         inputs["after"] = _read_stamp(stamp_path(root, previous)).get("key")
@@ -200,6 +208,8 @@ def _write_stamp(path: Path, key: str, seconds: float) -> None:
 
 def _run_stage(recipe: Recipe, opts: RunOptions, stage: str, root: Path, show) -> tuple[str, object]:
     paths = recipe.paths(str(opts.workdir))
+    if recipe.skipped(stage):
+        return "skipped", recipe.skipped(stage)
     if stage in CACHED:
         base = _base_folder(recipe) if stage == "convert" else None
         commands = recipe.stage_commands(str(opts.workdir), base=base)[stage]

@@ -119,6 +119,48 @@ class DeploySection:
     spin: bool | None = None  # cpu flavour: intra-op workers spin (default: spin; false for shared machines)
     chat_template: bool = False  # render text_input through the tokenizer's chat template by default
     copy_engine: bool = False  # cpu flavour: copy the engine into the repository (self-contained)
+    # llmapi flavour (TensorRT-LLM's LLM API loads base.path on the GPU host: no convert, no build)
+    drafter: str | None = None  # eagle3 / mtp / ngram / draft_target (None: plain decoding)
+    draft_path: str | None = None  # eagle3: the EAGLE-3 draft's folder; draft_target: the draft model's
+    trtllm_version: str | None = None  # the version whose LLM-API keys model.yaml holds (default: the newest held)
+    max_draft_len: int | None = None  # K (mtp: num_nextn_predict_layers)
+    max_num_tokens: int | None = None
+    speculative_options: list[str] = field(default_factory=list)  # further speculative_config KEY=VALUE
+
+    def __post_init__(self):
+        if self.flavour not in (None, "cpu", "trtllm", "llmapi"):
+            raise ConfigError(f"recipe deploy.flavour {self.flavour!r} is not one of cpu, trtllm, llmapi")
+        if self.flavour != "llmapi":
+            for key in LLMAPI_DEPLOY:
+                if getattr(self, key) not in (None, []):
+                    raise ConfigError(f"recipe deploy.{key} applies to deploy.flavour llmapi")
+            return
+        from trtspec.triton.deploy_options import DRAFTERS
+        from trtspec.triton.llmapi_versions import parse_llmapi_version
+
+        if self.drafter is not None and self.drafter not in DRAFTERS:
+            raise ConfigError(f"recipe deploy.drafter {self.drafter!r} is not one of {', '.join(DRAFTERS)}")
+        needs_path = self.drafter in ("eagle3", "draft_target")
+        if needs_path and not self.draft_path:
+            raise ConfigError(f"recipe deploy.drafter {self.drafter} needs deploy.draft_path (the draft's folder)")
+        if self.draft_path and not needs_path:
+            raise ConfigError("recipe deploy.draft_path applies to deploy.drafter eagle3 or draft_target")
+        if not isinstance(self.speculative_options, list) or not all(
+                isinstance(o, str) for o in self.speculative_options):
+            raise ConfigError(f"recipe deploy.speculative_options must be a list of KEY=VALUE strings, got "
+                              f"{self.speculative_options!r}")
+        if self.drafter is None and (self.max_draft_len is not None or self.speculative_options):
+            raise ConfigError("recipe deploy.max_draft_len / speculative_options need a deploy.drafter")
+        if self.trtllm_version is not None:
+            parse_llmapi_version(str(self.trtllm_version))
+        for key, default in ENGINE_DEPLOY.items():
+            if getattr(self, key) != default:
+                raise ConfigError(f"recipe deploy.{key} applies to the engine flavours (cpu, trtllm), not llmapi")
+
+
+LLMAPI_DEPLOY = ("drafter", "draft_path", "trtllm_version", "max_draft_len", "max_num_tokens", "speculative_options")
+ENGINE_DEPLOY = {"instances": 1, "method": None, "datastore": None, "threads": None, "spin": None,
+                 "chat_template": False, "copy_engine": False}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,6 +284,8 @@ class Recipe:
 
     def __post_init__(self):
         self._check_drafter()
+        if self.flavour == "llmapi":
+            self._check_llmapi()
         trtllm_only = (Drafter.LOOKAHEAD, Drafter.DRAFT_TARGET)
         if self.drafter.kind in trtllm_only and self.build.backend != "trtllm":
             raise ConfigError(f"recipe drafter.kind {self.drafter.kind.value} needs build.backend trtllm "
@@ -260,6 +304,21 @@ class Recipe:
             preset(self.build.preset)
         if self.baseline is not None and self.baseline.method is None and not self.methods:
             raise ConfigError("recipe baseline needs a method (baseline.method or bench.methods)")
+
+    def _check_llmapi(self) -> None:
+        """deploy.flavour llmapi: the LLM API loads the Hugging Face base on the GPU host, so there is no convert or
+        build, no drafter section (deploy.drafter names it), and nothing this machine can serve or gate."""
+        if self.base.path is None:
+            raise ConfigError("recipe deploy.flavour llmapi needs base.path (the Hugging Face folder the LLM API loads)")
+        for name, default in (("drafter", DrafterSection()), ("convert", ConvertSection()),
+                              ("build", BuildSection())):
+            if getattr(self, name) != default:
+                hint = " (name it with deploy.drafter and deploy.draft_path)" if name == "drafter" else ""
+                raise ConfigError(f"recipe {name}: deploy.flavour llmapi has no {name} stage{hint}; leave the "
+                                  "section out")
+        if self.baseline is not None:
+            raise ConfigError("recipe baseline: the gate measures an engine on this machine; deploy.flavour llmapi "
+                              "serves on a GPU host")
 
     def _check_drafter(self) -> None:
         d = self.drafter
@@ -290,9 +349,18 @@ class Recipe:
 
     @property
     def stages(self) -> tuple[str, ...]:
-        """The stages this recipe has: convert, build, deploy always; serve and bench when it has those sections."""
-        return tuple(s for s in STAGES if s not in ("serve", "bench") or getattr(self, s) is not None
-                     or (s == "bench" and self.baseline is not None))
+        """The stages this recipe has: convert, build, deploy always (deploy only for the llmapi flavour); serve and
+        bench when it has those sections."""
+        return tuple(s for s in STAGES if (s not in ("serve", "bench") or getattr(self, s) is not None
+                                           or (s == "bench" and self.baseline is not None))
+                     and (self.flavour != "llmapi" or s not in ("convert", "build")))
+
+    def skipped(self, stage: str) -> str | None:
+        """Why `recipe run` skips a stage the recipe has (None: it runs)."""
+        if self.flavour == "llmapi" and stage in ("serve", "bench"):
+            return (f"the llmapi flavour serves in the Triton TensorRT-LLM container on a GPU host; this {stage} "
+                    "stage runs trtspec's CPU engine, which this recipe does not build")
+        return None
 
     # ---- the commands ------------------------------------------------------------------------------------
 
@@ -320,6 +388,9 @@ class Recipe:
     def stage_commands(self, workdir: str = ".", base: str | None = None) -> dict[str, list[list[str]]]:
         """The trtspec invocations of each stage, in order (`base` replaces the base folder, e.g. once fetched)."""
         p, base = self.paths(workdir), base or self.base_path(workdir)
+        if self.flavour == "llmapi":
+            return {"deploy": [["trtspec", "deploy", "--flavour", "llmapi", "--hf", base, "--out", p["repository"],
+                                *self._llmapi_flags()], ["trtspec", "doctor", p["repository"]]]}
         convert = [["trtspec", "convert", "--base", base, "--out", p["checkpoint"], *self._convert_flags(workdir)]]
         build = []
         if self.drafter.kind is Drafter.DRAFT_TARGET:
@@ -353,7 +424,22 @@ class Recipe:
     def commands(self, workdir: str = ".") -> list[list[str]]:
         """The trtspec invocations of convert, build and deploy, in order."""
         stages = self.stage_commands(workdir)
-        return [c for s in ("convert", "build", "deploy") for c in stages[s]]
+        return [c for s in ("convert", "build", "deploy") for c in stages.get(s, [])]
+
+    def _llmapi_flags(self) -> list[str]:
+        d = self.deploy
+        out = {"eagle3": ["--eagle3", d.draft_path], "mtp": ["--mtp"], "ngram": ["--ngram"],
+               "draft_target": ["--draft-model", d.draft_path]}.get(d.drafter, [])
+        out += ["--trtllm-version", str(d.trtllm_version)] if d.trtllm_version is not None else []
+        out += ["--max-draft-len", str(d.max_draft_len)] if d.max_draft_len else []
+        for option in d.speculative_options:
+            out += ["--speculative-option", option]
+        out += ["--max-batch-size", str(d.max_batch_size)] if d.max_batch_size else []
+        out += ["--max-num-tokens", str(d.max_num_tokens)] if d.max_num_tokens else []
+        out += [] if d.decoupled else ["--no-decoupled"]
+        if d.kv_cache_free_gpu_mem_fraction != 0.9:
+            out += ["--kv-cache-free-gpu-mem-fraction", f"{d.kv_cache_free_gpu_mem_fraction:g}"]
+        return out
 
     def _convert_flags(self, workdir: str, drafter: bool = True) -> list[str]:
         c, d, out = self.convert, self.drafter, []
@@ -434,7 +520,8 @@ def load_recipe(path: Path) -> Recipe:
 
 
 # the recipe fields that name files or folders: relative to the recipe file
-PATH_FIELDS = (("base", "path"), ("drafter", "path"), ("deploy", "datastore"), ("bench", "datastore"))
+PATH_FIELDS = (("base", "path"), ("drafter", "path"), ("deploy", "datastore"), ("deploy", "draft_path"),
+               ("bench", "datastore"))
 
 
 def resolve_path(folder: Path | str, path: str) -> str:
