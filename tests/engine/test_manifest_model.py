@@ -58,6 +58,7 @@ def _refusal(path, found: str) -> str:
 
 
 OLD_MANIFESTS = {"version 1": (lambda m: m.update(version=1), "manifest version 1"),
+                 "version 2": (lambda m: m.update(version=2) or m.pop("redrafter"), "manifest version 2"),
                  "no version": (lambda m: m.pop("version"), "no manifest version")}
 
 

@@ -174,12 +174,14 @@ def test_the_manifests_redrafter_section_is_checked(tiny, tmp_path):
         Manifest.from_dict({**m, "redrafter": {"beams": 4}})
     with pytest.raises(ConfigError, match="redrafter num_beams must be a positive integer, found 0"):
         Manifest.from_dict({**m, "redrafter": {**m["redrafter"], "num_beams": 0}})
-    # a manifest written before ReDrafter engines existed has no key: it reads as null
+    # every method's manifest holds the key (null but for ReDrafter's): one without it is incomplete
     plain = plan_trtllm_build(options(tiny["llama"], tmp_path / "p", trtllm_version="1.2")).manifest.to_dict()
     plain = {**plain, "method": "none", "redrafter": None}
     plain["profile"] = {**plain["profile"], "max_draft_len": 0, "slot_profiles": []}
-    del plain["redrafter"]
     assert Manifest.from_dict(plain).redrafter is None
+    del plain["redrafter"]
+    with pytest.raises(ConfigError, match="missing key 'redrafter'"):
+        Manifest.from_dict(plain)
 
 
 # ---- build (the stand-in trtllm-build), deploy, doctor --------------------------------------------------

@@ -23,7 +23,7 @@ from trtspec.model.quantize import QuantScheme, WeightDtype, min_step_slots
 from trtspec.speculative.method import Method
 
 MANIFEST_FILE = "manifest.json"
-MANIFEST_VERSION = 2
+MANIFEST_VERSION = 3
 # The onnx backend's graph contract (inputs, outputs, KV layout) the runtime runs: KV buffers [B, nkv, capacity, hd]
 # bound as both past and present, the EAGLE draft's context graph scoring the rows `logit_rows` names. Kept apart
 # from MANIFEST_VERSION so that a change to the CPU graphs refuses CPU engines only, not TensorRT-LLM engines.
@@ -264,8 +264,7 @@ class Manifest:
     # lookahead (W, N, G) as {"window_size", "ngram_size", "verification_set_size"}; K = f(W, N, G)
     lookahead: dict[str, int] | None = None
     # redrafter: the beam search built into the engine, {"num_beams", "draft_len_per_beam", "greedy_search"}
-    # (model_shape.ReDrafterBeams); K = num_beams x draft_len_per_beam. A manifest without the key (written before
-    # trtspec built ReDrafter engines) reads as null.
+    # (model_shape.ReDrafterBeams); K = num_beams x draft_len_per_beam; null for every other method
     redrafter: dict | None = None
     tp_size: int = 1  # tensor-parallel ranks (trtllm engines: one rank{r}.engine per rank, one MPI rank per GPU)
     pp_size: int = 1
@@ -326,7 +325,6 @@ class Manifest:
             raise ConfigError(f"{where}: expected an object, found {type(data).__name__}")
         check_version(data, where)
         check_fields(cls, data, where)
-        data = {"redrafter": None, **data}  # the one key a manifest of this version may lack (see the field)
         _check_complete(cls, data, where)
         try:
             data["backend"] = Backend(data["backend"])
