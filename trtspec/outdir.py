@@ -65,19 +65,15 @@ def _temp_prefix(out: Path, kind: str) -> str:
 
 def remove_stale_siblings(out: Path) -> list[Path]:
     """Remove the temporary siblings of `out` (`.NAME.tmp-PID-…`, `.NAME.old-PID-…`) whose process is gone; return
-    them. Siblings of an older naming (no process id) are left alone with a warning."""
+    them. Names without a process id are not trtspec's and are left alone."""
     out = Path(out)
     if not out.parent.is_dir():
         return []
-    pattern = re.compile(rf"^\.{re.escape(out.name)}\.(?:tmp|old)-(?:(\d+)-)?")
+    pattern = re.compile(rf"^\.{re.escape(out.name)}\.(?:tmp|old)-(\d+)-")
     removed = []
     for sibling in out.parent.iterdir():
         match = pattern.match(sibling.name)
         if match is None:
-            continue
-        if match.group(1) is None:
-            log.warning("%s looks like a temporary output left by an earlier trtspec; remove it if no build is "
-                        "writing it", sibling)
             continue
         if _alive(int(match.group(1))):
             continue
