@@ -211,6 +211,10 @@ def tree(choices: str | None, preset: str | None, as_json: bool, png: Path | Non
 @click.option("--block-size", type=int, help="onnx, int8 / int4: values per scale, 32, 64 or 128 (default 32).")
 @click.option("--int4-scheme", help="onnx, int4: symmetric (the default: (q - 8) x scale) or min (a float minimum per "
                                     "block too, u x scale + min, llama.cpp's Q4_1; exact on Q4_1 GGUF weights).")
+@click.option("--fp32-prefill", is_flag=True,
+              help="onnx, int8 / int4: the prompt (context graph) runs fp32 products over copies of the dequantized "
+                   "linear layers: a faster prefill, for 4 more bytes per linear-layer weight on disk and in memory; "
+                   "decode steps still read the quantized blocks.")
 @click.option("--attention", type=click.Choice(["tree", "gqa"]),
               help="onnx: the generation graph's attention kernel: tree (trtspec's TreeAttention: a slot computes "
                    "exactly as a plain step at any place of any tree, so quantized engines verify trees; built by "
@@ -258,6 +262,7 @@ def build(source: Path, backend: str, eagle2: str | None, dry_run: bool, **flags
     w = manifest.weights
     weights = "" if w.linear == w.lm_head == WeightFormat() else f", {w.linear} weights"
     weights += "" if w.lm_head == w.linear else f" (lm_head {w.lm_head})"
+    weights += "" if w.prefill is None else f", {w.prefill} prefill"
     click.echo(f"wrote {opts.out}: {manifest.method.value} engine{weights}, K={manifest.profile.max_draft_len} "
                f"(slot profiles {slots}), max ORT vs reference error {worst:.1e} of scale")
 
@@ -278,6 +283,8 @@ def _build_trtllm(source: Path, eagle2: str | None, dry_run: bool, *, as_json: b
         raise click.UsageError("--int4-scheme applies to --backend onnx only")
     if flags.pop("attention") is not None:
         raise click.UsageError("--attention applies to --backend onnx only")
+    if flags.pop("fp32_prefill"):
+        raise click.UsageError("--fp32-prefill applies to --backend onnx only")
     if flags.pop("lm_head_weights") is not None:
         raise click.UsageError("--lm-head-weights applies to --backend onnx only (quantize.py keeps lm_head in the "
                                "base dtype unless --quantize_lm_head)")

@@ -23,7 +23,7 @@ from trtspec.model.quantize import QuantScheme, WeightDtype, min_step_slots
 from trtspec.speculative.method import Method
 
 MANIFEST_FILE = "manifest.json"
-MANIFEST_VERSION = 3
+MANIFEST_VERSION = 4
 # The onnx backend's graph contract (inputs, outputs, KV layout) the runtime runs: KV buffers [B, nkv, capacity, hd]
 # bound as both past and present, the EAGLE draft's context graph scoring the rows `logit_rows` names. Kept apart
 # from MANIFEST_VERSION so that a change to the CPU graphs refuses CPU engines only, not TensorRT-LLM engines.
@@ -210,6 +210,9 @@ class EngineWeights:
     # the token embedding table; tied to a quantized lm_head it is that matrix's rows (GatherBlockQuantized)
     embedding: WeightFormat = WeightFormat()
     drafter: WeightFormat | None = None  # Medusa heads / EAGLE draft (None: the engine has none)
+    # the target's linear layers as its context (prompt) graph reads them when not as `linear`: fp32 copies of the
+    # dequantized matrices (build --fp32-prefill); None: the context graph reads `linear`'s blocks too
+    prefill: WeightFormat | None = None
 
     @property
     def min_step_slots(self) -> int:
@@ -233,7 +236,7 @@ class EngineWeights:
             if f is None:
                 return None
             return {**dataclasses.asdict(f), "dtype": f.dtype.value, "scheme": f.scheme.value}
-        return {name: fmt(getattr(self, name)) for name in ("linear", "lm_head", "embedding", "drafter")}
+        return {name: fmt(getattr(self, name)) for name in ("linear", "lm_head", "embedding", "drafter", "prefill")}
 
     @classmethod
     def from_dict(cls, data: dict, where: str) -> EngineWeights:
@@ -242,7 +245,7 @@ class EngineWeights:
         return cls(**{k: None if v is None else _from_dict(WeightFormat, v, f"{where}.{k}") for k, v in data.items()})
 
     def summary(self) -> dict[str, str]:
-        return {name: str(getattr(self, name)) for name in ("linear", "lm_head", "embedding", "drafter")
+        return {name: str(getattr(self, name)) for name in ("linear", "lm_head", "embedding", "drafter", "prefill")
                 if getattr(self, name) is not None}
 
 

@@ -59,6 +59,8 @@ class BuildOptions(EngineBuildOptions):
     block_size: int | None = None  # `--block-size 32|64|128` (quantized weights; default 32)
     int4_scheme: str | None = None  # `--int4-scheme symmetric|min` (int4 components; default symmetric)
     quantize_heads: bool = True  # the Medusa heads / EAGLE draft in the --weights format too (else fp32)
+    # `--fp32-prefill`: the context graph reads fp32 copies of the quantized linear layers (onnx_graph.WeightPlan)
+    fp32_prefill: bool = False
     attention: str | None = None  # `--attention tree|gqa` (default: attention_kernel)
 
 
@@ -153,6 +155,9 @@ def weight_plan(opts: BuildOptions, raw_config: dict):
     block_size = check_block_size(opts.block_size if opts.block_size is not None else DEFAULT_BLOCK_SIZE)
     if scheme is QuantScheme.MIN:
         _check_min_scheme(raw_config, dtype, head, block_size)
+    if opts.fp32_prefill and dtype is WeightDtype.FP32:
+        raise ConfigError("--fp32-prefill: applies to quantized linear layers (--weights int8 or int4); with "
+                          "--weights fp32 the prompt already runs fp32 products")
     if dtype is WeightDtype.FP32 and head is WeightDtype.FP32:
         return WeightPlan()
 
@@ -168,7 +173,8 @@ def weight_plan(opts: BuildOptions, raw_config: dict):
                  "the lm_head and drafter are quantized here (--lm-head-weights, --block-size %d)", block_size)
     if not opts.quantize_heads:
         log.info("--no-quantize-heads: the Medusa heads / EAGLE draft keep fp32 weights")
-    return WeightPlan(base=base, drafter=spec(dtype) if opts.quantize_heads else None, lm_head=spec(head))
+    return WeightPlan(base=base, drafter=spec(dtype) if opts.quantize_heads else None, lm_head=spec(head),
+                      prefill_fp32=opts.fp32_prefill)
 
 
 def _check_min_scheme(raw_config: dict, dtype: WeightDtype, head: WeightDtype, block_size: int) -> None:
@@ -207,7 +213,8 @@ def _engine_weights(plan, cfg: ModelShape, *, embedding_gathered: bool) -> Engin
     has_drafter = cfg.num_medusa_heads > 0 or cfg.eagle is not None
     return EngineWeights(linear=fmt(plan.base), lm_head=fmt(plan.lm_head),
                          embedding=fmt(plan.lm_head) if embedding_gathered else WeightFormat(),
-                         drafter=fmt(plan.drafter) if has_drafter else None)
+                         drafter=fmt(plan.drafter) if has_drafter else None,
+                         prefill=WeightFormat() if plan.prefill_fp32 else None)
 
 
 def build(opts: BuildOptions) -> Manifest:

@@ -67,6 +67,10 @@ class WeightPlan:
     base: QuantSpec | None = None
     drafter: QuantSpec | None = None
     lm_head: QuantSpec | None = None
+    # the target's context graph reads fp32 copies of its quantized linear layers (the same dequantized values):
+    # a prompt's rows run ONNX Runtime's fp32 GEMM instead of MatMulNBits, whose many-row int8 kernels are slower
+    # on CPUs without VNNI; decode steps still read the blocks
+    prefill_fp32: bool = False
 
     @property
     def quantizes(self) -> bool:
@@ -223,8 +227,10 @@ def _write_head(src: _Source, wf: WeightFile, embedding: str, lm_head: str, shap
 def _write_base(src: _Source, wf: WeightFile, c: ModelShape, plan: WeightPlan = WeightPlan()) -> _Layout:
     H, V = c.hidden_size, c.vocab_size
     tied = _write_head(src, wf, "transformer.vocab_embedding.weight", "lm_head.weight", (V, H), plan.lm_head)
+    wf.fp32_copies = plan.prefill_fp32 and plan.base is not None
     for layer in range(c.num_layers):
         _write_layer(src, wf, c, f"transformer.layers.{layer}", f"layers.{layer}", input_norm=True, spec=plan.base)
+    wf.fp32_copies = False
     wf.add("ln_f.weight", src.get("transformer.ln_f.weight", (H,)))
     base_head = src.get("lm_head.weight", (V, H)) if c.num_medusa_heads else None
     heads = []
@@ -311,7 +317,7 @@ def base_graph(c: ModelShape, layout: _Layout, wf: WeightFile, positions: int, *
     """The base network over any number T of new tokens at positions below `positions`; a generation graph (tree)
     takes tree positions and mask, a context graph is causal. `attention_rows`, `attention` (the kernel): see
     prelude."""
-    g = Graph(wf)
+    g = Graph(wf, fp32_copies=not tree)  # a prompt's rows: the layers' fp32 copies, where the build wrote them
     pre = prelude(g, _inv_freq(c), positions, tree=tree, attention_rows=attention_rows, kernel=attention)
     x = Residual(embed(g, "input_ids", tied=layout.tied))  # [B, T, H]
     for layer in range(c.num_layers):

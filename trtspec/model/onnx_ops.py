@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from trtspec import native
-from trtspec.model.quantize import QuantizedMatrix, QuantSpec, quantize
+from trtspec.model.quantize import QuantizedMatrix, QuantSpec, dequantize, quantize
 
 OPSET = 23  # RMSNormalization is standard from opset 23 (ONNX Runtime >= 1.22 runs it)
 IR_VERSION = 10
@@ -43,6 +43,9 @@ class WeightFile:
         self.nbytes = 0  # bytes of tensor data (padding excluded)
 
         self.quantized: dict[str, QuantizedInfo] = {}  # matrix name → its MatMulNBits form
+        # while set, each quantized matrix also gets `<name>.fp32`: its dequantized values [in, out] for a MatMul
+        # (what a context graph built with fp32_copies reads; onnx_graph.WeightPlan.prefill_fp32)
+        self.fp32_copies = False
 
     def add(self, name: str, array: np.ndarray) -> None:
         """Append `array` as float32 (C order) under `name`."""
@@ -81,6 +84,8 @@ class WeightFile:
                          TensorProto.FLOAT16)
         self.quantized[name] = QuantizedInfo(k=m.k, n=m.n, blocks=m.blocks, bits=m.bits, block_size=m.block_size,
                                              accuracy_level=accuracy_level, offsets=m.offsets is not None)
+        if self.fp32_copies:  # the values MatMulNBits computes with (the float16 offsets included)
+            self.add(f"{name}.fp32", (dequantize(m) * factor).T)
 
     def alias(self, name: str, source: str, dims: tuple[int, ...]) -> None:
         """`name`: the bytes of weight `source` seen with other dims (written once, read by two ops)."""
@@ -125,8 +130,9 @@ class QuantizedInfo:
 class Graph:
     """Accumulates nodes, inline constants and the weights they use; `model()` makes the ModelProto."""
 
-    def __init__(self, weights: WeightFile):
+    def __init__(self, weights: WeightFile, *, fp32_copies: bool = False):
         self.weights = weights
+        self.fp32_copies = fp32_copies  # linear() reads a quantized matrix's `<name>.fp32` copy where there is one
         self.nodes: list[onnx.NodeProto] = []
         self.used: dict[str, TensorProto] = {}
         self.consts: dict[tuple, str] = {}
@@ -294,9 +300,13 @@ def matmul_nbits(g: Graph, x: str, weight: str, name: str | None = None) -> str:
 
 
 def linear(g: Graph, x: str, weight: str, name: str) -> str:
-    """x @ W (+ b): W is stored pre-transposed [in, out], or quantized (MatMulNBits); the bias, if the network has
-    one, is `<weight>.bias`."""
-    if f"{weight}.weight" in g.weights.quantized:
+    """x @ W (+ b): W is stored pre-transposed [in, out], or quantized (MatMulNBits; in a graph built with
+    fp32_copies, its `.fp32` copy where the build wrote one); the bias, if the network has one, is `<weight>.bias`."""
+    if g.fp32_copies and f"{weight}.weight.fp32" in g.weights:
+        if f"{weight}.weight.pre_scale" in g.weights:  # AWQ: the activation times the pre-quant scale first
+            x = g.op("Mul", x, g.w(f"{weight}.weight.pre_scale"), name=f"{name}_pre_scale")
+        y = g.op("MatMul", x, g.w(f"{weight}.weight.fp32"), name=name)
+    elif f"{weight}.weight" in g.weights.quantized:
         y = matmul_nbits(g, x, f"{weight}.weight", name)
     else:
         y = g.op("MatMul", x, g.w(f"{weight}.weight"), name=name)
