@@ -216,7 +216,7 @@ def test_text_output_reads_as_nvidias_clients_read_it(server, local, stream):
     ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[8]], np.int32)),
       ("beam_width", np.array([[2]], np.int32))], "beam_width = 2 is not supported"),
     ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[8]], np.int32)),
-      ("repetition_penalty", np.array([[1.3]], np.float32))], "repetition_penalty = 1.29"),
+      ("repetition_penalty", np.array([[0.0]], np.float32))], "repetition_penalty must be > 0 (1 is off), got 0.0"),
     ([("text_input", np.array([[b"hi"]], np.object_)), ("max_tokens", np.array([[8]], np.int32)),
       ("draft_method", np.array([[b"lookup"]], np.object_))],
      "draft_method 'lookup' is not one of none, medusa, eagle, eagle2, ngram, suffix, lookahead, hybrid"),
@@ -829,6 +829,30 @@ def test_bad_words_and_min_tokens_are_honoured(server, local):
     assert tokens == expected.output_ids != plain.output_ids
     bad = tuple(local.tokenizer.encode(word))
     assert all(tuple(tokens[i:i + len(bad)]) != bad for i in range(len(tokens)))
+
+
+def test_penalties_are_applied_as_in_process_and_by_the_client(server, local):
+    """repetition / presence / frequency penalties: the server's tokens equal in-process generation with the same
+    penalties (which speculation keeps: tests/speculative/test_penalties.py), sent as raw tensors or by TritonClient."""
+    from trtspec.speculative.loop import GenerationConfig, generate
+    from trtspec.speculative.penalties import Penalties
+
+    penalties = Penalties(repetition=1.3, presence=0.4, frequency=0.2)
+    ids = local.tokenizer.encode(add_special_tokens=True, text="quick brown fox")
+    plain = generate(local.engine, ids, local.proposer(), GenerationConfig(max_tokens=24))
+    expected = generate(local.engine, ids, local.proposer(), GenerationConfig(max_tokens=24, penalties=penalties))
+    inputs = [_tensor("text_input", np.array([[b"quick brown fox"]], np.object_)),
+              _tensor("max_tokens", np.array([[24]], np.int32)), _tensor("stream", np.array([[False]], np.bool_)),
+              _tensor("exclude_input_in_output", np.array([[True]], np.bool_)),
+              _tensor("repetition_penalty", np.array([[1.3]], np.float32)),
+              _tensor("presence_penalty", np.array([[0.4]], np.float32)),
+              _tensor("frequency_penalty", np.array([[0.2]], np.float32))]
+    got = _stream_once(server.grpc_url, "ensemble", inputs)
+    assert got[0][0].as_numpy("output_ids").reshape(-1).tolist() == expected.output_ids != plain.output_ids
+    with TritonClient(server.grpc_url) as client:  # the chat-templated prompt, as in-process generate renders it
+        reply = client.generate("quick brown fox", GenerationConfig(max_tokens=24, penalties=penalties))
+    assert reply.output_ids == local.generate("quick brown fox", GenerationConfig(max_tokens=24,
+                                                                                   penalties=penalties)).output_ids
 
 
 def test_the_python_models_import_the_trtspec_that_starts_the_server():

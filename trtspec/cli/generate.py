@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -31,6 +32,17 @@ from trtspec.cli.app import _sampling_flag
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1 = off.",
               callback=lambda ctx, param, value: _sampling_flag(param, value))
 @click.option("--seed", type=int, help="Sampling seed.")
+@click.option("--repetition-penalty", type=float, default=1.0, show_default=True,
+              help="> 0; 1 = off: the logit of every token in the prompt or output so far divided by it (times it "
+                   "when negative), TensorRT-LLM's semantics.")
+@click.option("--presence-penalty", type=float, default=0.0, show_default=True,
+              help="Subtracted from the logit of every token in the prompt or output so far; 0 = off.")
+@click.option("--frequency-penalty", type=float, default=0.0, show_default=True,
+              help="Subtracted from a token's logit once per occurrence in the prompt or output so far; 0 = off.")
+@click.option("--stop", "stops", multiple=True, metavar="TEXT",
+              help="Stop when the output ends with this text's tokens (repeatable).")
+@click.option("--logprobs", "return_log_probs", is_flag=True,
+              help="Report log p(token) of every output token (--json: log_probs; else their sum on stderr).")
 @click.option("--no-spec", is_flag=True, help="Same engine, speculation off.")
 @click.option("--method", help="Drafter: none, ngram (prompt lookup + Token Recycling, any engine with K >= 1), "
                                "suffix (ngram plus recent outputs and --datastore), lookahead (Jacobi + n-gram "
@@ -77,18 +89,21 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
     if (engine is None) == (url is None):
         raise click.UsageError("pass an ENGINE directory or --url HOST:PORT (not both)")
     from trtspec.data import generation_inputs
-    from trtspec.speculative import GenerationConfig, SamplingParams
+    from trtspec.speculative import GenerationConfig, Penalties, SamplingParams
 
     prompts = generation_inputs(prompt=prompt, prompts_file=prompts_file, prompt_set=prompt_set, limit=limit)
     sampling = SamplingParams(**{name: flags.pop(name) for name in ("temperature", "top_k", "top_p", "seed")})
-    config = GenerationConfig(sampling=sampling, **flags)
+    penalties = Penalties(*(flags.pop(f"{name}_penalty") for name in ("repetition", "presence", "frequency")))
+    stops = [s for s in flags.pop("stops") if s]
+    config = GenerationConfig(sampling=sampling, penalties=penalties, **flags)
     on_text = None if as_json else (lambda index, piece: click.echo(piece, nl=False))
     if url is not None:
         from trtspec.triton import generate_remote
 
         streamed = stream is not False and concurrency == 1  # concurrent replies print when they are complete
         replies = generate_remote(url, prompts, config, model=model_name, stream=stream is not False,
-                                  concurrency=concurrency, wait_s=wait_s, on_text=on_text if streamed else None)
+                                  concurrency=concurrency, wait_s=wait_s, on_text=on_text if streamed else None,
+                                  stop_words=stops)
         engine_facts = {}
     else:
         from trtspec.runtime import LocalGenerator
@@ -97,6 +112,8 @@ def generate(engine: Path | None, url: str | None, prompt: str | None, prompts_f
         generator = LocalGenerator(engine, threads=threads, spin=spin, datastore=datastore,
                                    drafter=_runs_drafter(config))
         engine_facts = {"weights": generator.manifest.weights.summary()}  # --json: the weight format per component
+        if stops:  # as the server's preprocessing turns them into ids
+            config = dataclasses.replace(config, stop_words=generator.stop_words(stops))
         replies = generator.replies(prompts, config, stream=streamed, on_text=on_text)
     for i, reply in enumerate(replies):
         _echo_reply(reply, as_json, engine_facts, streamed=streamed)
@@ -130,8 +147,10 @@ def _stats_line(record: dict) -> str:
     # a reply that came in one response (--url --no-stream) has no first-token time: its latency is the whole reply's
     timing = f"TTFT {s['ttft_ms']:.0f} ms" if s["ttft_ms"] is not None else \
         f"whole-reply latency {s['latency_ms']:.0f} ms"
+    log_probs = record.get("log_probs")
+    log_p = "" if log_probs is None else f", log p {sum(log_probs):.2f}"
     return (f"[{len(record['output_ids'])} tokens in {s['steps']} steps: acceptance length {s['acceptance_length']:.2f}, "
-            f"acceptance rate {s['acceptance_rate']:.0%}, {s['tokens_per_second']:.1f} tok/s, {timing}, "
+            f"acceptance rate {s['acceptance_rate']:.0%}, {s['tokens_per_second']:.1f} tok/s, {timing}{log_p}, "
             f"finish {record['finish_reason'] or '-'}]")
 
 

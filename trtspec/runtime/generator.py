@@ -39,8 +39,11 @@ class Generation:
                  "steps_per_profile": {str(k): v for k, v in sorted(s.profile_steps.items())},
                  "ttft_ms": round(self.result.ttft_s * 1000, 2),
                  "tokens_per_second": round(self.result.tokens_per_second, 2)}
-        return {"prompt_index": self.prompt_index, "output_ids": self.output_ids, "text": self.text,
-                "finish_reason": self.result.finish_reason, "stats": stats}
+        record = {"prompt_index": self.prompt_index, "output_ids": self.output_ids, "text": self.text,
+                  "finish_reason": self.result.finish_reason, "stats": stats}
+        if self.result.log_probs is not None:
+            record["log_probs"] = [round(v, 6) for v in self.result.log_probs]
+        return record
 
 
 class LocalGenerator:
@@ -92,6 +95,13 @@ class LocalGenerator:
                               "--tokenizer DIR")
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         return self.tokenizer.encode_chat(messages)
+
+    def stop_words(self, words: list[str]) -> tuple[tuple[int, ...], ...]:
+        """Stop strings as token sequences, each tokenized alone as the served preprocessing does."""
+        if self.tokenizer is None:
+            raise ConfigError(f"engine {self.engine.engine_dir} has no tokenizer for stop strings; rebuild with "
+                              "--tokenizer DIR")
+        return tuple(tuple(self.tokenizer.encode(w)) for w in words if w)
 
     def generate_many(self, prompts: list, config: GenerationConfig = GenerationConfig()) -> list[Generation]:
         """All prompts with in-flight batching (up to the manifest's max_batch_size per step)."""

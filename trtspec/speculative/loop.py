@@ -18,6 +18,7 @@ from trtspec.speculative.engine import BatchedEngine, CostedEngine, Engine, Step
 from trtspec.speculative.acceptance import Accepted, accept_greedy, accept_rejection_tree, accept_typical
 from trtspec.speculative.lookahead_proposer import LookaheadConfig
 from trtspec.speculative.ngram_proposer import NgramConfig
+from trtspec.speculative.penalties import Penalties, apply_penalties, token_counts
 from trtspec.speculative.proposer import Draft, Proposer, observe_one_by_one
 from trtspec.speculative.sampling import SamplingParams, logits_to_probs, make_rng, sample, softmax
 from trtspec.speculative.stats import SpecStats
@@ -43,6 +44,7 @@ class GenerationConfig:
     min_tokens: int = 0  # end_id is banned until this many tokens have been generated
     bad_words: tuple[tuple[int, ...], ...] = ()  # token sequences never generated (the last token is banned after the rest)
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) added to every step's logits (TensorRT-LLM's embedding_bias)
+    penalties: Penalties = Penalties()  # repetition / presence / frequency, over the prompt and output (penalties.py)
     posterior_threshold: float = 0.09
     posterior_alpha: float = 0.3
     # the drafter
@@ -98,9 +100,12 @@ class _Decoding:
         self.finish: str | None = None
         self.draft: Draft | None = None
         prompt = np.asarray(request.prompt_ids, dtype=np.int64)
+        self.counts: np.ndarray | None = None  # each token's occurrences in prompt + output, when penalized
         try:
             prefill = engine.prefill(self.seq, prompt)
-            logits = _constrain(prefill.logits[-1:], [], None, None, self.config)
+            if self.config.penalties.active:
+                self.counts = token_counts(prompt, prefill.logits.shape[-1])
+            logits = _constrain(prefill.logits[-1:], [], None, None, self.config, self.counts)
             self.root = _pick(logits[0], self.config.sampling, self.rng)
             self.result.ttft_s = time.perf_counter() - self.start
             self._emit([self.root], logits)
@@ -120,7 +125,8 @@ class _Decoding:
         """Accept against the verify output of self.draft, commit, emit; return what the drafter must observe
         (the verify output and the accepted path), or None when the sequence finished."""
         draft = self.draft
-        logits = _constrain(verify.logits, self.result.output_ids, draft.tokens, draft.tree, self.config)
+        logits = _constrain(verify.logits, self.result.output_ids, draft.tokens, draft.tree, self.config,
+                            self.counts)
         accepted = _accept(draft, logits, self.config, self.rng)
         self.engine.commit(self.seq, (0, *accepted.slots))
         self.result.stats.record(drafted=draft.tree.num_nodes, depth=draft.tree.depth, accepted=accepted.num_accepted,
@@ -134,6 +140,8 @@ class _Decoding:
         probabilities; the rows are gathered only then: a plain step would copy its logits row for nothing)."""
         before = len(self.result.output_ids)
         self.finish = _emit(self.result.output_ids, tokens, self.config, self.request.on_tokens)
+        if self.counts is not None:
+            np.add.at(self.counts, self.result.output_ids[before:], 1)
         if self.result.log_probs is not None:
             taken = len(self.result.output_ids) - before
             produced = logits if rows is None else logits[rows]
@@ -298,33 +306,43 @@ def _verify_all(engine: Engine, seqs: list[int], drafts: list[Draft]) -> list[St
     return [engine.verify(*item) for item in items]
 
 
-def _constrain(logits: np.ndarray, output: list[int], draft_tokens, tree, config: GenerationConfig) -> np.ndarray:
-    """Apply the logit bias, min_tokens and bad_words to the rows of one step, each in its own context: row i predicts the token
-    after tree node i, i.e. after `output` plus the draft tokens on the path to node i. The same rule applies to
-    the accepted path as plain decoding applies to each token, so speculation stays lossless."""
-    if (not config.bad_words and not config.logit_bias
-            and len(output) + (tree.depth if tree is not None else 0) >= config.min_tokens):
+def _constrain(logits: np.ndarray, output: list[int], draft_tokens, tree, config: GenerationConfig,
+               counts: np.ndarray | None = None) -> np.ndarray:
+    """Apply the logit bias, the penalties (`counts`: the prompt's and output's tokens, None when there are none),
+    min_tokens and bad_words to the rows of one step, each in its own context: row i predicts the token after tree
+    node i, i.e. after `output` plus the draft tokens on the path to node i. The same rule applies to the accepted
+    path as plain decoding applies to each token, so speculation stays lossless."""
+    masks = bool(config.bad_words) or len(output) + (tree.depth if tree is not None else 0) < config.min_tokens
+    if not config.logit_bias and counts is None and not masks:
         return logits
     logits = np.array(logits, dtype=np.float32, copy=True)
     if config.logit_bias:  # the same for every row: verifying a draft sees what plain decoding would
         tokens, values = zip(*config.logit_bias)
         logits[:, list(tokens)] += np.asarray(values, np.float32)
-    if not config.bad_words and len(output) + (tree.depth if tree is not None else 0) >= config.min_tokens:
+    if counts is None and not masks:
         return logits
-    rows = 1 if tree is None else tree.num_nodes + 1
-    for i in range(rows):
-        path = []
-        node = i
-        while tree is not None and node > 0:
-            path.append(int(draft_tokens[node]))
-            node = int(tree.parents[node])
-        context = output + path[::-1]
+    paths = [_path(draft_tokens, tree, i) for i in range(1 if tree is None else tree.num_nodes + 1)]
+    if counts is not None:  # after the bias, as TensorRT-LLM's penalty kernel
+        apply_penalties(logits, counts, paths, config.penalties, config.sampling.temperature)
+    if not masks:
+        return logits
+    for i, path in enumerate(paths):
+        context = output + path
         if len(context) < config.min_tokens and config.end_id is not None:
             logits[i, config.end_id] = -np.inf
         for word in config.bad_words:
             if len(word) == 1 or (len(context) >= len(word) - 1 and tuple(context[len(context) - len(word) + 1:]) == word[:-1]):
                 logits[i, word[-1]] = -np.inf
     return logits
+
+
+def _path(draft_tokens, tree, node: int) -> list[int]:
+    """The draft tokens from the root's first child down to `node` (empty for the root, or without a tree)."""
+    path = []
+    while tree is not None and node > 0:
+        path.append(int(draft_tokens[node]))
+        node = int(tree.parents[node])
+    return path[::-1]
 
 
 def _log_probs(logits: np.ndarray, tokens: list[int], params: SamplingParams) -> list[float]:

@@ -54,6 +54,7 @@ class RemoteGeneration:
     input_tokens: int | None = None  # the prompt's tokens as the server counted them (trtspec's CPU flavour)
     position_trials: list[int] = field(default_factory=list)  # per draft depth (trtspec's CPU flavour)
     position_hits: list[int] = field(default_factory=list)
+    log_probs: list[float] | None = None  # output_log_probs, when the request asked for them
 
     def to_dict(self) -> dict:
         rate = self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
@@ -64,8 +65,11 @@ class RemoteGeneration:
                  "steps_per_profile": dict(self.steps_per_profile),
                  "ttft_ms": round(self.ttft_s * 1000, 2) if self.streamed else None,
                  "latency_ms": round(self.total_s * 1000, 2), "tokens_per_second": round(tps, 2)}
-        return {"prompt_index": self.prompt_index, "output_ids": self.output_ids, "text": self.text,
-                "finish_reason": self.finish_reason, "stats": stats}
+        record = {"prompt_index": self.prompt_index, "output_ids": self.output_ids, "text": self.text,
+                  "finish_reason": self.finish_reason, "stats": stats}
+        if self.log_probs is not None:
+            record["log_probs"] = [round(v, 6) for v in self.log_probs]
+        return record
 
 
 def build_inputs(prompt: str, options: GenerationConfig, *, stream: bool, stop_words: list[str] = (),
@@ -98,6 +102,18 @@ def build_inputs(prompt: str, options: GenerationConfig, *, stream: bool, stop_w
               tensor("top_p", np.array([[options.sampling.top_p]], np.float32))]
     if has("apply_chat_template"):  # as in-process generate renders a text prompt (trtspec's CPU flavour)
         inputs.append(tensor("apply_chat_template", np.array([[chat_template]], np.bool_)))
+    penalties = options.penalties
+    for name, value, off in (("repetition_penalty", penalties.repetition, 1.0),
+                             ("presence_penalty", penalties.presence, 0.0),
+                             ("frequency_penalty", penalties.frequency, 0.0)):
+        if value != off:  # TensorRT-LLM's tensors, with its semantics (speculative/penalties.py)
+            if not has(name):
+                raise ServerError(f"this deployment has no {name} input")
+            inputs.append(tensor(name, np.array([[value]], np.float32)))
+    if options.return_log_probs:
+        if not has("return_log_probs"):
+            raise ServerError("this deployment has no return_log_probs input")
+        inputs.append(tensor("return_log_probs", np.array([[True]], np.bool_)))
     if options.sampling.seed is not None:
         name = "random_seed" if has("random_seed") else "seed"
         inputs.append(tensor(name, np.array([[options.sampling.seed]], np.uint64)))
@@ -129,7 +145,7 @@ def build_inputs(prompt: str, options: GenerationConfig, *, stream: bool, stop_w
 
 
 # GenerationConfig fields the client contract has no tensor for (text stop words go as build_inputs' stop_words)
-UNSENT_FIELDS = ("end_id", "stop_words", "bad_words", "min_tokens", "return_log_probs", "logit_bias", "acceptance",
+UNSENT_FIELDS = ("end_id", "stop_words", "bad_words", "min_tokens", "logit_bias", "acceptance",
                  "posterior_threshold", "posterior_alpha", "ngram")
 
 
@@ -317,6 +333,9 @@ class TritonClient:
         profiles = result.as_numpy("steps_per_profile")
         if profiles is not None and profiles.size and profiles.reshape(-1)[0]:
             out.steps_per_profile = json.loads(profiles.reshape(-1)[0])
+        log_probs = result.as_numpy("output_log_probs")
+        if log_probs is not None:  # [1, 1, tokens of this response]
+            out.log_probs = (out.log_probs or []) + [float(v) for v in log_probs.reshape(-1)[:len(ids)]]
         reason = result.as_numpy("finish_reason")
         if reason is not None and reason.size and reason.reshape(-1)[0]:
             out.finish_reason = reason.reshape(-1)[0].decode()
@@ -337,10 +356,11 @@ class TritonClient:
 
 def generate_remote(url: str, prompts: list, options: GenerationConfig = GenerationConfig(), *,
                     model: str = MODEL, stream: bool = True, concurrency: int = 1, wait_s: float = 0.0,
-                    on_text: Callable[[int, str], None] | None = None) -> Iterator[RemoteGeneration]:
+                    on_text: Callable[[int, str], None] | None = None,
+                    stop_words: list[str] = ()) -> Iterator[RemoteGeneration]:
     """Each prompt's reply from the server at `url` (waiting up to wait_s for it to be ready), in prompt order: one
     request at a time, a streamed reply's text passed to on_text(prompt index, piece) as it arrives, or
-    `concurrency` at once (each on its own gRPC stream)."""
+    `concurrency` at once (each on its own gRPC stream). `stop_words`: stop strings, sent as text."""
     for i, p in enumerate(prompts):
         if not isinstance(p, str):
             raise ConfigError(f"prompt {i}: --url sends text prompts (\"prompt\"); chat messages and token ids "
@@ -349,10 +369,11 @@ def generate_remote(url: str, prompts: list, options: GenerationConfig = Generat
         client.check_ready(wait_s=wait_s)
         if concurrency == 1:
             for i, p in enumerate(prompts):
-                yield client.generate(p, options, index=i, stream=stream,
+                yield client.generate(p, options, index=i, stream=stream, stop_words=list(stop_words),
                                       on_text=None if on_text is None else partial(on_text, i))
             return
-    for result in generate_concurrently(url, prompts, options, concurrency=concurrency, stream=stream, model=model):
+    for result in generate_concurrently(url, prompts, options, concurrency=concurrency, stream=stream, model=model,
+                                        stop_words=list(stop_words)):
         if isinstance(result, BaseException):
             raise result
         yield result
@@ -360,7 +381,8 @@ def generate_remote(url: str, prompts: list, options: GenerationConfig = Generat
 
 def generate_concurrently(url: str, prompts: list[str], options: GenerationConfig = GenerationConfig(), *,
                           concurrency: int = 8, stream: bool = True, model: str = MODEL,
-                          options_for: Callable[[int], GenerationConfig] | None = None) -> list[RemoteGeneration]:
+                          options_for: Callable[[int], GenerationConfig] | None = None,
+                          stop_words: list[str] = ()) -> list[RemoteGeneration]:
     """Send every prompt with `concurrency` clients at once (each its own connection); results in prompt order."""
     results: list[RemoteGeneration | BaseException | None] = [None] * len(prompts)
     next_index = iter(range(len(prompts)))
@@ -375,7 +397,7 @@ def generate_concurrently(url: str, prompts: list[str], options: GenerationConfi
                     return
                 try:
                     results[i] = client.generate(prompts[i], options_for(i) if options_for else options, index=i,
-                                                 stream=stream)
+                                                 stream=stream, stop_words=list(stop_words))
                 except BaseException as e:  # reported per prompt
                     results[i] = e
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from trtspec.errors import ConfigError, TrtspecError
 from trtspec.speculative.loop import GenerationConfig
+from trtspec.speculative.penalties import Penalties
 from trtspec.speculative.sampling import SamplingParams
 
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -103,7 +104,7 @@ def _options(body: dict, chat: bool, prompt_tokens: int | None, target: Target) 
                           "own)", "draft_method")
     try:
         return GenerationConfig(max_tokens=_integer(max_tokens, "max_tokens", low=1), sampling=_sampling(body),
-                                method=method or None,
+                                penalties=_penalties(body), method=method or None,
                                 no_spec=not _boolean(body.get("use_speculation", True), "use_speculation"))
     except ConfigError as e:
         raise bad_request(str(e)) from None
@@ -159,8 +160,6 @@ def _refuse(body: dict, chat: bool) -> None:
         "best_of": lambda v: v not in (None, 1),
         "logprobs": lambda v: v not in (None, False) if chat else v is not None,
         "top_logprobs": lambda v: v not in (None, 0),
-        "presence_penalty": lambda v: v not in (None, 0, 0.0),
-        "frequency_penalty": lambda v: v not in (None, 0, 0.0),
         "logit_bias": lambda v: bool(v),
         "suffix": lambda v: bool(v),
         "tools": lambda v: bool(v),
@@ -186,6 +185,18 @@ def _sampling(body: dict) -> SamplingParams:
     if top_p == 0.0:  # only the most likely token survives
         temperature, top_p = 0.0, 1.0
     return SamplingParams(temperature=temperature, top_k=max(top_k, 0), top_p=top_p, seed=seed)
+
+
+def _penalties(body: dict) -> Penalties:
+    """OpenAI's presence_penalty and frequency_penalty (-2..2, default 0) and vLLM's repetition_penalty (> 0, default
+    1), applied as TensorRT-LLM applies them: over the prompt's and the output's tokens (speculative/penalties.py)."""
+    presence = _number(body.get("presence_penalty", 0.0) or 0.0, "presence_penalty", low=-2.0, high=2.0)
+    frequency = _number(body.get("frequency_penalty", 0.0) or 0.0, "frequency_penalty", low=-2.0, high=2.0)
+    repetition = body.get("repetition_penalty", 1.0)
+    repetition = 1.0 if repetition is None else _number(repetition, "repetition_penalty", low=0.0)
+    if repetition == 0:
+        raise bad_request("repetition_penalty = 0 is out of range (it must be > 0; 1 is off)", "repetition_penalty")
+    return Penalties(repetition=repetition, presence=presence, frequency=frequency)
 
 
 def _stops(stop) -> tuple[str, ...]:

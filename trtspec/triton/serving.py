@@ -4,7 +4,7 @@ with in-flight batching across requests on one scheduler thread, and report toke
 The tensor names are those of tensorrtllm_backend's `tensorrt_llm` model (input_ids, input_lengths,
 request_output_len, runtime_top_k, streaming, ...), so clients that talk to that model directly work too. Each
 request may carry a batch of B prompts; every prompt becomes its own sequence in the batcher, and its responses
-carry `batch_index`. Inputs the CPU engine cannot honour (beam search, penalties, logits outputs)
+carry `batch_index`. Inputs the CPU engine cannot honour (beam search, logits outputs)
 are refused for that request with a message naming the tensor and value, never silently ignored.
 """
 
@@ -23,6 +23,7 @@ from trtspec.engine.manifest import Manifest
 from trtspec.errors import ConfigError, TrtspecError
 from trtspec.speculative.loop import GenerationConfig, GenerationResult, InflightBatch, Request
 from trtspec.speculative.lookahead_proposer import LookaheadConfig
+from trtspec.speculative.penalties import Penalties
 from trtspec.speculative.proposer import Proposer
 from trtspec.triton.contract import LOOKAHEAD_INPUTS
 from trtspec.speculative.sampling import SamplingParams
@@ -164,8 +165,7 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
             raise ConfigError(f"{length} prompt tokens + max_tokens {max_tokens} exceed the engine's max_seq_len "
                               f"{profile.max_seq_len}")
         for name, default, allowed in (("beam_width", 1, (1,)), ("num_return_sequences", 1, (1,)),
-                                       ("repetition_penalty", 1.0, (1.0,)), ("presence_penalty", 0.0, (0.0,)),
-                                       ("frequency_penalty", 0.0, (0.0,)), ("return_context_logits", False, (False,)),
+                                       ("return_context_logits", False, (False,)),
                                        ("return_generation_logits", False, (False,))):
             value = _scalar(inputs, name, b, default)
             if value not in allowed:
@@ -196,6 +196,9 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
                                   return_log_probs=bool(_scalar(inputs, "return_log_probs", b, False)),
                                   min_tokens=min_tokens, bad_words=bad_words,
                                   logit_bias=_logit_bias(inputs, b, manifest.model.vocab_size),
+                                  penalties=Penalties(float(_scalar(inputs, "repetition_penalty", b, 1.0)),
+                                                      float(_scalar(inputs, "presence_penalty", b, 0.0)),
+                                                      float(_scalar(inputs, "frequency_penalty", b, 0.0))),
                                   no_spec=not _scalar(inputs, "use_speculation", b, True), method=method or None,
                                   lookahead=_lookahead(inputs, b, manifest, method or default_method))
         items.append(ItemRequest(
