@@ -10,6 +10,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from trtspec.bench.bench_outputs import format_table as format_bench_table
 from trtspec.bench.runner import BenchOptions, run_bench
 from trtspec.bench.summary import PLAIN
 from trtspec.cli import cli
@@ -132,6 +133,13 @@ def test_transformers_peer_in_the_same_run(engine, prompt_file, tmp_path):
     (["bench", "--url", "127.0.0.1:1", "--serve"], "--serve deploys and serves ENGINE_DIR itself"),
     (["bench", "{engine}", "--no-spec", "--method", "ngram"], "--no-spec measures plain decoding alone"),
     (["bench", "{engine}", "--prompt-set", "{prompts}", "--concurrency", "8"], "exceeds the engine's max_batch_size"),
+    (["bench", "{engine}", "--request-rate", "2"], "--request-rate sends requests as they arrive to a served "
+                                                   "deployment: pass --url HOST:PORT alone"),
+    (["bench", "--url", "127.0.0.1:1", "--request-rate", "0"], "--request-rate must be positive"),
+    (["bench", "{engine}", "--goodput", "ttft:500"], "--goodput counts the requests that meet its SLOs"),
+    (["bench", "--url", "127.0.0.1:1", "--request-rate", "1", "--goodput", "ttft:fast"],
+     "--goodput ttft:fast: expected NAME:MS pairs with NAME one of ttft, tpot, e2el"),
+    (["bench", "{engine}", "{engine}", "--request-rate", "1"], "--request-rate measures requests on one engine"),
 ])
 def test_cli_errors_are_one_line(engine, prompt_file, args, message):
     args = [a.format(engine=engine, prompts=prompt_file) for a in args]
@@ -256,6 +264,10 @@ def test_served_engine_figures_match_in_process(engine, prompt_file, run, tmp_pa
         served = run_bench(BenchOptions(url=server.grpc_url, prompt_set=str(prompt_file), limit=None,
                                         methods=("medusa", "ngram"), concurrency=(1, 2), max_tokens=24,
                                         show_progress=False), show=lambda line: None)
+        open_loop = run_bench(BenchOptions(url=server.grpc_url, prompt_set=str(prompt_file), limit=None,
+                                           methods=("medusa",), concurrency=(), request_rate=(20.0,),
+                                           goodput={"e2el": 1e9}, max_tokens=24, show_progress=False),
+                              show=lambda line: None)
     assert served.report["mode"] == "served" and served.report["notes"] == []  # no drafter that looks up answers
     assert run.report["notes"] == []
     for method in ("medusa", PLAIN):
@@ -272,6 +284,20 @@ def test_served_engine_figures_match_in_process(engine, prompt_file, run, tmp_pa
         for figures in served.report["results"][concurrency].values():
             assert figures["overall"]["identical"] == f"{len(PROMPTS)}/{len(PROMPTS)}"
             assert figures["overall"]["ttft_ms"]["p50"] > 0
+    # the open loop: every prompt at its Poisson arrival, whatever is in flight; the same outputs as in process
+    for method in ("medusa", PLAIN):
+        local = [r.output_ids for r in run.records if r.method == method and r.concurrency == 1]
+        remote = [r for r in open_loop.records if r.method == method]
+        assert [r.output_ids for r in remote] == local
+        assert {(r.concurrency, r.request_rate) for r in remote} == {(0, 20.0)}
+    assert open_loop.report["results"] == {} and open_loop.report["request_rate"] == [20.0]
+    level = open_loop.report["open_loop"]["results"]["20"]
+    for figures in level.values():
+        assert figures["requests"] == len(PROMPTS) and figures["identical"] == f"{len(PROMPTS)}/{len(PROMPTS)}"
+        assert figures["met_slos"] == f"{len(PROMPTS)}/{len(PROMPTS)}"  # an SLO no request can miss
+        assert figures["goodput"] == figures["request_throughput"] > 0
+    table = "\n".join(format_bench_table(open_loop.report))
+    assert "open loop (Poisson arrivals): goodput counts requests within e2el 1e+09 ms" in table
 
 
 def test_in_process_ttft_counts_from_arrival_as_a_served_client_does(engine, prompt_file):

@@ -54,8 +54,30 @@ def format_table(report: dict) -> list[str]:
             for category, g in figures["categories"].items():
                 lines.append(f"{concurrency:>4} {method:<10} {category:<16} {g['tau']:>5.2f} {_x(g['speedup']):>7}  "
                              + " ".join(f"{x:.2f}" for x in g["per_position_acceptance"]))
+    lines += _open_loop_rows(report.get("open_loop"))
     lines += [f"note: {note}" for note in report.get("notes", [])]
     lines.append("=" * RULE)
+    return lines
+
+
+def _open_loop_rows(open_loop: dict | None) -> list[str]:
+    """The open-loop levels: offered and achieved request rate, tokens/s, latency percentiles, goodput."""
+    if not open_loop:
+        return []
+    slos = open_loop["slos_ms"]
+    lines = ["-" * RULE, "open loop (Poisson arrivals)" + (": goodput counts requests within " + ", ".join(
+        f"{k} {v:g} ms" for k, v in slos.items()) if slos else ""),
+             f"{'rate':>5} {'method':<10} {'req/s':>6} {'tok/s':>7} {'TTFT p50':>8} {'p99':>7} {'TPOT p50':>8} "
+             f"{'p99':>6} {'E2E p50':>8} {'p99':>8} {'τ':>5} {'speedup':>7} {'same':>5}"
+             + (f" {'goodput':>8}" if slos else "")]
+    for rate, methods in open_loop["results"].items():
+        for method, g in methods.items():
+            lines.append(f"{rate:>5} {method:<10} {g['request_throughput']:>6.2f} {g['output_tokens_per_s']:>7.1f} "
+                         f"{_ms(g['ttft_ms'], 'p50'):>8} {_ms(g['ttft_ms'], 'p99'):>7} "
+                         f"{_ms(g['tpot_ms'], 'p50'):>8} {_ms(g['tpot_ms'], 'p99'):>6} "
+                         f"{_ms(g['e2e_ms'], 'p50'):>8} {_ms(g['e2e_ms'], 'p99'):>8} {g['tau']:>5.2f} "
+                         f"{_x(g['speedup']):>7} {g['identical'] or '-':>5}"
+                         + (f" {g['goodput']:>8.2f}" if slos else ""))
     return lines
 
 

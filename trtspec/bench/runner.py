@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trtspec.bench.peers import WARMUP_TOKENS
-from trtspec.bench.summary import PLAIN, RequestRecord, mark_identical, record, summarize
+from trtspec.bench.summary import PLAIN, RequestRecord, mark_identical, record, summarize, summarize_open_loop
 from trtspec.bench.workload import BenchPrompt, LocalTarget, ServedTarget, load_bench_prompts, spreads
 from trtspec.errors import ConfigError
 from trtspec.progress import progress_bar
@@ -38,7 +38,9 @@ class BenchOptions:
     prompt_set: str = "mt-bench"  # a known set or a .jsonl file
     limit: int | None = 8
     methods: tuple[str, ...] = ()  # besides plain decoding; () = the engine's own (served: the deployment's)
-    concurrency: tuple[int, ...] = (1,)
+    concurrency: tuple[int, ...] = (1,)  # closed-loop levels; () with request_rate: open loop only
+    request_rate: tuple[float, ...] = ()  # open-loop levels: Poisson arrivals per second (served only)
+    goodput: dict[str, float] = field(default_factory=dict)  # SLOs in ms a request must meet to count as good
     temperature: float = 0.0
     seed: int | None = 0  # T > 0: every request's sampling seed (methods alike)
     max_tokens: int = 128
@@ -58,8 +60,16 @@ class BenchOptions:
                               "`trtspec deploy --no-backoff`)")
         if self.serve and (self.engine is None or self.url is not None):
             raise ConfigError("--serve deploys and serves ENGINE_DIR itself: pass ENGINE_DIR and no --url")
-        if not self.concurrency or min(self.concurrency) < 1:
+        if (not self.concurrency and not self.request_rate) or (self.concurrency and min(self.concurrency) < 1):
             raise ConfigError(f"--concurrency must be positive integers, got {self.concurrency}")
+        if self.request_rate and (self.url is None or self.engine is not None or self.serve):
+            raise ConfigError("--request-rate sends requests as they arrive to a served deployment: pass --url "
+                              "HOST:PORT alone (in process, the load is --concurrency)")
+        if any(not r > 0 for r in self.request_rate):
+            raise ConfigError(f"--request-rate must be positive requests per second, got {self.request_rate}")
+        if self.goodput and not self.request_rate:
+            raise ConfigError("--goodput counts the requests that meet its SLOs at each --request-rate: pass "
+                              "--request-rate too")
         if self.max_tokens < 1:
             raise ConfigError(f"--max-tokens must be >= 1, got {self.max_tokens}")
         if self.no_spec and self.methods:
@@ -186,6 +196,8 @@ def _run(options: BenchOptions, target, served, metrics, show) -> BenchRun:
                         advance(len(group))
             if metrics is not None:
                 batching[str(concurrency)] = _batching(before, _counters(metrics))
+    open_records, open_walls = _open_loop(options, target, prompts, runs)
+    records += open_records
     for name in targets:
         mark_identical([r for r in records if r.target == name])
     if options.temperature > 0:
@@ -194,6 +206,9 @@ def _run(options: BenchOptions, target, served, metrics, show) -> BenchRun:
     first = next(iter(targets))
     report = _report(options, target, prompts, methods, [r for r in records if r.target == first],
                      {k[1:]: v for k, v in walls.items() if k[0] == first}, load_before)
+    if options.request_rate:
+        report["open_loop"] = {"slos_ms": dict(options.goodput), "results": {
+            f"{rate:g}": v for rate, v in summarize_open_loop(open_records, open_walls, options.goodput).items()}}
     if served is not None:
         served_records = [r for r in records if r.target == "served"]
         report["served"] = {"target": served.describe(),
@@ -201,6 +216,17 @@ def _run(options: BenchOptions, target, served, metrics, show) -> BenchRun:
                                 served_records, {k[1:]: v for k, v in walls.items() if k[0] == "served"}).items()}}
         report["serving"] = _serving(report, records, options.temperature, batching)
     return BenchRun(report, records)
+
+
+def _open_loop(options: BenchOptions, target, prompts: list[BenchPrompt], runs: dict) -> tuple[list, dict]:
+    """Every method at every --request-rate: the same Poisson arrivals for each method at a rate (its seed), the
+    methods in a rotating order."""
+    records, walls = [], {}
+    for r_index, rate in enumerate(options.request_rate):
+        for label in _rotated(list(runs), r_index):
+            timed, walls[(rate, label)] = target.run_open(prompts, runs[label], rate, seed=r_index)
+            records += [record(0, label, p, t, target="served", request_rate=rate) for p, t in zip(prompts, timed)]
+    return records, walls
 
 
 def _counters(metrics) -> dict | None:
@@ -278,6 +304,7 @@ def _report(options: BenchOptions, target, prompts: list[BenchPrompt], methods, 
         "prompts": len(prompts), "prompt_ids": [p.id for p in prompts],
         "categories": list(dict.fromkeys(p.category for p in prompts)),
         "methods": [PLAIN, *methods], "concurrency": list(options.concurrency),
+        "request_rate": list(options.request_rate),
         "temperature": options.temperature, "seed": options.seed if options.temperature > 0 else None,
         "max_tokens": options.max_tokens,
         "threads": options.threads if isinstance(target, LocalTarget) else None,

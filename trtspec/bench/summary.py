@@ -45,6 +45,7 @@ class RequestRecord:
     itl_ms: tuple[float, ...] = ()
     stats: SpecStats | None = None
     output_ids: tuple[int, ...] = ()
+    request_rate: float | None = None  # an open-loop level: Poisson arrivals at this many per second (concurrency 0)
 
     def csv_row(self) -> dict:
         row = asdict(self)
@@ -54,9 +55,12 @@ class RequestRecord:
 
 
 CSV_FIELDS = [name for name in RequestRecord.__dataclass_fields__ if name not in ("itl_ms", "stats", "output_ids")]
+# --goodput: the SLOs a request must meet to count (vLLM's `--goodput ttft:MS tpot:MS e2el:MS`), RequestRecord fields
+SLO_FIELDS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms"}
 
 
-def record(concurrency: int, method: str, prompt, timed, target: str = "") -> RequestRecord:
+def record(concurrency: int, method: str, prompt, timed, target: str = "",
+           request_rate: float | None = None) -> RequestRecord:
     """A request's row from its prompt and what the target timed (`workload.Timed`)."""
     itl = [1000 * x for x in timed.itl_s]
     tpot = timed.tpot_s
@@ -66,14 +70,14 @@ def record(concurrency: int, method: str, prompt, timed, target: str = "") -> Re
                          round(float(np.mean(itl)), 3) if itl else None, round(1000 * timed.total_s, 3),
                          timed.stats.steps, timed.stats.draft_tokens, timed.stats.accepted_tokens,
                          round(timed.stats.acceptance_length, 4), timed.finish_reason, None, target,
-                         tuple(round(x, 3) for x in itl), timed.stats, tuple(timed.output_ids))
+                         tuple(round(x, 3) for x in itl), timed.stats, tuple(timed.output_ids), request_rate)
 
 
 def mark_identical(records: list[RequestRecord]) -> None:
-    """Set `identical` on every record: its output equals plain decoding's of the same prompt and concurrency."""
-    plain = {(r.concurrency, r.prompt_id): r.output_ids for r in records if r.method == PLAIN}
+    """Set `identical` on every record: its output equals plain decoding's of the same prompt at the same load."""
+    plain = {(r.concurrency, r.request_rate, r.prompt_id): r.output_ids for r in records if r.method == PLAIN}
     for r in records:
-        key = (r.concurrency, r.prompt_id)
+        key = (r.concurrency, r.request_rate, r.prompt_id)
         r.identical = r.output_ids == plain[key] if key in plain else None
 
 
@@ -135,6 +139,48 @@ def summarize(records: list[RequestRecord], walls: dict[tuple[int, str], float])
                 group["speedup"] = _ratio(group["output_tokens_per_s"], base and base["output_tokens_per_s"])
                 group["decode_speedup"] = _ratio(group["decode_tokens_per_s"], base and base["decode_tokens_per_s"])
     return out
+
+
+def summarize_open_loop(records: list[RequestRecord], walls: dict[tuple[float, str], float],
+                        slos: dict[str, float]) -> dict:
+    """{rate: {method: figures}} of the open-loop levels (`walls[(rate, method)]`: first arrival to last reply), with
+    the speedup over plain decoding at the same rate and, given SLOs in ms ({"ttft": 500, ...}), the goodput: the
+    requests per second that met all of them."""
+    out: dict = {}
+    for (rate, method), wall in walls.items():
+        mine = [r for r in records if r.request_rate == rate and r.method == method]
+        figures = group_figures(mine, wall)
+        if slos:
+            good = [r for r in mine if all(getattr(r, SLO_FIELDS[k]) is not None and getattr(r, SLO_FIELDS[k]) <= v
+                                           for k, v in slos.items())]
+            figures["goodput"] = round(len(good) / wall, 3) if wall else 0.0
+            figures["met_slos"] = f"{len(good)}/{len(mine)}"
+        out.setdefault(rate, {})[method] = figures
+    for methods in out.values():
+        plain = methods.get(PLAIN)
+        for figures in methods.values():
+            figures["speedup"] = _ratio(figures["output_tokens_per_s"], plain and plain["output_tokens_per_s"])
+    return out
+
+
+def parse_slos(text: str | None) -> dict[str, float]:
+    """--goodput ttft:500,tpot:50,e2el:4000 → {"ttft": 500.0, ...} (milliseconds)."""
+    from trtspec.errors import ConfigError
+
+    if not text:
+        return {}
+    slos = {}
+    for part in text.split(","):
+        name, _, value = part.partition(":")
+        try:
+            number = float(value)
+        except ValueError:
+            number = float("nan")
+        if name.strip() not in SLO_FIELDS or not number > 0:
+            raise ConfigError(f"--goodput {text}: expected NAME:MS pairs with NAME one of {', '.join(SLO_FIELDS)} "
+                              f"and MS > 0, e.g. ttft:500,tpot:50 (got {part!r})")
+        slos[name.strip()] = number
+    return slos
 
 
 def _ratio(a: float, b: float | None) -> float | None:

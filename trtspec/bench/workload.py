@@ -6,6 +6,10 @@ Concurrency C is a closed loop of C users: a user sends its next prompt when its
 process that is the in-flight batch of up to C sequences (a sequence joins when another leaves); served, C client
 threads, each its own gRPC connection and stream. Either way TTFT and latency count from the request's arrival: in
 process a sequence joining with others also waits for their prefills, as a served request does.
+
+A request rate R is an open loop (served only, `ServedTarget.run_open`): requests arrive as a Poisson process of R
+per second (exponential gaps from a seeded generator, as vLLM's serving benchmark and genai-perf send them), each
+sent at its arrival whatever is still in flight, and its TTFT and latency count from that arrival.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from trtspec.errors import ConfigError
 from trtspec.speculative.loop import GenerationConfig
@@ -223,6 +229,57 @@ class ServedTarget:
             if isinstance(r, BaseException):
                 raise r
         return out, wall
+
+
+    def run_open(self, prompts: list[BenchPrompt], options: GenerationConfig, rate: float,
+                 seed: int = 0) -> tuple[list[Timed], float]:
+        """Every prompt at its Poisson arrival, `rate` per second on average (gaps drawn with `seed`); one record
+        each, timed from its arrival, and the wall seconds from the first arrival to the last reply."""
+        import queue
+
+        from trtspec.triton.client import TritonClient
+
+        gaps = np.random.default_rng(seed).exponential(1.0 / rate, len(prompts))
+        arrivals = np.cumsum(gaps) - gaps[0]  # the first request at once
+        idle: queue.SimpleQueue = queue.SimpleQueue()  # connections whose last request has finished
+        clients: list = []
+        out: list[Timed | BaseException | None] = [None] * len(prompts)
+
+        def send(i: int, due: float) -> None:
+            try:
+                client = idle.get_nowait()
+            except queue.Empty:
+                client = TritonClient(self.url, model=self.model, timeout_s=self.timeout_s)
+                clients.append(client)
+            try:
+                sent = time.perf_counter()  # after its arrival (a new connection, a busy client): that wait counts
+                out[i] = _delayed(_served_one(client, prompts[i], options), max(0.0, sent - due))
+            except BaseException as e:  # raised below, in the caller's thread
+                out[i] = e
+            finally:
+                idle.put(client)
+
+        start = time.perf_counter()
+        senders = []
+        for i, at in enumerate(arrivals):
+            time.sleep(max(0.0, start + at - time.perf_counter()))
+            senders.append(threading.Thread(target=send, args=(i, start + at)))
+            senders[-1].start()
+        for t in senders:
+            t.join()
+        wall = time.perf_counter() - start
+        for client in clients:
+            client.close()
+        for r in out:
+            if isinstance(r, BaseException):
+                raise r
+        return out, wall
+
+
+def _delayed(timed: Timed, wait_s: float) -> Timed:
+    """`timed` as seen from a request's arrival `wait_s` seconds before it was sent."""
+    return Timed(timed.output_ids, timed.ttft_s + wait_s, timed.total_s + wait_s,
+                 [t + wait_s for t in timed.chunk_s], timed.stats, timed.finish_reason, timed.input_tokens)
 
 
 def _served_one(client, prompt: BenchPrompt, options: GenerationConfig) -> Timed:

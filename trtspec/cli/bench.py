@@ -78,6 +78,11 @@ def _pair(ctx, param, value):
                    "ngram, and each engine's own). Compare: METHOD:full runs METHOD's whole tree every step.")
 @click.option("--concurrency", callback=_csv(int), default="1", show_default=True, metavar="1,4,16",
               help="Requests: closed-loop users per level (in process: the in-flight batch).")
+@click.option("--request-rate", callback=_csv(float), metavar="0.5,1,2",
+              help="Requests, --url: open-loop levels, requests per second arriving as a Poisson process (seeded), "
+                   "each sent at its arrival; with it, closed-loop levels run only if --concurrency is given.")
+@click.option("--goodput", metavar="ttft:MS,tpot:MS,e2el:MS",
+              help="--request-rate: count as good the requests within these SLOs, and report good requests/s.")
 @click.option("--temperature", type=float, default=0.0, show_default=True,
               help="Requests: 0 = greedy (outputs checked identical to plain decoding).",
               callback=lambda ctx, param, value: _sampling_flag(param, value))
@@ -145,12 +150,15 @@ def bench_run(engines: tuple[Path, ...], methods, sets, peers, out: Path | None,
         return
     if flags["hf"]:
         raise click.UsageError("--hf is the peers' model folder: pass --peers too")
-    from trtspec.bench import BenchOptions, format_bench_table, run_bench, write_bench_outputs
+    from trtspec.bench import BenchOptions, format_bench_table, parse_slos, run_bench, write_bench_outputs
 
     request_flags = ("url", "serve", "concurrency", "temperature", "seed", "max_tokens", "threads", "spin", "model",
                      "no_spec", "backoff", "limit")
+    if flags["request_rate"] and click.get_current_context().get_parameter_source("concurrency").name == "DEFAULT":
+        flags["concurrency"] = ()  # open loop alone unless closed-loop levels are asked for
     options = BenchOptions(engine=engines[0] if engines else None, methods=methods or (),
                            prompt_set=flags["prompt_set"] or "mt-bench", show_progress=not no_progress,
+                           request_rate=flags["request_rate"] or (), goodput=parse_slos(flags["goodput"]),
                            **{f: flags[f] for f in request_flags})
     run = run_bench(options, show=show)
     click.echo(json.dumps(run.report, indent=1) if as_json else "\n".join(format_bench_table(run.report)))
@@ -163,6 +171,7 @@ def _compare(engines, methods, sets, peers, out, as_json, no_progress, flags, sh
     from trtspec.bench import DEFAULT_SETS, CompareOptions, render_compare_table, run_compare, write_compare_outputs
 
     for name, default in (("url", None), ("serve", False), ("prompt_set", None), ("concurrency", (1,)),
+                          ("request_rate", None), ("goodput", None),
                           ("temperature", 0.0), ("seed", 0), ("model", "ensemble"), ("no_spec", False)):
         if flags[name] != default:
             raise click.UsageError(f"--{name.replace('_', '-')} measures requests on one engine; comparing "
