@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from trtspec.bench.bench_outputs import format_table as format_bench_table
+from trtspec.bench.bench_outputs import write_outputs as write_bench_outputs
 from trtspec.bench.runner import BenchOptions, run_bench
 from trtspec.bench.summary import PLAIN
 from trtspec.cli import cli
@@ -108,6 +109,34 @@ def test_cli_routes_engine_to_run_and_writes_outputs(engine, prompt_file, tmp_pa
     assert len(rows) == 4 and {r["method"] for r in rows} == {PLAIN, "ngram"}
     for png in ("categories.png", "acceptance.png", "concurrency.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (out / "open_loop.png").exists()  # no --request-rate
+
+
+def test_plots_name_what_was_measured_and_show_the_levels(run, monkeypatch, tmp_path):
+    """Every plot's title names the target, the mode, the prompt set and n; concurrency ticks are the measured levels,
+    value axes start at zero, depth ticks are integers, and the concurrency plot has a speedup panel."""
+    import matplotlib.pyplot as plt
+
+    from trtspec.bench import bench_outputs
+
+    figures = {}
+    monkeypatch.setattr(bench_outputs, "_save", lambda plt_, fig, path: figures.__setitem__(path.name, fig))
+    written = bench_outputs.write_outputs(run, tmp_path)
+    assert set(written) == {"summary", "requests", "categories.png", "acceptance.png", "concurrency.png"}
+    for name, fig in figures.items():
+        title = fig._suptitle.get_text()
+        assert str(run.report["target"]) in title and "in-process" in title, (name, title)
+        assert f"n = {len(PROMPTS)} prompts" in title and run.report["prompt_set"] in title
+    concurrency = figures[next(n for n in figures if "concurrency" in n)]
+    assert [ax.get_title() for ax in concurrency.axes] == ["output tokens/s", "speedup over plain decoding",
+                                                            "TPOT p50 (ms)", "TTFT p50 (ms)"]
+    for ax in concurrency.axes:
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "4"]
+        assert ax.get_ylim()[0] == 0
+    (depth_ax,) = figures[next(n for n in figures if "acceptance" in n)].axes
+    assert all(float(t).is_integer() for t in depth_ax.get_xticks())
+    for fig in figures.values():
+        plt.close(fig)
 
 
 def test_transformers_peer_in_the_same_run(engine, prompt_file, tmp_path):
@@ -298,6 +327,10 @@ def test_served_engine_figures_match_in_process(engine, prompt_file, run, tmp_pa
         assert figures["goodput"] == figures["request_throughput"] > 0
     table = "\n".join(format_bench_table(open_loop.report))
     assert "open loop (Poisson arrivals): goodput counts requests within e2el 1e+09 ms" in table
+    written = write_bench_outputs(open_loop, tmp_path / "open")
+    assert "open_loop.png" in written and "concurrency.png" not in written  # no closed-loop level ran
+    rows = list(csv.DictReader((tmp_path / "open" / "requests.csv").open()))
+    assert {r["request_rate"] for r in rows} == {"20.0"} and len(rows) == 2 * len(PROMPTS)
 
 
 def test_in_process_ttft_counts_from_arrival_as_a_served_client_does(engine, prompt_file):

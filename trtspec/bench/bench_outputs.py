@@ -1,6 +1,7 @@
 """What a `trtspec bench` run leaves: the compact table it prints (after `vllm bench serve`'s), and in --out
-summary.json, requests.csv and the plots (τ and speedup per category, per-position acceptance, latency and
-throughput against concurrency)."""
+summary.json, requests.csv and the plots (τ and speedup per category, per-position acceptance, throughput, speedup
+and latency against concurrency and against the open loop's request rate), each titled with the target, served or
+in process, the prompt set and n."""
 
 from __future__ import annotations
 
@@ -108,7 +109,8 @@ def _x(value: float | None) -> str:
 
 
 def write_outputs(run: BenchRun, out: Path) -> dict[str, Path]:
-    """summary.json, requests.csv and the PNG plots into `out` (an existing or new folder), each file atomically."""
+    """summary.json, requests.csv and the PNG plots that the run has levels for into `out` (an existing or new
+    folder), each file atomically."""
     from trtspec.outdir import atomic_output_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -120,20 +122,25 @@ def write_outputs(run: BenchRun, out: Path) -> dict[str, Path]:
         writer.writeheader()
         for r in run.records:
             writer.writerow(r.csv_row())
-    for name, draw in PLOTS.items():
-        with atomic_output_file(out / name) as tmp:
-            draw(run.report, tmp)
-        written[name] = out / name
+    for name, (applies, draw) in PLOTS.items():
+        if applies(run.report):
+            with atomic_output_file(out / name) as tmp:
+                draw(run.report, tmp)
+            written[name] = out / name
     return written
 
 
-def _figure(columns: int):
+def _figure(report: dict, columns: int):
+    """A figure of `columns` panels titled with what was measured: the target, served or in process, the prompt set
+    and how many prompts."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, columns, figsize=(5.5 * columns, 4))
+    fig, axes = plt.subplots(1, columns, figsize=(5.5 * columns, 4.3))
+    fig.suptitle(f"{report['target']} ({report['mode']}), {report['prompt_set']}, n = {report['prompts']} prompts, "
+                 f"T = {report['temperature']:g}", fontsize=10)
     return plt, fig, axes if columns > 1 else [axes]
 
 
@@ -143,9 +150,13 @@ def _save(plt, fig, path: Path) -> None:
     plt.close(fig)
 
 
+def _closed_loop(report: dict) -> bool:
+    return bool(report["results"])
+
+
 def plot_categories(report: dict, path: Path) -> None:
     """τ and speedup per category, one bar per method, at the lowest concurrency."""
-    plt, fig, (tau_ax, speed_ax) = _figure(2)
+    plt, fig, (tau_ax, speed_ax) = _figure(report, 2)
     concurrency, methods = next(iter(report["results"].items()))
     drafters = [m for m in methods if m != PLAIN]
     categories = [*report["categories"], "overall"]
@@ -158,43 +169,89 @@ def plot_categories(report: dict, path: Path) -> None:
     for ax, title in ((tau_ax, "τ (tokens per verify step)"), (speed_ax, "speedup over plain decoding")):
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(categories))], categories, rotation=30, ha="right")
         ax.set_title(f"{title}, concurrency {concurrency}")
-        ax.legend()
+        ax.set_ylim(bottom=0)
+        if drafters:
+            ax.legend()
     speed_ax.axhline(1.0, color="grey", lw=0.8)
     _save(plt, fig, path)
 
 
 def plot_positions(report: dict, path: Path) -> None:
     """Per-position acceptance (P(depth d accepted | depth d − 1 was)) of each method, at the lowest concurrency."""
-    plt, fig, (ax,) = _figure(1)
-    _, methods = next(iter(report["results"].items()))
+    from matplotlib.ticker import MaxNLocator
+
+    plt, fig, (ax,) = _figure(report, 1)
+    concurrency, methods = next(iter(report["results"].items()))
     for method, figures in methods.items():
         rates = figures["overall"]["per_position_acceptance"]
         if method != PLAIN and rates:
             ax.plot(range(1, len(rates) + 1), rates, marker="o", label=method)
     ax.set_xlabel("draft depth")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("acceptance given the parent's")
     ax.set_ylim(0, 1)
-    ax.set_title("per-position acceptance")
+    ax.set_title(f"per-position acceptance, concurrency {concurrency}")
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
     _save(plt, fig, path)
 
 
 def plot_concurrency(report: dict, path: Path) -> None:
-    """Output tokens/s, TPOT p50 and TTFT p50 against concurrency, one line per method."""
-    plt, fig, axes = _figure(3)
+    """Output tokens/s, the speedup over plain decoding, TPOT p50 and TTFT p50 against concurrency, one line per
+    method: where speculation stops paying."""
     levels = [int(c) for c in report["results"]]
-    for method in report["methods"]:
-        rows = [report["results"][str(c)].get(method, {}).get("overall") for c in levels]
-        for ax, value in zip(axes, (lambda g: g["output_tokens_per_s"], lambda g: (g["tpot_ms"] or {}).get("p50"),
-                                    lambda g: (g["ttft_ms"] or {}).get("p50"))):
-            ax.plot(levels, [value(g) if g else None for g in rows], marker="o", label=method)
-    for ax, title in zip(axes, ("output tokens/s", "TPOT p50 (ms)", "TTFT p50 (ms)")):
-        ax.set_xlabel("concurrency")
+    rows = {method: [report["results"][str(c)].get(method, {}).get("overall") for c in levels]
+            for method in report["methods"]}
+    panels = (("output tokens/s", lambda g: g["output_tokens_per_s"]),
+              ("speedup over plain decoding", lambda g: g["speedup"]),
+              ("TPOT p50 (ms)", lambda g: (g["tpot_ms"] or {}).get("p50")),
+              ("TTFT p50 (ms)", lambda g: (g["ttft_ms"] or {}).get("p50")))
+    _plot_levels(report, path, levels, rows, "concurrency (closed-loop users)", log_x=len(levels) > 1,
+                 panels=panels)
+
+
+def plot_open_loop(report: dict, path: Path) -> None:
+    """Output tokens/s, the speedup, TTFT p50 and end-to-end p99 (and goodput, given SLOs) against the request
+    rate, one line per method."""
+    results = report["open_loop"]["results"]
+    levels = [float(r) for r in results]
+    rows = {method: [results[r].get(method) for r in results] for method in report["methods"]}
+    panels = [("output tokens/s", lambda g: g["output_tokens_per_s"]),
+              ("speedup over plain decoding", lambda g: g["speedup"]),
+              ("TTFT p50 (ms)", lambda g: (g["ttft_ms"] or {}).get("p50")),
+              ("end-to-end p99 (ms)", lambda g: (g["e2e_ms"] or {}).get("p99"))]
+    if report["open_loop"]["slos_ms"]:
+        panels.append(("goodput (requests/s within the SLOs)", lambda g: g.get("goodput")))
+    _plot_levels(report, path, levels, rows, "request rate (Poisson arrivals per second)", log_x=False,
+                 panels=panels)
+
+
+def _plot_levels(report: dict, path: Path, levels: list, rows: dict, xlabel: str, *, log_x: bool, panels) -> None:
+    """One panel per (title, value of a level's figures), one line per method, ticks at the measured levels (a log
+    axis for concurrency levels, labelled with the levels themselves), every value axis from zero."""
+    plt, fig, axes = _figure(report, len(panels))
+    for method, figures in rows.items():
+        for ax, (title, value) in zip(axes, panels):
+            if title.startswith("speedup") and method == PLAIN:
+                continue
+            ax.plot(levels, [value(g) if g else None for g in figures], marker="o", label=method)
+    for ax, (title, _) in zip(axes, panels):
+        ax.set_xlabel(xlabel)
         ax.set_title(title)
-        ax.set_xscale("log", base=2)
-        ax.legend()
+        if log_x:
+            ax.set_xscale("log", base=2)
+            ax.minorticks_off()
+        else:
+            ax.set_xlim(left=0)
+        ax.set_xticks(levels, [f"{x:g}" for x in levels])
+        ax.set_ylim(bottom=0)
+        if title.startswith("speedup"):
+            ax.axhline(1.0, color="grey", lw=0.8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
     _save(plt, fig, path)
 
 
-PLOTS = {"categories.png": plot_categories, "acceptance.png": plot_positions, "concurrency.png": plot_concurrency}
+PLOTS = {"categories.png": (_closed_loop, plot_categories), "acceptance.png": (_closed_loop, plot_positions),
+         "concurrency.png": (_closed_loop, plot_concurrency),
+         "open_loop.png": (lambda report: bool(report.get("open_loop")), plot_open_loop)}
