@@ -42,6 +42,10 @@ from trtspec.cli.app import DIR, EXISTING_DIR, SPIN_HELP, cli, user_errors
                    "engine's verify curve; --no-backoff drafts the full tree every step (as TensorRT-LLM does).")
 @click.option("--draft-engine", "draft_engine_dir", type=EXISTING_DIR,
               help="trtllm, draft-target engines: the draft model's engine (served as tensorrt_llm_draft).")
+@click.option("--rehearse", type=EXISTING_DIR, metavar="CPU_ENGINE",
+              help="trtllm: serve the repository's tensorrt_llm model with this CPU engine of the same checkpoint "
+                   "(trtspec's engine model, the GPU model's tensors), so the GPU repository (ensemble, "
+                   "preprocessing, postprocessing, BLS as the GPU host gets them) runs here with `trtspec serve`.")
 @click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=0.9, show_default=True,
               help="trtllm: share of free GPU memory for the KV cache (halved per model for a draft-target pair); "
                    "llmapi: kv_cache_config.free_gpu_memory_fraction.")
@@ -92,6 +96,10 @@ def deploy(engine: Path | None, out: Path, **flags) -> None:
     if engine is None:
         raise ConfigError("missing argument ENGINE (or deploy a Hugging Face folder with --flavour llmapi --hf DIR)")
     repo = write_repository(DeployOptions(engine_dir=engine, out=out, **flags))
+    if flags["rehearse"] is not None:
+        click.echo(f"wrote {repo}: the GPU repository, its tensorrt_llm model served by {flags['rehearse']}; "
+                   f"rehearse it with `trtspec serve {repo}`")
+        return
     if (repo / "launch_triton.sh").is_file():
         click.echo(f"wrote {repo}: serve it with {repo / 'launch_triton.sh'} in the TensorRT-LLM Triton container")
         return
@@ -109,7 +117,7 @@ LLMAPI_DEFAULTS = {"mtp": False, "ngram": False, "speculative_options": (), "max
 ENGINE_ONLY = {"instances": ("--instances", 1), "chat_template": ("--chat-template", False),
                "copy_engine": ("--copy-engine", False), "threads": ("--threads", None), "spin": ("--spin", None),
                "method": ("--method", None), "datastore": ("--datastore", None), "backoff": ("--no-backoff", True),
-               "draft_engine_dir": ("--draft-engine", None)}
+               "draft_engine_dir": ("--draft-engine", None), "rehearse": ("--rehearse", None)}
 
 
 def _deploy_llmapi(engine: Path | None, out: Path, flags: dict, llmapi: dict) -> Path:

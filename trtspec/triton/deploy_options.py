@@ -41,6 +41,9 @@ class DeployOptions:
     kv_cache_free_gpu_mem_fraction: float = 0.9
     max_queue_delay_microseconds: int = 0
     draft_engine_dir: Path | None = None  # trtllm flavour, draft-target: the draft model's engine (tensorrt_llm_draft)
+    # trtllm flavour: a CPU (onnx) engine of the same checkpoint and method that serves the tensorrt_llm model under its
+    # GPU tensor contract, so the GPU repository runs in this host's tritonserver (trtllm_repo.rehearsal_engine)
+    rehearse: Path | None = None
 
 
 def resolve_flavour(manifest: Manifest, flavour: str | None) -> str:
@@ -74,9 +77,12 @@ def check_options(manifest: Manifest, options: DeployOptions) -> int:
         check_method(manifest, options.method)
     if options.datastore is not None:
         check_datastore(manifest, Path(options.engine_dir), Path(options.datastore))
-    if not options.backoff and manifest.backend is not Backend.ONNX:
+    if not options.backoff and manifest.backend is not Backend.ONNX and options.rehearse is None:
         raise ConfigError("--no-backoff applies to the CPU flavour only (a TensorRT-LLM engine drafts its whole tree "
                           "every step)")
+    if options.rehearse is not None and manifest.backend is not Backend.TRTLLM:
+        raise ConfigError("--rehearse serves a TensorRT-LLM repository's tensorrt_llm model with a CPU engine: deploy a "
+                          "trtllm engine (or its plan, `build --backend trtllm --plan-only`) with --flavour trtllm")
     return batch
 
 

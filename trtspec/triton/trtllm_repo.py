@@ -27,6 +27,7 @@ from trtspec.triton.pbtxt import TritonModelConfig, Step, render
 log = logging.getLogger(__name__)
 
 MODELS_DIR = Path(__file__).parent / "trtllm_models"
+CPU_ENGINE_MODEL = Path(__file__).parent / "python_models" / "tensorrt_llm.py"
 LAUNCH_SCRIPT = "launch_triton.sh"
 BATCHING_STRATEGIES = ("inflight_fused_batching", "inflight_batching", "V1")  # gpt_model_type (tensorrtllm_backend tensorrt_llm/config.pbtxt)
 
@@ -48,6 +49,9 @@ class Context:
     queue_delay: int
     chat_template: bool
     draft: tuple[Manifest, Path] | None  # draft-target: the draft engine's manifest and absolute path
+    rehearsal: Path | None = None  # --rehearse: the CPU engine that serves tensorrt_llm (absolute)
+    threads: int | None = None  # --rehearse: the CPU engine's ONNX Runtime threads
+    spin: bool | None = None
 
 
 def write_trtllm_repository(manifest: Manifest, options: DeployOptions, staging: Path, batch: int) -> None:
@@ -57,14 +61,18 @@ def write_trtllm_repository(manifest: Manifest, options: DeployOptions, staging:
     configs = [preprocessing(ctx), tensorrt_llm(ctx), postprocessing(ctx), ensemble(ctx), bls(ctx)]
     if ctx.draft is not None:
         configs.append(tensorrt_llm(ctx, draft=True))
-    sources = {"preprocessing": "preprocessing.py", "postprocessing": "postprocessing.py",
-               "tensorrt_llm_bls": "bls.py"}
+    sources = {"preprocessing": MODELS_DIR / "preprocessing.py", "postprocessing": MODELS_DIR / "postprocessing.py",
+               "tensorrt_llm_bls": MODELS_DIR / "bls.py"}
+    if ctx.rehearsal is not None:  # the CPU flavour's engine model, under the GPU model's name and tensors
+        sources["tensorrt_llm"] = CPU_ENGINE_MODEL
     for config in configs:
         version_dir = staging / config.name / "1"
         version_dir.mkdir(parents=True)
         (staging / config.name / "config.pbtxt").write_text(render(config))
         if config.name in sources:
-            shutil.copyfile(MODELS_DIR / sources[config.name], version_dir / "model.py")
+            shutil.copyfile(sources[config.name], version_dir / "model.py")
+    if ctx.rehearsal is not None:  # served here by `trtspec serve`; a GPU host's launch script would start tensorrtllm
+        return
     script = staging / LAUNCH_SCRIPT
     script.write_text(launch_script(ctx, Path(options.out).resolve()))
     script.chmod(0o755)
@@ -94,12 +102,43 @@ def _context(manifest: Manifest, options: DeployOptions, batch: int) -> Context:
                     "tensorrt_llm_draft and tensorrt_llm_bls")
         decoupled = False
     engine_dir = Path(options.engine_dir).resolve()
-    return Context(manifest=manifest, version=version, batch=batch, decoupled=decoupled,
+    rehearsal = rehearsal_engine(manifest, options, decoupled=decoupled, draft=draft is not None)
+    return Context(manifest=manifest, version=version, batch=batch, decoupled=decoupled, rehearsal=rehearsal,
+                   threads=options.threads, spin=options.spin,
                    engine_dir=engine_dir, tokenizer_dir=engine_dir / manifest.tokenizer,
                    logits_type=tt.LOGITS_TYPES.get(manifest.model.logits_dtype, "TYPE_FP32"),
                    instances=options.instances, batching_strategy=options.batching_strategy,
                    kv_fraction=options.kv_cache_free_gpu_mem_fraction,
                    queue_delay=options.max_queue_delay_microseconds, chat_template=options.chat_template, draft=draft)
+
+
+def rehearsal_engine(manifest: Manifest, options: DeployOptions, *, decoupled: bool, draft: bool) -> Path | None:
+    """--rehearse CPU_ENGINE: the onnx engine of the same checkpoint that serves the repository's tensorrt_llm model
+    here (trtspec's CPU engine model, which speaks tensorrt_llm's tensors), checked against the TensorRT-LLM engine
+    it stands in for: the same method, tree, vocabulary and tokenizer-given end id."""
+    if options.rehearse is None:
+        return None
+    path = Path(options.rehearse)
+    cpu = read_manifest(path)
+    where = path / "manifest.json"
+    if cpu.backend is not Backend.ONNX:
+        raise RepositoryError(f"--rehearse {path}: a CPU (onnx) engine is needed, found a {cpu.backend.value} engine; "
+                              "build the same checkpoint with `trtspec build CKPT --out DIR`")
+    if draft:
+        raise RepositoryError("--rehearse: a draft-target pair needs two stand-in engines, which the rehearsal does "
+                              "not write yet; rehearse the target alone with a plain deployment")
+    if not decoupled:
+        raise RepositoryError("--rehearse: the CPU engine model streams (decoupled); deploy without --no-decoupled")
+    for what, gpu_value, cpu_value in (("method", manifest.method.value, cpu.method.value),
+                                       ("vocab_size", manifest.model.vocab_size, cpu.model.vocab_size),
+                                       ("end_id", manifest.model.end_id, cpu.model.end_id)):
+        if gpu_value != cpu_value:
+            raise RepositoryError(f"{where}: {what} {cpu_value!r}, but the TensorRT-LLM engine's is {gpu_value!r}; "
+                                  "rehearse with the CPU engine of the same checkpoint and drafter")
+    if manifest.tree and cpu.tree and tuple(map(tuple, manifest.tree)) != tuple(map(tuple, cpu.tree)):
+        raise RepositoryError(f"{where}: its tree differs from the TensorRT-LLM engine's; build both with the same "
+                              "--choices")
+    return path.resolve()
 
 
 def _check_method_support(manifest: Manifest, version: TrtllmVersion, where: Path) -> None:
@@ -185,6 +224,17 @@ def tensorrt_llm(ctx: Context, *, draft: bool = False) -> TritonModelConfig:
     params.update(_speculative_parameters(manifest, ctx.version))
     if ctx.draft is not None:  # both models of the pair resend the whole sequence each step (tensorrtllm_backend docs/medusa.md, docs/eagle.md, docs/lookahead.md)
         params["enable_kv_cache_reuse"] = "true"
+    if ctx.rehearsal is not None and not draft:
+        # the same inputs, outputs and parameters, run by trtspec's CPU engine model (Python backend) over the CPU
+        # engine: what the GPU host's tensorrtllm backend reads stays in the file, unread here
+        params.update({"engine_dir": str(ctx.rehearsal), "threads": str(ctx.threads or 0),
+                       "exclude_input_in_output": "false",
+                       "spin": {None: "auto", True: "true", False: "false"}[ctx.spin], "method": "auto",
+                       "datastore": "", "backoff": "true"})
+        return TritonModelConfig(name="tensorrt_llm", backend="python", max_batch_size=batch, decoupled=True,
+                                 dynamic_batching={}, inputs=tt.llm_inputs(ctx.version, ctx.logits_type),
+                                 outputs=tt.llm_outputs(ctx.version, ctx.logits_type), instance_count=1,
+                                 parameters=params)
     return TritonModelConfig(name="tensorrt_llm_draft" if draft else "tensorrt_llm", backend="tensorrtllm",
                        max_batch_size=batch, decoupled=ctx.decoupled,
                        dynamic_batching={"preferred_batch_size": [batch],

@@ -12,10 +12,20 @@ KV-cache reuse keeps the prefix. Every internal call sets `exclude_input_in_outp
 depend on the models' parameters (upstream's v0.19 BLS misread drafts when that parameter was true).
 """
 
-import json
+import os
+import site
+import sys
 
-import numpy as np
-import triton_python_backend_utils as pb_utils
+# a rehearsal on a host without the TensorRT-LLM container (`deploy --rehearse`): the serving venv's packages, which
+# the Python backend stub's embedded interpreter does not see otherwise; unset on a GPU host, where this does nothing
+for _path in os.environ.get("TRTSPEC_SITE_PACKAGES", "").split(os.pathsep):
+    if _path and _path not in sys.path:
+        site.addsitedir(_path)
+
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
 
 # client tensor → tensorrt_llm tensor where the names differ (tensorrtllm_backend ensemble wiring)
 RENAMED = {"top_k": "runtime_top_k", "top_p": "runtime_top_p", "length_penalty": "len_penalty", "stream": "streaming"}

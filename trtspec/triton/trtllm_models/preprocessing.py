@@ -7,10 +7,20 @@ preprocessing, v0.15-v0.19; TensorRT-LLM triton_backend/ from 1.0), so its ensem
 TensorRT-LLM's [B, 2, L] format: row 0 the concatenated ids (0-padded), row 1 each word's end offset (-1-padded).
 """
 
-import json
+import os
+import site
+import sys
 
-import numpy as np
-import triton_python_backend_utils as pb_utils
+# a rehearsal on a host without the TensorRT-LLM container (`deploy --rehearse`): the serving venv's packages, which
+# the Python backend stub's embedded interpreter does not see otherwise; unset on a GPU host, where this does nothing
+for _path in os.environ.get("TRTSPEC_SITE_PACKAGES", "").split(os.pathsep):
+    if _path and _path not in sys.path:
+        site.addsitedir(_path)
+
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
 
 TRUE = ("true", "1", "t", "y", "yes")
 

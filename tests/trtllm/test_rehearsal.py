@@ -1,0 +1,127 @@
+"""`deploy --flavour trtllm --rehearse CPU_ENGINE`: the GPU repository (tensorrtllm_backend's layout as the GPU host
+gets it: ensemble, preprocessing, postprocessing, BLS, the tensorrt_llm model's tensors and parameters) with its
+tensorrt_llm model served by trtspec's CPU engine model, run in the real tritonserver here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from trtspec.cli import cli
+from trtspec.engine.onnx_builder import BuildOptions, build
+from trtspec.runtime import LocalGenerator
+from trtspec.speculative import GenerationConfig
+from trtspec.testing import TinyModel, tiny_trtllm_checkpoints, write_tiny_tokenizer
+from trtspec.testing.grpc_requests import grpc_tensor, stream_once
+
+CHOICES = "[[0],[1],[0,0]]"
+PROMPT = "Speculative decoding drafts tokens and verifies them."
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    """The same Medusa checkpoint built twice: a TensorRT-LLM engine folder (its plan; the engine files would come from
+    a GPU host) and a CPU engine, both with one tree and the tokenizer."""
+    root = tmp_path_factory.mktemp("rehearsal")
+    vocab = write_tiny_tokenizer(root / "tokenizer")
+    ckpt = tiny_trtllm_checkpoints(root / "ckpts", TinyModel(vocab_size=vocab), ("medusa",))["medusa"]
+    build(BuildOptions(source=ckpt, out=root / "cpu", choices=CHOICES, tokenizer=root / "tokenizer",
+                       max_input_len=64, max_seq_len=160, max_batch_size=4))
+    result = CliRunner().invoke(cli, ["build", str(ckpt), "--backend", "trtllm", "--out", str(root / "gpu"),
+                                      "--plan-only", "--choices", CHOICES, "--tokenizer", str(root / "tokenizer"),
+                                      "--max-batch-size", "4", "--max-input-len", "64", "--max-seq-len", "160"])
+    assert result.exit_code == 0, result.output
+    return {"cpu": root / "cpu", "gpu": root / "gpu", "root": root}
+
+
+def _deploy(engines, out, *extra):
+    return CliRunner().invoke(cli, ["deploy", str(engines["gpu"]), "--out", str(out), "--flavour", "trtllm",
+                                    "--rehearse", str(engines["cpu"]), "--threads", "1", *map(str, extra)])
+
+
+def test_the_rehearsed_repository_is_the_gpu_one_but_for_its_engine_model(engines, tmp_path):
+    rehearsed = _deploy(engines, tmp_path / "rehearsed")
+    assert rehearsed.exit_code == 0, rehearsed.output
+    assert "trtspec serve" in rehearsed.output
+    gpu = CliRunner().invoke(cli, ["deploy", str(engines["gpu"]), "--out", str(tmp_path / "gpu"), "--flavour",
+                                   "trtllm"])
+    assert gpu.exit_code == 0, gpu.output
+    for model in ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls"):
+        assert ((tmp_path / "rehearsed" / model / "config.pbtxt").read_text()
+                == (tmp_path / "gpu" / model / "config.pbtxt").read_text()), model
+        if model != "ensemble":
+            assert ((tmp_path / "rehearsed" / model / "1" / "model.py").read_bytes()
+                    == (tmp_path / "gpu" / model / "1" / "model.py").read_bytes()), model
+    ours, theirs = (text_format.Parse((tmp_path / repo / "tensorrt_llm" / "config.pbtxt").read_text(),
+                                      model_config_pb2.ModelConfig()) for repo in ("rehearsed", "gpu"))
+    assert ours.backend == "python" and theirs.backend == "tensorrtllm"
+    assert list(ours.input) == list(theirs.input) and list(ours.output) == list(theirs.output)  # the GPU tensors
+    gpu_params = {k: v.string_value for k, v in theirs.parameters.items()}
+    our_params = {k: v.string_value for k, v in ours.parameters.items()}
+    assert {k: our_params[k] for k in gpu_params} == gpu_params  # what the GPU host reads, kept
+    assert our_params["engine_dir"] == str(engines["cpu"].resolve())
+    assert not (tmp_path / "rehearsed" / "launch_triton.sh").exists()
+
+
+def test_the_rehearsed_repository_serves_upstreams_requests_as_the_cpu_engine_decodes(engines, tmp_path):
+    """The real tritonserver runs the GPU repository: requests to `ensemble` and `tensorrt_llm_bls` as NVIDIA's
+    end_to_end_grpc_client.py sends them. A whole reply is the prompt and the tokens the CPU engine decodes in
+    process, detokenized as upstream's postprocessing does (transformers, special tokens skipped); a streamed one
+    arrives in several responses."""
+    from transformers import AutoTokenizer
+
+    from trtspec.triton.server import ServerOptions, TritonServer, free_port
+
+    assert _deploy(engines, tmp_path / "repo").exit_code == 0
+    local = LocalGenerator(engines["cpu"], threads=1)
+    ids = local.tokenizer.encode(PROMPT, add_special_tokens=True)  # upstream's preprocessing: the text, BOS added
+    expected = local.generate(ids, GenerationConfig(max_tokens=24, no_spec=True))
+    tokenizer = AutoTokenizer.from_pretrained(str(engines["root"] / "tokenizer"))
+    whole = tokenizer.decode(ids + expected.output_ids, skip_special_tokens=True)  # exclude_input_in_output false
+    options = ServerOptions(repository=tmp_path / "repo", grpc_port=free_port(), http_port=free_port(),
+                            metrics_port=free_port(), exit_timeout_s=5)
+    with TritonServer(options, on_log=lambda line: None) as server:
+        for model, stream in (("ensemble", False), ("tensorrt_llm_bls", False), ("ensemble", True),
+                              ("tensorrt_llm_bls", True)):
+            inputs = [grpc_tensor("text_input", np.array([[PROMPT.encode()]], np.object_)),
+                      grpc_tensor("max_tokens", np.array([[24]], np.int32)),
+                      grpc_tensor("bad_words", np.array([[b""]], np.object_)),
+                      grpc_tensor("stop_words", np.array([[b""]], np.object_)),
+                      grpc_tensor("stream", np.array([[stream]], np.bool_))]
+            got = stream_once(server.grpc_url, model, inputs)
+            errors = [str(e) for _, e in got if e is not None]
+            assert not errors, (model, errors)
+            texts = [r.as_numpy("text_output")[0].decode("utf-8", errors="replace") for r, _ in got if r is not None]
+            if stream:  # each response its new tokens, detokenized alone
+                assert len([t for t in texts if t]) > 1, (model, texts)
+            else:
+                assert texts == [whole], model
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--rehearse", "{gpu}"], "--rehearse {gpu}: a CPU (onnx) engine is needed, found a trtllm engine"),
+    (["--rehearse", "{cpu}", "--no-decoupled"], "--rehearse: the CPU engine model streams (decoupled)"),
+    (["--rehearse", "{plain}"], "method 'none', but the TensorRT-LLM engine's is 'medusa'"),
+])
+def test_a_rehearsal_that_cannot_stand_in_is_one_line(engines, tmp_path, args, message):
+    plain = engines["root"] / "plain"
+    if not plain.exists():
+        ckpt = engines["root"] / "ckpts" / "ckpt-medusa"
+        build(BuildOptions(source=ckpt, out=plain, no_spec=True, tokenizer=engines["root"] / "tokenizer",
+                           max_input_len=64, max_seq_len=160))
+    paths = {"gpu": engines["gpu"], "cpu": engines["cpu"], "plain": plain}
+    result = CliRunner().invoke(cli, ["deploy", str(engines["gpu"]), "--out", str(tmp_path / "r"), "--flavour",
+                                      "trtllm", *[a.format(**paths) for a in args]])
+    assert result.exit_code != 0
+    assert message.format(**paths) in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_rehearse_on_the_cpu_flavour_is_refused(engines, tmp_path):
+    result = CliRunner().invoke(cli, ["deploy", str(engines["cpu"]), "--out", str(tmp_path / "r"),
+                                      "--rehearse", str(engines["cpu"])])
+    assert result.exit_code != 0 and "--rehearse serves a TensorRT-LLM repository's tensorrt_llm model" in result.output
