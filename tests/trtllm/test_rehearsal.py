@@ -18,6 +18,7 @@ from trtspec.testing import TinyModel, tiny_trtllm_checkpoints, write_tiny_token
 from trtspec.testing.grpc_requests import grpc_tensor, stream_once
 
 CHOICES = "[[0],[1],[0,0]]"
+EAGLE_CHOICES = "[[0],[1],[0,0],[0,0,0],[0,0,0,0]]"  # TensorRT-LLM's EAGLE-1: the tree as deep as the draft's layers
 PROMPT = "Speculative decoding drafts tokens and verifies them."
 
 
@@ -34,7 +35,27 @@ def engines(tmp_path_factory):
                                       "--plan-only", "--choices", CHOICES, "--tokenizer", str(root / "tokenizer"),
                                       "--max-batch-size", "4", "--max-input-len", "64", "--max-seq-len", "160"])
     assert result.exit_code == 0, result.output
-    return {"cpu": root / "cpu", "gpu": root / "gpu", "root": root}
+    return {"cpu": root / "cpu", "gpu": root / "gpu", "root": root, "vocab": vocab}
+
+
+@pytest.fixture(scope="module")
+def pairs(engines):
+    """(TensorRT-LLM plan, CPU engine) per other method of the engine flow: EAGLE with one tree; lookahead
+    (W, N, G) = 3,3,2 (K = 9), whose CPU stand-in is a plain engine with 9 draft slots."""
+    root, tok = engines["root"], engines["root"] / "tokenizer"
+    ckpts = tiny_trtllm_checkpoints(root / "ckpts2", TinyModel(vocab_size=engines["vocab"]), ("none", "eagle"))
+    shape = ["--max-batch-size", "4", "--max-input-len", "64", "--max-seq-len", "160", "--tokenizer", str(tok)]
+    out = {}
+    for name, ckpt, gpu_args, cpu_options in (
+            ("eagle", ckpts["eagle"], ["--choices", EAGLE_CHOICES], {"choices": EAGLE_CHOICES}),
+            ("lookahead", ckpts["none"], ["--lookahead", "3,3,2"], {"max_draft_len": 9})):
+        result = CliRunner().invoke(cli, ["build", str(ckpt), "--backend", "trtllm", "--out", str(root / f"{name}-gpu"),
+                                          "--plan-only", *gpu_args, *shape])
+        assert result.exit_code == 0, result.output
+        build(BuildOptions(source=ckpt, out=root / f"{name}-cpu", tokenizer=tok, max_input_len=64, max_seq_len=160,
+                           max_batch_size=4, **cpu_options))
+        out[name] = {"gpu": root / f"{name}-gpu", "cpu": root / f"{name}-cpu", "root": root}
+    return out
 
 
 def _deploy(engines, out, *extra):
@@ -64,6 +85,36 @@ def test_the_rehearsed_repository_is_the_gpu_one_but_for_its_engine_model(engine
     assert {k: our_params[k] for k in gpu_params} == gpu_params  # what the GPU host reads, kept
     assert our_params["engine_dir"] == str(engines["cpu"].resolve())
     assert not (tmp_path / "rehearsed" / "launch_triton.sh").exists()
+
+
+def _whole_text(pair) -> tuple[str, str]:
+    """The prompt and what the CPU engine decodes after it, detokenized as upstream's postprocessing does."""
+    from transformers import AutoTokenizer
+
+    local = LocalGenerator(pair["cpu"], threads=1)
+    ids = local.tokenizer.encode(PROMPT, add_special_tokens=True)
+    expected = local.generate(ids, GenerationConfig(max_tokens=24, no_spec=True))
+    return AutoTokenizer.from_pretrained(str(pair["root"] / "tokenizer")).decode(ids + expected.output_ids,
+                                                                                skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("method", ["eagle", "lookahead"])
+def test_every_engine_flow_method_is_rehearsed(pairs, method, tmp_path):
+    from trtspec.triton.server import ServerOptions, TritonServer, free_port
+
+    pair = pairs[method]
+    deployed = _deploy(pair, tmp_path / "repo")
+    assert deployed.exit_code == 0, deployed.output
+    whole = _whole_text(pair)
+    options = ServerOptions(repository=tmp_path / "repo", grpc_port=free_port(), http_port=free_port(),
+                            metrics_port=free_port(), exit_timeout_s=5)
+    with TritonServer(options, on_log=lambda line: None) as server:
+        inputs = [grpc_tensor("text_input", np.array([[PROMPT.encode()]], np.object_)),
+                  grpc_tensor("max_tokens", np.array([[24]], np.int32)),
+                  grpc_tensor("stream", np.array([[False]], np.bool_))]
+        got = stream_once(server.grpc_url, "ensemble", inputs)
+    assert [str(e) for _, e in got if e is not None] == []
+    assert [r.as_numpy("text_output")[0].decode("utf-8", errors="replace") for r, _ in got if r is not None] == [whole]
 
 
 def test_the_rehearsed_repository_serves_upstreams_requests_as_the_cpu_engine_decodes(engines, tmp_path):

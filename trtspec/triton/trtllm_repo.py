@@ -115,7 +115,8 @@ def _context(manifest: Manifest, options: DeployOptions, batch: int) -> Context:
 def rehearsal_engine(manifest: Manifest, options: DeployOptions, *, decoupled: bool, draft: bool) -> Path | None:
     """--rehearse CPU_ENGINE: the onnx engine of the same checkpoint that serves the repository's tensorrt_llm model
     here (trtspec's CPU engine model, which speaks tensorrt_llm's tensors), checked against the TensorRT-LLM engine
-    it stands in for: the same method, tree, vocabulary and tokenizer-given end id."""
+    it stands in for: the same method, tree, vocabulary and tokenizer-given end id. A lookahead engine's stand-in is
+    a plain CPU engine with as many draft slots (lookahead is a request-level method on the CPU)."""
     if options.rehearse is None:
         return None
     path = Path(options.rehearse)
@@ -129,7 +130,12 @@ def rehearsal_engine(manifest: Manifest, options: DeployOptions, *, decoupled: b
                               "not write yet; rehearse the target alone with a plain deployment")
     if not decoupled:
         raise RepositoryError("--rehearse: the CPU engine model streams (decoupled); deploy without --no-decoupled")
-    for what, gpu_value, cpu_value in (("method", manifest.method.value, cpu.method.value),
+    lookahead = manifest.method is Method.LOOKAHEAD
+    if lookahead and cpu.profile.max_draft_len < manifest.profile.max_draft_len:
+        raise RepositoryError(f"{where}: max_draft_len {cpu.profile.max_draft_len}, but the lookahead engine drafts "
+                              f"{manifest.profile.max_draft_len} a step; build the CPU engine with --max-draft-len "
+                              f"{manifest.profile.max_draft_len}")
+    for what, gpu_value, cpu_value in (("method", "none" if lookahead else manifest.method.value, cpu.method.value),
                                        ("vocab_size", manifest.model.vocab_size, cpu.model.vocab_size),
                                        ("end_id", manifest.model.end_id, cpu.model.end_id)):
         if gpu_value != cpu_value:
@@ -229,7 +235,8 @@ def tensorrt_llm(ctx: Context, *, draft: bool = False) -> TritonModelConfig:
         # engine: what the GPU host's tensorrtllm backend reads stays in the file, unread here
         params.update({"engine_dir": str(ctx.rehearsal), "threads": str(ctx.threads or 0),
                        "exclude_input_in_output": "false",
-                       "spin": {None: "auto", True: "true", False: "false"}[ctx.spin], "method": "auto",
+                       "spin": {None: "auto", True: "true", False: "false"}[ctx.spin],
+                       "method": "lookahead" if manifest.method is Method.LOOKAHEAD else "auto",
                        "datastore": "", "backoff": "true"})
         return TritonModelConfig(name="tensorrt_llm", backend="python", max_batch_size=batch, decoupled=True,
                                  dynamic_batching={}, inputs=tt.llm_inputs(ctx.version, ctx.logits_type),
