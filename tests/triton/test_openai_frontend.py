@@ -337,7 +337,8 @@ def test_a_stop_string_ends_the_text_before_it_and_cancels_the_request(stream):
     ({"model": "ensemble", "prompt": "x", "temperature": -1}, 400, "temperature", None, "out of range"),
     ({"model": "ensemble", "prompt": "x", "top_p": "high"}, 400, "top_p", None, "must be a number"),
     ({"model": "ensemble", "prompt": "x", "max_tokens": 0}, 400, "max_tokens", None, "out of range"),
-    ({"model": "ensemble", "prompt": "x", "logprobs": 2}, 400, "logprobs", None, "not supported"),
+    ({"model": "ensemble", "prompt": "x", "logprobs": 2}, 400, "logprobs", None, "chosen token's log probability only"),
+    ({"model": "ensemble", "prompt": "x", "logprobs": 0, "stream": True}, 400, "logprobs", None, "stream false"),
     ({"model": "ensemble", "prompt": "x", "presence_penalty": 3}, 400, "presence_penalty", None, "out of range"),
     ({"model": "ensemble", "prompt": "x", "repetition_penalty": 0}, 400, "repetition_penalty", None, "must be > 0"),
     ({"model": "ensemble", "prompt": "x", "stop": 3}, 400, "stop", None, "string or a list"),
@@ -549,6 +550,37 @@ def test_openai_client_against_the_real_server(openai_api, local, tiny_engine, t
         client.completions.create(model="ensemble", prompt=PROMPT, max_tokens=1000)
     again = client.completions.create(model="ensemble", prompt=PROMPT, max_tokens=20, temperature=0)
     assert again.choices[0].text == want.text
+
+
+@pytest.mark.slow
+def test_logprobs_and_penalties_through_the_openai_client(openai_api, local):
+    """Chat `logprobs: true` and completions `logprobs: 0`: each reply token's log probability as in-process
+    generation computes it, named by the tokenizer; penalties give in-process generation's tokens with the same
+    penalties."""
+    from trtspec.speculative.loop import GenerationConfig
+    from trtspec.speculative.penalties import Penalties
+
+    client = _client(openai_api)
+    ids = local.tokenizer.encode(PROMPT, add_special_tokens=True)
+    want = local.generate(ids, GenerationConfig(max_tokens=12, return_log_probs=True))
+    done = client.completions.create(model="ensemble", prompt=PROMPT, max_tokens=12, temperature=0, logprobs=0)
+    lp = done.choices[0].logprobs
+    kept = want.output_ids[:-1] if want.result.finish_reason == "end_id" else want.output_ids
+    assert lp.tokens == [local.tokenizer.decode([t]) for t in kept]
+    np.testing.assert_allclose(lp.token_logprobs, want.result.log_probs[:len(kept)], rtol=1e-4, atol=1e-5)
+    assert lp.text_offset[0] == 0 and all(v <= 0 for v in lp.token_logprobs)
+    chat = client.chat.completions.create(model="ensemble", messages=[{"role": "user", "content": PROMPT}],
+                                          max_tokens=12, temperature=0, logprobs=True)
+    content = chat.choices[0].logprobs.content
+    assert content and all(c.logprob <= 0 and c.top_logprobs == [] for c in content)
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+
+    penalties = Penalties(repetition=1.3, presence=0.5, frequency=0.5)
+    penalized = local.generate(ids, GenerationConfig(max_tokens=20, penalties=penalties))
+    got = client.completions.create(model="ensemble", prompt=PROMPT, max_tokens=20, temperature=0,
+                                    presence_penalty=0.5, frequency_penalty=0.5,
+                                    extra_body={"repetition_penalty": 1.3})
+    assert got.choices[0].text == penalized.text != local.generate(ids, GenerationConfig(max_tokens=20)).text
 
 
 @pytest.mark.slow

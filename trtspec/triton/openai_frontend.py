@@ -197,15 +197,40 @@ class OpenAIFrontend:
                 "trtspec": {key: stats[key] for key in ("steps", "draft_tokens", "accepted_tokens", "acceptance_rate",
                                                          "acceptance_length")}}
 
+    def logprobs(self, call: Call, outcome: Outcome) -> dict:
+        """OpenAI's logprobs of the reply's tokens: those whose text is in the reply (a stop string cuts the rest,
+        the end token has none), each named by the tokenizer; chat's `content` list, or completions' token lists."""
+        r = outcome.record
+        if not r.output_ids or r.log_probs is None:
+            raise APIError(502, "the deployment returned no output_ids / output_log_probs for logprobs (trtspec's "
+                                "CPU flavour returns both)", type="server_error")
+        ids = list(r.output_ids)[:len(r.log_probs)]
+        if r.finish_reason == "end_id" and ids:
+            ids.pop()  # the end token: no text of its own
+        if len(self.tokenizer.decode(ids)) > len(outcome.text):  # a stop string cut the reply: the tokens before it
+            n = 0
+            while n < len(ids) and len(self.tokenizer.decode(ids[:n + 1])) <= len(outcome.text):
+                n += 1
+            ids = ids[:n]
+        tokens = [self.tokenizer.decode([token]) for token in ids]
+        values = [round(float(v), 6) for v in r.log_probs[:len(ids)]]
+        if call.chat:
+            return {"content": [{"token": t, "logprob": v, "bytes": list(t.encode()), "top_logprobs": []}
+                                for t, v in zip(tokens, values)], "refusal": None}
+        offsets = [len(call.echo) + sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+        return {"tokens": tokens, "token_logprobs": values, "top_logprobs": [{t: v} for t, v in zip(tokens, values)],
+                "text_offset": offsets}
+
     def answer(self, call: Call, outcome: Outcome, request_id: str) -> dict:
         """The non-streamed reply."""
         text = call.echo + outcome.text
         head = {"id": request_id, "created": int(time.time()), "model": self.name, "system_fingerprint": None}
+        logprobs = self.logprobs(call, outcome) if call.logprobs else None
         if call.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                       "finish_reason": outcome.finish_reason}
             return {**head, "object": "chat.completion", "choices": [choice], "usage": self.usage(call, outcome)}
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": outcome.finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": outcome.finish_reason}
         return {**head, "object": "text_completion", "choices": [choice], "usage": self.usage(call, outcome)}
 
     def chunks(self, call: Call, request_id: str) -> Iterator[dict]:

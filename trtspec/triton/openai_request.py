@@ -7,6 +7,8 @@ greedy. A chat is rendered with the model's template here when the tokenizer is 
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from dataclasses import dataclass
 
@@ -62,6 +64,7 @@ class Call:
     include_usage: bool = False
     echo: str = ""  # completions' echo: the prompt, before the completion
     prompt_tokens: int | None = None  # counted here (with the tokenizer), when the server does not say
+    logprobs: bool = False  # answer each generated token's log probability (the chosen token's; no alternatives)
 
 
 def parse_request(body: object, target: Target, *, chat: bool) -> Call:
@@ -86,10 +89,40 @@ def parse_request(body: object, target: Target, *, chat: bool) -> Call:
     if not isinstance(usage, dict):
         raise bad_request("stream_options must be an object", "stream_options")
     echo = not chat and _boolean(body.get("echo", False), "echo")
-    return Call(chat, prompt, template, _options(body, chat, counted, target), stop=_stops(body.get("stop")),
-                stream=_boolean(body.get("stream", False), "stream"),
+    stream = _boolean(body.get("stream", False), "stream")
+    logprobs = _logprobs(body, chat, stream, target)
+    options = _options(body, chat, counted, target)
+    if logprobs:
+        options = dataclasses.replace(options, return_log_probs=True)
+    return Call(chat, prompt, template, options, stop=_stops(body.get("stop")), stream=stream,
                 include_usage=_boolean(usage.get("include_usage", False), "stream_options.include_usage"),
-                echo=prompt if echo else "", prompt_tokens=counted)
+                echo=prompt if echo else "", prompt_tokens=counted, logprobs=logprobs)
+
+
+def _logprobs(body: dict, chat: bool, stream: bool, target: Target) -> bool:
+    """Whether to answer log probabilities: chat's `logprobs: true` with top_logprobs 0 (or none), completions'
+    `logprobs: 0`; the chosen token's only (the engine reports no alternatives), in a whole reply, named by the
+    tokenizer."""
+    field = "logprobs"
+    value = body.get(field)
+    if chat:
+        wanted = _boolean(value if value is not None else False, field)
+        top = body.get("top_logprobs")
+        if top not in (None, 0):
+            raise bad_request(f"top_logprobs = {json.dumps(top)[:40]}: this server reports the chosen token's log "
+                              "probability only (top_logprobs 0)", "top_logprobs")
+    else:
+        if value is not None and (isinstance(value, bool) or value != 0):
+            raise bad_request(f"logprobs = {json.dumps(value)[:40]}: this server reports the chosen token's log "
+                              "probability only (logprobs 0)", field)
+        wanted = value is not None
+    if wanted and stream:
+        raise bad_request("logprobs with stream: ask for a whole reply (stream false) to get log probabilities",
+                          field)
+    if wanted and target.tokenizer is None:
+        raise bad_request("logprobs needs the model's tokenizer to name the tokens: start the frontend with it "
+                          "(`trtspec serve`, or `trtspec openai --tokenizer DIR|REPO`)", field)
+    return wanted
 
 
 def _options(body: dict, chat: bool, prompt_tokens: int | None, target: Target) -> GenerationConfig:
@@ -158,8 +191,6 @@ def _refuse(body: dict, chat: bool) -> None:
     """APIError for an OpenAI field set to what the CPU / TensorRT-LLM engines cannot do here."""
     unsupported = {
         "best_of": lambda v: v not in (None, 1),
-        "logprobs": lambda v: v not in (None, False) if chat else v is not None,
-        "top_logprobs": lambda v: v not in (None, 0),
         "logit_bias": lambda v: bool(v),
         "suffix": lambda v: bool(v),
         "tools": lambda v: bool(v),
