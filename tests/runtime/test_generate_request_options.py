@@ -81,3 +81,28 @@ def test_bad_penalties_are_one_line(engine, args, message):
     result = CliRunner().invoke(cli, ["generate", str(engine), "--prompt", PROMPT, *args])
     assert result.exit_code != 0
     assert result.output.strip().splitlines() == [message]
+
+
+def test_a_draft_budget_caps_the_training_free_drafters_and_keeps_the_output(engine):
+    """LocalGenerator(draft_budget=N), what `deploy --draft-budget N` serves: ngram and lookahead draft at most N
+    tokens a step on an engine with room for more, and decode what plain decoding does."""
+    import re
+
+    from trtspec.errors import ConfigError
+
+    prompts = ["Hello world, this is a tiny tokenizer. Hello world, this is a tiny", PROMPT]
+    whole = LocalGenerator(engine, threads=1)
+    capped = LocalGenerator(engine, threads=1, draft_budget=2)
+    plain = [whole.generate(p, GenerationConfig(max_tokens=40, no_spec=True)).output_ids for p in prompts]
+    for method in ("ngram", "lookahead"):
+        config = GenerationConfig(max_tokens=40, method=method, backoff=False)
+        results = [capped.generate(p, config) for p in prompts]
+        assert [r.output_ids for r in results] == plain
+        slots = {int(k) for r in results for k in r.to_dict()["stats"]["steps_per_profile"]}
+        assert slots and max(slots) <= 3, (method, slots)  # a 2-token draft and its root: the 3-slot profile
+        assert sum(r.result.stats.draft_tokens for r in results) > 0
+    wide = [whole.generate(p, GenerationConfig(max_tokens=40, method="lookahead", backoff=False)) for p in prompts]
+    assert max(int(k) for r in wide for k in r.to_dict()["stats"]["steps_per_profile"]) > 3  # the cap did it
+    with pytest.raises(ConfigError, match=re.escape("draft budget 9: the training-free drafters' tokens per step, "
+                                                    "1 to the engine's max_draft_len 8")):
+        LocalGenerator(engine, threads=1, draft_budget=9)

@@ -93,6 +93,9 @@ def test_options_reach_the_configs(tiny_engine, tmp_path):
     assert engine.parameters["backoff"].string_value == "true"  # drafts shrink or rest while they do not pay
     repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "w", backoff=False))
     assert _config(repo, "tensorrt_llm").parameters["backoff"].string_value == "false"
+    assert engine.parameters["draft_budget"].string_value == "0"  # the engine's K
+    repo = deploy(DeployOptions(engine_dir=tiny_engine, out=tmp_path / "b", method="ngram", draft_budget=2))
+    assert _config(repo, "tensorrt_llm").parameters["draft_budget"].string_value == "2"
 
 
 def test_a_datastore_is_referenced_or_copied_and_checked(tiny_engine, tmp_path):
@@ -132,6 +135,9 @@ def test_repository_moves_with_the_engine(tiny_engine, tmp_path):
     (["--datastore", "MISSING"], "does not exist"),
     (["--method", "hybrid", "--plain"], "--method hybrid: the engine was built for none"),
     (["--datastore", "CORRUPT"], "its first bytes are"),
+    (["--draft-budget", "0"], "--draft-budget 0: the training-free drafters' tokens per step, 1 to the engine's "
+                              "max_draft_len"),
+    (["--draft-budget", "99"], "--draft-budget 99: the training-free drafters' tokens per step"),
 ])
 def test_bad_options_fail_in_one_line_and_write_nothing(tiny_engine, tmp_path_factory, tmp_path, args, message):
     elsewhere = tmp_path_factory.mktemp("stores")

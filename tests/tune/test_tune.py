@@ -230,18 +230,21 @@ def _with_winner(tuned, name: str) -> dict:
 
 
 @pytest.mark.parametrize("name, method, k", [("ngram/4", "ngram", 4), ("suffix/2", "suffix", 2)])
-def test_a_training_free_winner_is_a_recipe_of_its_method_and_budget(tuned, name, method, k, tmp_path):
-    """From the engine (a Medusa one): drafter none, K = the node budget, deploy.method and bench.methods the method;
-    the build drops the tree and the heads; `recipe run --dry-run` runs it."""
+def test_a_training_free_winner_redeploys_the_tuned_engine_with_its_budget(tuned, engine, name, method, k, tmp_path):
+    """From the engine itself (a Medusa one): its drafter and build are kept, so `recipe run` rebuilds nothing; the
+    deployment runs the method with the winner's node budget (deploy --draft-budget, bench --draft-budget)."""
+    from trtspec.engine.manifest import read_manifest
+
     out = tmp_path / "r.yaml"
     write_winner_recipe(_with_winner(tuned, name), out)
     recipe = load_recipe(out)
-    assert recipe.drafter.kind.value == "none" and recipe.build.max_draft_len == k and recipe.build.choices is None
+    assert read_manifest(engine).profile.max_draft_len > k  # the engine has room for more than the budget
+    assert recipe.drafter.kind.value == "medusa" and recipe.deploy.draft_budget == k
     assert recipe.deploy.method == method and recipe.methods == [method]
     dry = CliRunner().invoke(cli, ["recipe", "run", str(out), "--dry-run", "--workdir", str(tmp_path / "w")])
     assert dry.exit_code == 0, dry.output
-    assert f"--no-spec --max-draft-len {k}" in dry.output and f"--method {method}" in dry.output
-    assert "--medusa" not in dry.output
+    assert f"--method {method} --draft-budget {k}" in dry.output and "--no-spec" not in dry.output
+    assert f"--method {method} --limit" in dry.output and f"--draft-budget {k} --out" in dry.output  # the bench
 
 
 def test_the_winner_goes_into_an_existing_recipe(tuned, tmp_path):

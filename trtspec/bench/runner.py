@@ -41,6 +41,7 @@ class BenchOptions:
     concurrency: tuple[int, ...] = (1,)  # closed-loop levels; () with request_rate: open loop only
     request_rate: tuple[float, ...] = ()  # open-loop levels: Poisson arrivals per second (served only)
     goodput: dict[str, float] = field(default_factory=dict)  # SLOs in ms a request must meet to count as good
+    draft_budget: int | None = None  # in process: the training-free drafters' tokens per step (None: the engine's K)
     temperature: float = 0.0
     seed: int | None = 0  # T > 0: every request's sampling seed (methods alike)
     max_tokens: int = 128
@@ -67,6 +68,9 @@ class BenchOptions:
                               "HOST:PORT alone (in process, the load is --concurrency)")
         if any(not r > 0 for r in self.request_rate):
             raise ConfigError(f"--request-rate must be positive requests per second, got {self.request_rate}")
+        if self.draft_budget is not None and self.engine is None:
+            raise ConfigError("--draft-budget applies to ENGINE in process (a server's is set at deploy: "
+                              "`trtspec deploy --draft-budget N`)")
         if self.goodput and not self.request_rate:
             raise ConfigError("--goodput counts the requests that meet its SLOs at each --request-rate: pass "
                               "--request-rate too")
@@ -94,7 +98,8 @@ def open_target(options: BenchOptions):
         return ServedTarget(options.url, model=options.model)
     from trtspec.runtime.generator import LocalGenerator
 
-    return LocalTarget(LocalGenerator(options.engine, threads=options.threads, spin=options.spin))
+    return LocalTarget(LocalGenerator(options.engine, threads=options.threads, spin=options.spin,
+                                      draft_budget=options.draft_budget))
 
 
 def run_bench(options: BenchOptions, show=print, target=None) -> BenchRun:
@@ -114,7 +119,7 @@ def run_bench(options: BenchOptions, show=print, target=None) -> BenchRun:
 def _local_generator(options: BenchOptions):
     from trtspec.runtime.generator import LocalGenerator
 
-    return LocalGenerator(options.engine, threads=options.threads, spin=options.spin)
+    return LocalGenerator(options.engine, threads=options.threads, spin=options.spin, draft_budget=options.draft_budget)
 
 
 def _started_server(options: BenchOptions, local, show):
@@ -131,7 +136,8 @@ def _started_server(options: BenchOptions, local, show):
             self._tmp = tempfile.TemporaryDirectory(prefix="trtspec-bench-serve-")
             engine = local.generator.engine
             repo = deploy(DeployOptions(engine_dir=options.engine, out=Path(self._tmp.name) / "repo",
-                                        threads=engine.threads, spin=engine.spin, backoff=options.backoff))
+                                        threads=engine.threads, spin=engine.spin, backoff=options.backoff,
+                                        draft_budget=options.draft_budget))
             self._server = TritonServer(ServerOptions(repository=repo, grpc_port=free_port(), http_port=free_port(),
                                                       metrics_port=free_port(), exit_timeout_s=5),
                                         on_log=lambda line: None)

@@ -81,6 +81,9 @@ def _pair(ctx, param, value):
 @click.option("--request-rate", callback=_csv(float), metavar="0.5,1,2",
               help="Requests, --url: open-loop levels, requests per second arriving as a Poisson process (seeded), "
                    "each sent at its arrival; with it, closed-loop levels run only if --concurrency is given.")
+@click.option("--draft-budget", type=int, metavar="N",
+              help="Requests, in process: ngram, suffix, hybrid's n-grams and lookahead draft at most N tokens a "
+                   "step (as `deploy --draft-budget N` serves them; default: the engine's K).")
 @click.option("--goodput", metavar="ttft:MS,tpot:MS,e2el:MS",
               help="--request-rate: count as good the requests within these SLOs, and report good requests/s.")
 @click.option("--temperature", type=float, default=0.0, show_default=True,
@@ -153,7 +156,7 @@ def bench_run(engines: tuple[Path, ...], methods, sets, peers, out: Path | None,
     from trtspec.bench import BenchOptions, format_bench_table, parse_slos, run_bench, write_bench_outputs
 
     request_flags = ("url", "serve", "concurrency", "temperature", "seed", "max_tokens", "threads", "spin", "model",
-                     "no_spec", "backoff", "limit")
+                     "no_spec", "backoff", "limit", "draft_budget")
     if flags["request_rate"] and click.get_current_context().get_parameter_source("concurrency").name == "DEFAULT":
         flags["concurrency"] = ()  # open loop alone unless closed-loop levels are asked for
     options = BenchOptions(engine=engines[0] if engines else None, methods=methods or (),
@@ -171,7 +174,7 @@ def _compare(engines, methods, sets, peers, out, as_json, no_progress, flags, sh
     from trtspec.bench import DEFAULT_SETS, CompareOptions, render_compare_table, run_compare, write_compare_outputs
 
     for name, default in (("url", None), ("serve", False), ("prompt_set", None), ("concurrency", (1,)),
-                          ("request_rate", None), ("goodput", None),
+                          ("request_rate", None), ("goodput", None), ("draft_budget", None),
                           ("temperature", 0.0), ("seed", 0), ("model", "ensemble"), ("no_spec", False)):
         if flags[name] != default:
             raise click.UsageError(f"--{name.replace('_', '-')} measures requests on one engine; comparing "

@@ -40,6 +40,9 @@ from trtspec.cli.app import DIR, EXISTING_DIR, SPIN_HELP, cli, user_errors
 @click.option("--backoff/--no-backoff", default=True, show_default=True,
               help="CPU flavour: Medusa, EAGLE and lookahead drafts shrink, or rest, while they do not pay on the "
                    "engine's verify curve; --no-backoff drafts the full tree every step (as TensorRT-LLM does).")
+@click.option("--draft-budget", type=int, metavar="N",
+              help="CPU flavour: ngram, suffix, hybrid's n-grams and lookahead draft at most N tokens a step "
+                   "(default: the engine's K): a smaller budget without a rebuild (`trtspec tune` picks one).")
 @click.option("--draft-engine", "draft_engine_dir", type=EXISTING_DIR,
               help="trtllm, draft-target engines: the draft model's engine (served as tensorrt_llm_draft).")
 @click.option("--rehearse", type=EXISTING_DIR, metavar="CPU_ENGINE",
@@ -117,7 +120,8 @@ LLMAPI_DEFAULTS = {"mtp": False, "ngram": False, "speculative_options": (), "max
 ENGINE_ONLY = {"instances": ("--instances", 1), "chat_template": ("--chat-template", False),
                "copy_engine": ("--copy-engine", False), "threads": ("--threads", None), "spin": ("--spin", None),
                "method": ("--method", None), "datastore": ("--datastore", None), "backoff": ("--no-backoff", True),
-               "draft_engine_dir": ("--draft-engine", None), "rehearse": ("--rehearse", None)}
+               "draft_engine_dir": ("--draft-engine", None), "rehearse": ("--rehearse", None),
+               "draft_budget": ("--draft-budget", None)}
 
 
 def _deploy_llmapi(engine: Path | None, out: Path, flags: dict, llmapi: dict) -> Path:

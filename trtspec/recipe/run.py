@@ -344,6 +344,7 @@ def _bench(recipe: Recipe, opts: RunOptions, engine: Path, folder: Path, show):
                 run = run_bench(BenchOptions(engine=engine, prompt_set=name, limit=b.limit, methods=tuple(recipe.methods),
                                              concurrency=tuple(b.concurrency), temperature=b.temperature,
                                              max_tokens=b.max_tokens, threads=b.threads, spin=b.spin,
+                                             draft_budget=recipe.deploy.draft_budget,
                                              show_progress=False), show=lambda line: log.info(line))
                 write_outputs(run, tmp / name)
                 for line in format_table(run.report):

@@ -115,6 +115,7 @@ class DeploySection:
     kv_cache_free_gpu_mem_fraction: float = 0.9
     method: str | None = None  # cpu flavour: the drafter every request gets (none, ngram, suffix, hybrid, own)
     datastore: str | None = None  # cpu flavour, method suffix: a `trtspec datastore build` file
+    draft_budget: int | None = None  # cpu flavour: training-free drafters' tokens per step (default: the engine's K)
     threads: int | None = None  # cpu flavour: ONNX Runtime threads per instance
     spin: bool | None = None  # cpu flavour: intra-op workers spin (default: spin; false for shared machines)
     chat_template: bool = False  # render text_input through the tokenizer's chat template by default
@@ -159,7 +160,7 @@ class DeploySection:
 
 
 LLMAPI_DEPLOY = ("drafter", "draft_path", "trtllm_version", "max_draft_len", "max_num_tokens", "speculative_options")
-ENGINE_DEPLOY = {"instances": 1, "method": None, "datastore": None, "threads": None, "spin": None,
+ENGINE_DEPLOY = {"instances": 1, "method": None, "datastore": None, "draft_budget": None, "threads": None, "spin": None,
                  "chat_template": False, "copy_engine": False}
 
 
@@ -418,6 +419,7 @@ class Recipe:
                              "--concurrency", ",".join(map(str, b.concurrency)), "--temperature", f"{b.temperature:g}",
                              *(["--threads", str(b.threads)] if b.threads else []),
                              *([] if b.spin is not False else ["--no-spin"]),
+                             *(["--draft-budget", str(self.deploy.draft_budget)] if self.deploy.draft_budget else []),
                              "--out", str(Path(p["bench"]) / name)] for name in b.prompt_sets]
         return out
 
@@ -485,6 +487,7 @@ class Recipe:
         out += ["--instances", str(d.instances)] if d.instances != 1 else []
         out += ["--method", d.method] if d.method else []
         out += ["--datastore", d.datastore] if d.datastore else []
+        out += ["--draft-budget", str(d.draft_budget)] if d.draft_budget else []
         out += ["--threads", str(d.threads)] if d.threads else []
         out += [] if d.spin is None else ["--spin" if d.spin else "--no-spin"]
         out += ["--chat-template"] if d.chat_template else []

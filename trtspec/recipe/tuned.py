@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from trtspec.errors import ConfigError
+from trtspec.errors import ConfigError, TrtspecError
 from trtspec.speculative.method import PLAIN, TRAINING_FREE, Method, names
 
 TRAINED = names(m for m in Method.recipe_drafters() if m.trained)  # a recipe converts these drafters
@@ -56,7 +56,8 @@ def write_winner_recipe(report: dict, path: Path, template: Path | None = None) 
         recipe_from_dict(start)
     except ConfigError as e:
         raise ConfigError(f"{origin}: not a recipe to write the winner into ({e})") from None
-    recipe = apply_winner(start, report)
+    # a recipe written from the engine itself builds that very engine: a training-free winner redeploys it
+    recipe = apply_winner(start, report, same_engine=not path.is_file() and template is None)
     if folder is not None:
         rebase_paths(recipe, folder, path.parent)
     try:
@@ -68,6 +69,16 @@ def write_winner_recipe(report: dict, path: Path, template: Path | None = None) 
     with atomic_output_file(path) as tmp:
         tmp.write_text(text)
     return recipe
+
+
+def _engine_k(report: dict) -> int | None:
+    """The tuned engine's K (None: its manifest is not there to say)."""
+    from trtspec.engine.manifest import read_manifest
+
+    try:
+        return read_manifest(Path(report["engine"])).profile.max_draft_len
+    except (KeyError, OSError, ConfigError, TrtspecError):
+        return None
 
 
 def rebase_paths(recipe: dict, old: Path, new: Path) -> None:
@@ -83,9 +94,10 @@ def rebase_paths(recipe: dict, old: Path, new: Path) -> None:
             recipe[section][key] = os.path.relpath(os.path.abspath(resolve_path(old, value)), os.path.abspath(new))
 
 
-def apply_winner(recipe: dict, report: dict) -> dict:
+def apply_winner(recipe: dict, report: dict, *, same_engine: bool = False) -> dict:
     """A copy of the recipe dict with the winner's drafter, K, tree, deploy method and bench methods (module
-    docstring)."""
+    docstring). `same_engine`: the recipe builds the tuned engine itself, so a training-free winner keeps its
+    drafter and build and is deployed on it with its node budget (`deploy.draft_budget`), nothing rebuilt."""
     recipe = copy.deepcopy(recipe)
     w = report["winner"]
     method = w["method"]
@@ -93,7 +105,16 @@ def apply_winner(recipe: dict, report: dict) -> dict:
     build = recipe.setdefault("build", {})
     deploy = recipe.setdefault("deploy", {}) or {}
     recipe["deploy"] = deploy
-    if method in TRAINING_FREE:
+    engine_k = _engine_k(report) if same_engine else None
+    if method in TRAINING_FREE and engine_k is not None and engine_k >= w["budget"]:
+        if w["budget"] < engine_k:
+            deploy["draft_budget"] = w["budget"]
+        else:
+            deploy.pop("draft_budget", None)
+        deploy["method"] = method
+        methods = [method]
+    elif method in TRAINING_FREE:
+        deploy.pop("draft_budget", None)
         recipe["drafter"] = {"kind": "none"}
         convert = recipe.get("convert") or {}
         convert.pop("max_draft_len", None)  # Medusa / EAGLE only

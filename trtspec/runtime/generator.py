@@ -17,8 +17,8 @@ from trtspec.speculative.loop import GenerationConfig, GenerationResult, Request
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.speculative.datastore import Datastore, RecentOutputs
 from trtspec.speculative.tree import DynamicTree
-from trtspec.speculative.methods import make_proposer
-from trtspec.speculative.ngram_proposer import AcceptanceModel
+from trtspec.speculative.methods import budget_lookahead, check_draft_budget, make_proposer
+from trtspec.speculative.ngram_proposer import AcceptanceModel, NgramConfig
 from trtspec.speculative.proposer import Proposer
 from trtspec.speculative.tree import build_tree
 
@@ -51,10 +51,13 @@ class LocalGenerator:
 
     def __init__(self, engine_dir: str | Path, *, threads: int | None = None, spin: bool | None = None,
                  datastore: str | Path | None = None, method: str | None = None, backoff: bool = True,
-                 drafter: bool = True):
-        """`drafter` False: no request will run the engine's own drafter (OrtEngine's)."""
+                 drafter: bool = True, draft_budget: int | None = None):
+        """`drafter` False: no request will run the engine's own drafter (OrtEngine's). `draft_budget`: the
+        training-free drafters (ngram, suffix, hybrid's n-grams, lookahead) draft at most this many tokens a step
+        (None: the engine's K), so one engine serves a smaller budget without a rebuild."""
         self.engine = OrtEngine(engine_dir, threads=threads, spin=spin, drafter=drafter)
         self.manifest = self.engine.manifest
+        self.draft_budget = check_draft_budget(draft_budget, self.manifest.profile.max_draft_len)
         self.method = method  # the drafter of requests that name none (None: the manifest's)
         self.backoff = backoff  # False: every request's Medusa / EAGLE / lookahead drafts are whole trees
         self.tokenizer = None
@@ -82,9 +85,17 @@ class LocalGenerator:
         else this generator's method, else the manifest's; none when config.no_spec."""
         method = "none" if config.no_spec else config.method or self.method or self.manifest.method.value
         dynamic = DynamicTree(**self.manifest.dynamic_tree) if self.manifest.method is Method.EAGLE2 else None
-        return make_proposer(method, self.engine, tree=self._tree, dynamic=dynamic, ngram=config.ngram,
+        ngram, lookahead = config.ngram, config.lookahead
+        if self.draft_budget is not None:  # a request's own options win
+            ngram = ngram or NgramConfig(max_draft_len=self.draft_budget)
+            if method == "lookahead" and lookahead is None:
+                lookahead = budget_lookahead(self.draft_budget)
+                if lookahead is None:
+                    raise ConfigError(f"method lookahead: the draft budget {self.draft_budget} holds no lookahead "
+                                      "step (the smallest, (W, N, G) = 2,2,1, drafts 2)")
+        return make_proposer(method, self.engine, tree=self._tree, dynamic=dynamic, ngram=ngram,
                              acceptance=self.acceptance, datastore=self.datastore, recent=self.recent,
-                             lookahead=config.lookahead, backoff=config.backoff and self.backoff)
+                             lookahead=lookahead, backoff=config.backoff and self.backoff)
 
     def encode(self, prompt: str | list[dict] | list[int]) -> list[int]:
         """Token ids of a prompt: ids as is; text and chat messages through the tokenizer's chat template."""

@@ -125,6 +125,22 @@ def default_lookahead(max_draft_len: int, own: LookaheadConfig | None = None) ->
                         if c.max_draft_len <= max_draft_len), None)
 
 
+def check_draft_budget(budget: int | None, max_draft_len: int, flag: str = "draft budget") -> int | None:
+    """A deployment's budget of draft tokens a step for the training-free drafters: 1..K (None: the engine's K)."""
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= max_draft_len:
+        raise ConfigError(f"{flag} {budget!r}: the training-free drafters' tokens per step, 1 to the engine's "
+                          f"max_draft_len {max_draft_len}")
+    return budget
+
+
+def budget_lookahead(budget: int) -> LookaheadConfig | None:
+    """The largest default (W, N, G) whose step fits `budget` draft tokens (None: none does, lookahead is refused
+    when asked for)."""
+    return default_lookahead(budget)
+
+
 EAGLE2_FLAG = "--eagle2 DEPTH,TOP_K,TOTAL_TOKENS"  # `trtspec build`'s flag for EAGLE-2's dynamic tree
 
 

@@ -174,7 +174,7 @@ def engine_config(batch: int, options: DeployOptions, engine_path: str, datastor
     params = {"engine_dir": engine_path, "threads": str(options.threads or 0), "exclude_input_in_output": "false",
               "spin": {None: "auto", True: "true", False: "false"}[options.spin],
               "method": options.method or "auto", "datastore": datastore_path,
-              "backoff": "true" if options.backoff else "false"}
+              "backoff": "true" if options.backoff else "false", "draft_budget": str(options.draft_budget or 0)}
     return render(TritonModelConfig(name=engine_model_name(options), backend="python", max_batch_size=batch,
                               decoupled=True, dynamic_batching={}, inputs=ENGINE_INPUTS, outputs=ENGINE_OUTPUTS,
                               instance_count=options.instances, parameters=params))

@@ -35,6 +35,7 @@ class DeployOptions:
     method: str | None = None  # CPU flavour: the drafter requests get (none / ngram / suffix / the engine's own)
     datastore: Path | None = None  # CPU flavour: the corpus of method suffix (`trtspec datastore build`)
     backoff: bool = True  # CPU flavour: Medusa / EAGLE / lookahead drafts shrink or rest while they do not pay
+    draft_budget: int | None = None  # CPU flavour: training-free drafters' tokens per step (None: the engine's K)
     force: bool = False
     # trtllm flavour knobs (the tensorrt_llm model's parameters)
     batching_strategy: str = "inflight_fused_batching"
@@ -77,6 +78,13 @@ def check_options(manifest: Manifest, options: DeployOptions) -> int:
         check_method(manifest, options.method)
     if options.datastore is not None:
         check_datastore(manifest, Path(options.engine_dir), Path(options.datastore))
+    if options.draft_budget is not None:
+        if manifest.backend is not Backend.ONNX:
+            raise ConfigError("--draft-budget applies to the CPU flavour only (a TensorRT-LLM engine drafts what it "
+                              "was built for)")
+        from trtspec.speculative.methods import check_draft_budget
+
+        check_draft_budget(options.draft_budget, manifest.profile.max_draft_len, "--draft-budget")
     if not options.backoff and manifest.backend is not Backend.ONNX and options.rehearse is None:
         raise ConfigError("--no-backoff applies to the CPU flavour only (a TensorRT-LLM engine drafts its whole tree "
                           "every step)")

@@ -94,7 +94,8 @@ class TritonPythonModel:
         method = parameter(config, "method", "auto")  # auto: the manifest's method
         self.method = None if method == "auto" else method
         self.generator = LocalGenerator(engine_dir, threads=threads, spin=spin, datastore=datastore or None,
-                                        method=self.method, backoff=flag(config, "backoff", True))
+                                        method=self.method, backoff=flag(config, "backoff", True),
+                                        draft_budget=int(parameter(config, "draft_budget", "0")) or None)
         self.manifest = self.generator.manifest
         batch = int(config.get("max_batch_size") or self.manifest.profile.max_batch_size)
         self._metrics = self._make_metrics(args["model_name"])
