@@ -334,3 +334,26 @@ def test_a_template_written_elsewhere_keeps_naming_the_same_folders(tmp_path):
     rebase_paths(recipe, tmp_path / "recipes", tmp_path / "out" / "deep")
     assert recipe == {"base": {"path": "../../models/base"}, "drafter": {"kind": "medusa", "path": "/abs/heads"},
                       "deploy": {"datastore": "../../recipes/c.ds"}}
+
+
+def test_a_trtllm_recipe_is_rehearsed_in_the_real_server(tmp_path):
+    """`recipe run --rehearse` on the shipped tiny TensorRT-LLM recipe: the engine planned, a CPU engine built beside
+    it, the GPU repository deployed with it standing in and served for real, every reply the CPU engine's text; the
+    bench stage left to the GPU host; an onnx recipe is refused in one line."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "recipes"
+    dry = CliRunner().invoke(cli, ["recipe", "run", str(root / "rehearsal-tiny-medusa.yaml"), "--rehearse",
+                                   "--dry-run", "--workdir", str(tmp_path)])
+    assert dry.exit_code == 0, dry.output
+    assert "--backend trtllm" in dry.output and "--plan-only" in dry.output and "--rehearse" in dry.output
+    report = run_recipe(RunOptions(recipe_file=root / "rehearsal-tiny-medusa.yaml", workdir=tmp_path, rehearse=True),
+                        show=lambda line: None)
+    assert report.passed, [(o.stage, o.detail) for o in report.outcomes]
+    assert [o.stage for o in report.outcomes] == ["convert", "build", "deploy", "serve"]
+    assert "2 replies through the ensemble, all the CPU engine's greedy text" in report.outcomes[-1].detail
+    assert (tmp_path / "rehearsal-tiny-medusa" / "cpu-engine" / "manifest.json").is_file()
+    refused = CliRunner().invoke(cli, ["recipe", "run", str(root / "tiny-ngram.yaml"), "--rehearse", "--dry-run"])
+    assert refused.exit_code != 0
+    assert refused.output.strip() == ("error: --rehearse runs a trtllm recipe's GPU repository here; tiny-ngram builds "
+                                      "for onnx (run it without --rehearse)")

@@ -48,10 +48,14 @@ def recipe_check(file: Path, workdir: str) -> None:
                                            "decoding; writes bench/gate.json and gate.png.")
 @click.option("--update-baseline", is_flag=True, help="With --gate: write the measured figures into the recipe's "
                                                       "baseline (comments and key order kept).")
+@click.option("--rehearse", is_flag=True,
+              help="A trtllm recipe on this host: plan its TensorRT-LLM engine, build a CPU engine of the same "
+                   "checkpoint, deploy the GPU repository with it standing in for tensorrt_llm and serve it in the "
+                   "real tritonserver (`deploy --rehearse`); the bench stage stays the GPU host's.")
 @click.option("--json", "as_json", is_flag=True, help="Print the run's outcome as JSON at the end.")
 @user_errors
 def recipe_run(file: Path, stages: str | None, workdir: Path, force: bool, dry_run: bool, gate: bool,
-               update_baseline: bool, as_json: bool) -> None:
+               update_baseline: bool, rehearse: bool, as_json: bool) -> None:
     """Run a recipe's stages in order, skipping convert / build / deploy whose inputs and settings are unchanged
     since their last success; exit 1 when a stage fails or the gate does."""
     from trtspec.recipe import RunOptions, dry_run_lines, load_recipe, run_recipe, selected_stages
@@ -59,11 +63,12 @@ def recipe_run(file: Path, stages: str | None, workdir: Path, force: bool, dry_r
     chosen = tuple(s.strip() for s in stages.split(",") if s.strip()) if stages else None
     if dry_run:
         recipe = load_recipe(file)
+        recipe = recipe.rehearsal() if rehearse else recipe
         for line in dry_run_lines(recipe, workdir, selected_stages(recipe, chosen, gate=gate)):
             click.echo(line)
         return
     opts = RunOptions(recipe_file=file, workdir=workdir, stages=chosen, force=force, gate=gate,
-                      update_baseline=update_baseline)
+                      update_baseline=update_baseline, rehearse=rehearse)
     report = run_recipe(opts, show=lambda line: click.echo(line, err=as_json))
     verdict = "passed" if report.passed else "FAILED"
     if as_json:

@@ -51,6 +51,7 @@ class RunOptions:
     dry_run: bool = False  # print the commands, run nothing
     gate: bool = False  # bench: measure the baseline slice and judge it
     update_baseline: bool = False  # bench --gate: write the measured figures into the recipe
+    rehearse: bool = False  # a trtllm recipe's GPU repository run here (Recipe.rehearsal)
 
 
 @dataclass
@@ -104,6 +105,8 @@ def dry_run_lines(recipe: Recipe, workdir: Path, stages: tuple[str, ...]) -> lis
 def run_recipe(opts: RunOptions, show=print) -> RunReport:
     """Run the recipe's stages; `show` gets one line per stage (and the bench's progress)."""
     recipe = load_recipe(opts.recipe_file)
+    if opts.rehearse:
+        recipe = recipe.rehearsal()
     if opts.update_baseline and not opts.gate:
         raise ConfigError("--update-baseline writes what --gate measures: pass --gate too")
     if opts.gate and recipe.baseline is None and not opts.update_baseline:
@@ -224,6 +227,8 @@ def _run_stage(recipe: Recipe, opts: RunOptions, stage: str, root: Path, show) -
         _remove(output)
         if stage == "build" and recipe.drafter.kind.value == "draft_target":
             _remove(Path(paths["draft_engine"]))
+        if stage == "build" and recipe.rehearse:
+            _remove(Path(paths["cpu_engine"]))
         t0 = time.perf_counter()
         if stage == "convert" and recipe.base.tiny is not None:
             _write_tiny(recipe, Path(paths["tiny"]))
@@ -231,6 +236,9 @@ def _run_stage(recipe: Recipe, opts: RunOptions, stage: str, root: Path, show) -
             _run_command(command, root / "logs" / f"{stage}.log", stage)
         _write_stamp(stamp, stage_key(recipe, stage, root, commands), time.perf_counter() - t0)
         return "ran", str(output)
+    if stage == "serve" and recipe.rehearse:
+        return "ran", _serve_rehearsal(recipe, Path(paths["repository"]), Path(paths["cpu_engine"]),
+                                       Path(paths["serve"]))
     if stage == "serve":
         return "ran", _serve(recipe, Path(paths["repository"]), Path(paths["engine"]), Path(paths["serve"]))
     return "ran", _bench(recipe, opts, Path(paths["engine"]), Path(paths["bench"]), show)
@@ -328,6 +336,47 @@ def _serve(recipe: Recipe, repository: Path, engine: Path, folder: Path) -> str:
         raise StageError(f"serve: {len(rows) - same} of {len(rows)} replies over gRPC differ from in-process greedy "
                          f"decoding (report: {folder}/report.json)")
     return f"{len(rows)} streamed replies over gRPC, all identical to in-process greedy decoding"
+
+
+def _serve_rehearsal(recipe: Recipe, repository: Path, cpu_engine: Path, folder: Path) -> str:
+    """The rehearsed GPU repository in the real server: every prompt of the serve slice as a whole reply through the
+    ensemble (the raw text, as upstream's clients send it), each reply the text the CPU engine decodes greedily in
+    process after the prompt's ids, detokenized as upstream's postprocessing does."""
+    from transformers import AutoTokenizer
+
+    from trtspec.data.prompts import load_prompts
+    from trtspec.engine.manifest import read_manifest
+    from trtspec.outdir import atomic_output_dir
+    from trtspec.runtime.generator import LocalGenerator
+    from trtspec.speculative.loop import GenerationConfig
+    from trtspec.triton.client import TritonClient
+    from trtspec.triton.server import ServerOptions, TritonServer, free_port
+
+    s = recipe.serve
+    prompts = [p.text for p in load_prompts(s.prompt_set, limit=s.limit)]
+    local = LocalGenerator(cpu_engine, threads=1)
+    tokenizer = AutoTokenizer.from_pretrained(str(cpu_engine / read_manifest(cpu_engine).tokenizer))
+    expected = [tokenizer.decode(local.generate(local.tokenizer.encode(p, add_special_tokens=True),
+                                                GenerationConfig(max_tokens=s.max_tokens, no_spec=True)).output_ids,
+                                 skip_special_tokens=True) for p in prompts]
+    options = ServerOptions(repository=repository, grpc_port=free_port(), http_port=free_port(),
+                            metrics_port=free_port())
+    rows = []
+    with TritonServer(options, on_log=lambda line: None) as server:
+        with TritonClient(server.grpc_url, model="ensemble") as client:
+            client.check_ready(wait_s=s.wait_s)
+            for i, prompt in enumerate(prompts):
+                reply = client.generate(prompt, GenerationConfig(max_tokens=s.max_tokens), index=i, stream=False)
+                rows.append({"prompt": i, "identical": reply.text == expected[i], "text": reply.text})
+    same = sum(r["identical"] for r in rows)
+    with atomic_output_dir(folder, force=True) as tmp:
+        (tmp / "report.json").write_text(json.dumps({"prompt_set": s.prompt_set, "rehearsal": True, "requests": rows,
+                                                     "identical": f"{same}/{len(rows)}"}, indent=2) + "\n")
+    if same != len(rows):
+        raise StageError(f"serve (rehearsal): {len(rows) - same} of {len(rows)} replies of the GPU repository differ "
+                         f"from the CPU engine's greedy decoding (report: {folder}/report.json)")
+    return (f"the GPU repository served here with {cpu_engine.name} as tensorrt_llm: {len(rows)} replies through the "
+            "ensemble, all the CPU engine's greedy text")
 
 
 def _bench(recipe: Recipe, opts: RunOptions, engine: Path, folder: Path, show):

@@ -282,6 +282,9 @@ class Recipe:
     serve: ServeSection | None = None
     bench: BenchSection | None = None
     baseline: BaselineSection | None = None
+    # `recipe run --rehearse` (not a YAML key): a trtllm recipe's GPU repository run here, its tensorrt_llm model
+    # served by a CPU engine of the same checkpoint (`rehearsal()`)
+    rehearse: bool = False
 
     def __post_init__(self):
         self._check_drafter()
@@ -356,8 +359,25 @@ class Recipe:
                                            or (s == "bench" and self.baseline is not None))
                      and (self.flavour != "llmapi" or s not in ("convert", "build")))
 
+    def rehearsal(self) -> Recipe:
+        """This trtllm recipe rehearsed on this host: the TensorRT-LLM engine planned (`build --plan-only`), a CPU
+        engine of the same checkpoint and tree built beside it, the GPU repository deployed with `--rehearse` and
+        served here (its serve stage); the bench stage stays a GPU host's."""
+        import dataclasses
+
+        if self.build.backend != "trtllm":
+            raise ConfigError(f"--rehearse runs a trtllm recipe's GPU repository here; {self.name} builds for "
+                              f"{self.build.backend} (run it without --rehearse)")
+        if self.drafter.kind is Drafter.DRAFT_TARGET:
+            raise ConfigError("--rehearse: a draft-target pair needs two stand-in engines, which the rehearsal does "
+                              "not write yet")
+        return dataclasses.replace(self, rehearse=True)
+
     def skipped(self, stage: str) -> str | None:
         """Why `recipe run` skips a stage the recipe has (None: it runs)."""
+        if self.flavour == "trtllm" and stage == "bench":
+            return ("the bench stage measures the TensorRT-LLM engine on its GPU host" if self.rehearse else
+                    "a trtllm engine is measured on its GPU host")
         if self.flavour == "llmapi" and stage in ("serve", "bench"):
             return (f"the llmapi flavour serves in the Triton TensorRT-LLM container on a GPU host; this {stage} "
                     "stage runs trtspec's CPU engine, which this recipe does not build")
@@ -370,7 +390,7 @@ class Recipe:
         return {"root": str(root), "tiny": str(root / "tiny"), "checkpoint": str(root / "checkpoint"),
                 "engine": str(root / "engine"), "draft_checkpoint": str(root / "draft-checkpoint"),
                 "draft_engine": str(root / "draft-engine"), "repository": str(root / "triton_repo"),
-                "serve": str(root / "serve"), "bench": str(root / "bench")}
+                "serve": str(root / "serve"), "bench": str(root / "bench"), "cpu_engine": str(root / "cpu-engine")}
 
     def base_path(self, workdir: str = ".") -> str:
         """The HF folder convert reads: the recipe's path, the tiny base the convert stage writes, or the shell
@@ -401,6 +421,10 @@ class Recipe:
                           *self._build_flags(draft=True)])
         build.append(["trtspec", "build", p["checkpoint"], "--out", p["engine"], *self._build_flags()])
         deploy = [["trtspec", "deploy", p["engine"], "--out", p["repository"], *self._deploy_flags()]]
+        if self.rehearse:  # the GPU engine's plan, and the CPU engine standing in for it
+            build[-1].append("--plan-only")
+            build.append(["trtspec", "build", p["checkpoint"], "--out", p["cpu_engine"], *self._cpu_build_flags()])
+            deploy[0] += ["--rehearse", p["cpu_engine"]]
         if self.drafter.kind is Drafter.DRAFT_TARGET:
             deploy[0] += ["--draft-engine", p["draft_engine"]]
         if self.build.backend == "trtllm":
@@ -457,6 +481,21 @@ class Recipe:
         out += ["--dtype", c.dtype] if c.dtype else []
         out += ["--tp-size", str(c.tp_size)] if c.tp_size != 1 else []
         return out + (["--pp-size", str(c.pp_size)] if c.pp_size != 1 else [])
+
+    def _cpu_build_flags(self) -> list[str]:
+        """The onnx build of the checkpoint that stands in for the TensorRT-LLM engine: the same tree and limits; a
+        lookahead engine's stand-in is plain with its K (lookahead drafts per request on the CPU)."""
+        b, out = self.build, ["--max-batch-size", str(self.build.max_batch_size), "--max-input-len",
+                              str(self.build.max_input_len)]
+        out += ["--max-seq-len", str(b.max_seq_len)] if b.max_seq_len else []
+        if self.drafter.kind is Drafter.LOOKAHEAD:
+            from trtspec.speculative.lookahead_proposer import LookaheadConfig
+
+            out += ["--no-spec", "--max-draft-len", str(LookaheadConfig.parse(self.drafter.lookahead).max_draft_len)]
+            return out
+        out += ["--max-draft-len", str(b.max_draft_len)] if b.max_draft_len else []
+        out += ["--preset", b.preset] if b.preset else []
+        return out + (["--choices", b.choices] if b.choices else [])
 
     def _build_flags(self, draft: bool = False) -> list[str]:
         b, out = self.build, ["--backend", self.build.backend]
