@@ -39,10 +39,10 @@ class ServerError(TrtspecError):
 
 def check_fields(cls, data: object, where: str, *, container: str = "an object") -> dict:
     """`data` as the keyword arguments of dataclass `cls`: a ConfigError names `where` when it is not a mapping
-    or has a key `cls` lacks (with the valid keys)."""
+    or has a key `cls` lacks (with the valid keys; a field with metadata {"key": False} is not one)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected {container}, found {type(data).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = {f.name for f in dataclasses.fields(cls) if f.metadata.get("key", True)}
     unknown = sorted(set(data) - names)
     if unknown:
         raise ConfigError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(names))}")

@@ -284,7 +284,7 @@ class Recipe:
     baseline: BaselineSection | None = None
     # `recipe run --rehearse` (not a YAML key): a trtllm recipe's GPU repository run here, its tensorrt_llm model
     # served by a CPU engine of the same checkpoint (`rehearsal()`)
-    rehearse: bool = False
+    rehearse: bool = field(default=False, metadata={"key": False})
 
     def __post_init__(self):
         self._check_drafter()
