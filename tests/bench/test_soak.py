@@ -135,8 +135,12 @@ def test_the_owner_of_a_listening_port():
         assert listening_pids(port) == [] and port_owner(port) is None and port_holder(port) == ""
         server.listen()
         # a child inherits the listening socket: the owner is still this process, the one above it
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], pass_fds=[server.fileno()])
+        # (it says so once its interpreter runs: until its exec is done its descriptors cannot be read, and on a busy
+        # machine that can be any time after Popen returns)
+        child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"],
+                                 pass_fds=[server.fileno()], stdout=subprocess.PIPE, text=True)
         try:
+            assert child.stdout.readline() == "up\n"
             assert set(listening_pids(port)) == {os.getpid(), child.pid}
             assert port_owner(port) == os.getpid()
             with open(f"/proc/{os.getpid()}/comm") as f:
@@ -144,6 +148,7 @@ def test_the_owner_of_a_listening_port():
         finally:
             child.kill()
             child.wait()
+            child.stdout.close()
 
 
 def test_memory_summary_start_peak_end_growth():
