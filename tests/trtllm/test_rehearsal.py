@@ -156,6 +156,8 @@ def test_the_rehearsed_repository_serves_upstreams_requests_as_the_cpu_engine_de
     (["--rehearse", "{gpu}"], "--rehearse {gpu}: a CPU (onnx) engine is needed, found a trtllm engine"),
     (["--rehearse", "{cpu}", "--no-decoupled"], "--rehearse: the CPU engine model streams (decoupled)"),
     (["--rehearse", "{plain}"], "method 'none', but the TensorRT-LLM engine's is 'medusa'"),
+    (["--rehearse", "{other}"], "its tree differs from the TensorRT-LLM engine's; build the CPU engine with --choices "
+                                "'[[0],[1],[0,0]]' (the TensorRT-LLM engine's)"),
 ])
 def test_a_rehearsal_that_cannot_stand_in_is_one_line(engines, tmp_path, args, message):
     plain = engines["root"] / "plain"
@@ -163,7 +165,11 @@ def test_a_rehearsal_that_cannot_stand_in_is_one_line(engines, tmp_path, args, m
         ckpt = engines["root"] / "ckpts" / "ckpt-medusa"
         build(BuildOptions(source=ckpt, out=plain, no_spec=True, tokenizer=engines["root"] / "tokenizer",
                            max_input_len=64, max_seq_len=160))
-    paths = {"gpu": engines["gpu"], "cpu": engines["cpu"], "plain": plain}
+    other = engines["root"] / "other-tree"
+    if not other.exists():
+        build(BuildOptions(source=engines["root"] / "ckpts" / "ckpt-medusa", out=other, choices="[[0],[1]]",
+                           tokenizer=engines["root"] / "tokenizer", max_input_len=64, max_seq_len=160))
+    paths = {"gpu": engines["gpu"], "cpu": engines["cpu"], "plain": plain, "other": other}
     result = CliRunner().invoke(cli, ["deploy", str(engines["gpu"]), "--out", str(tmp_path / "r"), "--flavour",
                                       "trtllm", *[a.format(**paths) for a in args]])
     assert result.exit_code != 0

@@ -8,6 +8,7 @@ the public upstream file it follows; `docs/upstream-sources.md` lists them.
 
 from __future__ import annotations
 
+import json
 import logging
 import shlex
 import shutil
@@ -142,8 +143,9 @@ def rehearsal_engine(manifest: Manifest, options: DeployOptions, *, decoupled: b
             raise RepositoryError(f"{where}: {what} {cpu_value!r}, but the TensorRT-LLM engine's is {gpu_value!r}; "
                                   "rehearse with the CPU engine of the same checkpoint and drafter")
     if manifest.tree and cpu.tree and tuple(map(tuple, manifest.tree)) != tuple(map(tuple, cpu.tree)):
-        raise RepositoryError(f"{where}: its tree differs from the TensorRT-LLM engine's; build both with the same "
-                              "--choices")
+        gpu_tree = json.dumps([list(c) for c in manifest.tree], separators=(",", ":"))
+        raise RepositoryError(f"{where}: its tree differs from the TensorRT-LLM engine's; build the CPU engine with "
+                              f"--choices '{gpu_tree}' (the TensorRT-LLM engine's)")
     return path.resolve()
 
 
