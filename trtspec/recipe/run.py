@@ -306,35 +306,18 @@ def _serve(recipe: Recipe, repository: Path, engine: Path, folder: Path) -> str:
     if recipe.flavour == "trtllm":
         raise StageError(f"serve: a trtllm-flavour repository runs in the TensorRT-LLM Triton container "
                          f"({repository}/launch_triton.sh), not here")
-    from trtspec.data.prompts import load_prompts
-    from trtspec.outdir import atomic_output_dir
     from trtspec.runtime.generator import LocalGenerator
     from trtspec.speculative.loop import GenerationConfig
-    from trtspec.triton.client import TritonClient
-    from trtspec.triton.server import ServerOptions, TritonServer, free_port
 
     s = recipe.serve
-    prompts = [p.text for p in load_prompts(s.prompt_set, limit=s.limit)]
+    prompts = _serve_prompts(recipe)
     local = LocalGenerator(engine, threads=1)
     expected = [g.output_ids for g in local.generate_many(prompts, GenerationConfig(max_tokens=s.max_tokens,
                                                                                     no_spec=True))]
-    options = ServerOptions(repository=repository, grpc_port=free_port(), http_port=free_port(),
-                            metrics_port=free_port())
-    rows = []
-    with TritonServer(options, on_log=lambda line: None) as server:
-        with TritonClient(server.grpc_url, model="ensemble") as client:
-            client.check_ready(wait_s=s.wait_s)
-            for i, prompt in enumerate(prompts):
-                reply = client.generate(prompt, GenerationConfig(max_tokens=s.max_tokens), index=i, stream=True)
-                rows.append({"prompt": i, "tokens": len(reply.output_ids), "identical": reply.output_ids == expected[i],
-                             "ttft_ms": round(reply.ttft_s * 1000, 1)})
-    same = sum(r["identical"] for r in rows)
-    with atomic_output_dir(folder, force=True) as tmp:
-        (tmp / "report.json").write_text(json.dumps({"prompt_set": s.prompt_set, "requests": rows,
-                                                     "identical": f"{same}/{len(rows)}"}, indent=2) + "\n")
-    if same != len(rows):
-        raise StageError(f"serve: {len(rows) - same} of {len(rows)} replies over gRPC differ from in-process greedy "
-                         f"decoding (report: {folder}/report.json)")
+    rows = [{"prompt": i, "tokens": len(reply.output_ids), "identical": reply.output_ids == expected[i],
+             "ttft_ms": round(reply.ttft_s * 1000, 1)}
+            for i, reply in enumerate(_served_replies(recipe, repository, prompts, stream=True))]
+    _serve_report(recipe, folder, rows, "replies over gRPC differ from in-process greedy decoding")
     return f"{len(rows)} streamed replies over gRPC, all identical to in-process greedy decoding"
 
 
@@ -344,39 +327,60 @@ def _serve_rehearsal(recipe: Recipe, repository: Path, cpu_engine: Path, folder:
     process after the prompt's ids, detokenized as upstream's postprocessing does."""
     from transformers import AutoTokenizer
 
-    from trtspec.data.prompts import load_prompts
     from trtspec.engine.manifest import read_manifest
-    from trtspec.outdir import atomic_output_dir
     from trtspec.runtime.generator import LocalGenerator
     from trtspec.speculative.loop import GenerationConfig
-    from trtspec.triton.client import TritonClient
-    from trtspec.triton.server import ServerOptions, TritonServer, free_port
 
     s = recipe.serve
-    prompts = [p.text for p in load_prompts(s.prompt_set, limit=s.limit)]
+    prompts = _serve_prompts(recipe)
     local = LocalGenerator(cpu_engine, threads=1)
     tokenizer = AutoTokenizer.from_pretrained(str(cpu_engine / read_manifest(cpu_engine).tokenizer))
     expected = [tokenizer.decode(local.generate(local.tokenizer.encode(p, add_special_tokens=True),
                                                 GenerationConfig(max_tokens=s.max_tokens, no_spec=True)).output_ids,
                                  skip_special_tokens=True) for p in prompts]
+    rows = [{"prompt": i, "identical": reply.text == expected[i], "text": reply.text}
+            for i, reply in enumerate(_served_replies(recipe, repository, prompts, stream=False))]
+    _serve_report(recipe, folder, rows, "replies of the GPU repository differ from the CPU engine's greedy decoding",
+                  rehearsal=True)
+    return (f"the GPU repository served here with {cpu_engine.name} as tensorrt_llm: {len(rows)} replies through the "
+            "ensemble, all the CPU engine's greedy text")
+
+
+def _serve_prompts(recipe: Recipe) -> list[str]:
+    from trtspec.data.prompts import load_prompts
+
+    return [p.text for p in load_prompts(recipe.serve.prompt_set, limit=recipe.serve.limit)]
+
+
+def _served_replies(recipe: Recipe, repository: Path, prompts: list[str], *, stream: bool) -> list:
+    """Each prompt's reply from `ensemble` of the repository served on free loopback ports (the serve slice's
+    max_tokens, the deployment's drafter)."""
+    from trtspec.speculative.loop import GenerationConfig
+    from trtspec.triton.client import TritonClient
+    from trtspec.triton.server import ServerOptions, TritonServer, free_port
+
+    s = recipe.serve
     options = ServerOptions(repository=repository, grpc_port=free_port(), http_port=free_port(),
                             metrics_port=free_port())
-    rows = []
     with TritonServer(options, on_log=lambda line: None) as server:
         with TritonClient(server.grpc_url, model="ensemble") as client:
             client.check_ready(wait_s=s.wait_s)
-            for i, prompt in enumerate(prompts):
-                reply = client.generate(prompt, GenerationConfig(max_tokens=s.max_tokens), index=i, stream=False)
-                rows.append({"prompt": i, "identical": reply.text == expected[i], "text": reply.text})
+            return [client.generate(prompt, GenerationConfig(max_tokens=s.max_tokens), index=i, stream=stream)
+                    for i, prompt in enumerate(prompts)]
+
+
+def _serve_report(recipe: Recipe, folder: Path, rows: list[dict], differ: str, *, rehearsal: bool = False) -> None:
+    """serve/report.json; a StageError when a reply is not what was expected (`differ` says what it should be)."""
+    from trtspec.outdir import atomic_output_dir
+
     same = sum(r["identical"] for r in rows)
+    report = {"prompt_set": recipe.serve.prompt_set, **({"rehearsal": True} if rehearsal else {}), "requests": rows,
+              "identical": f"{same}/{len(rows)}"}
     with atomic_output_dir(folder, force=True) as tmp:
-        (tmp / "report.json").write_text(json.dumps({"prompt_set": s.prompt_set, "rehearsal": True, "requests": rows,
-                                                     "identical": f"{same}/{len(rows)}"}, indent=2) + "\n")
+        (tmp / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     if same != len(rows):
-        raise StageError(f"serve (rehearsal): {len(rows) - same} of {len(rows)} replies of the GPU repository differ "
-                         f"from the CPU engine's greedy decoding (report: {folder}/report.json)")
-    return (f"the GPU repository served here with {cpu_engine.name} as tensorrt_llm: {len(rows)} replies through the "
-            "ensemble, all the CPU engine's greedy text")
+        stage = "serve (rehearsal)" if rehearsal else "serve"
+        raise StageError(f"{stage}: {len(rows) - same} of {len(rows)} {differ} (report: {folder}/report.json)")
 
 
 def _bench(recipe: Recipe, opts: RunOptions, engine: Path, folder: Path, show):
