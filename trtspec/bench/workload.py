@@ -246,18 +246,20 @@ class ServedTarget:
         out: list[Timed | BaseException | None] = [None] * len(prompts)
 
         def send(i: int, due: float) -> None:
+            client = None
             try:
-                client = idle.get_nowait()
-            except queue.Empty:
-                client = TritonClient(self.url, model=self.model, timeout_s=self.timeout_s)
-                clients.append(client)
-            try:
+                try:
+                    client = idle.get_nowait()
+                except queue.Empty:
+                    client = TritonClient(self.url, model=self.model, timeout_s=self.timeout_s)
+                    clients.append(client)
                 sent = time.perf_counter()  # after its arrival (a new connection, a busy client): that wait counts
                 out[i] = _delayed(_served_one(client, prompts[i], options), max(0.0, sent - due))
             except BaseException as e:  # raised below, in the caller's thread
                 out[i] = e
             finally:
-                idle.put(client)
+                if client is not None:
+                    idle.put(client)
 
         start = time.perf_counter()
         senders = []
