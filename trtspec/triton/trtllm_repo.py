@@ -53,6 +53,7 @@ class Context:
     rehearsal: Path | None = None  # --rehearse: the CPU engine that serves tensorrt_llm (absolute)
     threads: int | None = None  # --rehearse: the CPU engine's ONNX Runtime threads
     spin: bool | None = None
+    backoff: bool = True  # --rehearse: the CPU engine's drafts shrink or rest while they do not pay
 
 
 def write_trtllm_repository(manifest: Manifest, options: DeployOptions, staging: Path, batch: int) -> None:
@@ -105,7 +106,7 @@ def _context(manifest: Manifest, options: DeployOptions, batch: int) -> Context:
     engine_dir = Path(options.engine_dir).resolve()
     rehearsal = rehearsal_engine(manifest, options, decoupled=decoupled, draft=draft is not None)
     return Context(manifest=manifest, version=version, batch=batch, decoupled=decoupled, rehearsal=rehearsal,
-                   threads=options.threads, spin=options.spin,
+                   threads=options.threads, spin=options.spin, backoff=options.backoff,
                    engine_dir=engine_dir, tokenizer_dir=engine_dir / manifest.tokenizer,
                    logits_type=tt.LOGITS_TYPES.get(manifest.model.logits_dtype, "TYPE_FP32"),
                    instances=options.instances, batching_strategy=options.batching_strategy,
@@ -239,7 +240,7 @@ def tensorrt_llm(ctx: Context, *, draft: bool = False) -> TritonModelConfig:
                        "exclude_input_in_output": "false",
                        "spin": {None: "auto", True: "true", False: "false"}[ctx.spin],
                        "method": "lookahead" if manifest.method is Method.LOOKAHEAD else "auto",
-                       "datastore": "", "backoff": "true"})
+                       "datastore": "", "backoff": _bool(ctx.backoff)})
         return TritonModelConfig(name="tensorrt_llm", backend="python", max_batch_size=batch, decoupled=True,
                                  dynamic_batching={}, inputs=tt.llm_inputs(ctx.version, ctx.logits_type),
                                  outputs=tt.llm_outputs(ctx.version, ctx.logits_type), instance_count=1,
