@@ -17,7 +17,7 @@ from trtspec.speculative.loop import GenerationConfig, GenerationResult, Request
 from trtspec.runtime.ort_engine import OrtEngine
 from trtspec.speculative.datastore import Datastore, RecentOutputs
 from trtspec.speculative.tree import DynamicTree
-from trtspec.speculative.methods import budget_lookahead, check_draft_budget, make_proposer
+from trtspec.speculative.methods import check_draft_budget, default_lookahead, make_proposer
 from trtspec.speculative.ngram_proposer import AcceptanceModel, NgramConfig
 from trtspec.speculative.proposer import Proposer
 from trtspec.speculative.tree import build_tree
@@ -89,7 +89,7 @@ class LocalGenerator:
         if self.draft_budget is not None:  # a request's own options win
             ngram = ngram or NgramConfig(max_draft_len=self.draft_budget)
             if method == "lookahead" and lookahead is None:
-                lookahead = budget_lookahead(self.draft_budget)
+                lookahead = default_lookahead(self.draft_budget)  # the largest default step the budget holds
                 if lookahead is None:
                     raise ConfigError(f"method lookahead: the draft budget {self.draft_budget} holds no lookahead "
                                       "step (the smallest, (W, N, G) = 2,2,1, drafts 2)")

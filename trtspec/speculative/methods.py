@@ -135,12 +135,6 @@ def check_draft_budget(budget: int | None, max_draft_len: int, flag: str = "draf
     return budget
 
 
-def budget_lookahead(budget: int) -> LookaheadConfig | None:
-    """The largest default (W, N, G) whose step fits `budget` draft tokens (None: none does, lookahead is refused
-    when asked for)."""
-    return default_lookahead(budget)
-
-
 EAGLE2_FLAG = "--eagle2 DEPTH,TOP_K,TOTAL_TOKENS"  # `trtspec build`'s flag for EAGLE-2's dynamic tree
 
 
