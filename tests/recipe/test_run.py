@@ -357,3 +357,30 @@ def test_a_trtllm_recipe_is_rehearsed_in_the_real_server(tmp_path):
     assert refused.exit_code != 0
     assert refused.output.strip() == ("error: --rehearse runs a trtllm recipe's GPU repository here; tiny-ngram builds "
                                       "for onnx (run it without --rehearse)")
+
+
+def test_a_draft_target_recipe_is_rehearsed_through_the_bls_loop(tmp_path):
+    """A draft-target trtllm recipe rehearsed: both TensorRT-LLM engines planned, a CPU engine for each, the GPU
+    repository served with both standing in, every reply of the BLS's draft-target loop the target's greedy text."""
+    import yaml
+
+    from trtspec.testing.factory import TinyModel, write_hf_base
+    from trtspec.testing.tokenizers import write_tiny_tokenizer
+
+    bases = {}
+    for name, fields, seed in (("target", {}, 0), ("draft", {"num_layers": 1}, 5)):
+        bases[name] = tmp_path / name
+        vocab = write_tiny_tokenizer(bases[name])
+        write_hf_base(bases[name], TinyModel(vocab_size=vocab, max_position_embeddings=4096, **fields), seed=seed)
+    recipe = {"name": "pair", "base": {"path": str(bases["target"])},
+              "drafter": {"kind": "draft_target", "path": str(bases["draft"])},
+              "build": {"backend": "trtllm", "max_draft_len": 4, "max_input_len": 1024, "max_batch_size": 4},
+              "serve": {"prompt_set": "mt-bench", "limit": 2, "max_tokens": 24}}
+    (tmp_path / "pair.yaml").write_text(yaml.safe_dump(recipe))
+    report = run_recipe(RunOptions(recipe_file=tmp_path / "pair.yaml", workdir=tmp_path / "w", rehearse=True),
+                        show=lambda line: None)
+    assert report.passed, [(o.stage, o.detail) for o in report.outcomes]
+    assert ("2 replies through tensorrt_llm_bls's draft-target loop (4 draft tokens a step), all the CPU engine's "
+            "greedy text") in report.outcomes[-1].detail
+    for engine in ("engine", "draft-engine", "cpu-engine", "cpu-draft-engine"):
+        assert (tmp_path / "w" / "pair" / engine / "manifest.json").is_file(), engine

@@ -87,7 +87,7 @@ def test_the_rehearsed_repository_is_the_gpu_one_but_for_its_engine_model(engine
     assert not (tmp_path / "rehearsed" / "launch_triton.sh").exists()
 
 
-def _whole_text(pair) -> tuple[str, str]:
+def _whole_text(pair) -> str:
     """The prompt and what the CPU engine decodes after it, detokenized as upstream's postprocessing does."""
     from transformers import AutoTokenizer
 
@@ -115,6 +115,26 @@ def test_every_engine_flow_method_is_rehearsed(pairs, method, tmp_path):
         got = stream_once(server.grpc_url, "ensemble", inputs)
     assert [str(e) for _, e in got if e is not None] == []
     assert [r.as_numpy("text_output")[0].decode("utf-8", errors="replace") for r, _ in got if r is not None] == [whole]
+
+
+def test_a_non_decoupled_rehearsal_answers_unary_requests(engines, tmp_path):
+    """`--no-decoupled`: the GPU host's tensorrt_llm answers ModelInfer calls in one response; so does its stand-in,
+    through the ensemble and the BLS."""
+    import tritonclient.grpc as grpcclient
+
+    from trtspec.triton.server import ServerOptions, TritonServer, free_port
+
+    deployed = _deploy(engines, tmp_path / "repo", "--no-decoupled")
+    assert deployed.exit_code == 0, deployed.output
+    whole = _whole_text(engines)
+    options = ServerOptions(repository=tmp_path / "repo", grpc_port=free_port(), http_port=free_port(),
+                            metrics_port=free_port(), exit_timeout_s=5)
+    with TritonServer(options, on_log=lambda line: None) as server:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        for model in ("ensemble", "tensorrt_llm_bls"):
+            reply = client.infer(model, [grpc_tensor("text_input", np.array([[PROMPT.encode()]], np.object_)),
+                                         grpc_tensor("max_tokens", np.array([[24]], np.int32))])
+            assert reply.as_numpy("text_output")[0].decode("utf-8", errors="replace") == whole, model
 
 
 def test_the_rehearsed_repository_serves_upstreams_requests_as_the_cpu_engine_decodes(engines, tmp_path):
@@ -154,7 +174,8 @@ def test_the_rehearsed_repository_serves_upstreams_requests_as_the_cpu_engine_de
 
 @pytest.mark.parametrize("args,message", [
     (["--rehearse", "{gpu}"], "--rehearse {gpu}: a CPU (onnx) engine is needed, found a trtllm engine"),
-    (["--rehearse", "{cpu}", "--no-decoupled"], "--rehearse: the CPU engine model streams (decoupled)"),
+    (["--rehearse", "{cpu}", "--rehearse-draft", "{cpu}"], "--rehearse-draft: {gpu} is a medusa engine, not a "
+                                                          "draft-target pair"),
     (["--rehearse", "{plain}"], "method 'none', but the TensorRT-LLM engine's is 'medusa'"),
     (["--rehearse", "{other}"], "its tree differs from the TensorRT-LLM engine's; build the CPU engine with --choices "
                                 "'[[0],[1],[0,0]]' (the TensorRT-LLM engine's)"),
@@ -182,3 +203,137 @@ def test_rehearse_on_the_cpu_flavour_is_refused(engines, tmp_path):
     result = CliRunner().invoke(cli, ["deploy", str(engines["cpu"]), "--out", str(tmp_path / "r"),
                                       "--rehearse", str(engines["cpu"])])
     assert result.exit_code != 0 and "--rehearse serves a TensorRT-LLM repository's tensorrt_llm model" in result.output
+
+
+@pytest.fixture(scope="module")
+def draft_target(engines):
+    """A draft-target pair as the GPU host gets it (the target planned with --draft-target --max-draft-len 4, the
+    draft a plain engine) and the two CPU engines that stand in for it: the target plain with 3 draft slots (the
+    first drafted token is checked against its prefill's own), the draft plain. `same` is the target's own
+    checkpoint as a draft, whose drafts are all accepted."""
+    root, tok = engines["root"], engines["root"] / "tokenizer"
+    target = tiny_trtllm_checkpoints(root / "dt-target", TinyModel(vocab_size=engines["vocab"]), ("none",))["none"]
+    draft = tiny_trtllm_checkpoints(root / "dt-draft", TinyModel(vocab_size=engines["vocab"], num_layers=1,
+                                                                 num_heads=2, num_kv_heads=1),
+                                    ("none",))["none"]
+    shape = ["--max-batch-size", "4", "--max-input-len", "64", "--max-seq-len", "160", "--tokenizer", str(tok)]
+    out = {"root": root}
+    for name, ckpt, args in (("target-gpu", target, ["--draft-target", "--max-draft-len", "4"]),
+                             ("draft-gpu", draft, []), ("same-gpu", target, [])):
+        result = CliRunner().invoke(cli, ["build", str(ckpt), "--backend", "trtllm", "--out", str(root / name),
+                                          "--plan-only", *args, *shape])
+        assert result.exit_code == 0, result.output
+        out[name] = root / name
+    for name, ckpt, k in (("target-cpu", target, 3), ("draft-cpu", draft, 1), ("same-cpu", target, 1)):
+        build(BuildOptions(source=ckpt, out=root / name, tokenizer=tok, max_input_len=64, max_seq_len=160,
+                           max_batch_size=4, no_spec=True, max_draft_len=k))
+        out[name] = root / name
+    return out
+
+
+def _deploy_pair(pair, out, draft="draft"):
+    return CliRunner().invoke(cli, ["deploy", str(pair["target-gpu"]), "--out", str(out), "--flavour", "trtllm",
+                                    "--draft-engine", str(pair[f"{draft}-gpu"]), "--rehearse", str(pair["target-cpu"]),
+                                    "--rehearse-draft", str(pair[f"{draft}-cpu"]), "--threads", "1"])
+
+
+def test_a_draft_target_pair_is_rehearsed_through_the_bls_loop(draft_target, tmp_path):
+    """The BLS's draft-target loop in the real server: the draft stand-in continues the sequence greedily, the
+    target stand-in verifies each draft sent as draft_input_ids and answers its accepted prefix and one token of
+    its own. The reply is the target's plain greedy text whichever draft drafts; the target's own checkpoint as the
+    draft has every draft accepted."""
+    from transformers import AutoTokenizer
+
+    from trtspec.triton.server import ServerOptions, TritonServer, free_port
+
+    local = LocalGenerator(draft_target["target-cpu"], threads=1)
+    ids = local.tokenizer.encode(PROMPT, add_special_tokens=True)
+    expected = local.generate(ids, GenerationConfig(max_tokens=24, no_spec=True)).output_ids
+    tokenizer = AutoTokenizer.from_pretrained(str(draft_target["root"] / "tokenizer"))
+    whole = tokenizer.decode(ids + expected, skip_special_tokens=True)
+    for draft in ("draft", "same"):
+        repo = tmp_path / f"repo-{draft}"
+        deployed = _deploy_pair(draft_target, repo, draft)
+        assert deployed.exit_code == 0, deployed.output
+        options = ServerOptions(repository=repo, grpc_port=free_port(), http_port=free_port(),
+                                metrics_port=free_port(), exit_timeout_s=5)
+        with TritonServer(options, on_log=lambda line: None) as server:
+            inputs = [grpc_tensor("text_input", np.array([[PROMPT.encode()]], np.object_)),
+                      grpc_tensor("max_tokens", np.array([[24]], np.int32)),
+                      grpc_tensor("num_draft_tokens", np.array([[4]], np.int32))]
+            import tritonclient.grpc as grpcclient
+
+            client = grpcclient.InferenceServerClient(server.grpc_url)
+            reply = client.infer("tensorrt_llm_bls", inputs)
+            plain = client.infer("tensorrt_llm_bls", inputs[:2])  # no num_draft_tokens: the target alone
+            if draft == "draft":
+                assert _client_side_loop(client, ids, 24, 4)[:len(ids) + len(expected)] == ids + expected
+        assert reply.as_numpy("text_output")[0].decode() == whole, draft
+        assert plain.as_numpy("text_output")[0].decode() == whole, draft
+        drafted = int(reply.as_numpy("total_draft_tokens").reshape(-1)[0])
+        accepted = int(reply.as_numpy("total_accepted_draft_tokens").reshape(-1)[0])
+        steps = int(reply.as_numpy("num_verify_steps").reshape(-1)[0])
+        assert drafted > 0 and 0 <= accepted <= drafted
+        if draft == "same":  # every verify step but the last takes all 4 drafted tokens and one of its own
+            assert steps == -(-24 // 5) and accepted == drafted, (steps, accepted, drafted)
+
+
+def _client_side_loop(client, prompt: list[int], output_len: int, k: int) -> list[int]:
+    """The loop of NVIDIA's e2e_grpc_speculative_decoding_client.py (tensorrtllm_backend v0.19.0), which calls the two
+    engine models itself: the draft's next tokens, then the target with them as draft_input_ids; every reply is the
+    whole sequence (exclude_input_in_output false); it stops at the length, or when a step changes nothing."""
+    def call(model, sequence, n, draft=None):
+        inputs = [grpc_tensor("input_ids", np.array([sequence], np.int32)),
+                  grpc_tensor("input_lengths", np.array([[len(sequence)]], np.int32)),
+                  grpc_tensor("request_output_len", np.array([[n]], np.int32)),
+                  grpc_tensor("temperature", np.array([[1.0]], np.float32))]
+        if draft is not None:
+            inputs.append(grpc_tensor("draft_input_ids", np.array([draft], np.int32)))
+        reply = client.infer(model, inputs)
+        return reply.as_numpy("output_ids")[0, 0, :int(reply.as_numpy("sequence_length")[0, 0])].tolist()
+
+    sequence = list(prompt)
+    while len(sequence) < len(prompt) + output_len:
+        n = min(k, len(prompt) + output_len - len(sequence) - 1)
+        draft = call("tensorrt_llm_draft", sequence, n)[len(sequence):] if n > 0 else None
+        new = call("tensorrt_llm", sequence, len(draft) + 1 if draft else 1, draft)
+        if new == sequence:
+            break
+        sequence = new
+    return sequence
+
+
+def test_the_target_stand_in_verifies_a_given_draft_once(draft_target):
+    """draft_input_ids through the engine service: the reply is the accepted prefix of the draft and one token of
+    the engine's own, 1 .. k + 1 tokens, each the target's greedy continuation."""
+    from trtspec.runtime.generator import LocalGenerator as Generator
+    from trtspec.triton.serving import parse_request
+
+    local = Generator(draft_target["target-cpu"], threads=1)
+    prompt = local.tokenizer.encode(PROMPT, add_special_tokens=True)
+    greedy = local.generate(prompt, GenerationConfig(max_tokens=6, no_spec=True)).output_ids
+    for draft, expected in ((greedy[:4], greedy[:5]), (greedy[:2] + [(greedy[2] + 1) % 7], greedy[:3]),
+                            ([(greedy[0] + 1) % 7] + greedy[1:4], greedy[:1])):
+        inputs = {"input_ids": np.array([prompt], np.int32), "request_output_len": np.array([[len(draft) + 1]]),
+                  "draft_input_ids": np.array([draft], np.int32)}
+        item = parse_request(inputs, local.manifest)[0]
+        got = local.generate(item.prompt_ids, item.config).output_ids
+        assert got == expected, (draft, got, expected)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--rehearse-draft", "{draft}"], "give the target's CPU engine with --rehearse too"),
+    (["--rehearse", "{target}"], "a draft-target pair needs the draft's CPU engine too (--rehearse-draft"),
+    (["--rehearse", "{draft}", "--rehearse-draft", "{draft}"],
+     "max_draft_len 1, but the target verifies 4 drafted tokens a step; build the CPU engine with --no-spec "
+     "--max-draft-len 3 or more"),
+])
+def test_a_draft_target_rehearsal_that_cannot_stand_in_is_one_line(draft_target, tmp_path, args, message):
+    paths = {"target": draft_target["target-cpu"], "draft": draft_target["draft-cpu"]}
+    result = CliRunner().invoke(cli, ["deploy", str(draft_target["target-gpu"]), "--out", str(tmp_path / "r"),
+                                      "--flavour", "trtllm", "--draft-engine", str(draft_target["draft-gpu"]),
+                                      *[a.format(**paths) for a in args]])
+    assert result.exit_code != 0
+    assert message.format(**paths) in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()

@@ -49,6 +49,9 @@ from trtspec.cli.app import DIR, EXISTING_DIR, SPIN_HELP, cli, user_errors
               help="trtllm: serve the repository's tensorrt_llm model with this CPU engine of the same checkpoint "
                    "(trtspec's engine model, the GPU model's tensors), so the GPU repository (ensemble, "
                    "preprocessing, postprocessing, BLS as the GPU host gets them) runs here with `trtspec serve`.")
+@click.option("--rehearse-draft", type=EXISTING_DIR, metavar="CPU_ENGINE",
+              help="trtllm, a rehearsed draft-target pair: the draft checkpoint's CPU engine, serving "
+                   "tensorrt_llm_draft (--rehearse serves the target).")
 @click.option("--kv-cache-free-gpu-mem-fraction", type=float, default=0.9, show_default=True,
               help="trtllm: share of free GPU memory for the KV cache (halved per model for a draft-target pair); "
                    "llmapi: kv_cache_config.free_gpu_memory_fraction.")
@@ -121,6 +124,7 @@ ENGINE_ONLY = {"instances": ("--instances", 1), "chat_template": ("--chat-templa
                "copy_engine": ("--copy-engine", False), "threads": ("--threads", None), "spin": ("--spin", None),
                "method": ("--method", None), "datastore": ("--datastore", None), "backoff": ("--no-backoff", True),
                "draft_engine_dir": ("--draft-engine", None), "rehearse": ("--rehearse", None),
+               "rehearse_draft": ("--rehearse-draft", None),
                "draft_budget": ("--draft-budget", None)}
 
 

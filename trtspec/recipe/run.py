@@ -229,6 +229,7 @@ def _run_stage(recipe: Recipe, opts: RunOptions, stage: str, root: Path, show) -
             _remove(Path(paths["draft_engine"]))
         if stage == "build" and recipe.rehearse:
             _remove(Path(paths["cpu_engine"]))
+            _remove(Path(paths["cpu_draft_engine"]))
         t0 = time.perf_counter()
         if stage == "convert" and recipe.base.tiny is not None:
             _write_tiny(recipe, Path(paths["tiny"]))
@@ -338,12 +339,52 @@ def _serve_rehearsal(recipe: Recipe, repository: Path, cpu_engine: Path, folder:
     expected = [tokenizer.decode(local.generate(local.tokenizer.encode(p, add_special_tokens=True),
                                                 GenerationConfig(max_tokens=s.max_tokens, no_spec=True)).output_ids,
                                  skip_special_tokens=True) for p in prompts]
-    rows = [{"prompt": i, "identical": reply.text == expected[i], "text": reply.text}
-            for i, reply in enumerate(_served_replies(recipe, repository, prompts, stream=False))]
+    pair = recipe.drafter.kind.value == "draft_target"
+    texts = (_draft_target_replies(repository, prompts, s.max_tokens, recipe.build.max_draft_len, s.wait_s) if pair
+             else [reply.text for reply in _served_replies(recipe, repository, prompts, stream=False)])
+    rows = [{"prompt": i, "identical": text == expected[i], "text": text} for i, text in enumerate(texts)]
     _serve_report(recipe, folder, rows, "replies of the GPU repository differ from the CPU engine's greedy decoding",
                   rehearsal=True)
-    return (f"the GPU repository served here with {cpu_engine.name} as tensorrt_llm: {len(rows)} replies through the "
-            "ensemble, all the CPU engine's greedy text")
+    through = (f"tensorrt_llm_bls's draft-target loop ({recipe.build.max_draft_len} draft tokens a step)" if pair
+               else "the ensemble")
+    return (f"the GPU repository served here with {cpu_engine.name} as tensorrt_llm: {len(rows)} replies through "
+            f"{through}, all the CPU engine's greedy text")
+
+
+def _draft_target_replies(repository: Path, prompts: list[str], max_tokens: int, num_draft: int,
+                          wait_s: float) -> list[str]:
+    """Each prompt's generated text from `tensorrt_llm_bls` with num_draft_tokens (the pair's loop, unary as the
+    BLS serves it; upstream's clients send the same tensors)."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    from trtspec.triton.client import TritonClient
+    from trtspec.triton.server import ServerOptions, TritonServer, free_port
+
+    options = ServerOptions(repository=repository, grpc_port=free_port(), http_port=free_port(),
+                            metrics_port=free_port())
+    texts = []
+    with TritonServer(options, on_log=lambda line: None) as server:
+        TritonClient(server.grpc_url, model="tensorrt_llm_bls").check_ready(wait_s=wait_s)
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        for prompt in prompts:
+            inputs = []
+            for name, value in (("text_input", np.array([[prompt.encode()]], np.object_)),
+                                ("max_tokens", np.array([[max_tokens]], np.int32)),
+                                ("num_draft_tokens", np.array([[num_draft]], np.int32)),
+                                ("exclude_input_in_output", np.array([[True]], np.bool_))):
+                tensor = grpcclient.InferInput(name, list(value.shape), _wire_type(value))
+                tensor.set_data_from_numpy(value)
+                inputs.append(tensor)
+            reply = client.infer("tensorrt_llm_bls", inputs)
+            texts.append(reply.as_numpy("text_output").reshape(-1)[0].decode("utf-8", errors="replace"))
+    return texts
+
+
+def _wire_type(array) -> str:
+    from tritonclient.utils import np_to_triton_dtype
+
+    return np_to_triton_dtype(array.dtype)
 
 
 def _serve_prompts(recipe: Recipe) -> list[str]:

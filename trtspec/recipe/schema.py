@@ -361,16 +361,14 @@ class Recipe:
 
     def rehearsal(self) -> Recipe:
         """This trtllm recipe rehearsed on this host: the TensorRT-LLM engine planned (`build --plan-only`), a CPU
-        engine of the same checkpoint and tree built beside it, the GPU repository deployed with `--rehearse` and
-        served here (its serve stage); the bench stage stays a GPU host's."""
+        engine of the same checkpoint and tree built beside it (a draft-target pair: one for the target, one for
+        the draft), the GPU repository deployed with `--rehearse` and served here (its serve stage); the bench
+        stage stays a GPU host's."""
         import dataclasses
 
         if self.build.backend != "trtllm":
             raise ConfigError(f"--rehearse runs a trtllm recipe's GPU repository here; {self.name} builds for "
                               f"{self.build.backend} (run it without --rehearse)")
-        if self.drafter.kind is Drafter.DRAFT_TARGET:
-            raise ConfigError("--rehearse: a draft-target pair needs two stand-in engines, which the rehearsal does "
-                              "not write yet")
         return dataclasses.replace(self, rehearse=True)
 
     def skipped(self, stage: str) -> str | None:
@@ -390,7 +388,8 @@ class Recipe:
         return {"root": str(root), "tiny": str(root / "tiny"), "checkpoint": str(root / "checkpoint"),
                 "engine": str(root / "engine"), "draft_checkpoint": str(root / "draft-checkpoint"),
                 "draft_engine": str(root / "draft-engine"), "repository": str(root / "triton_repo"),
-                "serve": str(root / "serve"), "bench": str(root / "bench"), "cpu_engine": str(root / "cpu-engine")}
+                "serve": str(root / "serve"), "bench": str(root / "bench"), "cpu_engine": str(root / "cpu-engine"),
+                "cpu_draft_engine": str(root / "cpu-draft-engine")}
 
     def base_path(self, workdir: str = ".") -> str:
         """The HF folder convert reads: the recipe's path, the tiny base the convert stage writes, or the shell
@@ -421,10 +420,15 @@ class Recipe:
                           *self._build_flags(draft=True)])
         build.append(["trtspec", "build", p["checkpoint"], "--out", p["engine"], *self._build_flags()])
         deploy = [["trtspec", "deploy", p["engine"], "--out", p["repository"], *self._deploy_flags()]]
-        if self.rehearse:  # the GPU engine's plan, and the CPU engine standing in for it
-            build[-1].append("--plan-only")
+        if self.rehearse:  # the GPU engines' plans, and the CPU engines standing in for them
+            for command in build:
+                command.append("--plan-only")
             build.append(["trtspec", "build", p["checkpoint"], "--out", p["cpu_engine"], *self._cpu_build_flags()])
             deploy[0] += ["--rehearse", p["cpu_engine"]]
+            if self.drafter.kind is Drafter.DRAFT_TARGET:
+                build.append(["trtspec", "build", p["draft_checkpoint"], "--out", p["cpu_draft_engine"],
+                              *self._cpu_build_flags(draft=True)])
+                deploy[0] += ["--rehearse-draft", p["cpu_draft_engine"]]
         if self.drafter.kind is Drafter.DRAFT_TARGET:
             deploy[0] += ["--draft-engine", p["draft_engine"]]
         if self.build.backend == "trtllm":
@@ -482,12 +486,18 @@ class Recipe:
         out += ["--tp-size", str(c.tp_size)] if c.tp_size != 1 else []
         return out + (["--pp-size", str(c.pp_size)] if c.pp_size != 1 else [])
 
-    def _cpu_build_flags(self) -> list[str]:
+    def _cpu_build_flags(self, draft: bool = False) -> list[str]:
         """The onnx build of the checkpoint that stands in for the TensorRT-LLM engine: the same tree and limits; a
-        lookahead engine's stand-in is plain with its K (lookahead drafts per request on the CPU)."""
+        lookahead engine's stand-in is plain with its K (lookahead drafts per request on the CPU); a draft-target
+        target's is plain with K - 1 draft slots (the first drafted token is checked against its prefill's own),
+        the draft's plain."""
         b, out = self.build, ["--max-batch-size", str(self.build.max_batch_size), "--max-input-len",
                               str(self.build.max_input_len)]
         out += ["--max-seq-len", str(b.max_seq_len)] if b.max_seq_len else []
+        if draft:
+            return out + ["--no-spec"]
+        if self.drafter.kind is Drafter.DRAFT_TARGET:
+            return out + ["--no-spec", "--max-draft-len", str(max(b.max_draft_len - 1, 1))]
         if self.drafter.kind is Drafter.LOOKAHEAD:
             from trtspec.speculative.lookahead_proposer import LookaheadConfig
 

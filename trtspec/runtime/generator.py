@@ -19,7 +19,7 @@ from trtspec.speculative.datastore import Datastore, RecentOutputs
 from trtspec.speculative.tree import DynamicTree
 from trtspec.speculative.methods import check_draft_budget, default_lookahead, make_proposer
 from trtspec.speculative.ngram_proposer import AcceptanceModel, NgramConfig
-from trtspec.speculative.proposer import Proposer
+from trtspec.speculative.proposer import GivenDraft, Proposer
 from trtspec.speculative.tree import build_tree
 
 
@@ -82,7 +82,10 @@ class LocalGenerator:
 
     def proposer(self, config: GenerationConfig = GenerationConfig()) -> Proposer:
         """A drafter for one sequence: config.method (none / ngram / suffix / lookahead / hybrid / the engine's own),
-        else this generator's method, else the manifest's; none when config.no_spec."""
+        else this generator's method, else the manifest's; none when config.no_spec; the request's own draft
+        when it brought one (config.external_draft)."""
+        if config.external_draft is not None:
+            return GivenDraft(config.external_draft)
         method = "none" if config.no_spec else config.method or self.method or self.manifest.method.value
         dynamic = DynamicTree(**self.manifest.dynamic_tree) if self.manifest.method is Method.EAGLE2 else None
         ngram, lookahead = config.ngram, config.lookahead

@@ -53,6 +53,10 @@ class GenerationConfig:
     ngram: NgramConfig | None = None  # methods ngram / suffix: their options (None: the defaults)
     lookahead: LookaheadConfig | None = None  # method lookahead: (W, N, G) (None: the engine's, or one fitting K)
     backoff: bool = True  # Medusa / EAGLE / lookahead: shrink or rest drafts that do not pay (False: the full tree)
+    # draft tokens sent with the request (TensorRT-LLM's draft_input_ids, from a draft-target pair's loop): the
+    # continuation of the prompt, verified once; the request ends with its accepted prefix and one token of the
+    # target's own (1 .. len + 1 tokens), its proposer a GivenDraft of them
+    external_draft: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -109,6 +113,9 @@ class _Decoding:
             self.root = _pick(logits[0], self.config.sampling, self.rng)
             self.result.ttft_s = time.perf_counter() - self.start
             self._emit([self.root], logits)
+            given = self.config.external_draft
+            if given is not None and self.finish is None and (not given or given[0] != self.root):
+                self.finish = "length"  # the draft's first token already rejected: nothing left to verify
             if self.finish is None:
                 request.proposer.start(engine, self.seq, prefill, prompt, self.root)
         except BaseException:
@@ -132,6 +139,8 @@ class _Decoding:
         self.result.stats.record(drafted=draft.tree.num_nodes, depth=draft.tree.depth, accepted=accepted.num_accepted,
                                  slots=verify.slots)
         self._emit(list(accepted.tokens), logits, [0, *accepted.slots])
+        if self.config.external_draft is not None:
+            self.finish = self.finish or "length"  # a given draft is verified once
         self.root = accepted.tokens[-1]
         return (verify, accepted) if self.finish is None else None
 

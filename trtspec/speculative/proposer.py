@@ -57,6 +57,24 @@ class NoDraft:
         pass
 
 
+class GivenDraft:
+    """Draft tokens that came with the request (a draft model's continuation, sent by a draft-target loop): after the
+    prefill picked `root`, the rest of the given draft is verified as one chain. The loop verifies it once
+    (GenerationConfig.external_draft) and only when the draft's first token is `root`."""
+
+    def __init__(self, draft: tuple[int, ...]):
+        self.rest = np.asarray(draft[1:], dtype=np.int64)
+
+    def start(self, engine, seq, prefill, prompt_ids, root) -> None:
+        pass
+
+    def propose(self, root: int) -> Draft:
+        return Draft(chain_tree(len(self.rest)), np.concatenate([[root], self.rest]).astype(np.int64))
+
+    def observe(self, verify, accepted) -> None:
+        pass
+
+
 def batch_engine(proposers: list) -> BatchedEngine | None:
     """The engine every proposer drafts on (their `engine`) when it is a BatchedEngine, else None: the caller then
     lets each proposer observe alone."""

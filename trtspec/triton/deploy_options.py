@@ -45,6 +45,7 @@ class DeployOptions:
     # trtllm flavour: a CPU (onnx) engine of the same checkpoint and method that serves the tensorrt_llm model under its
     # GPU tensor contract, so the GPU repository runs in this host's tritonserver (trtllm_repo.rehearsal_engine)
     rehearse: Path | None = None
+    rehearse_draft: Path | None = None  # --rehearse of a draft-target pair: the draft's CPU engine (tensorrt_llm_draft)
 
 
 def resolve_flavour(manifest: Manifest, flavour: str | None) -> str:
@@ -88,6 +89,9 @@ def check_options(manifest: Manifest, options: DeployOptions) -> int:
     if not options.backoff and manifest.backend is not Backend.ONNX and options.rehearse is None:
         raise ConfigError("--no-backoff applies to the CPU flavour only (a TensorRT-LLM engine drafts its whole tree "
                           "every step)")
+    if options.rehearse_draft is not None and options.rehearse is None:
+        raise ConfigError("--rehearse-draft stands in for the draft of a rehearsed draft-target pair: give the "
+                          "target's CPU engine with --rehearse too")
     if options.rehearse is not None and manifest.backend is not Backend.TRTLLM:
         raise ConfigError("--rehearse serves a TensorRT-LLM repository's tensorrt_llm model with a CPU engine: deploy a "
                           "trtllm engine (or its plan, `build --backend trtllm --plan-only`) with --flavour trtllm")

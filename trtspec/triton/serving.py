@@ -75,8 +75,8 @@ REFUSED_INPUTS = {
     **dict.fromkeys(("encoder_input_features", "encoder_output_lengths", "cross_attention_mask",
                      "skip_cross_attn_blocks"), "encoder-decoder models"),
     **dict.fromkeys(("mrope_rotary_cos_sin", "mrope_position_deltas"), "multimodal rotary embeddings"),
-    **dict.fromkeys(("draft_input_ids", "draft_logits", "draft_acceptance_threshold"),
-                    "drafts sent by the client (the CPU engine drafts itself; see draft_method)"),
+    **dict.fromkeys(("draft_logits", "draft_acceptance_threshold"),
+                    "draft logits (drafts sent with draft_input_ids are accepted by token match)"),
     **dict.fromkeys(("prompt_embedding_table", "prompt_table_extra_ids", "prompt_table_extra_id", "prompt_vocab_size"),
                     "prompt tuning"),
     **dict.fromkeys(("lora_task_id", "lora_weights", "lora_config"), "LoRA adapters"),
@@ -186,6 +186,7 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
                                        None if seed is None else int(seed))
         except ConfigError as e:
             raise ConfigError(f"{e}") from None
+        external = _external_draft(inputs, b, manifest)
         method = _scalar(inputs, "draft_method", b, None)
         method = method.decode(errors="replace") if isinstance(method, bytes) else method
         if method:
@@ -200,7 +201,8 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
                                                       float(_scalar(inputs, "presence_penalty", b, 0.0)),
                                                       float(_scalar(inputs, "frequency_penalty", b, 0.0))),
                                   no_spec=not _scalar(inputs, "use_speculation", b, True), method=method or None,
-                                  lookahead=_lookahead(inputs, b, manifest, method or default_method))
+                                  lookahead=_lookahead(inputs, b, manifest, method or default_method),
+                                  external_draft=external)
         items.append(ItemRequest(
             prompt, config,
             streaming=bool(_first(inputs, ("streaming", "stream"), b, False)),
@@ -208,6 +210,27 @@ def parse_request(inputs: dict[str, np.ndarray], manifest: Manifest, *, default_
             echo_ids=_echo_ids(inputs, b),
             return_perf_metrics=bool(_scalar(inputs, "return_perf_metrics", b, False))))
     return items
+
+
+def _external_draft(inputs: dict[str, np.ndarray], b: int, manifest: Manifest) -> tuple[int, ...] | None:
+    """tensorrt_llm's `draft_input_ids` ([B, k]: a draft model's next k tokens after the prompt, as a draft-target
+    loop sends them, tensorrtllm_backend tensorrt_llm_bls/1/lib/decode.py): verified once, the first against the
+    prefill's own token, the other k - 1 as one chain, so k - 1 may not exceed the engine's max_draft_len."""
+    if "draft_input_ids" not in inputs:
+        return None
+    ids = np.asarray(inputs["draft_input_ids"])
+    row = ids.reshape(ids.shape[0], -1)[b if ids.shape[0] > b else 0] if ids.ndim else ids.reshape(1)
+    draft = tuple(int(t) for t in row)
+    vocab = manifest.model.vocab_size
+    bad = next((i for i, t in enumerate(draft) if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ConfigError(f"draft_input_ids[{b}][{bad}] = {draft[bad]} is not a token id of this engine "
+                          f"(its vocabulary is 0..{vocab - 1})")
+    if len(draft) - 1 > manifest.profile.max_draft_len:
+        raise ConfigError(f"draft_input_ids[{b}] has {len(draft)} tokens; this engine verifies at most "
+                          f"{manifest.profile.max_draft_len + 1} (its max_draft_len {manifest.profile.max_draft_len} "
+                          "after its own first token)")
+    return draft
 
 
 def _logit_bias(inputs: dict[str, np.ndarray], b: int, vocab: int) -> tuple[tuple[int, float], ...]:

@@ -51,6 +51,7 @@ class Context:
     chat_template: bool
     draft: tuple[Manifest, Path] | None  # draft-target: the draft engine's manifest and absolute path
     rehearsal: Path | None = None  # --rehearse: the CPU engine that serves tensorrt_llm (absolute)
+    rehearsal_draft: Path | None = None  # --rehearse-draft: the CPU engine that serves tensorrt_llm_draft (absolute)
     threads: int | None = None  # --rehearse: the CPU engine's ONNX Runtime threads
     spin: bool | None = None
     backoff: bool = True  # --rehearse: the CPU engine's drafts shrink or rest while they do not pay
@@ -67,6 +68,8 @@ def write_trtllm_repository(manifest: Manifest, options: DeployOptions, staging:
                "tensorrt_llm_bls": MODELS_DIR / "bls.py"}
     if ctx.rehearsal is not None:  # the CPU flavour's engine model, under the GPU model's name and tensors
         sources["tensorrt_llm"] = CPU_ENGINE_MODEL
+    if ctx.rehearsal_draft is not None:
+        sources["tensorrt_llm_draft"] = CPU_ENGINE_MODEL
     for config in configs:
         version_dir = staging / config.name / "1"
         version_dir.mkdir(parents=True)
@@ -104,8 +107,9 @@ def _context(manifest: Manifest, options: DeployOptions, batch: int) -> Context:
                     "tensorrt_llm_draft and tensorrt_llm_bls")
         decoupled = False
     engine_dir = Path(options.engine_dir).resolve()
-    rehearsal = rehearsal_engine(manifest, options, decoupled=decoupled, draft=draft is not None)
+    rehearsal = rehearsal_engine(manifest, options, draft=draft)
     return Context(manifest=manifest, version=version, batch=batch, decoupled=decoupled, rehearsal=rehearsal,
+                   rehearsal_draft=Path(options.rehearse_draft).resolve() if rehearsal and draft else None,
                    threads=options.threads, spin=options.spin, backoff=options.backoff,
                    engine_dir=engine_dir, tokenizer_dir=engine_dir / manifest.tokenizer,
                    logits_type=tt.LOGITS_TYPES.get(manifest.model.logits_dtype, "TYPE_FP32"),
@@ -114,40 +118,66 @@ def _context(manifest: Manifest, options: DeployOptions, batch: int) -> Context:
                    queue_delay=options.max_queue_delay_microseconds, chat_template=options.chat_template, draft=draft)
 
 
-def rehearsal_engine(manifest: Manifest, options: DeployOptions, *, decoupled: bool, draft: bool) -> Path | None:
+def rehearsal_engine(manifest: Manifest, options: DeployOptions, *,
+                     draft: tuple[Manifest, Path] | None) -> Path | None:
     """--rehearse CPU_ENGINE: the onnx engine of the same checkpoint that serves the repository's tensorrt_llm model
     here (trtspec's CPU engine model, which speaks tensorrt_llm's tensors), checked against the TensorRT-LLM engine
     it stands in for: the same method, tree, vocabulary and tokenizer-given end id. A lookahead engine's stand-in is
-    a plain CPU engine with as many draft slots (lookahead is a request-level method on the CPU)."""
+    a plain CPU engine with as many draft slots (lookahead is a request-level method on the CPU). A draft-target
+    pair needs two: --rehearse for the target (plain, verifying the BLS loop's drafts sent as draft_input_ids) and
+    --rehearse-draft for the draft (plain). A stand-in deployed non-decoupled (`--no-decoupled`, and always both of
+    a draft-target pair, as the BLS calls them) answers each request in one response."""
     if options.rehearse is None:
         return None
     path = Path(options.rehearse)
-    cpu = read_manifest(path)
+    cpu = _rehearsal_manifest(path)
     where = path / "manifest.json"
-    if cpu.backend is not Backend.ONNX:
-        raise RepositoryError(f"--rehearse {path}: a CPU (onnx) engine is needed, found a {cpu.backend.value} engine; "
-                              "build the same checkpoint with `trtspec build CKPT --out DIR`")
-    if draft:
-        raise RepositoryError("--rehearse: a draft-target pair needs two stand-in engines, which the rehearsal does "
-                              "not write yet; rehearse the target alone with a plain deployment")
-    if not decoupled:
-        raise RepositoryError("--rehearse: the CPU engine model streams (decoupled); deploy without --no-decoupled")
+    if draft is not None:
+        if options.rehearse_draft is None:
+            raise RepositoryError("--rehearse: a draft-target pair needs the draft's CPU engine too "
+                                  "(--rehearse-draft CPU_ENGINE, the draft checkpoint built with `trtspec build`)")
+        _check_stand_in(_rehearsal_manifest(Path(options.rehearse_draft)), draft[0],
+                        Path(options.rehearse_draft) / "manifest.json")
+        # the first draft token is checked against the prefill's own, the other max_draft_len - 1 in one verify
+        needed = max(manifest.profile.max_draft_len - 1, 0)
+        if cpu.profile.max_draft_len < needed:
+            raise RepositoryError(f"{where}: max_draft_len {cpu.profile.max_draft_len}, but the target verifies "
+                                  f"{manifest.profile.max_draft_len} drafted tokens a step; build the CPU engine "
+                                  f"with --no-spec --max-draft-len {needed} or more")
+        _check_stand_in(cpu, manifest, where, method="none")
+        return path.resolve()
+    if options.rehearse_draft is not None:
+        raise RepositoryError(f"--rehearse-draft: {options.engine_dir} is a {manifest.method.value} engine, not a "
+                              "draft-target pair")
     lookahead = manifest.method is Method.LOOKAHEAD
     if lookahead and cpu.profile.max_draft_len < manifest.profile.max_draft_len:
         raise RepositoryError(f"{where}: max_draft_len {cpu.profile.max_draft_len}, but the lookahead engine drafts "
                               f"{manifest.profile.max_draft_len} a step; build the CPU engine with --max-draft-len "
                               f"{manifest.profile.max_draft_len}")
-    for what, gpu_value, cpu_value in (("method", "none" if lookahead else manifest.method.value, cpu.method.value),
-                                       ("vocab_size", manifest.model.vocab_size, cpu.model.vocab_size),
-                                       ("end_id", manifest.model.end_id, cpu.model.end_id)):
-        if gpu_value != cpu_value:
-            raise RepositoryError(f"{where}: {what} {cpu_value!r}, but the TensorRT-LLM engine's is {gpu_value!r}; "
-                                  "rehearse with the CPU engine of the same checkpoint and drafter")
+    _check_stand_in(cpu, manifest, where, method="none" if lookahead else manifest.method.value)
     if manifest.tree and cpu.tree and tuple(map(tuple, manifest.tree)) != tuple(map(tuple, cpu.tree)):
         gpu_tree = json.dumps([list(c) for c in manifest.tree], separators=(",", ":"))
         raise RepositoryError(f"{where}: its tree differs from the TensorRT-LLM engine's; build the CPU engine with "
                               f"--choices '{gpu_tree}' (the TensorRT-LLM engine's)")
     return path.resolve()
+
+
+def _rehearsal_manifest(path: Path) -> Manifest:
+    cpu = read_manifest(path)
+    if cpu.backend is not Backend.ONNX:
+        raise RepositoryError(f"--rehearse {path}: a CPU (onnx) engine is needed, found a {cpu.backend.value} engine; "
+                              "build the same checkpoint with `trtspec build CKPT --out DIR`")
+    return cpu
+
+
+def _check_stand_in(cpu: Manifest, gpu: Manifest, where: Path, method: str = "none") -> None:
+    """The CPU engine decodes what the TensorRT-LLM engine would: the same method, vocabulary and end id."""
+    for what, gpu_value, cpu_value in (("method", method, cpu.method.value),
+                                       ("vocab_size", gpu.model.vocab_size, cpu.model.vocab_size),
+                                       ("end_id", gpu.model.end_id, cpu.model.end_id)):
+        if gpu_value != cpu_value:
+            raise RepositoryError(f"{where}: {what} {cpu_value!r}, but the TensorRT-LLM engine's is {gpu_value!r}; "
+                                  "rehearse with the CPU engine of the same checkpoint and drafter")
 
 
 def _check_method_support(manifest: Manifest, version: TrtllmVersion, where: Path) -> None:
@@ -233,15 +263,17 @@ def tensorrt_llm(ctx: Context, *, draft: bool = False) -> TritonModelConfig:
     params.update(_speculative_parameters(manifest, ctx.version))
     if ctx.draft is not None:  # both models of the pair resend the whole sequence each step (tensorrtllm_backend docs/medusa.md, docs/eagle.md, docs/lookahead.md)
         params["enable_kv_cache_reuse"] = "true"
-    if ctx.rehearsal is not None and not draft:
+    stand_in = ctx.rehearsal_draft if draft else ctx.rehearsal
+    if stand_in is not None:
         # the same inputs, outputs and parameters, run by trtspec's CPU engine model (Python backend) over the CPU
         # engine: what the GPU host's tensorrtllm backend reads stays in the file, unread here
-        params.update({"engine_dir": str(ctx.rehearsal), "threads": str(ctx.threads or 0),
+        params.update({"engine_dir": str(stand_in), "threads": str(ctx.threads or 0),
                        "exclude_input_in_output": "false",
                        "spin": {None: "auto", True: "true", False: "false"}[ctx.spin],
                        "method": "lookahead" if manifest.method is Method.LOOKAHEAD else "auto",
                        "datastore": "", "backoff": _bool(ctx.backoff)})
-        return TritonModelConfig(name="tensorrt_llm", backend="python", max_batch_size=batch, decoupled=True,
+        return TritonModelConfig(name="tensorrt_llm_draft" if draft else "tensorrt_llm", backend="python",
+                                 max_batch_size=batch, decoupled=ctx.decoupled,
                                  dynamic_batching={}, inputs=tt.llm_inputs(ctx.version, ctx.logits_type),
                                  outputs=tt.llm_outputs(ctx.version, ctx.logits_type), instance_count=1,
                                  parameters=params)

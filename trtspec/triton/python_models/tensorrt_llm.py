@@ -220,8 +220,9 @@ class TritonPythonModel:
             return
         key, ids = self._ids(request)
         in_band = bool_input(inputs, "errors_in_band")  # set by preprocessing: the request comes through the ensemble
-        # set by the unary forwarder (`deploy --no-decoupled`): one response with every prompt's whole output
-        unary = bool_input(inputs, "one_response")
+        # one response with every prompt's whole output: set by the unary forwarder (`deploy --no-decoupled`), or
+        # this model deployed non-decoupled (a rehearsed draft-target pair, which the BLS calls unary)
+        unary = not self.decoupled or bool_input(inputs, "one_response")
         if self._draining():
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(REFUSED_MESSAGE)), flags=FINAL)
             return
