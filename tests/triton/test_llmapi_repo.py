@@ -169,14 +169,14 @@ def test_options_reach_model_yaml(folders, tmp_path):
     repo = deploy(folders, tmp_path, "eagle3", max_draft_len=5, dynamic_tree_top_k=4, max_total_draft_tokens=20,
                   max_concurrency=8, max_batch_size=16, max_num_tokens=4096, kv_cache_free_gpu_mem_fraction=0.5,
                   kv_cache_reuse=False, decoupled=False, model_path="/models/base", draft_path="/models/eagle3",
-                  speculative_options=("eagle3_model_arch=llama3", "draft_len_schedule={4: 3}"))
+                  speculative_options=("eagle3_model_arch=llama3", "draft_len_schedule={4: 3, 1: 5}"))
     doc = model_yaml(repo)
     assert doc["model"] == "/models/base" and doc["triton_config"]["decoupled"] is False
     assert doc["kv_cache_config"] == {"free_gpu_memory_fraction": 0.5, "enable_block_reuse": False}
     assert doc["speculative_config"] == {
         "decoding_type": "Eagle3", "max_draft_len": 5, "speculative_model": "/models/eagle3", "use_dynamic_tree": True,
         "dynamic_tree_max_topK": 4, "max_total_draft_tokens": 20, "max_concurrency": 8,
-        "eagle3_model_arch": "llama3", "draft_len_schedule": {4: 3}}
+        "eagle3_model_arch": "llama3", "draft_len_schedule": {1: 5, 4: 3}}
 
 
 # ---- refused fields and options ------------------------------------------------------------------------------
@@ -208,6 +208,15 @@ def test_eagle_choices_is_written_for_13(folders, tmp_path):
     ({"kv_cache_free_gpu_mem_fraction": 1.5}, r"\(0, 1\]"),
     ({"drafter": "ngram", "speculative_options": ("nokey",)}, "KEY=VALUE"),
     ({"drafter": "ngram", "speculative_options": ("max_draft_len=4",)}, "writes it from its own option"),
+    ({"draft_len_schedule": ((1, 3),)}, "need a drafter"),
+    ({"drafter": "ngram", "draft_len_schedule": ((4, 2),)}, r"needs an entry for batch size 1 equal to "
+                                                              r"max_draft_len \(3\); add 1:3"),
+    ({"drafter": "ngram", "max_draft_len": 4, "draft_len_schedule": ((1, 3),)},
+     r"batch size 1 drafts 3, but TensorRT-LLM needs it equal to max_draft_len \(4\)"),
+    ({"drafter": "ngram", "max_draft_len": 4, "draft_len_schedule": ((1, 4), (2, 5))},
+     r"draft length 5 \(batch size 2\) must be in 0..4"),
+    ({"drafter": "ngram", "speculative_options": ("draft_len_schedule={4: 2}",)}, "needs an entry for batch size 1"),
+    ({"drafter": "ngram", "speculative_options": ("draft_len_schedule=[1, 2]",)}, "must map batch sizes"),
 ])
 def test_bad_options_are_one_line(folders, tmp_path, kwargs, match):
     with pytest.raises(ConfigError, match=match) as e:
@@ -293,6 +302,32 @@ def test_cli_errors_are_one_line(folders, tmp_path, args, match):
     assert "Traceback" not in result.output
     assert re.search(match, result.output), result.output
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+
+
+def test_a_draft_len_schedule_reaches_model_yaml_sorted_and_doctor_checks_it(folders, tmp_path):
+    """`--draft-len-schedule` as upstream's validator takes it (batch size 1 at max_draft_len, sorted); a schedule
+    edited into model.yaml against those rules is doctor's error."""
+    import yaml
+
+    from trtspec.triton.doctor import doctor
+
+    result = run("--flavour", "llmapi", "--hf", folders["base"], "--ngram", "--max-draft-len", "4",
+                 "--draft-len-schedule", "8:0,1:4,4:2", "--out", tmp_path / "repo")
+    assert result.exit_code == 0, result.output
+    spec = model_yaml(tmp_path / "repo")["speculative_config"]
+    assert list(spec["draft_len_schedule"].items()) == [(1, 4), (4, 2), (8, 0)]
+    assert not [f for f in doctor(tmp_path / "repo") if f.severity == "error"]
+    path = tmp_path / "repo" / "tensorrt_llm" / "1" / "model.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["speculative_config"]["draft_len_schedule"] = {2: 2}
+    path.write_text(yaml.safe_dump(doc))
+    errors = [f for f in doctor(tmp_path / "repo") if f.severity == "error"]
+    assert [f.field for f in errors] == ["speculative_config.draft_len_schedule"]
+    assert "needs an entry for batch size 1" in errors[0].message and "fails to load" in errors[0].message
+    bad = run("--flavour", "llmapi", "--hf", folders["base"], "--ngram", "--draft-len-schedule", "1:3,two",
+              "--out", tmp_path / "r2")
+    assert bad.exit_code != 0 and bad.output.strip() == ("error: --draft-len-schedule '1:3,two': write BATCH:DRAFT_LEN "
+                                                         "pairs, e.g. 1:4,4:2,8:0 ('two' is not one)")
 
 
 def test_engine_with_llmapi_is_refused(folders, tmp_path):

@@ -83,3 +83,59 @@ def test_advise_command_on_a_tiny_engine(tmp_path_factory):
     assert text.exit_code == 0 and ("GO:" in text.stdout or "NO-GO:" in text.stdout), text.output
     assert "speedup per method at concurrency 1: " in text.stdout and "; at 1:" not in text.stdout  # said once
     assert "; at 1: " in "\n".join(format_advice(advice))  # at C = 2 both
+
+
+# ---- advise --schedule ----------------------------------------------------------------------------------------
+
+def _schedule(speedups, levels=None):
+    from pathlib import Path
+
+    from trtspec.tune.draft_schedule import ScheduleOptions, schedule_from
+
+    return schedule_from(speedups, ScheduleOptions(engine=Path("e")), 8)
+
+
+def test_the_schedule_takes_each_levels_best_length_under_upstreams_rules():
+    """Each level drafts its fastest length, 0 where none beats plain by GO_MARGIN; batch size 1's length is
+    max_draft_len and caps the rest; repeated lengths are one entry (a batch drafts the largest threshold <= its
+    size); max_concurrency is the last level before speculation stops."""
+    result = _schedule({1: {8: 1.40, 4: 1.30, 2: 1.10, 1: 1.05}, 2: {8: 1.20, 4: 1.25, 2: 1.10, 1: 1.02},
+                        4: {8: 1.0, 4: 1.12, 2: 1.15, 1: 1.01}, 8: {8: 0.8, 4: 0.9, 2: 1.01, 1: 1.02}})
+    assert result["verdict"] == "go"
+    assert result["draft_len_schedule"] == {1: 8, 2: 4, 4: 2, 8: 0} and result["max_concurrency"] == 4
+    assert result["deploy_flags"] == ["--ngram", "--max-draft-len", "8", "--draft-len-schedule", "1:8,2:4,4:2,8:0"]
+    from trtspec.triton.deploy_options import check_draft_len_schedule, parse_draft_len_schedule
+
+    check_draft_len_schedule(parse_draft_len_schedule(result["deploy_flags"][-1]), 8)  # what deploy accepts
+    same = _schedule({1: {8: 1.1, 4: 1.3}, 2: {8: 1.1, 4: 1.3}, 4: {8: 1.2, 4: 1.25}})
+    assert same["draft_len_schedule"] == {1: 4} and same["max_concurrency"] is None  # capped at batch size 1's
+    assert _schedule({1: {8: 1.01, 4: 1.0}, 2: {8: 1.3, 4: 1.0}})["verdict"] == "no-go"
+    noisy = _schedule({1: {8: 1.3, 4: 1.2}, 2: {8: 1.0, 4: 1.0}, 4: {8: 1.1, 4: 1.0}})  # never back on
+    assert noisy["draft_len_schedule"] == {1: 8, 2: 0} and noisy["max_concurrency"] == 1
+
+
+def test_advise_schedule_on_a_tiny_engine(tmp_path_factory):
+    from trtspec.engine.onnx_builder import BuildOptions, build
+    from trtspec.testing import TinyModel, tiny_trtllm_checkpoints, write_tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("schedule")
+    vocab = write_tiny_tokenizer(root / "tokenizer")
+    ckpt = tiny_trtllm_checkpoints(root, TinyModel(vocab_size=vocab), ("none",))["none"]
+    build(BuildOptions(source=ckpt, out=root / "engine", max_input_len=96, max_seq_len=160, max_batch_size=2,
+                       tokenizer=root / "tokenizer", no_spec=True, max_draft_len=4))
+    prompts = root / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in ("abc abc abc abc", "Hello world")))
+    args = ["advise", str(root / "engine"), "--schedule", "--prompt-set", str(prompts), "--max-tokens", "12",
+            "--threads", "1", "--no-progress"]
+    result = CliRunner().invoke(cli, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    found = json.loads(result.stdout)
+    assert found["levels"] == [1, 2] and set(found["speedups"]["2"]) == {"4", "2", "1"}
+    assert found["verdict"] in ("go", "no-go") and "re-measure on the GPU host" in found["measured_on"]
+    text = CliRunner().invoke(cli, args)
+    assert text.exit_code == 0 and "measured on this machine's CPU engine" in text.stdout, text.output
+    for extra, message in ((["--method", "medusa"], "--schedule measures draft lengths through the draft budget"),
+                           (["--levels", "1,4"], "--levels 4 exceeds the engine's max_batch_size 2"),
+                           (["--concurrency", "2"], "drop --concurrency")):
+        refused = CliRunner().invoke(cli, [*args, *extra])
+        assert refused.exit_code != 0 and message in refused.output, refused.output

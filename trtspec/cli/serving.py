@@ -69,6 +69,9 @@ from trtspec.cli.app import DIR, EXISTING_DIR, SPIN_HELP, cli, user_errors
 @click.option("--dynamic-tree", "dynamic_tree_top_k", type=int, metavar="TOP_K",
               help="llmapi, --eagle3 / --mtp: a dynamic draft tree expanding TOP_K tokens per node.")
 @click.option("--max-concurrency", type=int, help="llmapi: no speculation above this many requests in flight.")
+@click.option("--draft-len-schedule", metavar="BATCH:LEN,...",
+              help="llmapi: draft length by batch size, e.g. 1:4,4:2,8:0 (a batch of n drafts the length of the "
+                   "largest BATCH <= n; 1 must give --max-draft-len); `trtspec advise --schedule` measures one.")
 @click.option("--max-matching-ngram-size", type=int, help="llmapi, --ngram: longest n-gram matched (default 3).")
 @click.option("--speculative-option", "speculative_options", multiple=True, metavar="KEY=VALUE",
               help="llmapi: another speculative_config field (VALUE as YAML); a field the version lacks is refused.")
@@ -115,7 +118,8 @@ def deploy(engine: Path | None, out: Path, **flags) -> None:
 LLMAPI_FLAGS = {"hf_dir": "--hf", "trtllm_version": "--trtllm-version", "eagle3_dir": "--eagle3", "mtp": "--mtp",
                 "ngram": "--ngram", "draft_model_dir": "--draft-model", "max_draft_len": "--max-draft-len",
                 "max_total_draft_tokens": "--max-total-draft-tokens", "dynamic_tree_top_k": "--dynamic-tree",
-                "max_concurrency": "--max-concurrency", "max_matching_ngram_size": "--max-matching-ngram-size",
+                "max_concurrency": "--max-concurrency", "draft_len_schedule": "--draft-len-schedule",
+                "max_matching_ngram_size": "--max-matching-ngram-size",
                 "speculative_options": "--speculative-option", "max_num_tokens": "--max-num-tokens",
                 "kv_cache_reuse": "--kv-cache-reuse", "model_path": "--model-path", "draft_path": "--draft-path"}
 LLMAPI_DEFAULTS = {"mtp": False, "ngram": False, "speculative_options": (), "max_num_tokens": 8192,
@@ -147,6 +151,10 @@ def _deploy_llmapi(engine: Path | None, out: Path, flags: dict, llmapi: dict) ->
     eagle3_dir, draft_model_dir = llmapi.pop("eagle3_dir"), llmapi.pop("draft_model_dir")
     draft_dir = eagle3_dir or draft_model_dir
     del llmapi["mtp"], llmapi["ngram"]
+    if llmapi["draft_len_schedule"] is not None:
+        from trtspec.triton import parse_draft_len_schedule
+
+        llmapi["draft_len_schedule"] = parse_draft_len_schedule(llmapi["draft_len_schedule"])
     batch = flags["max_batch_size"]
     return deploy_llmapi(LlmapiOptions(
         out=out, drafter=drafters[0] if drafters else None, draft_dir=draft_dir, decoupled=flags["decoupled"],

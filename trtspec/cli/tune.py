@@ -75,14 +75,37 @@ def tune(engine: Path, write_recipe: Path | None, template: Path | None, as_json
 @click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens per prompt.")
 @click.option("--threads", type=int, default=2, show_default=True, help="ONNX Runtime intra-op threads.")
 @click.option("--spin/--no-spin", default=None, help=SPIN_HELP)
+@click.option("--schedule", is_flag=True,
+              help="Instead: the draft length worth drafting at each batch size (ngram, or the one --method, at "
+                   "K, K/2, ... 1 against plain decoding per --levels), as the LLM API's draft_len_schedule for "
+                   "`deploy --flavour llmapi`; measured on this CPU engine, a starting point for the GPU host.")
+@click.option("--levels", callback=_csv(int), metavar="1,2,4", help="--schedule: the concurrency levels (default: "
+                                                                   "1, 2, 4, ... up to the engine's max_batch_size).")
 @click.option("--json", "as_json", is_flag=True, help="Print the advice as JSON (with the bench report behind it).")
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
 @user_errors
-def advise(engine: Path, methods, as_json: bool, no_progress: bool, **flags) -> None:
+def advise(engine: Path, methods, as_json: bool, no_progress: bool, schedule: bool, levels, **flags) -> None:
     """Go / no-go for speculation on this engine and traffic, with the measured reasons (acceptance, output
-    length, temperature, concurrency on the batch verify curve, drafting overhead, TTFT) and the method to use."""
+    length, temperature, concurrency on the batch verify curve, drafting overhead, TTFT) and the method to use;
+    with --schedule, the draft length per batch size for the LLM API flavour."""
+    from trtspec.errors import ConfigError
     from trtspec.tune import AdviseOptions, format_advice, run_advise
 
+    if schedule:
+        from trtspec.tune import ScheduleOptions, format_schedule, measure_schedule
+
+        if len(methods or ()) > 1:
+            raise ConfigError("--schedule measures one drafter: pass one --method (ngram or suffix)")
+        if flags.pop("concurrency") != 1:
+            raise ConfigError("--schedule measures every level of --levels; drop --concurrency")
+        result = measure_schedule(ScheduleOptions(engine=engine, levels=tuple(levels or ()),
+                                                  show_progress=not no_progress,
+                                                  **({"method": methods[0]} if methods else {}), **flags),
+                                  show=lambda line: click.echo(line, err=True))
+        click.echo(json.dumps(result, indent=1) if as_json else "\n".join(format_schedule(result)))
+        return
+    if levels:
+        raise ConfigError("--levels applies to --schedule")
     advice = run_advise(AdviseOptions(engine=engine, methods=methods or (), show_progress=not no_progress, **flags),
                         show=lambda line: click.echo(line, err=True))
     click.echo(json.dumps(advice, indent=1) if as_json else "\n".join(format_advice(advice)))

@@ -126,6 +126,7 @@ class DeploySection:
     trtllm_version: str | None = None  # the version whose LLM-API keys model.yaml holds (default: the newest held)
     max_draft_len: int | None = None  # K (mtp: num_nextn_predict_layers)
     max_num_tokens: int | None = None
+    draft_len_schedule: dict | None = None  # {batch size: draft length}, e.g. {1: 4, 4: 2, 8: 0} (`advise --schedule`)
     speculative_options: list[str] = field(default_factory=list)  # further speculative_config KEY=VALUE
 
     def __post_init__(self):
@@ -150,8 +151,15 @@ class DeploySection:
                 isinstance(o, str) for o in self.speculative_options):
             raise ConfigError(f"recipe deploy.speculative_options must be a list of KEY=VALUE strings, got "
                               f"{self.speculative_options!r}")
-        if self.drafter is None and (self.max_draft_len is not None or self.speculative_options):
-            raise ConfigError("recipe deploy.max_draft_len / speculative_options need a deploy.drafter")
+        if self.drafter is None and (self.max_draft_len is not None or self.speculative_options
+                                     or self.draft_len_schedule is not None):
+            raise ConfigError("recipe deploy.max_draft_len / draft_len_schedule / speculative_options need a "
+                              "deploy.drafter")
+        if self.draft_len_schedule is not None and (
+                not isinstance(self.draft_len_schedule, dict) or not all(
+                    isinstance(k, int) and isinstance(v, int) for k, v in self.draft_len_schedule.items())):
+            raise ConfigError(f"recipe deploy.draft_len_schedule must map batch sizes to draft lengths, e.g. "
+                              f"{{1: 4, 4: 2, 8: 0}}, got {self.draft_len_schedule!r}")
         if self.trtllm_version is not None:
             parse_llmapi_version(str(self.trtllm_version))
         for key, default in ENGINE_DEPLOY.items():
@@ -159,7 +167,8 @@ class DeploySection:
                 raise ConfigError(f"recipe deploy.{key} applies to the engine flavours (cpu, trtllm), not llmapi")
 
 
-LLMAPI_DEPLOY = ("drafter", "draft_path", "trtllm_version", "max_draft_len", "max_num_tokens", "speculative_options")
+LLMAPI_DEPLOY = ("drafter", "draft_path", "trtllm_version", "max_draft_len", "max_num_tokens", "draft_len_schedule",
+                 "speculative_options")
 ENGINE_DEPLOY = {"instances": 1, "method": None, "datastore": None, "draft_budget": None, "threads": None, "spin": None,
                  "chat_template": False, "copy_engine": False}
 
@@ -462,6 +471,8 @@ class Recipe:
                "draft_target": ["--draft-model", d.draft_path]}.get(d.drafter, [])
         out += ["--trtllm-version", str(d.trtllm_version)] if d.trtllm_version is not None else []
         out += ["--max-draft-len", str(d.max_draft_len)] if d.max_draft_len else []
+        if d.draft_len_schedule is not None:
+            out += ["--draft-len-schedule", ",".join(f"{k}:{v}" for k, v in sorted(d.draft_len_schedule.items()))]
         for option in d.speculative_options:
             out += ["--speculative-option", option]
         out += ["--max-batch-size", str(d.max_batch_size)] if d.max_batch_size else []

@@ -156,6 +156,8 @@ class LlmapiOptions:
     max_total_draft_tokens: int | None = None
     dynamic_tree_top_k: int | None = None  # use_dynamic_tree with dynamic_tree_max_topK
     max_concurrency: int | None = None  # speculation off above this many requests
+    # draft length by batch size: ((threshold, draft_len), ...), sorted (parse_draft_len_schedule)
+    draft_len_schedule: tuple[tuple[int, int], ...] | None = None
     max_matching_ngram_size: int | None = None  # ngram
     speculative_options: tuple[str, ...] = ()  # further speculative_config KEY=VALUE (YAML values)
     max_batch_size: int = 64  # LLM max_batch_size (Triton's stays 0: the LLM batches in flight)
@@ -176,9 +178,10 @@ def check_llmapi_options(options: LlmapiOptions) -> None:
         raise ConfigError(f"{'--eagle3' if drafter == 'eagle3' else '--draft-model'} needs the draft's folder")
     if not needs_dir and options.draft_dir is not None:
         raise ConfigError("a draft folder applies to --eagle3 or --draft-model only")
-    if drafter is None and (options.max_draft_len is not None or options.speculative_options):
-        raise ConfigError("--max-draft-len / --speculative-option need a drafter: --eagle3 DIR, --mtp, --ngram or "
-                          "--draft-model DIR")
+    if drafter is None and (options.max_draft_len is not None or options.speculative_options
+                            or options.draft_len_schedule is not None or options.max_concurrency is not None):
+        raise ConfigError("--max-draft-len / --draft-len-schedule / --max-concurrency / --speculative-option need a "
+                          "drafter: --eagle3 DIR, --mtp, --ngram or --draft-model DIR")
     for flag, value, low in (("--max-draft-len", options.max_draft_len, 1),
                              ("--max-total-draft-tokens", options.max_total_draft_tokens, 1),
                              ("--dynamic-tree", options.dynamic_tree_top_k, 1),
@@ -201,6 +204,42 @@ def check_llmapi_options(options: LlmapiOptions) -> None:
     if options.max_matching_ngram_size is not None and drafter != "ngram":
         raise ConfigError("--max-matching-ngram-size applies to --ngram")
     parse_speculative_options(options.speculative_options)
+
+
+def parse_draft_len_schedule(text: str) -> tuple[tuple[int, int], ...]:
+    """`--draft-len-schedule 1:4,4:2,8:0` → ((1, 4), (4, 2), (8, 0)), sorted by batch size; one line naming a
+    malformed item. What each pair means and which schedules TensorRT-LLM takes: check_draft_len_schedule."""
+    pairs = {}
+    for item in text.split(","):
+        size, sep, length = item.strip().partition(":")
+        try:
+            pairs[int(size)] = int(length)
+        except ValueError:
+            raise ConfigError(f"--draft-len-schedule {text!r}: write BATCH:DRAFT_LEN pairs, e.g. 1:4,4:2,8:0 "
+                              f"({item.strip()!r} is not one)") from None
+        if not sep:
+            raise ConfigError(f"--draft-len-schedule {text!r}: write BATCH:DRAFT_LEN pairs, e.g. 1:4,4:2,8:0")
+    return tuple(sorted(pairs.items()))
+
+
+def check_draft_len_schedule(schedule, max_draft_len: int, what: str = "--draft-len-schedule") -> None:
+    """TensorRT-LLM's rules for `speculative_config.draft_len_schedule` (tensorrt_llm/llmapi/llm_args.py,
+    DecodingBaseConfig.validate_draft_len_schedule_and_sort): thresholds >= 1, draft lengths >= 0 and <= max_draft_len,
+    and an entry for batch size 1 equal to max_draft_len. At run time a batch of n requests drafts the length of the
+    largest threshold <= n (tensorrt_llm/_torch/speculative/drafter.py, get_draft_len_for_batch_size); 0 turns
+    speculation off."""
+    schedule = dict(schedule)
+    for size, length in schedule.items():
+        if size < 1:
+            raise ConfigError(f"{what}: batch size {size} must be >= 1")
+        if not 0 <= length <= max_draft_len:
+            raise ConfigError(f"{what}: draft length {length} (batch size {size}) must be in 0..{max_draft_len} "
+                              "(max_draft_len)")
+    if schedule.get(1) != max_draft_len:
+        raise ConfigError(f"{what}: TensorRT-LLM needs an entry for batch size 1 equal to max_draft_len "
+                          f"({max_draft_len}); add 1:{max_draft_len}" if 1 not in schedule else
+                          f"{what}: batch size 1 drafts {schedule[1]}, but TensorRT-LLM needs it equal to "
+                          f"max_draft_len ({max_draft_len}); set --max-draft-len {schedule[1]} or 1:{max_draft_len}")
 
 
 def parse_speculative_options(items: tuple[str, ...]) -> dict:

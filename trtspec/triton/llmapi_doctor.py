@@ -16,6 +16,7 @@ from pathlib import Path
 
 from trtspec.errors import ConfigError
 from trtspec.triton.doctor import Checked, Finding
+from trtspec.triton.deploy_options import check_draft_len_schedule
 from trtspec.triton.llmapi_check import check_drafter, eagle3_capture, mtp_layers
 from trtspec.triton.llmapi_versions import DEFAULT, KV_CACHE, TOP_LEVEL, TRITON_CONFIG, VERSIONS, LlmapiVersion, \
     parse_llmapi_version
@@ -138,10 +139,31 @@ def _check_keys(name: str, doc: dict, version: LlmapiVersion, ok) -> list[Findin
                     out.append(Finding("error", name, f"speculative_config.{key}",
                                        f"{version.name} has no {decoding} field {key!r}{hint}; the model fails to "
                                        "load"))
+        out += _check_schedule(name, spec)
     if not out:
         ok("keys", f"every key one {version.name} takes"
                    + (f" ({spec['decoding_type']}: {len(spec)} speculative_config fields)" if spec else ""))
     return out
+
+
+def _check_schedule(name: str, spec: dict) -> list[Finding]:
+    """draft_len_schedule as TensorRT-LLM validates it (check_draft_len_schedule): a schedule it refuses fails the
+    model's load."""
+    schedule = spec.get("draft_len_schedule")
+    if schedule is None:
+        return []
+    field = "speculative_config.draft_len_schedule"
+    if not isinstance(schedule, dict) or not all(isinstance(k, int) and isinstance(v, int)
+                                                 for k, v in schedule.items()):
+        return [Finding("error", name, field, f"must map batch sizes to draft lengths, found {schedule!r}")]
+    k = spec.get("max_draft_len", spec.get("num_nextn_predict_layers"))
+    if not isinstance(k, int):
+        return []
+    try:
+        check_draft_len_schedule(schedule, k, what="draft_len_schedule")
+    except ConfigError as e:
+        return [Finding("error", name, field, f"{e}; the model fails to load")]
+    return []
 
 
 def _check_folder(name: str, field: str, value, ok, out: list[Finding]) -> Path | None:

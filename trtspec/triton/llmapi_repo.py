@@ -22,7 +22,7 @@ from trtspec.checkpoint.hf_config import read_json
 from trtspec.errors import ConfigError, RepositoryError
 from trtspec.outdir import atomic_output_dir
 from trtspec.triton.deploy_options import DECODING_TYPES, LlmapiOptions, check_llmapi_options, \
-    parse_speculative_options
+    check_draft_len_schedule, parse_speculative_options
 from trtspec.triton.llmapi_check import base_config, check_drafter, eagle3_capture, mtp_layers
 from trtspec.triton.llmapi_versions import KV_CACHE, TOP_LEVEL, LlmapiVersion, parse_llmapi_version
 from trtspec.triton.pbtxt import Tensor, TritonModelConfig, render
@@ -146,11 +146,20 @@ def speculative_config(options: LlmapiOptions, version: LlmapiVersion, base: dic
         spec["max_total_draft_tokens"] = options.max_total_draft_tokens
     if options.max_concurrency is not None:
         spec["max_concurrency"] = options.max_concurrency
+    if options.draft_len_schedule is not None:
+        spec["draft_len_schedule"] = dict(options.draft_len_schedule)
     extra = parse_speculative_options(options.speculative_options)
     clash = sorted(set(extra) & set(spec))
     if clash:
         raise ConfigError(f"--speculative-option {clash[0]}: trtspec writes it from its own option; set that instead")
     spec.update(extra)
+    if "draft_len_schedule" in spec:  # from the flag or a --speculative-option: TensorRT-LLM's rules either way
+        schedule = spec["draft_len_schedule"]
+        if not isinstance(schedule, dict) or not all(type(a) is int and type(b) is int for a, b in schedule.items()):
+            raise ConfigError(f"draft_len_schedule must map batch sizes to draft lengths, e.g. {{1: 4, 4: 2}}, got "
+                              f"{schedule!r}")
+        check_draft_len_schedule(schedule, spec.get("max_draft_len", spec.get("num_nextn_predict_layers")))
+        spec["draft_len_schedule"] = dict(sorted(schedule.items()))
     version.check(decoding_type, spec)
     return spec
 
