@@ -56,6 +56,8 @@ def test_the_exact_deploy_command(folder):
 @pytest.mark.parametrize("drafter,flags", [
     ({"drafter": "mtp", "max_draft_len": 2}, "--mtp --max-draft-len 2"),
     ({"drafter": "ngram"}, "--ngram"),
+    ({"drafter": "ngram", "max_draft_len": 3, "draft_len_schedule": {8: 0, 1: 3, 4: 1}},
+     "--ngram --max-draft-len 3 --draft-len-schedule 1:3,4:1,8:0"),
     ({"drafter": "draft_target", "draft_path": "models/draft"}, "--draft-model models/draft"),
     ({}, ""),
     ({"drafter": "ngram", "decoupled": False, "kv_cache_free_gpu_mem_fraction": 0.8, "max_num_tokens": 4096},
@@ -77,6 +79,10 @@ def test_each_drafter_kind(drafter, flags):
     ({**BASE, "deploy": {"flavour": "llmapi", "drafter": "eagle"}}, "deploy.drafter 'eagle' is not one of eagle3, "
                                                                     "mtp, ngram, draft_target"),
     ({**BASE, "deploy": {"flavour": "llmapi", "drafter": "eagle3"}}, "deploy.drafter eagle3 needs deploy.draft_path"),
+    ({**BASE, "deploy": {"flavour": "llmapi", "drafter": "ngram", "draft_len_schedule": [1, 3]}},
+     "deploy.draft_len_schedule must map batch sizes to draft lengths"),
+    ({**BASE, "deploy": {"flavour": "llmapi", "draft_len_schedule": {1: 3}}}, "need a deploy.drafter"),
+    ({**BASE, "deploy": {"draft_len_schedule": {1: 3}}}, "deploy.draft_len_schedule applies to deploy.flavour llmapi"),
     ({**BASE, "deploy": {"flavour": "llmapi", "drafter": "mtp", "draft_path": "d"}}, "draft_path applies to"),
     ({**BASE, "deploy": {"flavour": "llmapi", "max_draft_len": 3}}, "need a deploy.drafter"),
     ({**BASE, "deploy": {"flavour": "llmapi", "drafter": "ngram", "trtllm_version": "1.2"}},
