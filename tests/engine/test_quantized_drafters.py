@@ -1,5 +1,5 @@
 """Every drafter × every quantized weight format builds: Medusa heads, EAGLE-1 and EAGLE-2 drafts with and without a
-reduced draft vocabulary, at int8, int4 symmetric, int4 min and with an lm_head of its own format (--lm-head-weights),
+reduced draft vocabulary, ReDrafter drafters with and without an input projection, at int8, int4 symmetric, int4 min and with an lm_head of its own format (--lm-head-weights),
 each passing the build's check against the reference computing with the same dequantized weights.
 
 The tiny checkpoints are laid out as a real one is where that matters: a tied target (SmolLM2's), EAGLE drafts without
@@ -16,7 +16,7 @@ from trtspec.checkpoint.convert import ConvertOptions, convert
 from trtspec.engine.manifest import WeightFormat
 from trtspec.engine.onnx_builder import NUMERICS_TOLERANCE, BuildOptions, build
 from trtspec.speculative.tree import DynamicTree
-from trtspec.testing import TinyModel, write_eagle_draft, write_hf_base, write_medusa_heads
+from trtspec.testing import TinyModel, write_eagle_draft, write_hf_base, write_medusa_heads, write_redrafter_drafter
 
 # head_dim 32 (GroupQueryAttention's multiple of 16); hidden 96 = 3 blocks of 32 = 1.5 blocks of 64
 MODEL = TinyModel(hidden_size=96, num_layers=1, num_heads=3, num_kv_heads=1, intermediate_size=128, vocab_size=64,
@@ -30,6 +30,8 @@ DRAFTERS = {
     "eagle-draft-vocab": ("eagle-draft-vocab", {"choices": CHAIN}),
     "eagle2": ("eagle", {"dynamic_tree": DynamicTree(depth=2, top_k=2, total_tokens=3)}),
     "eagle2-draft-vocab": ("eagle-draft-vocab", {"dynamic_tree": DynamicTree(depth=2, top_k=2, total_tokens=3)}),
+    "redrafter": ("redrafter", {}),  # exit_dim 2 x hidden (no input_proj), with the recurrence
+    "redrafter-proj": ("redrafter-proj", {}),  # exit_dim 64 through input_proj, no recurrence
 }
 FORMATS = {
     "int8-b64": {"weights": "int8", "block_size": 64},  # the fc's middle block straddles its halves
@@ -47,11 +49,16 @@ def ckpts(tmp_path_factory):
                 "eagle": {"eagle": write_eagle_draft(root / "eagle", MODEL, embed_tokens=False)},
                 "eagle-draft-vocab": {"eagle": write_eagle_draft(root / "eagle-vocab", MODEL, embed_tokens=False,
                                                                  storage="safetensors",
-                                                                 draft_vocab_size=DRAFT_VOCAB)}}
+                                                                 draft_vocab_size=DRAFT_VOCAB)},
+                "redrafter": {"redrafter": write_redrafter_drafter(root / "redrafter", MODEL)},
+                "redrafter-proj": {"redrafter": write_redrafter_drafter(root / "redrafter-proj", MODEL, rnn=False,
+                                                                        exit_dim=64)}}
     out = {}
     for name, drafter in drafters.items():
         out[name] = root / f"ckpt-{name}"
-        convert(ConvertOptions(base=base, out=out[name], num_eagle_layers=2, **drafter), show_progress=False)
+        beams = {"redrafter_num_beams": 2, "redrafter_draft_len_per_beam": 2} if "redrafter" in drafter else {
+            "num_eagle_layers": 2}
+        convert(ConvertOptions(base=base, out=out[name], **beams, **drafter), show_progress=False)
     return out
 
 
@@ -68,7 +75,8 @@ def test_every_drafter_builds_in_every_weight_format(ckpts, tmp_path, drafter, f
     options = FORMATS[fmt]
     m = build(BuildOptions(source=ckpts[ckpt], out=tmp_path / "e", max_input_len=16, max_seq_len=40,
                            **extra, **options))
-    draft_graphs = ("medusa",) if drafter == "medusa" else ("draft_context", "draft_generation")
+    draft_graphs = (("medusa",) if drafter == "medusa" else ("redrafter",) if drafter.startswith("redrafter")
+                    else ("draft_context", "draft_generation"))
     checked = {role for role in m.numerics for graph in draft_graphs if role.startswith(f"{graph}.")}
     assert checked and max(m.numerics.values()) < NUMERICS_TOLERANCE, m.numerics
     assert (m.weights.linear, m.weights.lm_head, m.weights.drafter) == (_format(options, "linear"),

@@ -205,12 +205,13 @@ def test_greedy_output_is_plain_greedy_output_batch_1_and_8():
     assert len(profiles) >= 3  # drafts of different lengths ran in different profiles
 
 
-def assert_keeps_the_target_distribution(new_proposer, runs: int = 6000) -> None:
+def assert_keeps_the_target_distribution(new_proposer, runs: int = 6000, engine_class=None) -> None:
     """Three tokens sampled at T = 1 after a repetitive prompt: their joint frequencies over `runs` seeded runs
-    follow the chain's own probabilities (chi-square p > 1e-4), while drafts are accepted often."""
+    follow the chain's own probabilities (chi-square p > 1e-4), while drafts are accepted often. `engine_class`: a
+    MarkovEngine subclass the proposer needs (default MarkovEngine)."""
     vocab = 4
     table = np.random.default_rng(11).dirichlet(np.full(vocab, 0.7), size=vocab)
-    engine = MarkovEngine(table)
+    engine = (engine_class or MarkovEngine)(table)
     prompt = np.array([0, 1, 2, 3] * 4 + [0, 1])
     outcomes, accepted = [], 0
     for seed in range(runs):

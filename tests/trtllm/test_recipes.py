@@ -77,3 +77,20 @@ def test_draft_target_recipe_builds_both_engines():
     assert lines[2].startswith("trtspec build w/r/draft-checkpoint") and "--draft-target" not in lines[2]
     assert "--draft-target --max-draft-len 10" in lines[3]
     assert lines[4].endswith("--draft-engine w/r/draft-engine")
+
+
+def test_a_redrafter_recipe_converts_its_beams_and_builds_either_backend():
+    drafter = {"kind": "redrafter", "path": "models/redrafter", "num_beams": 3, "draft_len_per_beam": 4}
+    for backend in ("onnx", "trtllm"):
+        recipe = recipe_from_dict({**BASE, "drafter": drafter, "build": {"backend": backend}})
+        lines = command_lines(recipe, "w")
+        assert lines[0].startswith("trtspec convert --base ") and ("--redrafter models/redrafter "
+                                                                   "--redrafter-num-beams 3 "
+                                                                   "--redrafter-draft-len-per-beam 4") in lines[0]
+        assert lines[1].startswith("trtspec build w/r/checkpoint") and "--choices" not in lines[1]
+    for data, message in (({**drafter, "num_beams": 0}, "drafter.num_beams must be a positive integer, got 0"),
+                          ({"kind": "medusa", "path": "h", "num_beams": 2}, "num_beams / draft_len_per_beam apply to "
+                                                                            "redrafter, not medusa"),
+                          ({"kind": "redrafter"}, "drafter.kind redrafter needs drafter.path")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            recipe_from_dict({**BASE, "drafter": data})

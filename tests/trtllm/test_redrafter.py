@@ -1,7 +1,7 @@
 """ReDrafter on the GPU engine flow (issue 35, second slice), on tiny checkpoints `trtspec convert --redrafter`
 wrote: the trtllm-build command (explicit_draft_tokens, K = beams x length as TensorRT-LLM's builder sets it), the
 manifest's `redrafter` section, the repository's decoding_mode, doctor's cross-checks, and the CPU runtime's one-line
-refusal. Upstream files: docs/upstream-sources.md (ReDrafter)."""
+refusal of a TensorRT-LLM engine (the CPU engine: tests/runtime/test_redrafter_cpu.py). Upstream files: docs/upstream-sources.md (ReDrafter)."""
 
 from __future__ import annotations
 
@@ -137,12 +137,14 @@ def test_what_a_redrafter_build_refuses_in_one_line(tiny, tmp_path, case):
         "max_draft_len"] == 12  # the K it has anyway may be named
 
 
-def test_the_onnx_backend_refuses_a_redrafter_checkpoint(tiny, tmp_path):
-    result = run("build", tiny["llama"], "--out", tmp_path / "e")
+def test_the_onnx_backend_takes_the_beams_as_k(tiny, tmp_path):
+    """A CPU build's K is the checkpoint's beams x draft length; a smaller --max-draft-len is one line."""
+    result = run("build", tiny["llama"], "--out", tmp_path / "e", "--max-draft-len", "5")
     assert result.exit_code == 1 and not (tmp_path / "e").exists()
-    assert result.output.strip() == (f"error: {tiny['llama'] / 'config.json'}: a ReDrafter checkpoint "
-                                     "(ReDrafterForLLaMALM) builds for TensorRT-LLM only; trtspec's CPU runtime has "
-                                     "no ReDrafter decoder yet: pass --backend trtllm")
+    assert result.output.strip() == ("error: --max-draft-len 5 is smaller than the 4 beams x 3 draft tokens (the "
+                                     "checkpoint's redrafter_num_beams, redrafter_draft_len_per_beam); pass "
+                                     "--max-draft-len 12 or convert with fewer --redrafter-num-beams / "
+                                     "--redrafter-draft-len-per-beam")
 
 
 def test_dry_run_prints_the_command_and_the_beams(tiny, tmp_path):
@@ -156,10 +158,10 @@ def test_dry_run_prints_the_command_and_the_beams(tiny, tmp_path):
 
 # ---- the method ------------------------------------------------------------------------------------------
 
-def test_the_method_is_trained_built_into_engines_and_not_decoded_on_the_cpu():
+def test_the_method_is_trained_built_into_engines_and_decoded_on_the_cpu():
     r = Method.REDRAFTER
     assert r.value == "redrafter" and r.trained and not r.training_free
-    assert r in Method.built_into_engines() and r not in Method.decoded_on_cpu()
+    assert r in Method.built_into_engines() and r in Method.decoded_on_cpu()
     assert r not in Method.recipe_drafters()  # a recipe does not convert ReDrafter drafters yet
 
 
@@ -306,7 +308,7 @@ def test_doctor_checks_the_engine_against_its_manifest(engines, tmp_path):
            "none ('redrafter' decodes an engine built with explicit_draft_tokens, from a ReDrafter checkpoint)" in found
 
 
-# ---- the CPU runtime refuses it --------------------------------------------------------------------------
+# ---- the CPU runtime refuses the TensorRT-LLM engine --------------------------------------------------
 
 @pytest.mark.parametrize("name", ["planned", "built"])
 def test_generate_refuses_a_redrafter_engine_in_one_line(engines, name):
@@ -314,8 +316,8 @@ def test_generate_refuses_a_redrafter_engine_in_one_line(engines, name):
     result = run("generate", engine, "--prompt", "hello", "--max-tokens", "4")
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert result.output.strip() == (
-        f"error: {engine}: a redrafter engine runs on TensorRT-LLM only (trtspec's CPU runtime does not decode "
-        f"redrafter yet); serve it on a GPU host (`trtspec deploy {engine} --flavour trtllm`) and query it with "
+        f"error: {engine}: a TensorRT-LLM redrafter engine runs on a GPU host with TensorRT-LLM, not on trtspec's CPU "
+        f"runtime; serve it there (`trtspec deploy {engine} --flavour trtllm`) and query it with "
         "`trtspec generate --url HOST`")
 
 

@@ -337,3 +337,40 @@ def test_a_draft_target_rehearsal_that_cannot_stand_in_is_one_line(draft_target,
     assert message.format(**paths) in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_a_redrafter_engine_is_rehearsed(engines, tmp_path):
+    """A ReDrafter checkpoint planned for TensorRT-LLM (decoding_mode redrafter) and built for the CPU engine, which
+    runs its beam search under the GPU repository's tensorrt_llm: replies are the CPU engine's greedy text."""
+    from trtspec.checkpoint.convert import ConvertOptions, convert
+    from trtspec.testing import write_hf_base, write_redrafter_drafter
+    from trtspec.triton.server import ServerOptions, TritonServer, free_port
+
+    root, tok = engines["root"], engines["root"] / "tokenizer"
+    model = TinyModel(vocab_size=engines["vocab"])
+    ckpt = root / "redrafter-ckpt"
+    if not ckpt.exists():
+        convert(ConvertOptions(base=write_hf_base(root / "redrafter-base", model), out=ckpt,
+                               redrafter=write_redrafter_drafter(root / "redrafter-drafter", model),
+                               redrafter_num_beams=2, redrafter_draft_len_per_beam=3), show_progress=False)
+    pair = {"gpu": tmp_path / "gpu", "cpu": tmp_path / "cpu", "root": root}
+    result = CliRunner().invoke(cli, ["build", str(ckpt), "--backend", "trtllm", "--out", str(pair["gpu"]),
+                                      "--plan-only", "--tokenizer", str(tok), "--max-batch-size", "4",
+                                      "--max-input-len", "64", "--max-seq-len", "160"])
+    assert result.exit_code == 0, result.output
+    build(BuildOptions(source=ckpt, out=pair["cpu"], tokenizer=tok, max_input_len=64, max_seq_len=160,
+                       max_batch_size=4))
+    deployed = _deploy(pair, tmp_path / "repo", "--no-backoff")
+    assert deployed.exit_code == 0, deployed.output
+    config = (tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert 'decoding_mode"' in config and '"redrafter"' in config
+    whole = _whole_text(pair)
+    options = ServerOptions(repository=tmp_path / "repo", grpc_port=free_port(), http_port=free_port(),
+                            metrics_port=free_port(), exit_timeout_s=5)
+    with TritonServer(options, on_log=lambda line: None) as server:
+        inputs = [grpc_tensor("text_input", np.array([[PROMPT.encode()]], np.object_)),
+                  grpc_tensor("max_tokens", np.array([[24]], np.int32)),
+                  grpc_tensor("stream", np.array([[False]], np.bool_))]
+        got = stream_once(server.grpc_url, "ensemble", inputs)
+    assert [str(e) for _, e in got if e is not None] == []
+    assert [r.as_numpy("text_output")[0].decode("utf-8", errors="replace") for r, _ in got if r is not None] == [whole]

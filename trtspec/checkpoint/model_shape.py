@@ -169,6 +169,35 @@ class ReDrafterBeams:
                    draft_len_per_beam=_int(config, "redrafter_draft_len_per_beam"), greedy_search=greedy)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ReDrafterNet:
+    """A ReDrafter checkpoint's drafter network (its redrafter_* size fields; TensorRT-LLM
+    tensorrt_llm/models/redrafter/drafter.py): `input_proj` (2·hidden → exit_dim, bias) only when exit_dim ≠
+    2·hidden, `num_layers` ResBlocks x + silu(linear(x)) over exit_dim, the lm_head (exit_dim → vocab), and with
+    `rnn` the recurrence rnn_w(embedding) + rnn_u(previous) (hidden → hidden) over the beam's tokens."""
+
+    num_layers: int
+    hidden_size: int
+    exit_dim: int
+    rnn: bool
+
+    @property
+    def has_input_proj(self) -> bool:
+        return self.exit_dim != 2 * self.hidden_size
+
+    @classmethod
+    def from_trtllm(cls, config: dict) -> ReDrafterNet:
+        layers = config.get("redrafter_num_layers")
+        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 0:
+            raise CheckpointError(f"config field redrafter_num_layers must be a non-negative integer, found {layers!r}")
+        hidden = _int(config, "redrafter_hidden_size")
+        if hidden != config.get("hidden_size"):
+            raise CheckpointError(f"config field redrafter_hidden_size {hidden} differs from hidden_size "
+                                  f"{config.get('hidden_size')}: the drafter reads the base's hidden states")
+        return cls(num_layers=layers, hidden_size=hidden, exit_dim=_int(config, "redrafter_exit_dim"),
+                   rnn=_bool(config, "redrafter_is_rnn"))
+
+
 def _medusa_fields(config: dict) -> dict:
     return {"num_medusa_heads": _int(config, "num_medusa_heads"),
             "num_medusa_layers": _int(config, "num_medusa_layers"), "max_draft_len": _int(config, "max_draft_len")}

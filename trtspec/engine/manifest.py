@@ -390,13 +390,14 @@ def check_version(data: dict, where: str) -> None:
 
 
 def check_decoded_on_cpu(manifest: Manifest, engine_dir: Path) -> None:
-    """Refuse, in one line, an engine whose method trtspec's CPU runtime does not decode (Method.decoded_on_cpu:
-    ReDrafter and draft-target engines run on TensorRT-LLM only)."""
-    if manifest.method not in Method.decoded_on_cpu():
-        raise ConfigError(f"{engine_dir}: a {manifest.method.value} engine runs on TensorRT-LLM only (trtspec's CPU "
-                          f"runtime does not decode {manifest.method.value} yet); serve it on a GPU host "
-                          f"(`trtspec deploy {engine_dir} --flavour trtllm`) and query it with "
-                          "`trtspec generate --url HOST`")
+    """Refuse, in one line, an engine trtspec's CPU runtime does not decode: a TensorRT-LLM engine (or its plan),
+    and a method it does not decode (Method.decoded_on_cpu: draft-target engines run on TensorRT-LLM only)."""
+    if manifest.backend is not Backend.ONNX or manifest.method not in Method.decoded_on_cpu():
+        what = (f"a TensorRT-LLM {manifest.method.value} engine" if manifest.backend is not Backend.ONNX
+                else f"a {manifest.method.value} engine")
+        raise ConfigError(f"{engine_dir}: {what} runs on a GPU host with TensorRT-LLM, not on trtspec's CPU "
+                          f"runtime; serve it there (`trtspec deploy {engine_dir} --flavour trtllm`) and query it "
+                          "with `trtspec generate --url HOST`")
 
 
 def read_manifest(engine_dir: Path, *, check_files: bool = True) -> Manifest:

@@ -20,7 +20,7 @@ from trtspec.checkpoint.convert import PROVENANCE_FILE
 from trtspec.checkpoint.draft_vocab import read_checkpoint_vocab
 from trtspec.checkpoint.hf_config import read_json
 from trtspec.checkpoint.awq import W4A16_AWQ
-from trtspec.checkpoint.model_shape import ModelShape
+from trtspec.checkpoint.model_shape import REDRAFTER_ARCHITECTURES, ModelShape, ReDrafterBeams
 from trtspec.checkpoint.quantization import AWQ_DEFAULT_GROUP, CheckpointQuantization, checkpoint_weight_format
 from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
@@ -75,12 +75,20 @@ def plan_build(opts: BuildOptions) -> Manifest:
     request = MethodRequest.of(opts)
     method = resolve_method(cfg, request, Backend.ONNX)
     tree = resolve_tree(cfg, method, request, Backend.ONNX)
-    draft_tokens = opts.dynamic_tree.total_tokens if method is Method.EAGLE2 else tree.num_nodes if tree else 0
+    beams = ReDrafterBeams.from_trtllm(raw) if method is Method.REDRAFTER else None
+    draft_tokens = (opts.dynamic_tree.total_tokens if method is Method.EAGLE2 else tree.num_nodes if tree
+                    else beams.max_draft_len if beams else 0)
     k = opts.max_draft_len if opts.max_draft_len is not None else draft_tokens
     if k < draft_tokens:
-        what = "EAGLE-2 total_tokens" if method is Method.EAGLE2 else f"the tree's {tree.num_nodes} nodes"
-        raise BuildError(f"--max-draft-len {k} is smaller than {what}; pass --max-draft-len {draft_tokens} "
-                         "or a smaller tree")
+        what = ("EAGLE-2 total_tokens" if method is Method.EAGLE2 else f"the tree's {tree.num_nodes} nodes" if tree
+                else f"the {beams.num_beams} beams x {beams.draft_len_per_beam} draft tokens (the checkpoint's "
+                     "redrafter_num_beams, redrafter_draft_len_per_beam)")
+        smaller = ("or convert with fewer --redrafter-num-beams / --redrafter-draft-len-per-beam" if beams
+                   else "or a smaller tree")
+        raise BuildError(f"--max-draft-len {k} is smaller than {what}; pass --max-draft-len {draft_tokens} {smaller}")
+    if beams and k != draft_tokens:
+        raise BuildError(f"--max-draft-len {k}: a ReDrafter engine's K is its {beams.num_beams} beams x "
+                         f"{beams.draft_len_per_beam} draft tokens = {draft_tokens}; drop --max-draft-len")
     max_seq_len = opts.max_seq_len or max(2 * opts.max_input_len, opts.max_input_len + k + 1)
     if max_seq_len > cfg.max_position_embeddings:
         raise BuildError(f"--max-seq-len {max_seq_len} exceeds the model's max_position_embeddings="
@@ -95,6 +103,7 @@ def plan_build(opts: BuildOptions) -> Manifest:
                     model=model, profile=profile,
                     tree=tree.choices if tree is not None else None,
                     dynamic_tree=vars(opts.dynamic_tree) if method is Method.EAGLE2 else None,
+                    redrafter=beams.to_dict() if beams else None,
                     source=str(Path(opts.source).resolve()), versions=_versions(), graph_format=ONNX_GRAPH_FORMAT,
                     weights=_engine_weights(plan, cfg, embedding_gathered=_gathers_embedding(plan, cfg)),
                     **_attention(opts, plan))
@@ -210,7 +219,7 @@ def _engine_weights(plan, cfg: ModelShape, *, embedding_gathered: bool) -> Engin
                                                                 accuracy_level=spec.accuracy_level,
                                                                 prequantized=spec.prequantized, scheme=spec.scheme)
 
-    has_drafter = cfg.num_medusa_heads > 0 or cfg.eagle is not None
+    has_drafter = cfg.num_medusa_heads > 0 or cfg.eagle is not None or cfg.architecture in REDRAFTER_ARCHITECTURES
     return EngineWeights(linear=fmt(plan.base), lm_head=fmt(plan.lm_head),
                          embedding=fmt(plan.lm_head) if embedding_gathered else WeightFormat(),
                          drafter=fmt(plan.drafter) if has_drafter else None,

@@ -78,13 +78,11 @@ def resolve_method(cfg: ModelShape, request: MethodRequest, backend: Backend) ->
 
 
 def _redrafter(cfg: ModelShape, request: MethodRequest, backend: Backend) -> Method:
-    """A ReDrafter checkpoint builds a ReDrafter engine, on TensorRT-LLM only: trtllm-build builds any checkpoint with
-    redrafter_* fields with its drafter (tensorrt_llm/builder.py `build` sets explicit_draft_tokens itself), and
-    the drafter drafts its own beams, so no tree, lookahead or draft-target applies."""
+    """A ReDrafter checkpoint builds a ReDrafter engine on either backend: trtllm-build builds any checkpoint with
+    redrafter_* fields with its drafter (tensorrt_llm/builder.py `build` sets explicit_draft_tokens itself), the
+    onnx backend exports the drafter beside the base; the drafter drafts its own beams, so no tree, lookahead or
+    draft-target applies."""
     where = request.source / "config.json"
-    if backend is not Backend.TRTLLM:
-        raise BuildError(f"{where}: a ReDrafter checkpoint ({cfg.architecture}) builds for TensorRT-LLM only; "
-                         "trtspec's CPU runtime has no ReDrafter decoder yet: pass --backend trtllm")
     asked = [flag for flag, given in (("--no-spec", request.no_spec), ("--choices", request.choices is not None),
                                       ("--preset", request.preset is not None), ("--lookahead", request.lookahead),
                                       ("--draft-target", request.draft_target)) if given]

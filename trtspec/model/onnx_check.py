@@ -84,6 +84,9 @@ def compare_with_reference(ckpt_dir, out_dir, graphs: dict[str, ExportedGraph], 
         if role == "medusa":
             diffs["medusa.medusa_logits"] = _compare_medusa(session, model, rng)
             continue
+        if role == "redrafter":
+            diffs.update(_compare_redrafter(session, model, Path(ckpt_dir), weights, rng))
+            continue
         context = role.endswith("context")
         feeds = random_step(model.config, rng, tokens=6 if context else generation_tokens,
                             past=0 if context else 5, features=role.startswith("draft_"))
@@ -140,6 +143,32 @@ def _compare_medusa(session, model, rng: np.random.Generator) -> float:
     with torch.no_grad():
         ref = torch.stack([head(torch.from_numpy(hidden)) for head in model.medusa_heads]).float().numpy()
     return float(np.abs(ours - ref).max())
+
+
+def _compare_redrafter(session, base, ckpt_dir: Path, weights: WeightPlan, rng: np.random.Generator) -> dict:
+    """One beam-search step of the drafter graph against the torch drafter (its matrices dequantized as the build's
+    `drafter` spec stores them), over the base reference's own embedding rows: rows with and without a state."""
+    import torch
+
+    from trtspec.model.reference import ReDrafterReference
+
+    net = ReDrafterReference.from_checkpoint(ckpt_dir)
+    dequantize_reference(net, weights.drafter, None, weights.drafter, embedding_from_lm_head=False)
+    H = base.config.hidden_size
+    hidden, state = (rng.standard_normal((3, H), dtype=np.float32) for _ in range(2))
+    tokens = rng.integers(0, base.config.vocab_size, 3).astype(np.int64)
+    has_state = np.array([[0.0], [1.0], [1.0]], np.float32)
+    if not net.net.rnn:
+        state[0] = 0.0  # the first step's state is zeros without a recurrence
+    ours = dict(zip(("logits", "next_state"), session.run(None, {"hidden": hidden, "tokens": tokens, "state": state,
+                                                                   "has_state": has_state})))
+    with torch.no_grad():
+        embedded = base.vocab_embedding(torch.from_numpy(tokens))
+        logits, next_state = net(torch.from_numpy(hidden), embedded, torch.from_numpy(state),
+                                 torch.from_numpy(has_state))
+    reference = {"logits": logits.numpy(), "next_state": next_state.float().numpy()}
+    return {f"redrafter.{name}": float(np.abs(ours[name] - reference[name]).max()) / _scale(reference, name)
+            for name in reference}
 
 
 def random_step(c: ModelShape, rng: np.random.Generator, *, tokens: int, past: int, batch: int = 2,

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from trtspec.checkpoint.model_shape import ModelShape
+from trtspec.checkpoint.model_shape import REDRAFTER_ARCHITECTURES, ModelShape, ReDrafterNet
 from trtspec.errors import BuildError
 from trtspec.model.onnx_ops import (ATTENTION_KERNELS, HEAD_DIM_MULTIPLE, Dims, Graph, Residual, WeightFile,
                                     decoder_layer, embed, linear, logits, prelude, tie_quantized)
@@ -90,6 +90,7 @@ class _Layout:
     tied: bool
     medusa_lm_heads: tuple[str, ...] = ()
     draft_vocab: tuple[int, ...] | None = None  # EAGLE: the target ids the draft lm_head scores (None: all)
+    redrafter: ReDrafterNet | None = None  # a ReDrafter checkpoint's drafter, written beside the base
 
 
 # ---- weights ------------------------------------------------------------------------------------------------
@@ -250,8 +251,29 @@ def _write_base(src: _Source, wf: WeightFile, c: ModelShape, plan: WeightPlan = 
             heads.append(f"medusa.{h}.lm_head.weight")
             wf.add_matrix(heads[-1], head, plan.drafter, fp32_layout="out_in")  # [V, H] like the base lm_head
         src.advance()
+    redrafter = None
+    if c.architecture in REDRAFTER_ARCHITECTURES:
+        redrafter = ReDrafterNet.from_trtllm(src.ckpt.config)
+        _write_redrafter(src, wf, redrafter, V, plan.drafter)
     src.check_all_used(lambda name: not name.startswith("eagle_nets."))
-    return _Layout(tied, tuple(heads))
+    return _Layout(tied, tuple(heads), redrafter=redrafter)
+
+
+def _write_redrafter(src: _Source, wf: WeightFile, net: ReDrafterNet, vocab: int, spec: QuantSpec | None) -> None:
+    """The drafter's matrices stored [in, out] for MatMul (or quantized with `spec`, as Medusa heads are), its
+    lm_head [V, exit_dim] like the base's; it gathers token embeddings from the base's table."""
+    H, E = net.hidden_size, net.exit_dim
+    matrices = [("rnn_w", (H, H), False), ("rnn_u", (H, H), True)] if net.rnn else []
+    if net.has_input_proj:
+        matrices.append(("input_proj", (E, 2 * H), True))
+    matrices += [(f"layers.{i}.linear", (E, E), True) for i in range(net.num_layers)]
+    for name, shape, bias in matrices:
+        wf.add_matrix(f"redrafter.{name}.weight", src.get(f"drafter.{name}.weight", shape), spec, fp32_layout="in_out")
+        if bias:
+            wf.add(f"redrafter.{name}.bias", src.get(f"drafter.{name}.bias", shape[:1]))
+    wf.add_matrix("redrafter.lm_head.weight", src.get("drafter.lm_head.weight", (vocab, E)), spec,
+                  fp32_layout="out_in")
+    src.advance()
 
 
 def _draft_config(c: ModelShape) -> ModelShape:
@@ -358,6 +380,37 @@ def medusa_graph(c: ModelShape, layout: _Layout, wf: WeightFile) -> onnx.ModelPr
                    [info("medusa_logits", TensorProto.FLOAT, [c.num_medusa_heads, "rows", c.vocab_size])])
 
 
+def redrafter_graph(c: ModelShape, layout: _Layout, wf: WeightFile) -> onnx.ModelProto:
+    """One step of ReDrafter's beam search over N beams (TensorRT-LLM redrafter_helper.py `_beam_search_candidates`):
+    each beam's last token's embedding enters the recurrence, `next_state` = rnn_w(embedding) + has_state ·
+    rnn_u(state) (without rnn: embedding + state, the state starting at zeros), and the drafter reads
+    concat[hidden, next_state] → `logits` [N, V]. `hidden` [N, H] is the base's final hidden state at the position
+    the beams grow from; `has_state` [N, 1] is 0 on the first step (upstream's rnn_embed without a previous state)."""
+    net = layout.redrafter
+    g = Graph(wf)
+    ids = g.op("Unsqueeze", "tokens", g.const([1]))  # [N, 1]: embed takes [B, T]
+    embedded = g.op("Squeeze", embed(g, ids, tied=layout.tied), g.const([1]))  # [N, H]
+    if net.rnn:
+        carried = g.op("Mul", linear(g, "state", "redrafter.rnn_u", "rnn_u"), "has_state")
+        state = g.op("Add", linear(g, embedded, "redrafter.rnn_w", "rnn_w"), carried, name="next_state")
+    else:
+        state = g.op("Add", embedded, "state", name="next_state")
+    x = g.op("Concat", "hidden", state, axis=-1)  # [N, 2H]
+    if net.has_input_proj:
+        x = linear(g, x, "redrafter.input_proj", "input_proj")
+    for i in range(net.num_layers):
+        y = linear(g, x, f"redrafter.layers.{i}.linear", f"layers.{i}")
+        x = g.op("Add", x, g.op("Mul", y, g.op("Sigmoid", y)))
+    logits(g, x, "redrafter.lm_head.weight", name="logits")  # [N, V]
+    info, H = helper.make_tensor_value_info, c.hidden_size
+    return g.model("trtspec_redrafter", [info("hidden", TensorProto.FLOAT, ["rows", H]),
+                                         info("tokens", TensorProto.INT64, ["rows"]),
+                                         info("state", TensorProto.FLOAT, ["rows", H]),
+                                         info("has_state", TensorProto.FLOAT, ["rows", 1])],
+                   [info("logits", TensorProto.FLOAT, ["rows", c.vocab_size]),
+                    info("next_state", TensorProto.FLOAT, ["rows", H])])
+
+
 def _medusa_resblocks(g: Graph, x: str, head: int, layers: int) -> str:
     """ResBlocks x + silu(x W + b) of one head."""
     for layer in range(layers):
@@ -434,8 +487,10 @@ def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, max_positions: int, 
         parts.append(("draft_", DRAFT_WEIGHTS, _write_draft, draft_graph))
     graphs = {}
     quantizing = (weights.base is not None or weights.lm_head is not None
-                  or (weights.drafter is not None and (c.eagle or c.num_medusa_heads)))
-    total = c.num_layers + c.num_medusa_heads + (c.eagle.num_layers if c.eagle is not None else 0)
+                  or (weights.drafter is not None and (c.eagle or c.num_medusa_heads
+                                                       or c.architecture in REDRAFTER_ARCHITECTURES)))
+    total = (c.num_layers + c.num_medusa_heads + (c.eagle.num_layers if c.eagle is not None else 0)
+             + (c.architecture in REDRAFTER_ARCHITECTURES))
     with progress_bar("quantizing weights", total=total, enabled=bool(quantizing)) as advance:
         for role_prefix, file_name, write, build in parts:
             wf = WeightFile(out_dir / file_name)
@@ -463,6 +518,8 @@ def _build_graphs(c: ModelShape, layout: _Layout, wf: WeightFile, role_prefix: s
                                            out_dir / f"{role_prefix}{role}.onnx")
     if layout.medusa_lm_heads:
         graphs["medusa"] = _save(medusa_graph(c, layout, wf), out_dir / "medusa.onnx")
+    if layout.redrafter is not None:
+        graphs["redrafter"] = _save(redrafter_graph(c, layout, wf), out_dir / "redrafter.onnx")
     return graphs
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trtspec.checkpoint.model_shape import ModelShape
+from trtspec.checkpoint.model_shape import ModelShape, ReDrafterNet
 from trtspec.errors import CheckpointError
 from trtspec.model.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
@@ -139,6 +139,42 @@ class MedusaHead(nn.Module):
         return self.lm_head(hidden).float()  # [B, T, V]
 
 
+class ReDrafterReference(nn.Module):
+    """A ReDrafter checkpoint's drafter (`drafter.*`; TensorRT-LLM tensorrt_llm/models/redrafter/drafter.py), one
+    beam-search step as the exported `redrafter` graph computes it (onnx_graph.redrafter_graph)."""
+
+    def __init__(self, net: ReDrafterNet, vocab_size: int):
+        super().__init__()
+        H, E = net.hidden_size, net.exit_dim
+        self.net = net
+        self.input_proj = nn.Linear(2 * H, E) if net.has_input_proj else None
+        self.layers = nn.ModuleList(MedusaLayer(E) for _ in range(net.num_layers))  # the same ResBlock
+        self.lm_head = nn.Linear(E, vocab_size, bias=False)
+        self.rnn_u = nn.Linear(H, H) if net.rnn else None
+        self.rnn_w = nn.Linear(H, H, bias=False) if net.rnn else None
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: TrtllmCheckpoint | str | Path) -> ReDrafterReference:
+        ckpt = open_checkpoint(ckpt)
+        model = cls(ReDrafterNet.from_trtllm(ckpt.config), ckpt.config["vocab_size"])
+        used = load_weights(model, ckpt, {"": "drafter."})
+        check_all_used(ckpt, used, lambda name: name.startswith("drafter."))
+        return model.eval()
+
+    def forward(self, hidden, embedded, state, has_state) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden, embedded, state [N, H], has_state [N, 1] → logits [N, V], next_state [N, H]."""
+        if self.net.rnn:
+            state = self.rnn_w(embedded) + has_state * self.rnn_u(state)
+        else:
+            state = embedded + state
+        x = torch.cat([hidden, state], dim=-1)
+        if self.input_proj is not None:
+            x = self.input_proj(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(x).float(), state
+
+
 @dataclass
 class ModelOutput:
     logits: torch.Tensor  # [B, T, V] float32
@@ -170,7 +206,7 @@ class ReferenceModel(nn.Module):
         ckpt = open_checkpoint(ckpt)
         model = cls(ModelShape.from_trtllm(ckpt.config), dtype=dtype)
         used = load_weights(model, ckpt, BASE_PREFIXES)
-        check_all_used(ckpt, used, lambda name: not name.startswith("eagle_nets."))
+        check_all_used(ckpt, used, lambda name: not name.startswith(("eagle_nets.", "drafter.")))
         return model.eval()
 
     def forward(self, input_ids, position_ids, attention_mask, past_key, past_value) -> ModelOutput:

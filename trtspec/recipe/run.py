@@ -261,9 +261,11 @@ def _base_folder(recipe: Recipe) -> str | None:
 
 
 def _write_tiny(recipe: Recipe, folder: Path) -> None:
-    """The tiny random base (with a tiny tokenizer) and its random Medusa heads / EAGLE draft, seeded."""
+    """The tiny random base (with a tiny tokenizer) and its random Medusa heads / EAGLE draft / ReDrafter drafter,
+    seeded."""
     from trtspec.outdir import atomic_output_dir
-    from trtspec.testing.factory import TinyModel, write_eagle_draft, write_hf_base, write_medusa_heads
+    from trtspec.testing.factory import (TinyModel, write_eagle_draft, write_hf_base, write_medusa_heads,
+                                         write_redrafter_drafter)
     from trtspec.testing.tokenizers import write_tiny_tokenizer
 
     with atomic_output_dir(folder, force=True) as tmp:
@@ -276,6 +278,8 @@ def _write_tiny(recipe: Recipe, folder: Path) -> None:
             write_medusa_heads(tmp / "medusa", model, seed=recipe.base.seed + 1)
         elif kind == "eagle":
             write_eagle_draft(tmp / "eagle", model, seed=recipe.base.seed + 2)
+        elif kind == "redrafter":
+            write_redrafter_drafter(tmp / "redrafter", model, seed=recipe.base.seed + 3)
 
 
 def _run_command(command: list[str], log_file: Path, stage: str) -> None:

@@ -56,6 +56,8 @@ class DrafterSection:
     num_medusa_layers: int | None = None  # ResBlock layers per Medusa head (checked against the weights)
     num_eagle_layers: int = 4  # EAGLE tree depth
     max_non_leaves_per_layer: int = 10
+    num_beams: int | None = None  # redrafter: beams of its search (default: the converter's 5)
+    draft_len_per_beam: int | None = None  # redrafter: tokens per beam (default 5); K = beams x length
     window_size: int | None = None  # lookahead (W, N, G)
     ngram_size: int | None = None
     verification_set_size: int | None = None
@@ -335,11 +337,17 @@ class Recipe:
 
     def _check_drafter(self) -> None:
         d = self.drafter
-        needs_path = d.kind in (Drafter.MEDUSA, Drafter.EAGLE, Drafter.DRAFT_TARGET)
+        needs_path = d.kind in (Drafter.MEDUSA, Drafter.EAGLE, Drafter.DRAFT_TARGET, Drafter.REDRAFTER)
         if needs_path and not d.path and not (self.base.tiny is not None and d.kind is not Drafter.DRAFT_TARGET):
             raise ConfigError(f"recipe drafter.kind {d.kind.value} needs drafter.path")
         if d.path and self.base.tiny is not None:
             raise ConfigError("recipe drafter.path: a tiny base writes its own random drafter; leave the path out")
+        if d.kind is not Drafter.REDRAFTER and (d.num_beams is not None or d.draft_len_per_beam is not None):
+            raise ConfigError(f"recipe drafter: num_beams / draft_len_per_beam apply to redrafter, not {d.kind.value}")
+        for key in ("num_beams", "draft_len_per_beam"):
+            value = getattr(d, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"recipe drafter.{key} must be a positive integer, got {value!r}")
         wng = (d.window_size, d.ngram_size, d.verification_set_size)
         if d.kind is Drafter.LOOKAHEAD and None in wng:
             raise ConfigError("recipe drafter.kind lookahead needs window_size, ngram_size and verification_set_size")
@@ -410,7 +418,7 @@ class Recipe:
         return f"$(trtspec models fetch {shlex.quote(self.base.fetch)})"
 
     def drafter_path(self, workdir: str = ".") -> str | None:
-        if self.base.tiny is not None and self.drafter.kind in (Drafter.MEDUSA, Drafter.EAGLE):
+        if self.base.tiny is not None and self.drafter.kind in (Drafter.MEDUSA, Drafter.EAGLE, Drafter.REDRAFTER):
             return str(Path(self.paths(workdir)["tiny"]) / self.drafter.kind.value)
         return self.drafter.path
 
@@ -491,6 +499,9 @@ class Recipe:
         if drafter and d.kind is Drafter.EAGLE:
             out += ["--eagle", path, "--num-eagle-layers", str(d.num_eagle_layers),
                     "--max-non-leaves-per-layer", str(d.max_non_leaves_per_layer)]
+        if drafter and d.kind is Drafter.REDRAFTER:
+            out += ["--redrafter", path] + (["--redrafter-num-beams", str(d.num_beams)] if d.num_beams else [])
+            out += ["--redrafter-draft-len-per-beam", str(d.draft_len_per_beam)] if d.draft_len_per_beam else []
         if drafter and d.kind in (Drafter.MEDUSA, Drafter.EAGLE) and c.max_draft_len is not None:
             out += ["--max-draft-len", str(c.max_draft_len)]
         out += ["--dtype", c.dtype] if c.dtype else []

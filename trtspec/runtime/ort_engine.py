@@ -158,7 +158,7 @@ class OrtEngine:
         self.manifest: Manifest = read_manifest(self.engine_dir)
         check_decoded_on_cpu(self.manifest, self.engine_dir)
         files = self.manifest.files
-        drafter_graphs = [role for role in ("draft_context", "draft_generation", "medusa") if role in files]
+        drafter_graphs = [role for role in ("draft_context", "draft_generation", "medusa", "redrafter") if role in files]
         if spin is None and drafter and drafter_graphs and effective_spin(None):
             # every step also runs the drafter's own session; two sessions' spinning pools take each other's cores
             # and slow decoding to a fraction, so a drafter engine spins only when asked to (--spin)
@@ -171,11 +171,12 @@ class OrtEngine:
         graph = lambda role: _Graph(self.engine_dir / files[role], options) if role in files else None  # noqa: E731
         self._context, self._generation = graph("context"), graph("generation")
         self._draft_context, self._draft_generation = graph("draft_context"), graph("draft_generation")
-        self._medusa = graph("medusa")
+        self._medusa, self._redrafter = graph("medusa"), graph("redrafter")
         m, p = self.manifest.model, self.manifest.profile
         self.vocab_size, self.max_draft_len = m.vocab_size, p.max_draft_len
         self.num_medusa_heads = m.num_medusa_heads
         self.has_eagle_draft = self._draft_context is not None
+        self.has_redrafter = self._redrafter is not None
         self.slot_profiles = p.slots  # ascending verify-step slot counts; a step runs the smallest that fits
         # every decode step, plain ones too, runs the generation graph: one session for the whole decode matters
         # with spinning workers, as a session's spinning pool takes the cores another session's run needs.
@@ -361,6 +362,14 @@ class OrtEngine:
         shared lm_head is read once for all of them)."""
         (logits,) = self._medusa.session.run(None, {"hidden": np.asarray(hidden, np.float32)})
         return logits.transpose(1, 0, 2)  # [heads, rows, V] → [rows, heads, V]
+
+    def redrafter_step(self, hidden: np.ndarray, tokens: np.ndarray, state: np.ndarray,
+                       has_state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """ReDrafter: one beam-search step of the drafter over N beams (onnx_graph.redrafter_graph)."""
+        logits, next_state = self._redrafter.session.run(None, {
+            "hidden": np.asarray(hidden, np.float32), "tokens": np.asarray(tokens, np.int64),
+            "state": np.asarray(state, np.float32), "has_state": np.asarray(has_state, np.float32)})
+        return logits, next_state
 
     def draft_extend(self, seq: int, token_ids: np.ndarray, features: np.ndarray) -> StepOutput:
         cache = self._seqs[seq].draft

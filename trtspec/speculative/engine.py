@@ -34,6 +34,7 @@ class Engine(Protocol):
     slot_profiles: tuple[int, ...]  # the slot counts a verify step runs over, ascending, the last K + 1
     num_medusa_heads: int
     has_eagle_draft: bool
+    has_redrafter: bool  # a ReDrafter drafter graph (redrafter_step)
     chains_only: bool  # verify steps are exact for chains only: draft chains (see above)
 
     def open(self) -> int:
@@ -50,6 +51,11 @@ class Engine(Protocol):
 
     def medusa_logits(self, hidden: np.ndarray) -> np.ndarray:
         """Medusa: the heads' logits [num_medusa_heads, V] over one final hidden state [H]."""
+
+    def redrafter_step(self, hidden: np.ndarray, tokens: np.ndarray, state: np.ndarray,
+                       has_state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """ReDrafter: one beam-search step over N beams: the base's hidden state [N, H], each beam's last token [N],
+        the recurrence's state [N, H] and whether it has one yet [N, 1] → next-token logits [N, V], next state."""
 
     def draft_extend(self, seq: int, token_ids: np.ndarray, features: np.ndarray) -> StepOutput:
         """EAGLE: append committed draft entries (token_{t+1}, feature_t); return their hidden states and the last

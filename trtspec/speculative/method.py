@@ -20,7 +20,7 @@ class Method(str, enum.Enum):
     LOOKAHEAD = "lookahead"  # Jacobi guesses and an n-gram pool (W, N, G): no drafter
     HYBRID = "hybrid"  # the engine's Medusa / EAGLE drafter and suffix's candidates in one tree
     DRAFT_TARGET = "draft_target"  # a separate draft model (TensorRT-LLM hosts)
-    REDRAFTER = "redrafter"  # Apple's recurrent drafter in the engine, beam search over its drafts (TensorRT-LLM hosts)
+    REDRAFTER = "redrafter"  # Apple's recurrent drafter in the engine, beam search over its drafts
 
     @property
     def plain(self) -> bool:
@@ -57,9 +57,9 @@ class Method(str, enum.Enum):
 
     @classmethod
     def decoded_on_cpu(cls) -> tuple[Method, ...]:
-        """What trtspec's CPU runtime decodes with, in the order commands list them (not ReDrafter yet: its
-        engines run on TensorRT-LLM only)."""
-        return tuple(m for m in cls if m not in (Method.DRAFT_TARGET, Method.REDRAFTER))
+        """What trtspec's CPU runtime decodes with, in the order commands list them (a draft model runs on
+        TensorRT-LLM hosts only)."""
+        return tuple(m for m in cls if m is not Method.DRAFT_TARGET)
 
     @classmethod
     def built_into_engines(cls) -> tuple[Method, ...]:
@@ -70,7 +70,7 @@ class Method(str, enum.Enum):
     @classmethod
     def recipe_drafters(cls) -> tuple[Method, ...]:
         """What a recipe's drafter section converts (EAGLE-2 is EAGLE's draft with a dynamic tree at build)."""
-        return (Method.NONE, Method.MEDUSA, Method.EAGLE, Method.LOOKAHEAD, Method.DRAFT_TARGET)
+        return (Method.NONE, Method.MEDUSA, Method.EAGLE, Method.LOOKAHEAD, Method.DRAFT_TARGET, Method.REDRAFTER)
 
 
 def names(methods) -> tuple[str, ...]:

@@ -29,7 +29,7 @@ def runnable_methods(own: str, max_draft_len: int, *, chains_only: bool = False)
         ok |= {"ngram", "suffix"}
     if max_draft_len >= 2 and not chains_only:
         ok.add("lookahead")
-    if own in TRAINED:
+    if own in (Method.MEDUSA.value, Method.EAGLE.value, Method.EAGLE2.value):  # the drafters hybrid merges with
         ok.add(HYBRID)
     return tuple(m for m in METHODS if m in ok)
 
@@ -44,7 +44,8 @@ def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dyna
     engine's, else the largest of LOOKAHEAD_DEFAULTS that fits its K); hybrid merges the engine's own drafter (`tree` or
     `dynamic` as for it) with suffix's candidates.
 
-    Medusa, EAGLE and lookahead drafts are shrunk to what the engine's verify curve says pays, and rest while nothing
+    redrafter runs the engine's beam search (its manifest's beams and draft length). Medusa, EAGLE, ReDrafter and
+    lookahead drafts are shrunk to what the engine's verify curve says pays, and rest while nothing
     does (`backoff.Backoff`; `backoff=False`: the drafter's full tree every step, as TensorRT-LLM drafts);
     ngram, suffix and hybrid budget their drafts themselves.
 
@@ -87,6 +88,8 @@ def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dyna
         return HybridProposer(drafter, step_costs(engine), ngram or NgramConfig(), model=acceptance,
                               max_draft_len=engine.max_draft_len, sources=sources, recent=recent,
                               chains=chains_only(engine))
+    if method == Method.REDRAFTER.value:
+        return _backed_off(_redrafter(engine), engine, backoff)
     _check_trained(method, engine, tree, dynamic)
     size = dynamic.total_tokens if method == "eagle2" else tree.num_nodes
     if size > engine.max_draft_len:
@@ -96,6 +99,23 @@ def make_proposer(method: str, engine: Engine, *, tree: Tree | None = None, dyna
         return _backed_off(MedusaProposer(tree, engine.num_medusa_heads), engine, backoff)
     drafter = EagleProposer(tree) if method == "eagle" else EagleProposer(dynamic=dynamic)
     return _backed_off(drafter, engine, backoff)
+
+
+def _redrafter(engine: Engine) -> Proposer:
+    """ReDrafter's beam search as the engine was built for it (its manifest's redrafter section)."""
+    from trtspec.speculative.redrafter_proposer import ReDrafterProposer
+
+    manifest = getattr(engine, "manifest", None)
+    beams = getattr(manifest, "redrafter", None)
+    if not getattr(engine, "has_redrafter", False) or not beams:
+        raise ConfigError("method redrafter needs an engine built from a ReDrafter checkpoint (`trtspec convert "
+                          "--redrafter DIR`, then `trtspec build`); this one has no drafter graph")
+    # an engine exact on chains only: the best beam alone (upstream's beam search with one beam)
+    proposer = ReDrafterProposer(1 if chains_only(engine) else beams["num_beams"], beams["draft_len_per_beam"])
+    if proposer.max_nodes > engine.max_draft_len:
+        raise ConfigError(f"redrafter drafts up to {proposer.max_nodes} tokens per step but the engine's max_draft_len "
+                          f"is {engine.max_draft_len}")
+    return proposer
 
 
 def _backed_off(drafter: Proposer, engine: Engine, backoff: bool) -> Proposer:

@@ -5,9 +5,9 @@ A training-free drafter is run with each draft budget (K, K/2, ... 1 tokens a st
 same engine at each concurrency level, in one `trtspec bench` run per budget; at each level the budget with the best
 speedup wins, or 0 (no speculation) when none beats plain decoding by advise's GO_MARGIN; a level never drafts
 more than the level below it (a bigger batch leaves less idle compute, so a longer best there is noise). The
-schedule follows TensorRT-LLM's rules (deploy_options.check_draft_len_schedule): batch size 1 drafts
-max_draft_len, no entry drafts more. The figures are this machine's and this engine's: a GPU's step costs differ, so a schedule measured
-here is a starting point to re-measure on the GPU host, not a GPU measurement.
+schedule follows TensorRT-LLM's rules (deploy_options.check_draft_len_schedule): batch size 1 drafts max_draft_len,
+no entry drafts more. The figures are this machine's and this engine's: a GPU's step costs differ, so a schedule
+measured here is a starting point to re-measure on the GPU host, not a GPU measurement.
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ def run_tune(options: TuneOptions, show=print) -> dict:
             expected = {"expected_tau_per_root": round(eagle_expected(probabilities, choices), 3)}
             settings.append(_tree_setting(name, "eagle", choices, recordings, costs, costing, options.max_tokens,
                                           draft_ms[name], expected))
-    elif own not in (PLAIN, "medusa"):  # EAGLE-2's dynamic tree: run on the calibration prompts
+    elif own not in (PLAIN, "medusa"):  # EAGLE-2's dynamic tree, ReDrafter's beams: run on the calibration prompts
         settings.append(_calibrated_setting(generator, own, calibration, options.max_tokens, costing))
     chosen = _candidates(settings, options.candidates)
     held_out = _record(generator, evaluation, options.max_tokens + k, heads, eagle_depth, "evaluation", options,
@@ -385,7 +385,8 @@ def _predict(replays: list[Replayed], lengths: list[int], model: StepModel, plai
 
 
 def _calibrated_setting(generator, method: str, prompts, max_tokens: int, costing: dict) -> Setting:
-    """The engine's own dynamic tree (EAGLE-2), not replayed offline: run for real on the calibration prompts,
+    """The engine's own dynamic tree (EAGLE-2) or beams (ReDrafter), not replayed offline: run for real on the
+    calibration prompts,
     its steps and drafting time then costed by the step model as the replayed ones are."""
     from trtspec.speculative.loop import GenerationConfig, generate
 
