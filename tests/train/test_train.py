@@ -1,4 +1,4 @@
-"""`trtspec train medusa|eagle` on a tiny model: loss goes down, exports go through convert → build → generate
+"""`trtspec train medusa|eagle|redrafter` on a tiny model: loss goes down, exports go through convert → build → generate
 losslessly and beat untrained drafters, runs resume and repeat exactly, bad inputs give one-line errors."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from trtspec.engine.onnx_builder import BuildOptions, build
 from trtspec.errors import ConfigError
 from trtspec.runtime.generator import LocalGenerator
 from trtspec.speculative.loop import GenerationConfig
-from trtspec.testing import TinyModel, write_eagle_draft, write_hf_base
+from trtspec.testing import TinyModel, write_eagle_draft, write_hf_base, write_redrafter_drafter
 from trtspec.train.init_heads import write_initial_medusa_heads
 from trtspec.train.run import TrainOptions, train
 
@@ -48,7 +48,7 @@ def run(setup, tmp_path, method, name="out", **kwargs):
                               **opts))
 
 
-@pytest.mark.parametrize("method", ["medusa", "eagle"])
+@pytest.mark.parametrize("method", ["medusa", "eagle", "redrafter"])
 def test_loss_decreases_and_report_is_written(setup, tmp_path, method):
     result = run(setup, tmp_path, method)
     losses = result.report["training"]["epoch_losses"]
@@ -59,15 +59,17 @@ def test_loss_decreases_and_report_is_written(setup, tmp_path, method):
     assert all(len(r["accuracy_at"]) == 10 and r["accuracy_at"] == sorted(r["accuracy_at"]) for r in rows)
     assert report["data"]["train_sequences"] == SAMPLES and report["data"]["held_out_sequences"] == EVAL
     files = {"medusa": {"medusa_lm_head.safetensors", "config.json", "training.json"},
-             "eagle": {"model.safetensors", "config.json", "training.json"}}[method]
+             "eagle": {"model.safetensors", "config.json", "training.json"},
+             "redrafter": {"model.safetensors", "config.json", "training.json"}}[method]
     assert {p.name for p in (tmp_path / "out").iterdir()} == files
 
 
 def acceptance_length(setup, drafter: Path, method: str, root: Path) -> float:
     """τ of `drafter` on the held-out prompts through convert → build → generate, checked lossless."""
-    convert(ConvertOptions(base=setup["base"], out=root / "ckpt", **{method: drafter}), show_progress=False)
-    build(BuildOptions(source=root / "ckpt", out=root / "engine", preset="chain_3", max_input_len=16,
-                       max_seq_len=64))
+    beams = {"redrafter_num_beams": 2, "redrafter_draft_len_per_beam": 3} if method == "redrafter" else {}
+    convert(ConvertOptions(base=setup["base"], out=root / "ckpt", **{method: drafter}, **beams), show_progress=False)
+    build(BuildOptions(source=root / "ckpt", out=root / "engine", max_input_len=16, max_seq_len=64,
+                       **({} if method == "redrafter" else {"preset": "chain_3"})))
     generator = LocalGenerator(root / "engine")
     prompts = [json.loads(line)["input_ids"] for line in setup["prompts"].read_text().splitlines()][SAMPLES:]
     spec = generator.generate_many(prompts, GenerationConfig(max_tokens=32, backoff=False))  # the drafter's own τ
@@ -77,13 +79,15 @@ def acceptance_length(setup, drafter: Path, method: str, root: Path) -> float:
     return 1 + sum(g.result.stats.accepted_tokens for g in spec) / steps
 
 
-@pytest.mark.parametrize("method", ["medusa", "eagle"])
+@pytest.mark.parametrize("method", ["medusa", "eagle", "redrafter"])
 def test_trained_drafter_converts_builds_and_beats_untrained(setup, tmp_path, method):
     # the tiny random base's replies are chaotic at first and then loop: learnable, but only with many steps
     trained = run(setup, tmp_path, method, **({"epochs": 40, "lr": 3e-3, "batch_size": 16} if method == "medusa"
                                               else {"epochs": 6})).out
     if method == "medusa":
         untrained = write_initial_medusa_heads(setup["base"], tmp_path / "untrained", num_heads=3)
+    elif method == "redrafter":
+        untrained = write_redrafter_drafter(tmp_path / "untrained", MODEL, num_draft_layers=1)
     else:
         untrained = write_eagle_draft(tmp_path / "untrained", MODEL, embed_tokens=False)
     tau_trained = acceptance_length(setup, trained, method, tmp_path / "a")
@@ -91,7 +95,7 @@ def test_trained_drafter_converts_builds_and_beats_untrained(setup, tmp_path, me
     assert tau_trained > tau_untrained + 0.1, (tau_trained, tau_untrained)
 
 
-@pytest.mark.parametrize("method", ["medusa", "eagle"])
+@pytest.mark.parametrize("method", ["medusa", "eagle", "redrafter"])
 def test_resumed_run_equals_uninterrupted_run(setup, tmp_path, method):
     whole = run(setup, tmp_path, method, name="whole", epochs=2)
     stopped = run(setup, tmp_path, method, name="split", epochs=2, stop_after_steps=3)
@@ -166,6 +170,15 @@ def test_cli_prints_accuracy_per_depth(setup, tmp_path):
     lines = res.stdout.splitlines()
     assert lines[0].startswith(f"wrote {tmp_path / 'o'}: eagle drafter, ")
     assert [line.split(":")[0] for line in lines[1:]] == [f"  depth {d}" for d in (1, 2, 3, 4)]
+    args = cli_args(setup, tmp_path / "r")
+    args[1] = "redrafter"
+    res = CliRunner().invoke(cli, [*args, "--draft-len", "3", "--no-rnn", "--exit-dim", "48"])
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith(f"wrote {tmp_path / 'r' / 'o'}: redrafter drafter, ")
+    assert [line.split(":")[0] for line in lines[1:]] == [f"  depth {d}" for d in (1, 2, 3)]
+    config = json.loads((tmp_path / "r" / "o" / "config.json").read_text())
+    assert (config["rnn"], config["exit_dim"], config["model_type"]) == (False, 48, "recurrent_drafting_drafter")
 
 
 @pytest.mark.parametrize("extra,message", [

@@ -28,7 +28,7 @@ def _train_options(fn):
         click.option("--max-prompt-tokens", type=int, default=384, show_default=True,
                      help="Longer prompts are skipped."),
         click.option("--epochs", type=int, default=2, show_default=True, help="Passes over the training data."),
-        click.option("--lr", type=float, help="Peak learning rate (default: medusa 1e-3, eagle 5e-4)."),
+        click.option("--lr", type=float, help="Peak learning rate (default: medusa 1e-3, eagle 5e-4, redrafter 1e-3)."),
         click.option("--full-vocab-loss", is_flag=True, help="Cross-entropy over the whole vocabulary (slower)."),
         click.option("--top-k", type=int, default=10, show_default=True, help="Report accuracy@1..K."),
         click.option("--save-dtype", type=click.Choice(["float16", "float32", "bfloat16"]), default="float16",
@@ -90,3 +90,20 @@ def train_medusa(as_json: bool, **flags) -> None:
 def train_eagle(as_json: bool, **flags) -> None:
     """An EAGLE-1 draft (one decoder layer over [embedding, feature]), EAGLE repository layout."""
     _train("eagle", as_json, flags)
+
+
+@train.command("redrafter")
+@_train_options
+@click.option("--draft-len", type=int, default=4, show_default=True,
+              help="Depths trained: depth d predicts token t+d+1 from the hidden state and the d tokens before it "
+                   "(convert with --redrafter-draft-len-per-beam up to it).")
+@click.option("--layers", type=int, default=1, show_default=True, help="ResBlock layers.")
+@click.option("--rnn/--no-rnn", default=True, show_default=True,
+              help="The recurrence over the beam's tokens (rnn_w, rnn_u); --no-rnn sums their embeddings.")
+@click.option("--exit-dim", type=int, help="The drafter's width (default: 2 x hidden, no input projection).")
+@click.option("--batch-size", type=int, default=256, show_default=True, help="Positions per optimizer step.")
+@user_errors
+def train_redrafter(as_json: bool, **flags) -> None:
+    """A ReDrafter (Apple's recurrent drafter) over the base's hidden states, apple/ml-recurrent-drafter layout
+    (config.json, model.safetensors), for `trtspec convert --redrafter`."""
+    _train("redrafter", as_json, flags)

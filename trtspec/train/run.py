@@ -1,4 +1,4 @@
-"""`trtspec train medusa|eagle`: self-distillation data → training (resumable) → held-out accuracy → export.
+"""`trtspec train medusa|eagle|redrafter`: self-distillation data → training (resumable) → held-out accuracy → export.
 
 The output folder is written atomically at the end and holds the drafter in its released layout plus
 `training.json` (options, timings, data size, per-head / per-depth accuracy). Work files (the data cache, the
@@ -20,14 +20,15 @@ from trtspec.errors import ConfigError
 from trtspec.outdir import atomic_output_dir, check_output_dir
 from trtspec.train import eagle as E
 from trtspec.train import medusa as M
+from trtspec.train import redrafter as R
 from trtspec.train.data import DataCache, DataSpec, check_prompt_source
 from trtspec.train.heads import SharedLmHead, active_vocabulary, base_tensors
 from trtspec.train.loop import CHECKPOINT_FILE, FitOptions, fingerprint_of, fit
 from trtspec.speculative.method import Method
 
 log = logging.getLogger(__name__)
-METHODS = (Method.MEDUSA.value, Method.EAGLE.value)  # the drafters trtspec trains
-DEFAULT_LR = {"medusa": 1e-3, "eagle": 5e-4}
+METHODS = (Method.MEDUSA.value, Method.EAGLE.value, Method.REDRAFTER.value)  # the drafters trtspec trains
+DEFAULT_LR = {"medusa": 1e-3, "eagle": 5e-4, "redrafter": 1e-3}
 SAVE_DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
 RESULT_FILE = "training.json"
 
@@ -46,9 +47,12 @@ class TrainOptions:
     max_prompt_tokens: int = 384
     epochs: int = 2
     lr: float | None = None  # None: DEFAULT_LR[method]
-    batch_size: int = 256  # Medusa: positions per step (EAGLE steps over one sequence)
+    batch_size: int = 256  # Medusa / ReDrafter: positions per step (EAGLE steps over one sequence)
     heads: int = 4  # Medusa
-    layers: int = 1  # Medusa ResBlocks per head
+    layers: int = 1  # Medusa ResBlocks per head; ReDrafter ResBlocks
+    draft_len: int = 4  # ReDrafter: depths trained (the beams' length it drafts well)
+    rnn: bool = True  # ReDrafter: the recurrence over the beam's tokens (False: a running sum of embeddings)
+    exit_dim: int | None = None  # ReDrafter: the drafter's width (default 2 x hidden, no input projection)
     noise: float = 0.1  # EAGLE: uniform feature noise half-width
     ce_weight: float = 0.1  # EAGLE: weight of the token cross-entropy next to the feature regression
     unroll: int = 1  # EAGLE: depths trained (training-time test); 1 = EAGLE-1
@@ -72,7 +76,7 @@ class TrainOptions:
             raise ConfigError(f"unknown drafter {self.method!r}; trtspec trains {', '.join(METHODS)}")
         if self.save_dtype not in SAVE_DTYPES:
             raise ConfigError(f"--save-dtype {self.save_dtype!r} is not one of {', '.join(SAVE_DTYPES)}")
-        for name in ("epochs", "batch_size", "heads", "layers", "top_k", "unroll"):
+        for name in ("epochs", "batch_size", "heads", "layers", "top_k", "unroll", "draft_len"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.lr is not None and self.lr <= 0:
@@ -81,6 +85,8 @@ class TrainOptions:
             raise ConfigError(f"--draft-vocab must be >= 0 (0: the whole vocabulary), got {self.draft_vocab}")
         if self.noise < 0 or self.ce_weight < 0:
             raise ConfigError(f"--noise and --ce-weight must be >= 0, got {self.noise} and {self.ce_weight}")
+        if self.exit_dim is not None and self.exit_dim < 1:
+            raise ConfigError(f"--exit-dim must be >= 1, got {self.exit_dim}")
         if self.resume and self.force:
             raise ConfigError("--resume continues the run in the work folder and --force starts over; pass one")
 
@@ -125,6 +131,7 @@ def train(opts: TrainOptions) -> TrainResult:
     draft_vocab = (E.select_draft_vocab(batches, opts.draft_vocab, cfg.vocab_size) if opts.method == "eagle"
                    else None)
     accuracy = (M.evaluate(model, held_out, opts.top_k) if opts.method == "medusa"
+                else R.evaluate(model, held_out, opts.draft_len, opts.top_k) if opts.method == "redrafter"
                 else E.evaluate(model, held_out, opts.top_k, draft_vocab=draft_vocab))
     report = _report(opts, cache, train_set, held_out, fitted, model, accuracy, lr, time.perf_counter() - start)
     _export(opts, cfg, model, report, draft_vocab)
@@ -139,7 +146,8 @@ def _report(opts, cache, train_set, held_out, fitted, model, accuracy: dict, lr:
             "bytes": cache.size_bytes(), "generation_seconds": round(cache.generation_seconds, 1)}
     run = {"steps": fitted.steps, "seconds": round(fitted.seconds, 1),
            "epoch_losses": [round(x, 4) for x in fitted.epoch_losses],
-           "active_vocabulary": int(model.lm_head.active_weight.shape[0])}
+           "active_vocabulary": (model.active_rows if opts.method == "redrafter"
+                                 else int(model.lm_head.active_weight.shape[0]))}
     return {"method": opts.method, "command_options": _options_dict(opts), "lr": lr, "data": data, "training": run,
             "accuracy": accuracy, "seconds": round(seconds, 1)}
 
@@ -174,6 +182,12 @@ def _model(opts: TrainOptions, cfg, train_set):
         lm_head = SharedLmHead(lm_weight, None if opts.full_vocab_loss else active_vocabulary([labels], cfg.vocab_size))
         model = M.MedusaHeadsModule(cfg.hidden_size, opts.heads, opts.layers, lm_head)
         return model, M.make_batches(train_set, opts.heads, opts.batch_size), M.loss_fn(model)
+    if opts.method == "redrafter":
+        batches = R.make_batches(train_set, opts.draft_len, opts.batch_size)
+        active = None if opts.full_vocab_loss else active_vocabulary([b.labels for b in batches], cfg.vocab_size)
+        model = R.ReDrafterModule(embed, lm_weight, num_layers=opts.layers, rnn=opts.rnn, active=active,
+                                  exit_dim=opts.exit_dim or 2 * cfg.hidden_size)
+        return model, batches, R.loss_fn(model)
     batches = [E.sequence(s) for s in train_set]
     batches = [b for b in batches if (b.labels != -100).any()]
     lm_head = SharedLmHead(lm_weight, None if opts.full_vocab_loss
@@ -190,6 +204,8 @@ def _export(opts: TrainOptions, cfg, model, report: dict, draft_vocab) -> None:
     with atomic_output_dir(opts.out, force=True) as tmp:
         if opts.method == "medusa":
             M.export(model, tmp, base=base, dtype=dtype, extra=extra)
+        elif opts.method == "redrafter":
+            R.export(model, tmp, dtype=dtype, extra=extra)
         else:
             E.export(model, tmp, base=base, cfg=cfg, dtype=dtype, with_embeddings=opts.with_embeddings, extra=extra,
                      draft_vocab=draft_vocab)
@@ -197,16 +213,17 @@ def _export(opts: TrainOptions, cfg, model, report: dict, draft_vocab) -> None:
 
 
 METHOD_OPTIONS = {"medusa": ("heads", "layers", "batch_size"),
-                  "eagle": ("noise", "ce_weight", "unroll", "draft_vocab", "intermediate_size", "with_embeddings")}
+                  "eagle": ("noise", "ce_weight", "unroll", "draft_vocab", "intermediate_size", "with_embeddings"),
+                  "redrafter": ("layers", "batch_size", "draft_len", "rnn", "exit_dim")}
 
 
 def _options_dict(opts: TrainOptions) -> dict:
-    other = next(m for m in METHODS if m != opts.method)
-    skip = {"show_progress", "stop_after_steps", "resume", "force", "threads", *METHOD_OPTIONS[other]}
+    others = {o for m in METHODS if m != opts.method for o in METHOD_OPTIONS[m]} - set(METHOD_OPTIONS[opts.method])
+    skip = {"show_progress", "stop_after_steps", "resume", "force", "threads", *others}
     return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items() if k not in skip}
 
 
 def _fingerprint(opts: TrainOptions, cache: DataCache) -> dict:
     keep = ("method", "epochs", "lr", "batch_size", "heads", "layers", "noise", "ce_weight", "unroll",
-            "intermediate_size", "full_vocab_loss", "seed")
+            "intermediate_size", "full_vocab_loss", "seed", "draft_len", "rnn", "exit_dim")
     return fingerprint_of(data=asdict(cache.spec), **{k: getattr(opts, k) for k in keep})
