@@ -172,13 +172,17 @@ def test_cli_prints_accuracy_per_depth(setup, tmp_path):
     assert [line.split(":")[0] for line in lines[1:]] == [f"  depth {d}" for d in (1, 2, 3, 4)]
     args = cli_args(setup, tmp_path / "r")
     args[1] = "redrafter"
-    res = CliRunner().invoke(cli, [*args, "--draft-len", "3", "--no-rnn", "--exit-dim", "48"])
+    refused = CliRunner().invoke(cli, [*args, "--exit-dim", "48"])
+    assert refused.exit_code == 1 and refused.stderr.strip() == (
+        "error: --exit-dim 48 is below the base's hidden size 64: the drafter's lm_head starts as the base's over the "
+        "first hidden columns")
+    res = CliRunner().invoke(cli, [*args, "--draft-len", "3", "--no-rnn", "--exit-dim", "96"])
     assert res.exit_code == 0, res.output
     lines = res.stdout.splitlines()
     assert lines[0].startswith(f"wrote {tmp_path / 'r' / 'o'}: redrafter drafter, ")
     assert [line.split(":")[0] for line in lines[1:]] == [f"  depth {d}" for d in (1, 2, 3)]
     config = json.loads((tmp_path / "r" / "o" / "config.json").read_text())
-    assert (config["rnn"], config["exit_dim"], config["model_type"]) == (False, 48, "recurrent_drafting_drafter")
+    assert (config["rnn"], config["exit_dim"], config["model_type"]) == (False, 96, "recurrent_drafting_drafter")
 
 
 @pytest.mark.parametrize("extra,message", [

@@ -3,9 +3,10 @@
 At a reply position i the base's final hidden state h_i predicts token t_{i+1}; the drafter, fed h_i and the tokens
 t_{i+1} .. t_{i+d} through its recurrence, predicts t_{i+d+1} at depth d = 1 .. D (teacher forcing on the base's own
 greedy continuation, as the beam search reads them at inference: onnx_graph.redrafter_graph). Loss = the mean
-cross-entropy over depths. The drafter's lm_head starts from the base's (its first `hidden` columns; the recurrent
-half at zero, exit_dim = 2 · hidden) and trains on the active vocabulary's rows only (heads.py), the other rows
-keeping the base's scores. The token embedding is the base's, frozen. Exported as apple/ml-recurrent-drafter saves
+cross-entropy over depths. The drafter's lm_head is the base's over its first `hidden` columns and zero over the
+others, frozen, as Medusa heads share the base's: the ResBlocks (identity at the start) learn to move the recurrent
+state into what the lm_head reads, and every vocabulary row scores alike in training (active rows, heads.py) and at
+inference. The token embedding is the base's, frozen. Exported as apple/ml-recurrent-drafter saves
 a drafter (`config.json`, `model.safetensors`, the `lm_head.{i}` spelling), which `trtspec convert --redrafter`
 reads.
 """
@@ -21,22 +22,32 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trtspec.errors import ConfigError
 from trtspec.model.reference import MedusaLayer
 from trtspec.train.data import Sample
-from trtspec.train.heads import IGNORE, accuracy_at
+from trtspec.train.heads import IGNORE, SharedLmHead, accuracy_at
 
 
 class ReDrafterModule(nn.Module):
-    """The drafter (input_proj when exit_dim ≠ 2 · hidden, `num_layers` ResBlocks, lm_head; rnn_u / rnn_w with the
-    recurrence) over the frozen base embedding. `active`: the lm_head rows trained (sorted token ids)."""
+    """The drafter (input_proj when exit_dim ≠ 2 · hidden, `num_layers` ResBlocks; rnn_u / rnn_w with the recurrence)
+    over the frozen base embedding, its lm_head the base's on the first `hidden` columns and zero on the others,
+    frozen (heads.SharedLmHead: training logits over the active vocabulary, every row scored alike)."""
 
-    def __init__(self, embed: torch.Tensor, lm_weight: torch.Tensor, *, num_layers: int, exit_dim: int, rnn: bool,
-                 active: torch.Tensor | None = None):
+    def __init__(self, embed: torch.Tensor, lm_head: SharedLmHead, *, num_layers: int, exit_dim: int, rnn: bool):
         super().__init__()
-        vocab, hidden = embed.shape
+        hidden = embed.shape[1]
+        if exit_dim < hidden:
+            raise ConfigError(f"--exit-dim {exit_dim} is below the base's hidden size {hidden}: the drafter's lm_head "
+                              "starts as the base's over the first hidden columns")
         self.register_buffer("embed", embed, persistent=False)  # [V, H], the base's, never trained
         self.hidden_size, self.exit_dim, self.rnn = hidden, exit_dim, rnn
-        self.input_proj = nn.Linear(2 * hidden, exit_dim) if exit_dim != 2 * hidden else None
+        self.input_proj = None
+        if exit_dim != 2 * hidden:  # the hidden state through at first: [h, state] → [h, 0 ...]
+            self.input_proj = nn.Linear(2 * hidden, exit_dim)
+            nn.init.zeros_(self.input_proj.weight)
+            nn.init.zeros_(self.input_proj.bias)
+            with torch.no_grad():
+                self.input_proj.weight[:hidden, :hidden] = torch.eye(hidden)
         self.layers = nn.ModuleList(MedusaLayer(exit_dim) for _ in range(num_layers))
         for p in self.layers.parameters():
             nn.init.zeros_(p)  # identity ResBlocks at the start, as the Medusa heads start
@@ -46,18 +57,7 @@ class ReDrafterModule(nn.Module):
             nn.init.eye_(self.rnn_w.weight)  # the embedding itself at the first depth
             nn.init.eye_(self.rnn_u.weight)
             nn.init.zeros_(self.rnn_u.bias)
-        full = torch.zeros(vocab, exit_dim)
-        if exit_dim == 2 * hidden:
-            full[:, :hidden] = lm_weight  # the base's scores of h_i to start from
-        else:
-            nn.init.normal_(full, std=0.02)
-        active = torch.arange(vocab) if active is None else active
-        self.register_buffer("full_lm_head", full, persistent=False)
-        self.lm_head_rows = nn.Parameter(full[active].clone())  # [Va, E], trained
-        index = torch.full((vocab,), IGNORE, dtype=torch.long)
-        index[active] = torch.arange(len(active))
-        self.register_buffer("active", active, persistent=False)
-        self.register_buffer("index", index, persistent=False)
+        self.lm_head = lm_head
 
     def states(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [N, D] (t_{i+1} .. t_{i+D}) → the recurrence's states [N, D, H]."""
@@ -80,15 +80,10 @@ class ReDrafterModule(nn.Module):
             x = layer(x)
         return x
 
-    @property
-    def active_rows(self) -> int:
-        return int(self.lm_head_rows.shape[0])
-
-    def lm_head(self) -> torch.Tensor:
-        """The full lm_head [V, E]: the trained rows in place."""
-        full = self.full_lm_head.clone()
-        full[self.active] = self.lm_head_rows.detach()
-        return full
+    def full_lm_head(self) -> torch.Tensor:
+        """The exported lm_head [V, E]: the base's rows, zero past the first hidden columns."""
+        weight = self.lm_head.weight
+        return torch.cat([weight, weight.new_zeros(weight.shape[0], self.exit_dim - self.hidden_size)], dim=1)
 
 
 @dataclass(frozen=True)
@@ -126,10 +121,9 @@ def make_batches(samples: list[Sample], depth: int, batch_size: int) -> list[Dep
 
 def loss_fn(model: ReDrafterModule):
     def compute(batch: DepthBatch, gen: torch.Generator) -> tuple[torch.Tensor, int]:
-        x = model.exit(batch.features.float(), batch.tokens)  # [N, D, E]
-        logits = x @ model.lm_head_rows.T  # [N, D, Va]
-        target = torch.where(batch.labels == IGNORE, IGNORE, model.index[batch.labels.clamp(min=0)])
-        return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=IGNORE), len(batch.labels)
+        x = model.exit(batch.features.float(), batch.tokens)[..., :model.hidden_size]  # what the lm_head reads
+        logits, target = model.lm_head.train_logits(x.flatten(0, 1), batch.labels.flatten())
+        return F.cross_entropy(logits, target, ignore_index=IGNORE), len(batch.labels)
     return compute
 
 
@@ -137,8 +131,8 @@ def loss_fn(model: ReDrafterModule):
 def evaluate(model: ReDrafterModule, samples: list[Sample], depth: int, top_k: int) -> dict:
     """Per-depth accuracy@1..top_k over the full vocabulary on held-out reply positions, teacher-forced."""
     feats, tokens, labels = positions(samples, depth)
-    x = model.exit(torch.from_numpy(feats).float(), torch.from_numpy(tokens))
-    logits = x @ model.lm_head().T  # [N, D, V]
+    x = model.exit(torch.from_numpy(feats).float(), torch.from_numpy(tokens))[..., :model.hidden_size]
+    logits = model.lm_head.full_logits(x)  # [N, D, V]
     return {"depths": [{"depth": d + 1, "predicts": f"t+{d + 2}",
                         **accuracy_at(logits[:, d], torch.from_numpy(labels[:, d]), top_k, IGNORE)}
                        for d in range(depth)]}
@@ -150,7 +144,7 @@ def export(model: ReDrafterModule, out: Path, *, dtype: torch.dtype, extra: dict
     from safetensors.torch import save_file
 
     n = len(model.layers)
-    tensors = {f"lm_head.{n}.weight": model.lm_head()}
+    tensors = {f"lm_head.{n}.weight": model.full_lm_head()}
     for i, layer in enumerate(model.layers):
         tensors[f"lm_head.{i}.linear.weight"] = layer.linear.weight.detach()
         tensors[f"lm_head.{i}.linear.bias"] = layer.linear.bias.detach()

@@ -146,8 +146,7 @@ def _report(opts, cache, train_set, held_out, fitted, model, accuracy: dict, lr:
             "bytes": cache.size_bytes(), "generation_seconds": round(cache.generation_seconds, 1)}
     run = {"steps": fitted.steps, "seconds": round(fitted.seconds, 1),
            "epoch_losses": [round(x, 4) for x in fitted.epoch_losses],
-           "active_vocabulary": (model.active_rows if opts.method == "redrafter"
-                                 else int(model.lm_head.active_weight.shape[0]))}
+           "active_vocabulary": int(model.lm_head.active_weight.shape[0])}
     return {"method": opts.method, "command_options": _options_dict(opts), "lr": lr, "data": data, "training": run,
             "accuracy": accuracy, "seconds": round(seconds, 1)}
 
@@ -184,8 +183,9 @@ def _model(opts: TrainOptions, cfg, train_set):
         return model, M.make_batches(train_set, opts.heads, opts.batch_size), M.loss_fn(model)
     if opts.method == "redrafter":
         batches = R.make_batches(train_set, opts.draft_len, opts.batch_size)
-        active = None if opts.full_vocab_loss else active_vocabulary([b.labels for b in batches], cfg.vocab_size)
-        model = R.ReDrafterModule(embed, lm_weight, num_layers=opts.layers, rnn=opts.rnn, active=active,
+        lm_head = SharedLmHead(lm_weight, None if opts.full_vocab_loss
+                               else active_vocabulary([b.labels for b in batches], cfg.vocab_size))
+        model = R.ReDrafterModule(embed, lm_head, num_layers=opts.layers, rnn=opts.rnn,
                                   exit_dim=opts.exit_dim or 2 * cfg.hidden_size)
         return model, batches, R.loss_fn(model)
     batches = [E.sequence(s) for s in train_set]
