@@ -162,7 +162,7 @@ def test_the_method_is_trained_built_into_engines_and_decoded_on_the_cpu():
     r = Method.REDRAFTER
     assert r.value == "redrafter" and r.trained and not r.training_free
     assert r in Method.built_into_engines() and r in Method.decoded_on_cpu()
-    assert r not in Method.recipe_drafters()  # a recipe does not convert ReDrafter drafters yet
+    assert r in Method.recipe_drafters()  # a recipe converts ReDrafter drafters (drafter.kind redrafter)
 
 
 def test_the_manifests_redrafter_section_is_checked(tiny, tmp_path):
