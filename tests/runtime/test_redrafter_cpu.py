@@ -101,3 +101,35 @@ def test_the_cpu_flavour_serves_it(engines, tmp_path):
     assert ids == plain.output_ids
     drafted = [int(r.as_numpy("num_draft_tokens").reshape(-1)[0]) for r, _ in got if r is not None]
     assert max(drafted) > 0
+
+
+def test_an_lm_head_with_zero_trailing_columns_is_read_in_part(tmp_path):
+    """A drafter whose lm_head is zero past its first hidden columns (as `train redrafter` writes one) builds a graph
+    that reads only those columns, checked against the full reference; quantized, whole blocks of them."""
+    import onnx
+    from safetensors.torch import load_file, save_file
+
+    from trtspec.model.onnx_graph import redrafter_lm_head_columns
+    from trtspec.model.quantize import QuantSpec
+
+    lm = np.zeros((8, 128), np.float32)
+    lm[:, :40] = 1.0
+    assert redrafter_lm_head_columns(lm, None) == 40
+    assert redrafter_lm_head_columns(lm, QuantSpec("int8", 32)) == 64
+    assert redrafter_lm_head_columns(np.ones((8, 128), np.float32), None) == 128
+    vocab = write_tiny_tokenizer(tmp_path / "tokenizer")
+    model = TinyModel(vocab_size=vocab)
+    drafter = write_redrafter_drafter(tmp_path / "drafter", model, num_draft_layers=1)
+    state = load_file(str(drafter / "model.safetensors"))
+    state["lm_head.1.weight"][:, model.hidden_size:] = 0
+    save_file(state, str(drafter / "model.safetensors"))
+    convert(ConvertOptions(base=write_hf_base(tmp_path / "base", model), out=tmp_path / "ckpt", redrafter=drafter,
+                           redrafter_num_beams=2, redrafter_draft_len_per_beam=2), show_progress=False)
+    m = build(BuildOptions(source=tmp_path / "ckpt", out=tmp_path / "engine", tokenizer=tmp_path / "tokenizer",
+                           max_input_len=64, max_seq_len=160))
+    assert m.numerics["redrafter.logits"] < 1e-3
+    graph = onnx.load(str(tmp_path / "engine" / "redrafter.onnx"), load_external_data=False)
+    assert "Slice" in {node.op_type for node in graph.graph.node}
+    generator = LocalGenerator(tmp_path / "engine", threads=1)
+    plain = generator.generate(PROMPTS[0], GenerationConfig(max_tokens=24, no_spec=True)).output_ids
+    assert generator.generate(PROMPTS[0], GenerationConfig(max_tokens=24, backoff=False)).output_ids == plain

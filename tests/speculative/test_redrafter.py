@@ -55,7 +55,9 @@ def test_the_beam_search_is_a_beam_search_and_beams_carry_their_own_state():
     engine = SimpleNamespace(redrafter_step=step)
     beams, probs = beam_search(engine, np.zeros(2, np.float32), root=3, num_beams=3, draft_len=4)
     assert beams.tolist() == plain_beam_search(StepRecorder(vocab=7), 3, 3, 4)
-    assert step.calls[0] == [0, 0, 0] and all(c == [1, 1, 1] for c in step.calls[1:])  # upstream's rnn_embed(x, None)
+    # the first depth scores the root once (upstream: every beam, all but one at -50000), without a state (rnn_embed(x,
+    # None)); the later ones every beam, with its state
+    assert step.calls[0] == [0] and all(c == [1, 1, 1] for c in step.calls[1:])
     assert beams.shape == (3, 5) and probs.shape == (3, 4) and np.all((probs > 0) & (probs <= 1))
 
 

@@ -91,6 +91,7 @@ class _Layout:
     medusa_lm_heads: tuple[str, ...] = ()
     draft_vocab: tuple[int, ...] | None = None  # EAGLE: the target ids the draft lm_head scores (None: all)
     redrafter: ReDrafterNet | None = None  # a ReDrafter checkpoint's drafter, written beside the base
+    redrafter_columns: int | None = None  # the drafter's lm_head columns stored (redrafter_lm_head_columns)
 
 
 # ---- weights ------------------------------------------------------------------------------------------------
@@ -251,15 +252,15 @@ def _write_base(src: _Source, wf: WeightFile, c: ModelShape, plan: WeightPlan = 
             heads.append(f"medusa.{h}.lm_head.weight")
             wf.add_matrix(heads[-1], head, plan.drafter, fp32_layout="out_in")  # [V, H] like the base lm_head
         src.advance()
-    redrafter = None
+    redrafter, redrafter_columns = None, None
     if c.architecture in REDRAFTER_ARCHITECTURES:
         redrafter = ReDrafterNet.from_trtllm(src.ckpt.config)
-        _write_redrafter(src, wf, redrafter, V, plan.drafter)
+        redrafter_columns = _write_redrafter(src, wf, redrafter, V, plan.drafter)
     src.check_all_used(lambda name: not name.startswith("eagle_nets."))
-    return _Layout(tied, tuple(heads), redrafter=redrafter)
+    return _Layout(tied, tuple(heads), redrafter=redrafter, redrafter_columns=redrafter_columns)
 
 
-def _write_redrafter(src: _Source, wf: WeightFile, net: ReDrafterNet, vocab: int, spec: QuantSpec | None) -> None:
+def _write_redrafter(src: _Source, wf: WeightFile, net: ReDrafterNet, vocab: int, spec: QuantSpec | None) -> int:
     """The drafter's matrices stored [in, out] for MatMul (or quantized with `spec`, as Medusa heads are), its
     lm_head [V, exit_dim] like the base's; it gathers token embeddings from the base's table."""
     H, E = net.hidden_size, net.exit_dim
@@ -271,9 +272,22 @@ def _write_redrafter(src: _Source, wf: WeightFile, net: ReDrafterNet, vocab: int
         wf.add_matrix(f"redrafter.{name}.weight", src.get(f"drafter.{name}.weight", shape), spec, fp32_layout="in_out")
         if bias:
             wf.add(f"redrafter.{name}.bias", src.get(f"drafter.{name}.bias", shape[:1]))
-    wf.add_matrix("redrafter.lm_head.weight", src.get("drafter.lm_head.weight", (vocab, E)), spec,
-                  fp32_layout="out_in")
+    lm_head = src.get("drafter.lm_head.weight", (vocab, E))
+    columns = redrafter_lm_head_columns(lm_head, spec)
+    wf.add_matrix("redrafter.lm_head.weight", lm_head[:, :columns], spec, fp32_layout="out_in")
     src.advance()
+    return columns
+
+
+def redrafter_lm_head_columns(lm_head: np.ndarray, spec: QuantSpec | None) -> int:
+    """The lm_head columns the drafter's logits need: trailing columns that are zero in every row add nothing (a
+    drafter trained with the base's lm_head on its first hidden columns, `trtspec train redrafter`, has half of
+    them), so the graph reads only the others; kept whole blocks wide when the lm_head is quantized."""
+    used = np.flatnonzero(np.any(lm_head != 0, axis=0))
+    columns = int(used[-1]) + 1 if used.size else 1
+    if spec is not None:
+        columns = min(lm_head.shape[1], -(-columns // spec.block_size) * spec.block_size)
+    return columns
 
 
 def _draft_config(c: ModelShape) -> ModelShape:
@@ -401,6 +415,8 @@ def redrafter_graph(c: ModelShape, layout: _Layout, wf: WeightFile) -> onnx.Mode
     for i in range(net.num_layers):
         y = linear(g, x, f"redrafter.layers.{i}.linear", f"layers.{i}")
         x = g.op("Add", x, g.op("Mul", y, g.op("Sigmoid", y)))
+    if layout.redrafter_columns < net.exit_dim:  # the lm_head's trailing columns are zero: they add nothing
+        x = g.op("Slice", x, g.const([0]), g.const([layout.redrafter_columns]), g.const([1]))
     logits(g, x, "redrafter.lm_head.weight", name="logits")  # [N, V]
     info, H = helper.make_tensor_value_info, c.hidden_size
     return g.model("trtspec_redrafter", [info("hidden", TensorProto.FLOAT, ["rows", H]),

@@ -63,21 +63,25 @@ def beam_search(engine: Engine, hidden: np.ndarray, root: int, num_beams: int,
     token at each depth given its prefix [num_beams, draft_len]."""
     H = hidden.shape[-1]
     rows = np.broadcast_to(hidden.astype(np.float32), (num_beams, H)).copy()
-    scores = np.full(num_beams, FIRST_BEAM_ONLY, np.float64)
+    scores = np.full(num_beams, FIRST_BEAM_ONLY, np.float32)
     scores[0] = 0.0
     beams = np.full((num_beams, 1), root, np.int64)
     probs = np.zeros((num_beams, 0), np.float64)
     state = np.zeros((num_beams, H), np.float32)
     has_state = np.zeros((num_beams, 1), np.float32)
-    for _ in range(draft_len):
-        logits, state = engine.redrafter_step(rows, beams[:, -1], state, has_state)
+    for depth in range(draft_len):
+        if depth == 0:  # every beam is the root alone: one row scores it, the others are copies
+            logits, state = engine.redrafter_step(rows[:1], beams[:1, -1], state[:1], has_state[:1])
+            logits, state = np.repeat(logits, num_beams, axis=0), np.repeat(state, num_beams, axis=0)
+        else:
+            logits, state = engine.redrafter_step(rows, beams[:, -1], state, has_state)
         log_probs = _log_softmax(logits)  # [nb, V]
         total = (log_probs + scores[:, None]).ravel()
         top = np.argpartition(-total, num_beams - 1)[:num_beams]
         top = top[np.argsort(-total[top], kind="stable")]
         parent, token = np.divmod(top, log_probs.shape[1])
         beams = np.concatenate([beams[parent], token[:, None]], axis=1)
-        probs = np.concatenate([probs[parent], np.exp(log_probs[parent, token])[:, None]], axis=1)
+        probs = np.concatenate([probs[parent], np.exp(log_probs[parent, token].astype(np.float64))[:, None]], axis=1)
         scores, state = total[top], state[parent]
         has_state = np.ones_like(has_state)
     return beams, probs
@@ -108,6 +112,5 @@ def beams_to_tree(beams: np.ndarray, probs: np.ndarray) -> tuple[Tree, np.ndarra
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64)
-    x -= x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    x = logits - logits.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True, dtype=np.float64)).astype(x.dtype)
