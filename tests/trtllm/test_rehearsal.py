@@ -98,23 +98,29 @@ def _whole_text(pair) -> str:
                                                                                 skip_special_tokens=True)
 
 
-@pytest.mark.parametrize("method", ["eagle", "lookahead"])
-def test_every_engine_flow_method_is_rehearsed(pairs, method, tmp_path):
+def _served_whole_replies(repo) -> list[str]:
+    """The repository served for real; PROMPT's whole reply from the ensemble (24 tokens, not streamed), as
+    end_to_end_grpc_client.py asks for it. Fails on any error response."""
     from trtspec.triton.server import ServerOptions, TritonServer, free_port
 
-    pair = pairs[method]
-    deployed = _deploy(pair, tmp_path / "repo")
-    assert deployed.exit_code == 0, deployed.output
-    whole = _whole_text(pair)
-    options = ServerOptions(repository=tmp_path / "repo", grpc_port=free_port(), http_port=free_port(),
-                            metrics_port=free_port(), exit_timeout_s=5)
+    options = ServerOptions(repository=repo, grpc_port=free_port(), http_port=free_port(), metrics_port=free_port(),
+                            exit_timeout_s=5)
     with TritonServer(options, on_log=lambda line: None) as server:
         inputs = [grpc_tensor("text_input", np.array([[PROMPT.encode()]], np.object_)),
                   grpc_tensor("max_tokens", np.array([[24]], np.int32)),
                   grpc_tensor("stream", np.array([[False]], np.bool_))]
         got = stream_once(server.grpc_url, "ensemble", inputs)
     assert [str(e) for _, e in got if e is not None] == []
-    assert [r.as_numpy("text_output")[0].decode("utf-8", errors="replace") for r, _ in got if r is not None] == [whole]
+    return [r.as_numpy("text_output")[0].decode("utf-8", errors="replace") for r, _ in got if r is not None]
+
+
+@pytest.mark.parametrize("method", ["eagle", "lookahead"])
+def test_every_engine_flow_method_is_rehearsed(pairs, method, tmp_path):
+    pair = pairs[method]
+    deployed = _deploy(pair, tmp_path / "repo")
+    assert deployed.exit_code == 0, deployed.output
+    whole = _whole_text(pair)
+    assert _served_whole_replies(tmp_path / "repo") == [whole]
 
 
 def test_a_non_decoupled_rehearsal_answers_unary_requests(engines, tmp_path):
@@ -344,7 +350,6 @@ def test_a_redrafter_engine_is_rehearsed(engines, tmp_path):
     runs its beam search under the GPU repository's tensorrt_llm: replies are the CPU engine's greedy text."""
     from trtspec.checkpoint.convert import ConvertOptions, convert
     from trtspec.testing import write_hf_base, write_redrafter_drafter
-    from trtspec.triton.server import ServerOptions, TritonServer, free_port
 
     root, tok = engines["root"], engines["root"] / "tokenizer"
     model = TinyModel(vocab_size=engines["vocab"])
@@ -365,12 +370,4 @@ def test_a_redrafter_engine_is_rehearsed(engines, tmp_path):
     config = (tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt").read_text()
     assert 'decoding_mode"' in config and '"redrafter"' in config
     whole = _whole_text(pair)
-    options = ServerOptions(repository=tmp_path / "repo", grpc_port=free_port(), http_port=free_port(),
-                            metrics_port=free_port(), exit_timeout_s=5)
-    with TritonServer(options, on_log=lambda line: None) as server:
-        inputs = [grpc_tensor("text_input", np.array([[PROMPT.encode()]], np.object_)),
-                  grpc_tensor("max_tokens", np.array([[24]], np.int32)),
-                  grpc_tensor("stream", np.array([[False]], np.bool_))]
-        got = stream_once(server.grpc_url, "ensemble", inputs)
-    assert [str(e) for _, e in got if e is not None] == []
-    assert [r.as_numpy("text_output")[0].decode("utf-8", errors="replace") for r, _ in got if r is not None] == [whole]
+    assert _served_whole_replies(tmp_path / "repo") == [whole]

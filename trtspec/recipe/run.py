@@ -362,7 +362,7 @@ def _draft_target_replies(repository: Path, prompts: list[str], max_tokens: int,
     import numpy as np
     import tritonclient.grpc as grpcclient
 
-    from trtspec.triton.client import TritonClient
+    from trtspec.triton.client import TritonClient, infer_input
     from trtspec.triton.server import ServerOptions, TritonServer, free_port
 
     options = ServerOptions(repository=repository, grpc_port=free_port(), http_port=free_port(),
@@ -372,23 +372,13 @@ def _draft_target_replies(repository: Path, prompts: list[str], max_tokens: int,
         TritonClient(server.grpc_url, model="tensorrt_llm_bls").check_ready(wait_s=wait_s)
         client = grpcclient.InferenceServerClient(server.grpc_url)
         for prompt in prompts:
-            inputs = []
-            for name, value in (("text_input", np.array([[prompt.encode()]], np.object_)),
-                                ("max_tokens", np.array([[max_tokens]], np.int32)),
-                                ("num_draft_tokens", np.array([[num_draft]], np.int32)),
-                                ("exclude_input_in_output", np.array([[True]], np.bool_))):
-                tensor = grpcclient.InferInput(name, list(value.shape), _wire_type(value))
-                tensor.set_data_from_numpy(value)
-                inputs.append(tensor)
+            inputs = [infer_input("text_input", np.array([[prompt.encode()]], np.object_)),
+                      infer_input("max_tokens", np.array([[max_tokens]], np.int32)),
+                      infer_input("num_draft_tokens", np.array([[num_draft]], np.int32)),
+                      infer_input("exclude_input_in_output", np.array([[True]], np.bool_))]
             reply = client.infer("tensorrt_llm_bls", inputs)
             texts.append(reply.as_numpy("text_output").reshape(-1)[0].decode("utf-8", errors="replace"))
     return texts
-
-
-def _wire_type(array) -> str:
-    from tritonclient.utils import np_to_triton_dtype
-
-    return np_to_triton_dtype(array.dtype)
 
 
 def _serve_prompts(recipe: Recipe) -> list[str]:

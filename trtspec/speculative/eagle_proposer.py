@@ -15,7 +15,8 @@ import numpy as np
 from trtspec.errors import ConfigError
 from trtspec.speculative.engine import Engine, StepOutput
 from trtspec.speculative.acceptance import Accepted
-from trtspec.speculative.proposer import Draft, batch_engine, observe_one_by_one, token_probabilities, top_ranked
+from trtspec.speculative.proposer import (Draft, batch_engine, log_softmax, observe_one_by_one, token_probabilities,
+                                         top_ranked)
 from trtspec.speculative.tree import DynamicTree, Tree, build_tree
 
 
@@ -41,11 +42,6 @@ class _Candidates:
                 seen.add(n)
                 n = self.parent[n]
         return sorted(seen, key=lambda i: (self.depth[i], i))
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 class EagleProposer:

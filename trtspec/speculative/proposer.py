@@ -89,6 +89,13 @@ def observe_one_by_one(proposers: list, steps: list) -> None:
         proposer.observe(verify, accepted)
 
 
+def log_softmax(logits: np.ndarray, dtype=np.float64) -> np.ndarray:
+    """Log-probabilities over the last axis, computed in `dtype` (float32 for a drafter that scores several rows of
+    the whole vocabulary every step), the normaliser summed in float64."""
+    shifted = logits.astype(dtype, copy=False) - logits.max(axis=-1, keepdims=True).astype(dtype)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True, dtype=np.float64)).astype(dtype)
+
+
 def token_probabilities(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     """The softmax probability of each of `tokens` under `logits` [V]: one pass over the vocabulary, in float32."""
     top = logits.max()

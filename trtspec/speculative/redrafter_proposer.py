@@ -16,7 +16,7 @@ import numpy as np
 
 from trtspec.speculative.acceptance import Accepted
 from trtspec.speculative.engine import Engine, StepOutput
-from trtspec.speculative.proposer import Draft
+from trtspec.speculative.proposer import Draft, log_softmax
 from trtspec.speculative.tree import Tree, tree_from_choices
 
 FIRST_BEAM_ONLY = -50000.0  # the score every beam but the first starts at: step one expands the root once
@@ -75,7 +75,7 @@ def beam_search(engine: Engine, hidden: np.ndarray, root: int, num_beams: int,
             logits, state = np.repeat(logits, num_beams, axis=0), np.repeat(state, num_beams, axis=0)
         else:
             logits, state = engine.redrafter_step(rows, beams[:, -1], state, has_state)
-        log_probs = _log_softmax(logits)  # [nb, V]
+        log_probs = log_softmax(logits, np.float32)  # [nb, V]
         total = (log_probs + scores[:, None]).ravel()
         top = np.argpartition(-total, num_beams - 1)[:num_beams]
         top = top[np.argsort(-total[top], kind="stable")]
@@ -110,7 +110,3 @@ def beams_to_tree(beams: np.ndarray, probs: np.ndarray) -> tuple[Tree, np.ndarra
     tokens = np.array([int(beams[0, 0])] + [p[-1] for p in prefixes], dtype=np.int64)
     return tree, tokens, np.array([prob_of[p] for p in prefixes], dtype=np.float64)
 
-
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits - logits.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True, dtype=np.float64)).astype(x.dtype)

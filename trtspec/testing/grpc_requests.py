@@ -9,12 +9,9 @@ import numpy as np
 
 def grpc_tensor(name: str, array: np.ndarray):
     """One request tensor with the Triton type of the array's dtype (BYTES for object arrays)."""
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import np_to_triton_dtype
+    from trtspec.triton.client import infer_input
 
-    t = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-    t.set_data_from_numpy(array)
-    return t
+    return infer_input(name, array)
 
 
 def stream_once(url: str, model: str, inputs, timeout: float = 60, request_id: str = "", outputs=None):

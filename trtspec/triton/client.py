@@ -81,17 +81,12 @@ def build_inputs(prompt: str, options: GenerationConfig, *, stream: bool, stop_w
     and `use_speculation` only where the ensemble takes it (trtspec's CPU flavour). `chat_template`: whether the
     server renders the prompt as one user turn of the chat template (where the ensemble takes
     `apply_chat_template`; false sends the text as the prompt, as upstream's clients do)."""
-    import tritonclient.grpc as grpcclient
-
     _check_sendable(options)
 
     def has(name: str) -> bool:
         return accepted is None or name in accepted
 
-    def tensor(name, array):
-        t = grpcclient.InferInput(name, list(array.shape), _wire_type(array))
-        t.set_data_from_numpy(array)
-        return t
+    tensor = infer_input
 
     inputs = [tensor("text_input", np.array([[prompt.encode()]], np.object_)),
               tensor("max_tokens", np.array([[options.max_tokens]], np.int32)),
@@ -156,6 +151,15 @@ def _check_sendable(options: GenerationConfig) -> None:
         if getattr(options, name) != getattr(default, name):
             raise ConfigError(f"{name}={getattr(options, name)!r}: the gRPC client does not send it (the server "
                               "uses its own); leave it at its default")
+
+
+def infer_input(name: str, array: np.ndarray):
+    """One gRPC request tensor holding `array`, typed as Triton names its dtype (BYTES for object arrays)."""
+    import tritonclient.grpc as grpcclient
+
+    t = grpcclient.InferInput(name, list(array.shape), _wire_type(array))
+    t.set_data_from_numpy(array)
+    return t
 
 
 def _wire_type(array: np.ndarray) -> str:
