@@ -23,20 +23,24 @@ from pathlib import Path
 import click
 import numpy as np
 
-from trtspec.bench.floors import BANDWIDTH_REPEATS, read_bandwidth  # noqa: F401 (a child runner)
-from trtspec.bench.peers import (GENAI_INSTALL, GENAI_MODULES, TRANSFORMERS_INSTALL, TRANSFORMERS_MODULES,
-                                 build_genai_model, missing_modules, run_child)
-from trtspec.cli.app import user_errors
-from trtspec.errors import ConfigError
-from trtspec.progress import progress_bar
-from trtspec.speculative.method import PLAIN
+if __package__ in (None, ""):  # run as a script: the repository root on the path, for benchmarks.floors
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import floors  # noqa: E402
+from benchmarks.floors import BANDWIDTH_REPEATS, read_bandwidth  # noqa: E402, F401 (a child runner)
+from trtspec.bench.peers import (GENAI_INSTALL, GENAI_MODULES, TRANSFORMERS_INSTALL, TRANSFORMERS_MODULES,  # noqa: E402
+                                 alternate, build_genai_model, missing_modules, run_child, sample)
+from trtspec.cli.app import user_errors  # noqa: E402
+from trtspec.errors import ConfigError  # noqa: E402
+from trtspec.progress import progress_bar  # noqa: E402
+from trtspec.speculative.method import PLAIN  # noqa: E402
 
 MODEL = "smollm2-135m"
 CURVE_KS = (0, 1, 3, 7, 15, 31, 63)  # K + 1 = 1, 2, 4, ..., 64 slots per step
 NO_SPIN = "trtspec --no-spin"  # the row decoded with sleeping workers (shared machines)
 SYSTEMS = {  # name in the table → (runner, what to install when missing)
-    "trtspec": ("trtspec.bench.peers:run_trtspec", ()),
-    NO_SPIN: ("trtspec.bench.peers:run_trtspec", ()),
+    "trtspec": ("benchmarks.cpu_engine:run_trtspec", ()),
+    NO_SPIN: ("benchmarks.cpu_engine:run_trtspec", ()),
     "onnxruntime-genai": ("trtspec.bench.peers:run_genai", GENAI_MODULES),
     "transformers": ("trtspec.bench.peers:run_transformers", TRANSFORMERS_MODULES),
 }
@@ -303,9 +307,27 @@ def run_benchmark(args: CpuBenchOptions) -> dict:
 def bandwidth_floor(weights: Path, bandwidth: dict, decode_tps: float) -> dict:
     """Decoding time per token ÷ the time to read every weight once at the measured bandwidth."""
     weight_bytes = Path(weights).stat().st_size  # the tied lm_head / embedding is stored (and read) once
-    floor_ms, decode_ms = 1000 * weight_bytes / (bandwidth["gbps"] * 1e9), 1000 / decode_tps
-    return {**bandwidth, "weight_bytes": weight_bytes, "floor_ms": floor_ms, "decode_ms": decode_ms,
-            "ratio": decode_ms / floor_ms}
+    return {**bandwidth, **floors.bandwidth_floor(weight_bytes, bandwidth["gbps"], decode_tps)}
+
+
+def run_trtspec(engine: str, prompts: list[list[int]], *, max_tokens: int, threads: int,
+                spin: bool | None = None):
+    """Plain greedy decoding (speculation off) with trtspec's LocalGenerator, as `trtspec.bench.peers.alternate`'s
+    rows; ttft and total as it measures them. `spin` sets TRTSPEC_ORT_SPIN for this process (None: as the
+    environment has it)."""
+    from trtspec.model.ort_session import SPIN_ENV
+    from trtspec.runtime.generator import LocalGenerator
+    from trtspec.speculative.loop import GenerationConfig
+
+    if spin is not None:
+        os.environ[SPIN_ENV] = "1" if spin else "0"
+    generator = LocalGenerator(engine, threads=threads)
+
+    def generate(ids: list[int], new_tokens: int) -> dict:
+        result = generator.generate(ids, GenerationConfig(max_tokens=new_tokens, no_spec=True)).result
+        return sample(result.output_ids, 0.0, result.ttft_s, result.total_s)
+
+    yield from alternate(prompts, max_tokens, {PLAIN: generate})
 
 
 def _decode_jobs(args, base: Path, engine: Path, prompts: list[list[int]], log: Path):

@@ -181,12 +181,24 @@ def test_cli_errors_are_one_line(engine, prompt_file, args, message):
     (["bench", "run", "--help"], "--concurrency"),
     (["bench", "soak", "--help"], "--users"),
     (["bench", "run", "--help"], "--genai-lookup"),
-    (["bench", "serving", "--help"], "--unary"),
+    (["bench", "serving", "--help"], "--concurrency"),
     (["bench", "perf-input", "--help"], "--input-data"),
 ])
 def test_bench_group_help(args, expected):
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0 and expected in result.output, result.output
+
+
+def test_unary_against_streaming_is_a_benchmark_of_its_own():
+    """`bench serving --unary` moved to benchmarks/unary_streaming.py: its command and its one line."""
+    from benchmarks.unary_streaming import format_unary, main
+
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0 and "--limit" in result.output and "--rounds" in result.output
+    report = {"requests": 8, "streaming": {"wall_s": 2.0, "tok_s": 64.0}, "unary": {"wall_s": 1.0, "tok_s": 128.0},
+              "unary_over_streaming": 0.5, "outputs_identical": True}
+    assert format_unary(report) == ("8 concurrent requests: streaming 2.0 s (64.0 tok/s), unary 1.0 s (128.0 tok/s), "
+                                    "unary / streaming = 0.5; outputs identical: True")
 
 
 def test_compare_command_keeps_the_gates_figures(engine, prompt_file, tmp_path):

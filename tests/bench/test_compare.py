@@ -1,6 +1,7 @@
 """`trtspec bench` comparing tiny engines: fp32 (with Medusa heads) / int8 / int4 builds of one model, side by side
-with onnxruntime-genai at fp32 and int4 built by its own builder from the same tiny HF folder; weight bytes per token,
-the verify curve, the targets' arithmetic, the command and its errors. No speed is asserted."""
+with onnxruntime-genai at fp32 and int4 built by its own builder from the same tiny HF folder; the verify curve, the
+command and its errors; what benchmarks/ reads from a run: the weight bytes per token and the floors (floors.py), the
+targets' arithmetic (peer_targets.py). No speed is asserted."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from trtspec.bench import compare, floors
+from benchmarks import floors, peer_targets
+from benchmarks.floors import gguf_weight_bytes, onnx_weight_bytes
+from benchmarks.peer_targets import targets
+from trtspec.bench import compare
 from trtspec.bench.compare import (CompareOptions, System, curve_from_samples, format_label, gguf_facts, measure_curve,
-                                   merge_curves, render_table, run_compare, run_engine, summarize, targets)
-from trtspec.bench.floors import gguf_weight_bytes, onnx_weight_bytes
+                                   merge_curves, render_table, run_compare, run_engine, summarize)
 from trtspec.bench.peers import GENAI_MODULES, LLAMA_CPP_MODULES, missing_modules
 from trtspec.cli import cli
 from trtspec.engine.onnx_builder import BuildOptions, build
@@ -59,12 +62,12 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def report(tiny):
     """One real run over the three engines, onnxruntime-genai at fp32 and int4 (when installed) and llama.cpp (asked
-    for, not importable here, so it must be skipped with its reason), with the verify curves and the floors."""
+    for, not importable here, so it must be skipped with its reason), with the verify curves."""
     peers = (() if GENAI_MISSING else ("onnxruntime-genai",)) + LLAMA_PEERS
     lines = []
     options = CompareOptions(engines=(tiny["fp32"], tiny["int8"], tiny["int4"]), peers=peers, hf=tiny["hf"],
                              sets=SETS, limit=1, max_tokens=8, threads=1, rounds=2, curves=True, past=16, repeats=1,
-                             floors=True, work=tiny["root"] / "work")
+                             work=tiny["root"] / "work")
     with pytest.MonkeyPatch.context() as mp:
         without_llama_cpp(mp)
         return run_compare(options, show=lines.append, progress=False), lines
@@ -122,14 +125,16 @@ def test_merged_curves_pool_their_samples_and_level_the_profiles():
 
 
 def test_floor_and_weight_bytes_per_format(report, tiny):
+    """benchmarks/floors.py on a run's summary: every system weighed from the model file the summary names."""
     report, _ = report
-    systems = report["systems"]
+    systems = floors.floors(json.loads(json.dumps(report)), {"gbps": 10.0, "method": "numpy", "threads": 1})
     read = {name: systems[name]["weights"]["read"] for name in ("fp32", "int8", "int4")}
     assert read["fp32"] > read["int8"] > read["int4"]
     for entry in systems.values():
         floor = entry["floor"]
         assert floor["weight_bytes"] == entry["weights"]["read"]
         assert floor["ratio"] == pytest.approx(floor["decode_ms"] / floor["floor_ms"], rel=1e-2)
+    assert floors.weight_bytes("transformers", "hf") == {"read": None, "gathered": None}  # not weighed
 
 
 def test_tied_quantized_embedding_is_counted_once_with_the_lm_head(tiny):
@@ -206,7 +211,7 @@ def test_a_peers_lookup_is_compared_with_its_own_plain_decoding():
     samples = {"llama.cpp Q4_1": [
         {"prompt": 0, "round": 0, "runs": {"none": run([1, 2, 3, 4, 5], 1.1), "lookup": run([1, 2, 3, 4, 5], 0.6, 2)}},
         {"prompt": 1, "round": 0, "runs": {"none": run([7, 8, 9], 0.5), "lookup": run([7, 8, 0], 0.3, 2)}}]}
-    report = summarize(systems, samples, prompts, {}, None)
+    report = summarize(systems, samples, prompts, {})
     cell = report["systems"]["llama.cpp Q4_1"]["methods"]["lookup"]["all"]
     assert report["systems"]["llama.cpp Q4_1"]["matches"] == "int4"
     assert cell["identical"] == 1 and cell["compared"] == 2
@@ -220,7 +225,7 @@ def test_llama_cpp_missing_is_one_line_and_a_not_measured_target(report):
     report, lines = report
     hint = "llama_cpp not installed (bash scripts/setup-peers.sh builds llama-cpp-python from source)"
     assert [line for line in lines if line.startswith("llama.cpp")] == [f"llama.cpp: skipped, {hint}"]
-    llama = [t for t in report["targets"] if "llama.cpp" in t["name"]]
+    llama = [t for t in peer_targets.run_targets(report) if "llama.cpp" in t["name"]]
     assert llama and all(t["ok"] is None and "not installed" in t["reason"] for t in llama)
 
 
@@ -232,12 +237,14 @@ def test_genai_int4_peer_is_built_by_its_builder_and_compared(report, tiny):
         assert list(entry["methods"]) == ["lookup"] and entry["methods"]["lookup"]["all"]["compared"] == 4
     config = json.loads((tiny["root"] / "work" / "genai-int4" / "genai_config.json").read_text())
     assert config["model"]["type"] == "llama"
-    assert genai["weights"]["read"] < report["systems"]["fp32"]["weights"]["read"]
-    plain = [t for t in report["targets"] if t["name"] == "int4 plain ÷ onnxruntime-genai int4 plain"]
+    assert floors.weight_bytes("onnxruntime-genai", genai["model"])["read"] < \
+        floors.weight_bytes("engine", report["systems"]["fp32"]["model"])["read"]
+    found = peer_targets.run_targets(report)
+    plain = [t for t in found if t["name"] == "int4 plain ÷ onnxruntime-genai int4 plain"]
     assert len(plain) == 1 and plain[0]["ok"] is not None
     assert plain[0]["value"] == pytest.approx(report["systems"]["int4"]["plain"]["all"]["decode_tokens_per_s"]
                                               / genai["plain"]["all"]["decode_tokens_per_s"], rel=1e-2)
-    grounded = [t for t in report["targets"] if "code-edit" in t["name"] and "onnxruntime-genai" in t["name"]]
+    grounded = [t for t in found if "code-edit" in t["name"] and "onnxruntime-genai" in t["name"]]
     assert len(grounded) == 1 and grounded[0]["ok"] is not None
 
 
@@ -246,8 +253,10 @@ def test_render_table_names_every_system_and_target(report):
     text = "\n".join(render_table(report))
     for label in report["systems"]:
         assert label in text
-    assert "llama.cpp" in text and "targets" in text
-    assert text.count("PASS") + text.count("FAIL") + text.count("not measured") == len(report["targets"])
+    assert "llama.cpp" in text and "targets" not in text  # benchmarks/peer_targets.py sets them
+    found = peer_targets.run_targets(report)
+    text = "\n".join(peer_targets.render(found))
+    assert text.count("PASS") + text.count("FAIL") + text.count("not measured") == len(found) > 0
 
 
 def test_run_engine_plain_rows_equal_the_generator(tiny):
@@ -370,8 +379,17 @@ def test_command_writes_summary_and_png(tiny, tmp_path, monkeypatch):
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["systems"]) == {"int8", "int4"}
     assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG"
+    result = CliRunner().invoke(peer_targets.main, [str(out / "summary.json")])
+    assert result.exit_code == 0, result.output
     assert "int4 + speculation on grounded sets" in result.output  # mt-bench only: no grounded set
     assert "no grounded set in --sets" in result.output
+    bandwidth = {"gbps": 10.0, "method": "numpy", "threads": 1, "buffer_mb": 8}  # not measured: no 1 GiB buffer here
+    monkeypatch.setattr(floors, "read_bandwidth", lambda **kwargs: bandwidth)
+    result = CliRunner().invoke(floors.main, [str(out / "summary.json")])
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line for line in result.output.splitlines()[1:3]}
+    assert set(rows) == {"int8", "int4"} and all(line.endswith("×") for line in rows.values())
+    assert "10.0 GB/s" in result.output
 
 
 def test_command_unknown_peer_is_one_line(tiny):

@@ -11,11 +11,11 @@ import pytest
 
 from benchmarks import cpu_engine
 from benchmarks.cpu_engine import main as cli_main
-from benchmarks.cpu_engine import (CpuBenchOptions, build_engines, identical_outputs, render_table,
+from benchmarks.cpu_engine import (CpuBenchOptions, build_engines, identical_outputs, render_table, run_trtspec,
                                       summarize, verify_curve)
+from benchmarks.floors import read_bandwidth
 from trtspec.bench import peers
-from trtspec.bench.floors import read_bandwidth
-from trtspec.bench.peers import run_child, run_trtspec
+from trtspec.bench.peers import run_child
 from trtspec.engine.manifest import ONNX_GRAPH_FORMAT, read_manifest
 from trtspec.errors import ConfigError
 from trtspec.runtime.generator import LocalGenerator
@@ -123,14 +123,14 @@ def test_genai_runner_agrees_with_trtspec(tiny, tmp_path):
 def test_run_child_streams_rows_from_a_fresh_process(tiny, tmp_path):
     kwargs = {"engine": str(tiny[1][0]), "prompts": PROMPTS, "max_tokens": 4, "threads": 1}
     seen = []
-    rows = run_child("trtspec.bench.peers:run_trtspec", kwargs, log=tmp_path / "log", on_row=seen.append)
+    rows = run_child("benchmarks.cpu_engine:run_trtspec", kwargs, log=tmp_path / "log", on_row=seen.append)
     assert seen == rows and len(rows) == 3
     assert plain_ids(rows) == plain_ids(run_trtspec(**kwargs))
 
 
 @pytest.mark.parametrize("function,message", [
     ("os:system", "expected trtspec.bench.<module>:<function>"),
-    ("trtspec.bench.peers:run_trtspec", "failed in its child process"),  # no arguments
+    ("benchmarks.cpu_engine:run_trtspec", "failed in its child process"),  # no arguments
 ])
 def test_run_child_errors_name_the_function(tmp_path, function, message):
     with pytest.raises(ConfigError, match=message):

@@ -1,9 +1,9 @@
-"""OpenVINO GenAI as a peer of `trtspec bench`. Without OpenVINO: the options, the targets from
-synthetic reports, the pairing of its prompt lookup with its plain decoding, the IR's weight bytes and the one-line
-hints when it is not installed. With it (`PEERS=openvino bash scripts/setup-peers.sh`; CI does not run that, as for
-llama.cpp): a tiny random LLaMA exported by optimum-intel and decoded in child processes as the benches run it, its
-greedy tokens from ids equal to transformers', its prompt lookup's equal to its own greedy's, and a `trtspec bench`
-run that matches it to int8 / int4 engines. No speed is asserted."""
+"""OpenVINO GenAI as a peer of `trtspec bench`. Without OpenVINO: the options, the targets from synthetic reports
+(benchmarks/peer_targets.py), the pairing of its prompt lookup with its plain decoding, the IR's weight bytes and the
+one-line hints when it is not installed. With it (`PEERS=openvino bash scripts/setup-peers.sh`; CI does not run that,
+as for llama.cpp): a tiny random LLaMA exported by optimum-intel and decoded in child processes as the benches run
+it, its greedy tokens from ids equal to transformers', its prompt lookup's equal to its own greedy's, and a `trtspec
+bench` run that matches it to int8 / int4 engines. No speed is asserted."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from benchmarks.floors import openvino_weight_bytes
+from benchmarks.peer_targets import render, run_targets, targets
 from trtspec.bench import compare, peers
-from trtspec.bench.floors import openvino_weight_bytes
-from trtspec.bench.compare import (CompareOptions, System, peer_systems,
-                                   render_table, summarize, targets)
+from trtspec.bench.compare import CompareOptions, System, peer_systems, render_table, summarize
 from trtspec.bench.peers import (OPENVINO_EXPORTER, OPENVINO_INSTALL, OPENVINO_MODULES, build_openvino_model,
                                  missing_modules, run_child)
 from trtspec.cli import cli
@@ -135,7 +135,7 @@ def _openvino_summary() -> dict:
                                        row(1, _run([4, 5], 1.0), _run([4, 5], 0.5, 1))],
                "OpenVINO GenAI int4": [row(0, _run([1, 2, 3, 4, 5], 1.1), _run([1, 2, 3, 4, 5], 0.6, 2)),
                                        row(1, _run([7, 8, 9], 0.5), _run([7, 8, 0], 0.3, 2))]}
-    return summarize(systems, samples, prompts, {}, None)
+    return summarize(systems, samples, prompts, {})
 
 
 def test_each_lookup_is_compared_with_plain_decoding_at_its_format():
@@ -202,12 +202,12 @@ def test_openvino_targets_not_measured_say_why():
 
 def test_table_shows_a_lookup_that_differs_from_its_own_greedy():
     report = _openvino_summary()
-    report.update(skipped={}, targets=targets(_report_against_openvino(), {}, ("openvino",)),
-                  load_average={"before": [0, 0, 0], "after": [0, 0, 0]},
+    report.update(skipped={}, load_average={"before": [0, 0, 0], "after": [0, 0, 0]},
                   settings={"prompts": 2, "limit": 2, "max_tokens": 8, "threads": 1, "rounds": 1, "cpus": 2})
     text = render_table(report)
     int4 = [line for line in text if line.startswith("OpenVINO GenAI int4") and "lookup" in line]
     assert any("code-edit" in line and " 1/2" in line for line in int4)  # the "same" column
+    text = render(targets(_report_against_openvino(), {}, ("openvino",)))
     assert "its outputs identical to its own greedy decoding on 1/2 only" in "\n".join(text)  # beside its target
 
 
@@ -315,7 +315,7 @@ def test_bench_matches_openvino_to_each_engine_format(tiny):
         assert ov["matches"] == weights and ov["format"] == compare.FORMAT_LABELS["openvino"][weights]
         assert ov["plain"]["all"]["runs"] == 2 and ov["plain"]["all"]["tokens_per_s"] > 0
         assert ov["methods"]["lookup"]["all"]["compared"] == 2
-    ours = [t for t in report["targets"] if "OpenVINO" in t["name"]]
+    ours = [t for t in run_targets(report) if "OpenVINO" in t["name"]]
     assert len(ours) == 2 * 2 * 2  # engines x sets x (plain, speculation)
     assert all(t["ok"] is not None for t in ours if " plain ÷ " in t["name"])
     for t in ours:

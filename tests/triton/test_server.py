@@ -16,7 +16,7 @@ import tritonclient.grpc as grpcclient
 from click.testing import CliRunner
 
 from trtspec.cli import cli
-from trtspec.bench.serving import read_counters
+from trtspec.bench.metrics import read_counters
 from trtspec.errors import ServerError
 from trtspec.testing.grpc_requests import grpc_tensor, stream_once
 from trtspec.runtime.generator import LocalGenerator

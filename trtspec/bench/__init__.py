@@ -12,7 +12,6 @@ __getattr__, __all__ = lazy_exports(__name__, {
     "perf_analyzer_command": "trtspec.bench.perf_analyzer:command",
     "perf_input_data": "trtspec.bench.perf_analyzer:input_data",
     "load_bench_prompts": "trtspec.bench.workload", "parse_slos": "trtspec.bench.summary",
-    "unary_vs_streaming": "trtspec.bench.serving", "format_unary": "trtspec.bench.serving",
     "SoakOptions": "trtspec.bench.soak", "run_soak": "trtspec.bench.soak",
     "format_soak_report": "trtspec.bench.soak_report:format_report",
     "QualityOptions": "trtspec.bench.quality", "measure_quality": "trtspec.bench.quality",

@@ -5,8 +5,7 @@ child process (`peers.run_child`). Within a system its methods take turns prompt
 decoding and each drafter on an engine, plain decoding and its own speculation on a peer. The systems take turns by
 rounds, the order reversed every other round. Reported per system, method and set: tokens/s end to end and after the
 first token, the speedup over the same system's plain decoding, τ, and how many outputs equal that plain decoding's;
-on request each engine's verify curve, every system's memory-bandwidth floor and, with peers, the targets against
-them. How to read it: docs/measuring.md.
+on request each engine's verify curve. How to read it: docs/measuring.md.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from trtspec.errors import ConfigError
 from trtspec.speculative.method import PLAIN
 
 DEFAULT_SETS = ("sharegpt-grounded", "code-edit", "mt-bench-2turn", "mt-bench")
-GROUNDED_SETS = ("sharegpt-grounded", "code-edit")
 TRANSFORMERS, GENAI, LLAMA_CPP, OPENVINO = "transformers", "onnxruntime-genai", "llama.cpp", "openvino"
 PEERS = (TRANSFORMERS, GENAI, LLAMA_CPP, OPENVINO)
 # the engines' weight formats (their linear layers' dtype) each peer is run at, matched to the engines of that format;
@@ -41,16 +39,6 @@ FORMAT_LABELS = {GENAI: {"fp32": "fp32", "int4": "int4 b32 (builder default)"}, 
 LLAMA_LOOKUP = (2, 2)
 GENAI_LOOKUP = (3, 4)  # onnxruntime-genai's docs/SpeculativeDecoding.md: start at n = 3-4, K = 4
 TRANSFORMERS_LOOKUP = 10  # transformers' prompt_lookup_num_tokens default
-# the targets set for quantized engines: a ratio each must reach
-TARGET_PLAIN = 1.0  # int4 plain ÷ onnxruntime-genai int4 plain (decode rates)
-TARGET_SPEC_GENAI = 1.5  # int4 + speculation ÷ onnxruntime-genai int4 plain, grounded sets
-TARGET_SPEC_LLAMA = 2.0  # int4 + speculation ÷ llama.cpp plain, grounded sets
-TARGET_OPENVINO_PLAIN = 1.2  # engine plain ÷ OpenVINO plain at its format, every set, end to end
-TARGET_OPENVINO_SPEC = 1.1  # engine + its best lossless drafter ÷ OpenVINO + prompt lookup, every set, end to end
-# the rates the targets compare: against onnxruntime-genai and llama.cpp, decoding after the first token (the prompt's
-# prefill is TTFT, not decoding speed); against OpenVINO GenAI, end to end
-TARGET_RATE = "decode_tokens_per_s"
-TARGET_OPENVINO_RATE = "tokens_per_s"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,7 +58,6 @@ class CompareOptions:
     curves: bool = False  # measure each engine's verify curve (in rounds too); the drafters then budget with it
     past: int = 256  # the verify curve's prefilled length
     repeats: int = 10  # timed steps per slot count of the verify curve, split over the rounds
-    floors: bool = False  # every system's weight bytes per step against this machine's read bandwidth
     peers: tuple[str, ...] = ()
     hf: Path | None = None  # the engines' Hugging Face model folder, which the peers build or export from
     gguf: Path | None = None  # llama.cpp's model (default: the GGUF the HF folder was converted from)
@@ -317,7 +304,7 @@ class System:
     format: str
     methods: tuple[str, ...] = ()  # besides plain decoding
     matches: str | None = None  # a peer: the engines' format (linear dtype) it is matched to
-    model: Path | None = None  # what `floors` weighs: an engine's generation graph, a peer's model file
+    model: Path | None = None  # an engine's generation graph, a peer's model file (benchmarks/floors.py weighs it)
 
     @property
     def is_engine(self) -> bool:
@@ -417,18 +404,6 @@ def peer_systems(options: CompareOptions, work: Path, show: Callable[[str], None
     return systems, skipped
 
 
-def _weight_bytes(system: System) -> dict:
-    from trtspec.bench import floors
-
-    if system.kind == LLAMA_CPP:
-        return floors.gguf_weight_bytes(system.model)
-    if system.kind == OPENVINO:
-        return floors.openvino_weight_bytes(system.model)
-    if system.kind == TRANSFORMERS:
-        return {"read": None, "gathered": None}
-    return floors.onnx_weight_bytes(system.model)
-
-
 # ---- the run ------------------------------------------------------------------------------------------------
 
 def run_compare(options: CompareOptions, *, show: Callable[[str], None] = print, progress: bool = True) -> dict:
@@ -489,23 +464,12 @@ def run_compare(options: CompareOptions, *, show: Callable[[str], None] = print,
                 sets = {"sets": [prompts[i]["set"] for i in indices]} if system.is_engine else {}
                 run_child(system.function, {**system.kwargs, "prompts": [prompts[i]["ids"] for i in indices],
                                             **common, **sets}, log=log, threads=options.threads, on_row=on_row)
-    bandwidth = None
-    if options.floors:
-        from trtspec.bench.floors import BANDWIDTH_REPEATS
-
-        (bandwidth,) = run_child("trtspec.bench.floors:read_bandwidth", {
-            "threads": options.threads, "repeats": BANDWIDTH_REPEATS}, log=log, threads=options.threads)
     load["after"] = os.getloadavg()
 
-    report = summarize(systems, samples, prompts, curves, bandwidth)
+    report = summarize(systems, samples, prompts, curves)
     for label, costs in step_costs.items():
         report["systems"][label]["step_costs"] = costs
     report["skipped"] = skipped
-    report["targets"] = targets(report, skipped, options.peers) if options.peers else []
-    if options.peer_limit is not None and options.peer_limit < options.limit:
-        for t in report["targets"]:
-            t["note"] = "; ".join(filter(None, [t["note"], f"the peers decoded each set's first {options.peer_limit} "
-                                                           f"prompts, the engines {options.limit}"]))
     report["load_average"] = {k: [round(x, 2) for x in v] for k, v in load.items()}
     report["settings"] = {**{k: v for k, v in asdict(options).items()
                              if k not in ("engines", "hf", "gguf", "work", "datastore", "step_costs")},
@@ -573,19 +537,18 @@ def speculation_cell(spec: list[dict], plain: list[dict]) -> dict:
             "compared": len(spec)}
 
 
-def summarize(systems: list[System], samples: dict[str, list[dict]], prompts: list[dict], curves: dict,
-              bandwidth: dict | None) -> dict:
-    """Per system: plain rates per set and overall (and the floor); per method: `speculation_cell` against the same
-    system's plain runs of the same prompts and rounds."""
+def summarize(systems: list[System], samples: dict[str, list[dict]], prompts: list[dict], curves: dict) -> dict:
+    """Per system: plain rates per set and overall; per method: `speculation_cell` against the same system's plain
+    runs of the same prompts and rounds."""
     sets = list(dict.fromkeys(p["set"] for p in prompts))
-    report = {"sets": sets, "bandwidth": bandwidth, "systems": {}}
+    report = {"sets": sets, "systems": {}}
     for system in systems:
         rows = samples[system.label]
 
         def of(s: str) -> list[dict]:
             return [r for r in rows if s == "all" or prompts[r["prompt"]]["set"] == s]
 
-        entry = {"kind": system.kind, "format": system.format,
+        entry = {"kind": system.kind, "format": system.format, "model": str(system.model) if system.model else None,
                  "plain": {s: _rates([r["runs"][PLAIN] for r in of(s)]) for s in ["all", *sets]},
                  "methods": {m: {s: speculation_cell([r["runs"][m] for r in of(s)], [r["runs"][PLAIN] for r in of(s)])
                                  for s in ["all", *sets]} for m in system.methods}}
@@ -593,120 +556,8 @@ def summarize(systems: list[System], samples: dict[str, list[dict]], prompts: li
             entry["matches"] = system.matches
         if system.label in curves:
             entry["curve"] = curves[system.label]
-        if bandwidth is not None:
-            entry["weights"] = _weight_bytes(system)
-            decode_tps = entry["plain"]["all"]["decode_tokens_per_s"]
-            if decode_tps and entry["weights"]["read"]:
-                from trtspec.bench.floors import bandwidth_floor
-
-                entry["floor"] = bandwidth_floor(entry["weights"]["read"], bandwidth["gbps"], decode_tps)
         report["systems"][system.label] = entry
     return report
-
-
-# ---- targets ------------------------------------------------------------------------------------------------
-
-def _line(out: list, name: str, value: float | None, at_least: float | None, reason: str | None = None,
-          note: str | None = None) -> None:
-    out.append({"name": name, "value": None if value is None else round(value, 3), "at_least": at_least,
-                "ok": None if value is None else value >= at_least, "reason": reason, "note": note})
-
-
-def _ratio(ours: float | None, theirs: float | None) -> float | None:
-    return ours / theirs if ours and theirs else None
-
-
-def _peer(systems: dict, kind: str, dtype: str) -> str | None:
-    return next((label for label, e in systems.items() if e["kind"] == kind and e.get("matches") == dtype), None)
-
-
-def targets(report: dict, skipped: dict, peers: tuple[str, ...] = ()) -> list[dict]:
-    """The quantized engines' targets, each pass / fail, or not measured with the reason: every int4 engine against
-    onnxruntime-genai int4 and llama.cpp, then every int8 and int4 engine against OpenVINO GenAI at its format."""
-    return int4_targets(report, skipped, peers) + openvino_targets(report, skipped, peers)
-
-
-def _missing(peer: str, skipped: dict, peers: tuple[str, ...]) -> str:
-    return skipped.get(peer) or (f"--peers without {peer}" if peer not in peers else f"no {peer} result")
-
-
-def int4_targets(report: dict, skipped: dict, peers: tuple[str, ...] = ()) -> list[dict]:
-    """Every int4 engine against onnxruntime-genai int4 and llama.cpp (decoding rates): plain ÷ genai plain, and on
-    the grounded sets its fastest drafter ÷ each peer's plain."""
-    systems, out = report["systems"], []
-    int4 = [label for label, e in systems.items() if e["kind"] == "engine" and e["format"].startswith("int4")]
-    if not int4:
-        return []
-    grounded = [s for s in report["sets"] if s in GROUNDED_SETS]
-    genai, llama = _peer(systems, GENAI, "int4"), _peer(systems, LLAMA_CPP, "int4")
-    for label in int4:
-        engine = systems[label]
-        name = f"{label} plain ÷ onnxruntime-genai int4 plain"
-        theirs = genai and systems[genai]["plain"]["all"][TARGET_RATE]
-        _line(out, name, _ratio(engine["plain"]["all"][TARGET_RATE], theirs), TARGET_PLAIN,
-              None if genai else _missing(GENAI, skipped, peers))
-        if not grounded:
-            _line(out, f"{label} + speculation on grounded sets", None, TARGET_SPEC_GENAI, "no grounded set in --sets")
-        for s in grounded:
-            method, best = best_lossless(engine, s, TARGET_RATE)
-            for peer, system, at_least in ((GENAI, genai, TARGET_SPEC_GENAI), (LLAMA_CPP, llama, TARGET_SPEC_LLAMA)):
-                name = f"{label} + {method or 'speculation'} ÷ {system or peer} plain on {s}"
-                if best is None:
-                    _line(out, name, None, at_least, "no drafter measured" if not engine["methods"] else
-                          f"no drafter's outputs all token-identical to plain decoding on {s}")
-                elif system is None:
-                    _line(out, name, None, at_least, _missing(peer, skipped, peers))
-                else:
-                    _line(out, name, _ratio(best, systems[system]["plain"][s][TARGET_RATE]), at_least)
-    return out
-
-
-def openvino_targets(report: dict, skipped: dict, peers: tuple[str, ...] = ()) -> list[dict]:
-    """Every int8 and int4 engine against OpenVINO GenAI at the same format, on every set, end to end: plain ÷ its
-    plain decoding, and the engine's best lossless drafter ÷ its prompt lookup (noting where that lookup's outputs
-    were not all identical to its own greedy decoding's)."""
-    systems, out, rate = report["systems"], [], TARGET_OPENVINO_RATE
-    for label, engine in systems.items():
-        dtype = engine["format"].split()[0] if engine["kind"] == "engine" else None
-        if dtype not in ("int8", "int4"):
-            continue
-        peer = _peer(systems, OPENVINO, dtype)
-        theirs = f"OpenVINO GenAI {dtype}"
-        for s in report["sets"]:
-            if peer is None:
-                reason = _missing(OPENVINO, skipped, peers)
-                _line(out, f"{label} plain ÷ {theirs} plain on {s}", None, TARGET_OPENVINO_PLAIN, reason)
-                _line(out, f"{label} + speculation ÷ {theirs} + prompt lookup on {s}", None, TARGET_OPENVINO_SPEC,
-                      reason)
-                continue
-            ov = systems[peer]
-            _line(out, f"{label} plain ÷ {theirs} plain on {s}",
-                  _ratio(engine["plain"][s][rate], ov["plain"][s][rate]), TARGET_OPENVINO_PLAIN)
-            method, best = best_lossless(engine, s)
-            name = f"{label} + {method or 'speculation'} ÷ {theirs} + prompt lookup on {s}"
-            if method is None:
-                _line(out, name, None, TARGET_OPENVINO_SPEC, "no drafter measured" if not engine["methods"] else
-                      f"no drafter's outputs all token-identical to plain decoding on {s}")
-            else:
-                lookup = ov["methods"][LOOKUP][s]
-                _line(out, name, _ratio(best, lookup[rate]), TARGET_OPENVINO_SPEC, note=identity_note(lookup))
-    return out
-
-
-def best_lossless(engine: dict, set_name: str, rate: str = TARGET_OPENVINO_RATE) -> tuple[str | None, float | None]:
-    """The engine's fastest drafter (at `rate`) among those whose outputs on the set were all token-identical to its
-    plain decoding: (method, rate), or (None, None)."""
-    lossless = [(m, cells[set_name][rate]) for m, cells in engine["methods"].items()
-                if cells[set_name]["compared"] and cells[set_name]["identical"] == cells[set_name]["compared"]
-                and cells[set_name][rate]]
-    return max(lossless, key=lambda x: x[1], default=(None, None))
-
-
-def identity_note(cell: dict) -> str | None:
-    """None where a speculation's outputs were all identical to its system's plain decoding, else how many were."""
-    if cell["identical"] == cell["compared"]:
-        return None
-    return f"its outputs identical to its own greedy decoding on {cell['identical']}/{cell['compared']} only"
 
 
 # ---- report -------------------------------------------------------------------------------------------------
@@ -718,22 +569,13 @@ def render_table(report: dict) -> list[str]:
     lines = [f"{s['prompts']} prompts ({', '.join(report['sets'])}, first {s['limit']} each), greedy, max "
              f"{s['max_tokens']} new tokens, {s['threads']} threads, {s['rounds']} round(s)",
              f"load average (1, 5, 15 min) before {load['before']}, after {load['after']} on {s['cpus']} CPUs", "",
-             f"{'system':<{w}}{'format':<28}{'tok/s':>8}{'decode':>8}"
-             + (f"{'MB/token':>10}{'floor ms':>9}{'÷ floor':>8}" if report["bandwidth"] else "")]
+             f"{'system':<{w}}{'format':<28}{'tok/s':>8}{'decode':>8}"]
     for label, entry in report["systems"].items():
         plain = entry["plain"]["all"]
-        line = f"{label:<{w}}{entry['format'][:27]:<28}{_num(plain['tokens_per_s']):>8}" \
-               f"{_num(plain['decode_tokens_per_s']):>8}"
-        if report["bandwidth"]:
-            floor, read = entry.get("floor"), entry["weights"]["read"]
-            line += f"{_num(read and read / 1e6):>10}{_num(floor and floor['floor_ms'], 2):>9}" \
-                    f"{_num(floor and floor['ratio'], 2):>7}×"
-        lines.append(line)
+        lines.append(f"{label:<{w}}{entry['format'][:27]:<28}{_num(plain['tokens_per_s']):>8}"
+                     f"{_num(plain['decode_tokens_per_s']):>8}")
     for peer, reason in report["skipped"].items():
         lines.append(f"{peer:<{w}}skipped: {reason}")
-    if bw := report["bandwidth"]:
-        lines.append(f"floor = weight bytes a plain step reads ÷ {bw['gbps']:.1f} GB/s read bandwidth "
-                     f"({bw['method']}, measured in this run)")
     lines += ["", "each method against plain decoding on the same system (tok/s end to end; decode: after the first "
                   "token; same: outputs identical to that plain decoding)",
               f"{'system':<{w}}{'set':<19}{'method':<16}{'tok/s':>7}{'plain':>7}{'speedup':>8}{'decode':>8}"
@@ -752,16 +594,6 @@ def render_table(report: dict) -> list[str]:
         lines += ["", "verify cost curve: step ms ÷ plain step, slots 1 .. K + 1"]
         lines += [f"  {label:<{w - 2}} " + " ".join(f"{p['ratio']:.2f}" for p in curve["points"])
                   + f"  (plain step {curve['points'][0]['ms']:.1f} ms)" for label, curve in curves]
-    if report["targets"]:
-        lines += ["", "targets (against onnxruntime-genai and llama.cpp: decode tok/s, after the first token; against "
-                      "OpenVINO GenAI: tok/s end to end)"]
-    for t in report["targets"]:
-        verdict = {True: "PASS", False: "FAIL", None: "not measured"}[t["ok"]]
-        value = "" if t["value"] is None else f" {t['value']:.2f}×"
-        bound = "" if t["at_least"] is None else f" (target ≥ {t['at_least']:.1f}×)"
-        reason = f": {t['reason']}" if t["reason"] else ""
-        note = f" ({t['note']})" if t.get("note") else ""
-        lines.append(f"  {verdict:<13}{t['name']}{value}{bound}{reason}{note}")
     return lines
 
 

@@ -1,6 +1,6 @@
 """Triton's Prometheus metrics endpoint read into flat numbers: each metric summed over all its labels (`name`), and
 beside that per model (`name{model="x"}`) and per slot profile (`name[N]`, trtspec_engine_profile_steps_total's
-`slots` label). The one reader of `/metrics` for the benchmarks (`bench serving`'s counters, the soak's samples)."""
+`slots` label). The one reader of `/metrics` for the benchmarks (serving mode's counters, the soak's samples)."""
 
 from __future__ import annotations
 
@@ -56,3 +56,26 @@ def fetch_metrics(url: str, timeout: float = 3.0) -> dict[str, float] | None:
         return read_metrics(url, timeout=timeout)
     except (OSError, ValueError):
         return None
+
+
+def read_counters(metrics_url: str, *, publish_via: str | None = None) -> dict[str, float]:
+    """trtspec's counters from Triton's Prometheus endpoint (summed over models and instances, and per model and per
+    slot profile beside that, e.g. trtspec_engine_profile_steps_total[5]).
+
+    The engine model publishes its counters when it receives a request; `publish_via` (a gRPC URL) sends a
+    one-token request first so the counters cover everything before this call."""
+    if publish_via is not None:
+        from trtspec.speculative.loop import GenerationConfig
+        from trtspec.triton.client import TritonClient
+
+        with TritonClient(publish_via) as client:
+            client.generate("count", GenerationConfig(max_tokens=1))
+    return read_metrics(metrics_url, prefixes=("trtspec_",))
+
+
+def engine_batching(before: dict, after: dict) -> dict:
+    """Verify steps the engine ran between two `read_counters` and the sequences it batched per step."""
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    steps = delta.get("trtspec_engine_steps_total", 0.0)
+    sequences = delta.get("trtspec_engine_step_sequences_total", 0.0)
+    return {"steps": int(steps), "sequences_per_step": round(sequences / steps, 2) if steps else None}

@@ -32,6 +32,7 @@ OPENVINO_INSTALL = "PEERS=openvino bash scripts/setup-peers.sh installs OpenVINO
 TRANSFORMERS_MODULES = ("transformers", "torch")
 TRANSFORMERS_INSTALL = "pip install 'trtspec[build]'"
 GENAI_CONFIG = "genai_config.json"
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # every child and builder: local files only
 WARMUP_TOKENS = 8  # a short generation before timing: first-run allocations and lazy initialisation
 LOOKUP = "lookup"  # a row's run of the peer's own speculation
 # OpenVINO's model exporter (optimum-intel's `optimum-cli export openvino`) lives in a venv of its own, which
@@ -57,6 +58,13 @@ OPENVINO_WEIGHTS = {
 OPENVINO_LOOKUP_SETTINGS = (3, 5)
 
 
+def _run_offline(cmd: list[str], log: Path) -> int:
+    """A peer's model builder or exporter, offline (the HF folder only, no hub), its output into `log`: its exit
+    code."""
+    with open(log, "w") as f:
+        return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **OFFLINE}).returncode
+
+
 def missing_modules(modules: Iterable[str]) -> list[str]:
     """Return the modules of `modules` that are not installed (located, never imported)."""
     return [m for m in modules if importlib.util.find_spec(m) is None]
@@ -80,27 +88,6 @@ def alternate(prompts: list[list[int]], max_tokens: int, runners: dict[str, Call
         yield {"prompt": index, "runs": {name: runners[name](ids, max_tokens) for name in order[k:] + order[:k]}}
 
 
-# ---- trtspec ------------------------------------------------------------------------------------------------
-
-def run_trtspec(engine: str, prompts: list[list[int]], *, max_tokens: int, threads: int,
-                spin: bool | None = None) -> Iterator[dict]:
-    """Plain greedy decoding (speculation off) with trtspec's LocalGenerator; ttft and total as it measures them.
-    `spin` sets TRTSPEC_ORT_SPIN for this process (None: as the environment has it)."""
-    from trtspec.model.ort_session import SPIN_ENV
-    from trtspec.runtime.generator import LocalGenerator
-    from trtspec.speculative.loop import GenerationConfig
-
-    if spin is not None:
-        os.environ[SPIN_ENV] = "1" if spin else "0"
-    generator = LocalGenerator(engine, threads=threads)
-
-    def generate(ids: list[int], new_tokens: int) -> dict:
-        result = generator.generate(ids, GenerationConfig(max_tokens=new_tokens, no_spec=True)).result
-        return sample(result.output_ids, 0.0, result.ttft_s, result.total_s)
-
-    yield from alternate(prompts, max_tokens, {PLAIN: generate})
-
-
 # ---- onnxruntime-genai --------------------------------------------------------------------------------------
 
 def build_genai_model(hf_dir: Path, out: Path, *, log: Path, precision: str = "fp32") -> Path:
@@ -110,9 +97,7 @@ def build_genai_model(hf_dir: Path, out: Path, *, log: Path, precision: str = "f
         return out
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out),
            "-p", precision, "-e", "cpu", "-c", str(out.parent / "genai-cache")]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    with open(log, "w") as f:
-        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    code = _run_offline(cmd, log)
     if code or not (out / GENAI_CONFIG).is_file():
         raise ConfigError(f"onnxruntime-genai's model builder failed (exit code {code}); see {log}")
     return out
@@ -237,9 +222,7 @@ def build_openvino_model(hf_dir: Path, out: Path, *, log: Path, weights: str = "
     shutil.rmtree(partial, ignore_errors=True)
     cmd = [str(OPENVINO_EXPORTER), "export", "openvino", "--model", str(hf_dir), "--task", "text-generation-with-past",
            *OPENVINO_WEIGHTS[weights], str(partial)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    with open(log, "w") as f:
-        code = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    code = _run_offline(cmd, log)
     if code or not (partial / OPENVINO_IR).is_file():
         raise ConfigError(f"OpenVINO's export of {hf_dir} ({weights}) failed (exit code {code}); see {log}")
     partial.rename(out)
@@ -376,7 +359,7 @@ def run_transformers(model: str, prompts: list[list[int]], *, max_tokens: int, t
 def run_child(function: str, kwargs: dict, *, log: Path, on_row: Callable[[dict], None] = lambda row: None,
               threads: int | None = None) -> list[dict]:
     """Call `module:function` (in trtspec.bench) in a fresh interpreter; return its rows, passing each to on_row."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = {**os.environ, **OFFLINE}
     if threads is not None:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     rows = []

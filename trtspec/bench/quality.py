@@ -16,7 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from trtspec.bench.summary import first_divergence
 from trtspec.errors import ConfigError
+from trtspec.speculative.proposer import log_softmax  # float64 by default
 
 CORPORA = ("sharegpt", "humaneval")
 # the first this many ShareGPT prompts (as `load_prompts("sharegpt")` counts them) are never scored: training runs
@@ -140,11 +142,6 @@ def teacher_forced_logits(engine, context, target) -> np.ndarray:
         engine.close(seq)
 
 
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64) - logits.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-
 @dataclass
 class CorpusScore:
     """Sums over the scored positions of one corpus (the engine against the reference)."""
@@ -231,14 +228,6 @@ def _greedy(engine, context, tokens: int, end_ids: tuple[int, ...]) -> list[int]
     result = generate(engine, np.asarray(context, np.int64), make_proposer("none", engine),
                       GenerationConfig(max_tokens=tokens, end_id=end_id))
     return list(result.output_ids)
-
-
-def first_divergence(output: list[int], reference: list[int]) -> int:
-    """The index of the first token where `output` departs from `reference` (len(reference) if it never does)."""
-    for i, (a, b) in enumerate(zip(output, reference)):
-        if a != b:
-            return i
-    return len(reference) if len(output) >= len(reference) else len(output)
 
 
 def measure_quality(engines: list[Path], reference: Path, options: QualityOptions = QualityOptions(), *,

@@ -15,12 +15,14 @@ run started — how many sequences the engine batched per step.
 from __future__ import annotations
 
 import os
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from trtspec.bench.metrics import engine_batching, read_counters
 from trtspec.bench.peers import WARMUP_TOKENS
-from trtspec.bench.summary import PLAIN, RequestRecord, mark_identical, record, summarize, summarize_open_loop
+from trtspec.bench.summary import (PLAIN, RequestRecord, mark_identical, ratio, record, summarize,
+                                   summarize_open_loop)
 from trtspec.bench.workload import BenchPrompt, LocalTarget, ServedTarget, load_bench_prompts, spreads
 from trtspec.errors import ConfigError
 from trtspec.progress import progress_bar
@@ -96,10 +98,7 @@ def serving_mode(options: BenchOptions) -> bool:
 def open_target(options: BenchOptions):
     if options.url is not None:
         return ServedTarget(options.url, model=options.model)
-    from trtspec.runtime.generator import LocalGenerator
-
-    return LocalTarget(LocalGenerator(options.engine, threads=options.threads, spin=options.spin,
-                                      draft_budget=options.draft_budget))
+    return LocalTarget(_local_generator(options))
 
 
 def run_bench(options: BenchOptions, show=print, target=None) -> BenchRun:
@@ -122,37 +121,25 @@ def _local_generator(options: BenchOptions):
     return LocalGenerator(options.engine, threads=options.threads, spin=options.spin, draft_budget=options.draft_budget)
 
 
+@contextmanager
 def _started_server(options: BenchOptions, local, show):
     """ENGINE deployed into a temporary repository (threads and spinning as in process) and served on free loopback
-    ports; a context manager."""
+    ports: the running TritonServer."""
     import tempfile
 
     from trtspec.triton.deploy import deploy
     from trtspec.triton.deploy_options import DeployOptions
     from trtspec.triton.server import ServerOptions, TritonServer, free_port
 
-    class Started:
-        def __enter__(self):
-            self._tmp = tempfile.TemporaryDirectory(prefix="trtspec-bench-serve-")
-            engine = local.generator.engine
-            repo = deploy(DeployOptions(engine_dir=options.engine, out=Path(self._tmp.name) / "repo",
-                                        threads=engine.threads, spin=engine.spin, backoff=options.backoff,
-                                        draft_budget=options.draft_budget))
-            self._server = TritonServer(ServerOptions(repository=repo, grpc_port=free_port(), http_port=free_port(),
-                                                      metrics_port=free_port(), exit_timeout_s=5),
-                                        on_log=lambda line: None)
-            self._server.__enter__()
-            self.grpc_url, self.metrics_url = self._server.grpc_url, self._server.metrics_url
-            show(f"  serving {options.engine} at {self.grpc_url}")
-            return self
-
-        def __exit__(self, *exc):
-            try:
-                self._server.__exit__(*exc)
-            finally:
-                self._tmp.cleanup()
-
-    return Started()
+    engine = local.generator.engine
+    with tempfile.TemporaryDirectory(prefix="trtspec-bench-serve-") as tmp:
+        repo = deploy(DeployOptions(engine_dir=options.engine, out=Path(tmp) / "repo", threads=engine.threads,
+                                    spin=engine.spin, backoff=options.backoff, draft_budget=options.draft_budget))
+        server = TritonServer(ServerOptions(repository=repo, grpc_port=free_port(), http_port=free_port(),
+                                            metrics_port=free_port(), exit_timeout_s=5), on_log=lambda line: None)
+        with server:
+            show(f"  serving {options.engine} at {server.grpc_url}")
+            yield server
 
 
 def _run(options: BenchOptions, target, served, metrics, show) -> BenchRun:
@@ -201,7 +188,7 @@ def _run(options: BenchOptions, target, served, metrics, show) -> BenchRun:
                         records += [record(concurrency, label, p, t, target=name) for p, t in zip(group, timed)]
                         advance(len(group))
             if metrics is not None:
-                batching[str(concurrency)] = _batching(before, _counters(metrics))
+                batching[str(concurrency)] = engine_batching(before, _counters(metrics))
     open_records, open_walls = _open_loop(options, target, prompts, runs)
     records += open_records
     for name in targets:
@@ -236,17 +223,7 @@ def _open_loop(options: BenchOptions, target, prompts: list[BenchPrompt], runs: 
 
 
 def _counters(metrics) -> dict | None:
-    if metrics is None:
-        return None
-    from trtspec.bench.serving import read_counters
-
-    return read_counters(metrics.metrics_url, publish_via=metrics.grpc_url)
-
-
-def _batching(before: dict, after: dict) -> dict:
-    from trtspec.bench.serving import engine_batching
-
-    return engine_batching(before, after)
+    return None if metrics is None else read_counters(metrics.metrics_url, publish_via=metrics.grpc_url)
 
 
 def _serving(report: dict, records: list[RequestRecord], temperature: float, batching: dict) -> dict:
@@ -262,16 +239,12 @@ def _serving(report: dict, records: list[RequestRecord], temperature: float, bat
                     for r in records if r.target == "served" and str(r.concurrency) == c and r.method == method]
             level["methods"][method] = {
                 "in_process_tok_s": mine["output_tokens_per_s"], "served_tok_s": theirs["output_tokens_per_s"],
-                "ratio": _ratio(theirs["output_tokens_per_s"], mine["output_tokens_per_s"]),
+                "ratio": ratio(theirs["output_tokens_per_s"], mine["output_tokens_per_s"]),
                 "in_process_ttft_ms_p50": (mine["ttft_ms"] or {}).get("p50"),
                 "served_ttft_ms_p50": (theirs["ttft_ms"] or {}).get("p50"),
                 "outputs_identical": f"{sum(same)}/{len(same)}" if temperature == 0 else None}
     out["target"] = SERVING_TARGET
     return out
-
-
-def _ratio(a: float, b: float) -> float | None:
-    return round(a / b, 3) if b else None
 
 
 def _rotated(items: list, n: int) -> list:

@@ -27,8 +27,10 @@ from pathlib import Path
 from trtspec.bench.metrics import fetch_metrics
 from trtspec.bench.soak_report import (SoakReport, SoakRequest, format_minutes, format_seconds, memory_summary,
                                        status_line, summarize, targets, write_outputs)
+from trtspec.bench.summary import first_divergence
 from trtspec.errors import ConfigError, ServerError
 from trtspec.procfs import alive, cmdline, port_owner, process_stat, process_tree, rss_kib
+from trtspec.triton.client import first_line
 
 PROBE_TOKENS = 16  # the time-to-first-token probe (unloaded, and again after the faults)
 PROBES = 3
@@ -82,8 +84,7 @@ def compare(output: list[int], reference: list[int]) -> tuple[str, int | None]:
     that differs (tokens of another stream, or a different greedy choice)."""
     if output == reference:
         return "ok", None
-    n = min(len(output), len(reference))
-    diff = next((i for i in range(n) if output[i] != reference[i]), n)
+    diff = first_divergence(output, reference)
     return ("truncated" if diff == len(output) else "mismatch"), diff
 
 
@@ -113,12 +114,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _first_line(error: BaseException) -> str:
-    text = error.message() if hasattr(error, "message") and callable(error.message) else str(error)
-    text = text.strip()
-    return text.splitlines()[0][:300] if text else type(error).__name__
 
 
 # ---- sampling -------------------------------------------------------------------------------------------------
@@ -169,7 +164,7 @@ class Sampler:
             try:
                 self.sample()
             except Exception as e:  # noqa: BLE001: a sampler must not end the soak
-                self.samples.append({"t": round(self.clock() - self.epoch, 3), "error": _first_line(e)})
+                self.samples.append({"t": round(self.clock() - self.epoch, 3), "error": first_line(e, 300)})
 
     def start(self) -> Sampler:
         self.sample()
@@ -360,7 +355,7 @@ class Load:
                     _request(client, self.prompts[index], self.max_tokens, self.references[index], record,
                              index=index, on_text=lambda _piece, u=user: self.first_token[u].set())
                 except Exception as e:  # noqa: BLE001: every failure is a counted error of this request
-                    record.outcome, record.error = "error", _first_line(e)
+                    record.outcome, record.error = "error", first_line(e, 300)
                     _close_quietly(client)
                     client = None
                     self.stopping.wait(0.5)  # a server that is gone must not turn into thousands of errors a second
@@ -434,7 +429,7 @@ def _open_stream(url: str, model: str, prompt: str, max_tokens: int, accepted: s
 
     def callback(result=None, error=None):
         if error is not None:
-            on_event("error", _first_line(error))
+            on_event("error", first_line(error, 300))
             return
         response = result.get_response()
         if response.outputs and not seen_first.is_set():
@@ -540,7 +535,7 @@ class FaultStreams:
         try:
             client.stop_stream(cancel_requests=True)
         except Exception as e:  # noqa: BLE001
-            self.errors.append(f"cancel: {_first_line(e)}")
+            self.errors.append(f"cancel: {first_line(e, 300)}")
         _close_quietly(client)
 
     def _read_child(self, i: int) -> None:
@@ -618,7 +613,7 @@ def _probe(url: str, model: str, prompt: str, reference: list[int], epoch: float
         with TritonClient(url, model=model, timeout_s=timeout) as client:
             _request(client, prompt, tokens, reference[:tokens], record)
     except Exception as e:  # noqa: BLE001
-        record.outcome, record.error = "error", _first_line(e)
+        record.outcome, record.error = "error", first_line(e, 300)
     record.end_s = round(time.monotonic() - epoch, 4)
     return record
 

@@ -81,6 +81,12 @@ def mark_identical(records: list[RequestRecord]) -> None:
         r.identical = r.output_ids == plain[key] if key in plain else None
 
 
+def first_divergence(output, reference) -> int:
+    """The first index where two token sequences differ; the shorter one's length where it is a prefix of the other."""
+    n = min(len(output), len(reference))
+    return next((i for i in range(n) if output[i] != reference[i]), n)
+
+
 def distribution(values: list[float]) -> dict | None:
     """Mean and p50 / p90 / p99 of a list of milliseconds (None when empty)."""
     if not values:
@@ -136,8 +142,8 @@ def summarize(records: list[RequestRecord], walls: dict[tuple[int, str], float])
         for figures in methods.values():
             for name, group in [("overall", figures["overall"]), *figures["categories"].items()]:
                 base = plain["overall"] if name == "overall" else plain["categories"].get(name) if plain else None
-                group["speedup"] = _ratio(group["output_tokens_per_s"], base and base["output_tokens_per_s"])
-                group["decode_speedup"] = _ratio(group["decode_tokens_per_s"], base and base["decode_tokens_per_s"])
+                group["speedup"] = ratio(group["output_tokens_per_s"], base and base["output_tokens_per_s"])
+                group["decode_speedup"] = ratio(group["decode_tokens_per_s"], base and base["decode_tokens_per_s"])
     return out
 
 
@@ -159,7 +165,7 @@ def summarize_open_loop(records: list[RequestRecord], walls: dict[tuple[float, s
     for methods in out.values():
         plain = methods.get(PLAIN)
         for figures in methods.values():
-            figures["speedup"] = _ratio(figures["output_tokens_per_s"], plain and plain["output_tokens_per_s"])
+            figures["speedup"] = ratio(figures["output_tokens_per_s"], plain and plain["output_tokens_per_s"])
     return out
 
 
@@ -183,5 +189,6 @@ def parse_slos(text: str | None) -> dict[str, float]:
     return slos
 
 
-def _ratio(a: float, b: float | None) -> float | None:
+def ratio(a: float, b: float | None) -> float | None:
+    """a ÷ b to three places; None without a b."""
     return round(a / b, 3) if b else None

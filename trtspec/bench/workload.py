@@ -200,36 +200,17 @@ class ServedTarget:
 
     def run(self, prompts: list[BenchPrompt], options: GenerationConfig, concurrency: int) -> tuple[list[Timed], float]:
         """Every prompt by `concurrency` client threads, each its own connection; (one record each, wall seconds)."""
-        from trtspec.triton.client import TritonClient
+        from trtspec.triton.client import generate_concurrently
 
-        out: list[Timed | BaseException | None] = [None] * len(prompts)
-        order = iter(range(len(prompts)))
-        lock = threading.Lock()
-
-        def user():
-            with TritonClient(self.url, model=self.model, timeout_s=self.timeout_s) as client:
-                while True:
-                    with lock:
-                        i = next(order, None)
-                    if i is None:
-                        return
-                    try:
-                        out[i] = _served_one(client, prompts[i], options)
-                    except BaseException as e:  # raised below, in the caller's thread
-                        out[i] = e
-
-        users = [threading.Thread(target=user) for _ in range(min(concurrency, len(prompts)))]
         start = time.perf_counter()
-        for u in users:
-            u.start()
-        for u in users:
-            u.join()
+        out = generate_concurrently(self.url, prompts, concurrency=concurrency, model=self.model,
+                                    timeout_s=self.timeout_s,
+                                    send=lambda client, i: _served_one(client, prompts[i], options))
         wall = time.perf_counter() - start
         for r in out:
-            if isinstance(r, BaseException):
+            if isinstance(r, BaseException):  # raised here, in the caller's thread
                 raise r
         return out, wall
-
 
     def run_open(self, prompts: list[BenchPrompt], options: GenerationConfig, rate: float,
                  seed: int = 0) -> tuple[list[Timed], float]:

@@ -126,8 +126,6 @@ def _pair(ctx, param, value):
               help="--curves: the prefilled length.")
 @click.option("--repeats", type=click.IntRange(min=1), default=10, show_default=True,
               help="--curves: timed steps per slot count (over all rounds).")
-@click.option("--floors", is_flag=True, help="Compare: every system's weight bytes per step against this machine's "
-                                             "read bandwidth.")
 @click.option("--work", type=DIR, help="Compare: the peers' builds and the children's log (default: the cache's "
                                        "bench/compare).")
 @click.option("--out", type=DIR, help="Write summary.json and plots here (requests: also requests.csv).")
@@ -142,12 +140,11 @@ def bench_run(engines: tuple[Path, ...], methods, sets, peers, out: Path | None,
     speedup and p50/p90/p99 per category and --concurrency, in process and served, and how many outputs equal plain
     decoding's at T = 0.
 
-    Compare (several ENGINES, or any of --sets, --peers, --curves, --floors, --datastore, --rounds > 1, --gguf,
-    --peer-limit, --work): every engine and peer in its own
-    process on the same token ids, per set and method: tokens/s, the speedup over the same system's plain decoding,
-    τ, identical outputs; the verify curves, bandwidth floors and the targets against the peers on request."""
+    Compare (several ENGINES, or any of --sets, --peers, --peer-limit, --gguf, --curves, --datastore, --work,
+    --rounds > 1): every engine and peer in its own process on the same token ids, per set and method: tokens/s,
+    the speedup over the same system's plain decoding, τ, identical outputs; the verify curves on request."""
     show = lambda line: click.echo(line, err=True)  # noqa: E731
-    compare_flags = ("datastore", "gguf", "peer_limit", "curves", "floors", "work")
+    compare_flags = ("datastore", "gguf", "peer_limit", "curves", "work")
     if len(engines) > 1 or sets or peers or flags["rounds"] > 1 or any(flags[f] for f in compare_flags):
         _compare(engines, methods, sets, peers, out, as_json, no_progress, flags, show)
         return
@@ -183,7 +180,7 @@ def _compare(engines, methods, sets, peers, out, as_json, no_progress, flags, sh
         raise click.UsageError("comparing needs ENGINE_DIR (one or more)")
     keep = ("limit", "max_tokens", "threads", "spin", "backoff", "datastore", "hf", "gguf", "peer_limit",
             "transformers_lookup", "genai_lookup", "llama_lookup", "openvino_lookup", "rounds", "curves", "past",
-            "repeats", "floors", "work")
+            "repeats", "work")
     options = CompareOptions(engines=engines, sets=sets or DEFAULT_SETS, peers=peers or (),
                              **({"methods": methods} if methods else {}), **{k: flags[k] for k in keep})
     report = run_compare(options, show=show, progress=not no_progress)
@@ -234,31 +231,21 @@ def bench_perf_input(prompt_set: str, limit: int, max_tokens: int, method: str |
 @click.option("--method", "methods", callback=_csv(str), metavar="A,B",
               help="Drafters beside plain decoding (default: the engine's own, if it has one).")
 @click.option("--no-spec", is_flag=True, help="Plain decoding alone.")
-@click.option("--unary", is_flag=True,
-              help="Instead: --limit concurrent unary requests (a --no-decoupled deployment) against as many streams.")
 @click.option("--out", type=DIR, help="Write summary.json, requests.csv and PNG plots here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
 @user_errors
 def bench_serving(engine: Path, prompt_set: str, limit: int, max_tokens: int, concurrency: int, threads: int,
-                  methods, no_spec: bool, unary: bool, out: Path | None, as_json: bool, no_progress: bool) -> None:
+                  methods, no_spec: bool, out: Path | None, as_json: bool, no_progress: bool) -> None:
     """Serving overhead on one engine: `trtspec bench ENGINE --serve --concurrency 1,N` (Triton gRPC streaming
     against in-process generate, back to back, at concurrency 1 — target ratio >= 0.9 — and N, with how many
-    sequences the engine batched per step). --unary compares unary requests with streams instead."""
-    from trtspec.bench import format_unary, unary_vs_streaming
-
-    show = lambda line: click.echo(line, err=True)  # noqa: E731
-    if unary:
-        report = unary_vs_streaming(engine, prompt_set=prompt_set, limit=limit, max_tokens=max_tokens,
-                                    threads=threads, show=show)
-        click.echo(json.dumps(report, indent=2) if as_json else format_unary(report))
-        return
+    sequences the engine batched per step)."""
     from trtspec.bench import BenchOptions, format_bench_table, run_bench, write_bench_outputs
 
     options = BenchOptions(engine=engine, serve=True, prompt_set=prompt_set, limit=limit, max_tokens=max_tokens,
                            concurrency=tuple(dict.fromkeys((1, concurrency))), threads=threads,
                            methods=methods or (), no_spec=no_spec, show_progress=not no_progress)
-    run = run_bench(options, show=show)
+    run = run_bench(options, show=lambda line: click.echo(line, err=True))
     click.echo(json.dumps(run.report, indent=1) if as_json else "\n".join(format_bench_table(run.report)))
     if out is not None:
         written = write_bench_outputs(run, out)

@@ -194,7 +194,7 @@ class TritonClient:
             try:
                 metadata = self._client.get_model_metadata(self.model)
             except Exception as e:
-                raise ServerError(f"cannot read model {self.model!r} from {self.url} ({_first_line(e)})") from None
+                raise ServerError(f"cannot read model {self.model!r} from {self.url} ({first_line(e)})") from None
             self._inputs = {t.name for t in metadata.inputs}
         return self._inputs
 
@@ -210,7 +210,7 @@ class TritonClient:
                 break
             time.sleep(0.5)
         if error is not None:
-            raise ServerError(f"cannot reach a Triton server at {self.url} ({_first_line(error)}); start one with "
+            raise ServerError(f"cannot reach a Triton server at {self.url} ({first_line(error)}); start one with "
                               "`trtspec serve REPO`")
         if not ready:
             raise ServerError(f"model {self.model!r} is not ready on {self.url}")
@@ -286,7 +286,7 @@ class TritonClient:
                     raise ServerError(f"no response from {self.url} within {self.timeout_s:.0f} s") from None
                 if error is not None:
                     ended = True  # an error response is the request's last
-                    raise ServerError(f"{self.url}: {_first_line(error)}") from error
+                    raise ServerError(f"{self.url}: {first_line(error)}") from error
                 response = result.get_response()
                 final = response.parameters.get("triton_final_response")
                 ended = bool(final and final.bool_param)
@@ -386,22 +386,25 @@ def generate_remote(url: str, prompts: list, options: GenerationConfig = Generat
 def generate_concurrently(url: str, prompts: list[str], options: GenerationConfig = GenerationConfig(), *,
                           concurrency: int = 8, stream: bool = True, model: str = MODEL,
                           options_for: Callable[[int], GenerationConfig] | None = None,
-                          stop_words: list[str] = ()) -> list[RemoteGeneration]:
-    """Send every prompt with `concurrency` clients at once (each its own connection); results in prompt order."""
+                          stop_words: list[str] = (), timeout_s: float = 600.0,
+                          send: Callable[[TritonClient, int], object] | None = None) -> list[RemoteGeneration]:
+    """Send every prompt with `concurrency` clients at once (each its own connection); results in prompt order.
+    `send(client, i)`, when given, sends prompt i and returns its result instead of `client.generate`."""
     results: list[RemoteGeneration | BaseException | None] = [None] * len(prompts)
     next_index = iter(range(len(prompts)))
     lock = threading.Lock()
 
     def worker():
-        with TritonClient(url, model=model) as client:
+        with TritonClient(url, model=model, timeout_s=timeout_s) as client:
             while True:
                 with lock:
                     i = next(next_index, None)
                 if i is None:
                     return
                 try:
-                    results[i] = client.generate(prompts[i], options_for(i) if options_for else options, index=i,
-                                                 stream=stream, stop_words=list(stop_words))
+                    results[i] = send(client, i) if send else client.generate(
+                        prompts[i], options_for(i) if options_for else options, index=i, stream=stream,
+                        stop_words=list(stop_words))
                 except BaseException as e:  # reported per prompt
                     results[i] = e
 
@@ -413,6 +416,7 @@ def generate_concurrently(url: str, prompts: list[str], options: GenerationConfi
     return results
 
 
-def _first_line(error) -> str:
+def first_line(error: BaseException, limit: int | None = None) -> str:
+    """An error's first line (a tritonclient error's own message()), cut to `limit` characters."""
     text = error.message() if hasattr(error, "message") and callable(error.message) else str(error)
-    return text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return (text.strip().splitlines()[0] if text.strip() else type(error).__name__)[:limit]

@@ -1,14 +1,22 @@
 """The memory-bandwidth floor of a decode step: the weight bytes one step of a system reads (an ONNX graph, a GGUF
 model, an OpenVINO IR) and this machine's read bandwidth, so that a decoding rate can be set against the time it
 takes just to read the weights once.
+
+    .venv/bin/python benchmarks/floors.py DIR/summary.json [--threads N] [--repeats 7] [--json]
+
+DIR/summary.json is what a compare run of `trtspec bench ENGINE... --out DIR` wrote (each system's model file and
+plain decode rate); the bandwidth is measured when this runs, so run it on the machine and at the load of that run.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import sys
 import time
 from pathlib import Path
 
+import click
 import numpy as np
 
 BANDWIDTH_REPEATS = 7
@@ -166,3 +174,67 @@ def _ort_sum(buf: np.ndarray, threads: int):
     binding.bind_ortvalue_input("x", ort.OrtValue.ortvalue_from_numpy(buf))  # no copy
     binding.bind_output("y", "cpu")
     return lambda: session.run_with_iobinding(binding)
+
+
+# ---- a compare run's systems --------------------------------------------------------------------------------
+
+def weight_bytes(kind: str, model: str | None) -> dict:
+    """What one decode step of a system of `kind` (an engine or a peer, summary.json's `kind`) reads of its model."""
+    if model is None or kind == "transformers":  # torch's own graph: not weighed
+        return {"read": None, "gathered": None}
+    if kind == "llama.cpp":
+        return gguf_weight_bytes(Path(model))
+    if kind == "openvino":
+        return openvino_weight_bytes(Path(model))
+    return onnx_weight_bytes(Path(model))
+
+
+def floors(report: dict, bandwidth: dict) -> dict[str, dict]:
+    """Per system of a compare report: its weight bytes and, where it was weighed, its floor against its plain decode
+    rate over all sets."""
+    out = {}
+    for label, entry in report["systems"].items():
+        weights = weight_bytes(entry["kind"], entry.get("model"))
+        decode_tps = entry["plain"]["all"]["decode_tokens_per_s"]
+        floor = bandwidth_floor(weights["read"], bandwidth["gbps"], decode_tps) if weights["read"] and decode_tps \
+            else None
+        out[label] = {"format": entry["format"], "decode_tokens_per_s": decode_tps, "weights": weights,
+                      "floor": floor}
+    return out
+
+
+def render(systems: dict[str, dict], bandwidth: dict) -> list[str]:
+    num = lambda value, digits=1: "-" if value is None else f"{value:.{digits}f}"  # noqa: E731
+    w = max(16, *(len(label) + 2 for label in systems))
+    lines = [f"{'system':<{w}}{'format':<28}{'decode':>8}{'MB/token':>10}{'floor ms':>9}{'÷ floor':>8}"]
+    for label, s in systems.items():
+        floor, read = s["floor"], s["weights"]["read"]
+        lines.append(f"{label:<{w}}{s['format'][:27]:<28}{num(s['decode_tokens_per_s']):>8}"
+                     f"{num(read and read / 1e6):>10}{num(floor and floor['floor_ms'], 2):>9}"
+                     f"{num(floor and floor['ratio'], 2):>7}×")
+    lines.append(f"floor = weight bytes a plain step reads ÷ {bandwidth['gbps']:.1f} GB/s read bandwidth "
+                 f"({bandwidth['method']}, {bandwidth['threads']} threads, best of the repeats); decode: tokens/s "
+                 "after the first token")
+    return lines
+
+
+@click.command()
+@click.argument("summary", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--threads", type=click.IntRange(min=1), help="Threads reading the buffer (default: the run's).")
+@click.option("--repeats", type=click.IntRange(min=1), default=BANDWIDTH_REPEATS, show_default=True,
+              help="Timed reads of the buffer; the best counts.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def main(summary: Path, threads: int | None, repeats: int, as_json: bool) -> None:
+    """Every system of a `trtspec bench` compare run (its summary.json): the weight bytes a plain decode step reads,
+    the time to read them once at this machine's bandwidth, and the run's decode time per token ÷ that floor."""
+    report = json.loads(summary.read_text())
+    if "systems" not in report or "settings" not in report:
+        sys.exit(f"error: {summary} is not the summary.json of a compare run of `trtspec bench`")
+    bandwidth = read_bandwidth(threads=threads or report["settings"]["threads"], repeats=repeats)
+    systems = floors(report, bandwidth)
+    click.echo(json.dumps({"bandwidth": bandwidth, "systems": systems}, indent=2) if as_json
+               else "\n".join(render(systems, bandwidth)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,44 +1,27 @@
-"""Serving measurements beside `trtspec bench`'s serving mode (`trtspec bench ENGINE --serve`, which `trtspec bench
-serving ENGINE` runs): trtspec's counters read from Triton's metrics endpoint (how many sequences the engine batched
-per step), and unary requests to a --no-decoupled deployment against as many streams (`bench serving --unary`).
+"""Unary requests to a --no-decoupled deployment against as many gRPC streams to a decoupled one, both served at
+once from the same engine, rounds alternating: the wall time of the whole group each way, and whether the outputs are
+identical (an instrument of trtspec's non-decoupled path, which batches unary calls in flight too).
+
+    .venv/bin/python benchmarks/unary_streaming.py ENGINE [--prompt-set mt-bench] [--limit 8] [--max-tokens 128]
+        [--threads 2] [--rounds 2] [--json]
 """
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from pathlib import Path
+
+import click
+
+from trtspec.cli.app import user_errors
 
 
 def _texts(name: str, limit: int) -> list[str]:
     from trtspec.data.prompts import load_prompts
 
     return [p.text for p in load_prompts(name, limit=limit)]
-
-
-def read_counters(metrics_url: str, *, publish_via: str | None = None) -> dict[str, float]:
-    """trtspec's counters from Triton's Prometheus endpoint (`trtspec.bench.metrics`: summed over models and
-    instances, and per model and per slot profile beside that, e.g. trtspec_engine_profile_steps_total[5]).
-
-    The engine model publishes its counters when it receives a request; `publish_via` (a gRPC URL) sends a
-    one-token request first so the counters cover everything before this call."""
-    from trtspec.bench.metrics import read_metrics
-
-    if publish_via is not None:
-        from trtspec.speculative.loop import GenerationConfig
-        from trtspec.triton.client import TritonClient
-
-        with TritonClient(publish_via) as client:
-            client.generate("count", GenerationConfig(max_tokens=1))
-    return read_metrics(metrics_url, prefixes=("trtspec_",))
-
-
-def engine_batching(before: dict, after: dict) -> dict:
-    """Verify steps the engine ran between two `read_counters` and the sequences it batched per step."""
-    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-    steps = delta.get("trtspec_engine_steps_total", 0.0)
-    sequences = delta.get("trtspec_engine_step_sequences_total", 0.0)
-    return {"steps": int(steps), "sequences_per_step": round(sequences / steps, 2) if steps else None}
 
 
 def unary_vs_streaming(engine: Path, *, prompt_set: str = "mt-bench", limit: int = 8, max_tokens: int = 128,
@@ -115,3 +98,23 @@ def format_unary(report: dict) -> str:
             f"({report['streaming']['tok_s']} tok/s), unary {report['unary']['wall_s']} s "
             f"({report['unary']['tok_s']} tok/s), unary / streaming = {report['unary_over_streaming']}; "
             f"outputs identical: {report['outputs_identical']}")
+
+
+@click.command()
+@click.argument("engine", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--prompt-set", default="mt-bench", show_default=True, help="A known prompt set or a .jsonl file.")
+@click.option("--limit", type=click.IntRange(min=1), default=8, show_default=True, help="Concurrent requests.")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="Tokens per prompt.")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
+              help="ONNX Runtime intra-op threads of each server.")
+@click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True, help="Rounds each way.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@user_errors
+def main(engine: Path, as_json: bool, **options) -> None:
+    """ENGINE served twice, decoupled and --no-decoupled: --limit concurrent unary requests against as many streams."""
+    report = unary_vs_streaming(engine, **options, show=lambda line: click.echo(line, err=True))
+    click.echo(json.dumps(report, indent=2) if as_json else format_unary(report))
+
+
+if __name__ == "__main__":
+    main()
