@@ -376,3 +376,22 @@ def test_a_prompt_file_of_token_ids_is_measured_as_its_ids(engine, tmp_path):
                                         methods=("ngram",), own_drafter=False, work=tmp_path / "w"),
                          show=lambda line: None, progress=False)
     assert report["systems"]["engine"]["plain"]["all"]["runs"] == 2
+
+
+def test_one_harness_rotates_and_configures_every_method():
+    """The loop both modes share: the methods' order turns by one per prompt or group (peers.rotated, alternate's
+    `before` hook ahead of each prompt), and one request's settings per method (workload.method_configs)."""
+    from trtspec.bench.peers import alternate, rotated
+    from trtspec.bench.workload import method_configs
+
+    assert rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+    calls, seen = [], []
+    runners = {name: (lambda ids, n, name=name: calls.append((name, ids[0], n)) or name) for name in ("x", "y")}
+    rows = list(alternate([[1], [2]], 5, runners, before=seen.append))
+    assert seen == [0, 1] and [list(r["runs"]) for r in rows] == [["x", "y"], ["y", "x"]]
+    assert calls[:2] == [("x", 1, 8), ("y", 1, 8)]  # the warm-up, WARMUP_TOKENS each
+    configs = method_configs(GenerationConfig(max_tokens=7), ["spec", "ngram:full", "suffix"])
+    assert list(configs) == [PLAIN, "spec", "ngram:full", "suffix"] and configs[PLAIN].no_spec
+    assert configs["spec"].method is None and not configs["spec"].no_spec
+    assert (configs["ngram:full"].method, configs["ngram:full"].backoff) == ("ngram", False)
+    assert configs["suffix"].backoff and all(c.max_tokens == 7 for c in configs.values())

@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -201,13 +201,12 @@ def run_engine(engine: str, prompts: list[list[int]], *, methods: list[str], max
                datastore: str | None = None, step_costs: dict | None = None) -> Iterator[dict]:
     """Plain greedy decoding and each drafter on one engine (`peers.alternate`'s rows; a drafter's samples with its
     accepted and drafted tokens, steps and drafting time), after a first row {"step_costs": ...}, the verify curve
-    its drafters budget with. `METHOD:full` runs METHOD's whole tree every step. Each drafter keeps its own recent
-    outputs (suffix, hybrid: none drafts from another's answer to the same prompt), forgotten where the prompt set
-    (`sets`, one name per prompt) changes, and its own acceptance model (how much ngram / suffix draft)."""
+    its drafters budget with. Each drafter's recent outputs (`workload.method_memory`) are forgotten where the prompt
+    set (`sets`, one name per prompt) changes; its acceptance model only after the warm-up."""
+    from trtspec.bench.peers import alternate, sample
+    from trtspec.bench.workload import method_configs, method_memory, use_memory
     from trtspec.runtime.generator import LocalGenerator
-    from trtspec.speculative.datastore import RecentOutputs
     from trtspec.speculative.loop import GenerationConfig
-    from trtspec.speculative.ngram_proposer import AcceptanceModel
     from trtspec.speculative.step_costs import StepCosts
 
     generator = LocalGenerator(engine, threads=threads, spin=spin, datastore=Path(datastore) if datastore else None)
@@ -215,31 +214,25 @@ def run_engine(engine: str, prompts: list[list[int]], *, methods: list[str], max
         generator.engine.use_step_costs(StepCosts(tuple(step_costs["profiles"]), tuple(step_costs["relative"]),
                                                   tuple(step_costs.get("step_ms") or ())))  # () when not measured
     yield {"step_costs": generator.engine.step_costs().to_dict()}
-    labels = [PLAIN, *methods]
-    learnt = {label: AcceptanceModel() for label in labels}
-
-    def generate(label: str, ids: list[int], new_tokens: int) -> dict:
-        method, _, whole = label.partition(":")
-        plain = label == PLAIN
-        generator.recent, generator.acceptance = recent[label], learnt[label]
-        config = GenerationConfig(max_tokens=new_tokens, no_spec=plain, method=None if plain else method,
-                                  backoff=backoff and whole != "full")
-        r = generator.generate(ids, config).result
-        s = r.stats
-        return {"output_ids": [int(t) for t in r.output_ids], "ttft_s": r.ttft_s, "total_s": r.total_s,
-                **({} if plain else {"accepted": s.accepted_tokens, "drafted": s.draft_tokens, "steps": s.steps,
-                                     "draft_s": s.draft_s})}
-
-    recent = {label: RecentOutputs() for label in labels}
-    for label in labels:  # warm-up: sessions, bindings, the drafters' first lookups (then forgotten)
-        generate(label, prompts[0], WARMUP_TOKENS)
-    learnt = {label: AcceptanceModel() for label in labels}
+    configs = method_configs(GenerationConfig(max_tokens=max_tokens, backoff=backoff), methods)
+    memory = method_memory(configs)  # the warm-up's
     sets = sets or [""] * len(prompts)
-    for index, ids in enumerate(prompts):
+
+    def runner(label: str):
+        def generate(ids: list[int], new_tokens: int) -> dict:
+            use_memory(generator, memory, label)
+            r = generator.generate(ids, replace(configs[label], max_tokens=new_tokens)).result
+            s = r.stats
+            return sample(r.output_ids, 0.0, r.ttft_s, r.total_s, **({} if label == PLAIN else {
+                "accepted": s.accepted_tokens, "drafted": s.draft_tokens, "steps": s.steps, "draft_s": s.draft_s}))
+        return generate
+
+    def before(index: int) -> None:
+        nonlocal memory
         if index == 0 or sets[index] != sets[index - 1]:
-            recent = {label: RecentOutputs() for label in labels}
-        k = index % len(labels)
-        yield {"prompt": index, "runs": {label: generate(label, ids, max_tokens) for label in labels[k:] + labels[:k]}}
+            memory = method_memory(configs, keep=memory if index else None)
+
+    yield from alternate(prompts, max_tokens, {label: runner(label) for label in configs}, before=before)
 
 
 def measure_curve(engine: str, *, threads: int, past: int = 256, repeats: int = 10, warmup: int = 2) -> dict:

@@ -75,17 +75,24 @@ def sample(output_ids, start: float, first: float, end: float, **extra) -> dict:
     return {"output_ids": [int(t) for t in output_ids], "ttft_s": first - start, "total_s": end - start, **extra}
 
 
+def rotated(items: Iterable, n: int) -> list:
+    """`items` turned left by n places: the order of the methods (or targets) for the n-th prompt or group, so that
+    none always runs first or last while the machine drifts."""
+    items = list(items)
+    n %= len(items)
+    return items[n:] + items[:n]
+
+
 def alternate(prompts: list[list[int]], max_tokens: int, runners: dict[str, Callable[[list[int], int], dict]], *,
-              warmup: bool = True) -> Iterator[dict]:
-    """Every prompt through each runner (plain decoding, the system's own speculation), the order rotating from
-    prompt to prompt, after a short warm-up of each (unless the caller warmed them): one row per prompt,
-    {"prompt": index, "runs": {name: sample}}."""
+              warmup: bool = True, before: Callable[[int], None] = lambda index: None) -> Iterator[dict]:
+    """Every prompt through each runner (plain decoding, each method), the order `rotated` from prompt to prompt,
+    after a short warm-up of each (unless the caller warmed them); `before(index)` runs ahead of each prompt. One
+    row per prompt, {"prompt": index, "runs": {name: sample}}."""
     for run in runners.values() if warmup else ():
         run(prompts[0], WARMUP_TOKENS)
-    order = list(runners)
     for index, ids in enumerate(prompts):
-        k = index % len(order)
-        yield {"prompt": index, "runs": {name: runners[name](ids, max_tokens) for name in order[k:] + order[:k]}}
+        before(index)
+        yield {"prompt": index, "runs": {name: runners[name](ids, max_tokens) for name in rotated(runners, index)}}
 
 
 # ---- onnxruntime-genai --------------------------------------------------------------------------------------

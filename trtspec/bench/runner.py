@@ -20,10 +20,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trtspec.bench.metrics import engine_batching, read_counters
-from trtspec.bench.peers import WARMUP_TOKENS
+from trtspec.bench.peers import WARMUP_TOKENS, rotated
 from trtspec.bench.summary import (PLAIN, RequestRecord, mark_identical, ratio, record, summarize,
                                    summarize_open_loop)
-from trtspec.bench.workload import BenchPrompt, LocalTarget, ServedTarget, load_bench_prompts, spreads
+from trtspec.bench.workload import (BenchPrompt, LocalTarget, ServedTarget, load_bench_prompts, method_configs,
+                                    method_memory, spreads, use_memory)
 from trtspec.errors import ConfigError
 from trtspec.progress import progress_bar
 from trtspec.speculative.loop import GenerationConfig
@@ -145,8 +146,9 @@ def _started_server(options: BenchOptions, local, show):
 def _run(options: BenchOptions, target, served, metrics, show) -> BenchRun:
     load_before = os.getloadavg()
     local = isinstance(target, LocalTarget)
+    generator = target.generator if local else None
     prompts = load_bench_prompts(options.prompt_set, limit=options.limit, max_tokens=options.max_tokens,
-                                 generator=target.generator if local else None, show=show)
+                                 generator=generator, show=show)
     if not prompts:
         raise ConfigError(f"--prompt-set {options.prompt_set}: no prompt to measure (--limit {options.limit})")
     methods = options.methods or ((target.own_method,) if local else ("spec",))
@@ -159,12 +161,11 @@ def _run(options: BenchOptions, target, served, metrics, show) -> BenchRun:
         methods = ()  # serving mode: plain decoding alone, in process and served
     base = GenerationConfig(max_tokens=options.max_tokens, backoff=options.backoff,
                             sampling=SamplingParams(temperature=options.temperature, seed=options.seed))
-    runs = {PLAIN: replace(base, no_spec=True),
-            **{m: replace(base, method=None if m == "spec" else m) for m in methods}}
+    runs = method_configs(base, methods)
     targets = {"in-process" if local else "served": target, **({"served": served} if served else {})}
-    recents = _own_recent_outputs(target, runs)
+    memory = method_memory(runs) if local else {}
     for label, opts in runs.items():  # warm-up: sessions, bindings, the drafters' first lookups
-        _use_recent(target, recents, label)
+        use_memory(generator, memory, label)
         for t in targets.values():
             t.run(prompts[:1], replace(opts, max_tokens=WARMUP_TOKENS), 1)
     records = []
@@ -175,14 +176,13 @@ def _run(options: BenchOptions, target, served, metrics, show) -> BenchRun:
         for c_index, concurrency in enumerate(options.concurrency):
             # each level a fresh pass over the same prompts: what the drafters learnt at the last level (suffix: its
             # answers to these very prompts) is forgotten
-            recents = _own_recent_outputs(target, runs)
+            memory = method_memory(runs) if local else {}
             groups = [[p] for p in prompts] if concurrency == 1 else [prompts]
             before = _counters(metrics)
             for g_index, group in enumerate(groups):
-                order = _rotated(list(runs), c_index + g_index)
-                for label in order:
-                    _use_recent(target, recents, label)
-                    for name in _rotated(list(targets), g_index):
+                for label in rotated(runs, c_index + g_index):
+                    use_memory(generator, memory, label)
+                    for name in rotated(targets, g_index):
                         timed, wall = targets[name].run(group, runs[label], concurrency)
                         walls[(name, concurrency, label)] += wall
                         records += [record(concurrency, label, p, t, target=name) for p, t in zip(group, timed)]
@@ -216,7 +216,7 @@ def _open_loop(options: BenchOptions, target, prompts: list[BenchPrompt], runs: 
     methods in a rotating order."""
     records, walls = [], {}
     for r_index, rate in enumerate(options.request_rate):
-        for label in _rotated(list(runs), r_index):
+        for label in rotated(runs, r_index):
             timed, walls[(rate, label)] = target.run_open(prompts, runs[label], rate, seed=r_index)
             records += [record(0, label, p, t, target="served", request_rate=rate) for p, t in zip(prompts, timed)]
     return records, walls
@@ -245,27 +245,6 @@ def _serving(report: dict, records: list[RequestRecord], temperature: float, bat
                 "outputs_identical": f"{sum(same)}/{len(same)}" if temperature == 0 else None}
     out["target"] = SERVING_TARGET
     return out
-
-
-def _rotated(items: list, n: int) -> list:
-    n %= len(items)
-    return items[n:] + items[:n]
-
-
-def _own_recent_outputs(target, runs: dict) -> dict:
-    """In process, every method its own recent outputs (method suffix learns from them: never another method's
-    answer to the same prompt) and its own acceptance model (ngram / suffix learn how much to draft)."""
-    if not isinstance(target, LocalTarget):
-        return {}
-    from trtspec.speculative.datastore import RecentOutputs
-    from trtspec.speculative.ngram_proposer import AcceptanceModel
-
-    return {label: (RecentOutputs(), AcceptanceModel()) for label in runs}
-
-
-def _use_recent(target, recents: dict, label: str) -> None:
-    if recents:
-        target.generator.recent, target.generator.acceptance = recents[label]
 
 
 def _report(options: BenchOptions, target, prompts: list[BenchPrompt], methods, records, walls,

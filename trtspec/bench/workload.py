@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from trtspec.errors import ConfigError
 from trtspec.speculative.loop import GenerationConfig
+from trtspec.speculative.method import PLAIN
 from trtspec.speculative.stats import SpecStats
 
 
@@ -122,6 +123,32 @@ def spreads(name: str) -> bool:
     return source is not None and not source.measure_size and len(source.categories) > 1
 
 
+def method_configs(base: GenerationConfig, methods) -> dict[str, GenerationConfig]:
+    """Plain decoding and each method as `base` for one request: `spec` is the deployment's own drafter, and
+    `METHOD:full` runs METHOD's whole tree every step (no back-off)."""
+    configs = {PLAIN: replace(base, no_spec=True)}
+    for label in methods:
+        method, _, whole = label.partition(":")
+        configs[label] = replace(base, method=None if method == "spec" else method,
+                                 backoff=base.backoff and whole != "full")
+    return configs
+
+
+def method_memory(labels, keep: dict | None = None) -> dict:
+    """In process, each method its own recent outputs (suffix and hybrid draft from them: never from another
+    method's answer to the same prompt) and its own acceptance model (how much ngram and suffix draft), the latter
+    taken from `keep` when given."""
+    from trtspec.speculative.datastore import RecentOutputs
+    from trtspec.speculative.ngram_proposer import AcceptanceModel
+
+    return {label: (RecentOutputs(), keep[label][1] if keep else AcceptanceModel()) for label in labels}
+
+
+def use_memory(generator, memory: dict, label: str) -> None:
+    if memory:  # none for a served target
+        generator.recent, generator.acceptance = memory[label]
+
+
 class LocalTarget:
     """An engine folder opened in this process."""
 
@@ -135,8 +162,6 @@ class LocalTarget:
 
     def run(self, prompts: list[BenchPrompt], options: GenerationConfig, concurrency: int) -> tuple[list[Timed], float]:
         """Every prompt through the in-flight batch of `concurrency` sequences; (one record each, wall seconds)."""
-        from dataclasses import replace
-
         from trtspec.speculative.loop import Request, generate_batch
 
         if concurrency > self.max_batch_size:
