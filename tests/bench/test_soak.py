@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -23,7 +24,7 @@ from trtspec.bench.soak import Sampler, SoakOptions, compare, is_loopback, proce
 from trtspec.bench.soak_report import (SoakReport, SoakRequest, format_report, memory_summary, status_line, summarize,
                                        targets, write_outputs)
 from trtspec.cli import cli
-from trtspec.errors import ConfigError
+from trtspec.errors import ConfigError, ServerError
 from trtspec.procfs import listening_pids, port_owner, process_tree, rss_kib
 from trtspec.triton.server import port_holder
 
@@ -277,3 +278,42 @@ def test_status_line():
                        {"rss_mib": 812.4, "metrics": {"trtspec_engine_sequences_in_flight": 8.0,
                                                       "trtspec_engine_queue_size": 2.0}})
     assert line == "   30 s: 10 requests, 0 errors, 0 mismatches, RSS 812 MiB, in flight 8, queued 2"
+
+
+class _FakeStreamClient:
+    """A TritonClient stand-in for the --cancel streams: its stream gives a first token (unless `first` is False),
+    then waits until cancelled and raises what a cancelled stream raises."""
+
+    def __init__(self, *args, first: bool = True, **kwargs):
+        self.first, self.cancelled, self.closed = first, threading.Event(), False
+
+    def stream(self, prompt, options):
+        if self.first:
+            yield "a", None
+        self.cancelled.wait(10)
+        raise ServerError("Locally cancelled by application!")
+
+    def cancel(self):
+        self.cancelled.set()
+
+    def close(self):
+        self.closed = True
+
+
+def test_cancel_streams_are_cut_at_their_first_token_and_counted(monkeypatch):
+    """--cancel streams over TritonClient.stream: one with a first token is cut there by its own thread (leaving the
+    stream), one without is cancelled by `cut()`; the cancellation's error is not counted as a failure."""
+    clients = iter([_FakeStreamClient(), _FakeStreamClient(first=False)])
+    monkeypatch.setattr(soak, "TritonClient", lambda *args, **kwargs: next(clients))
+    faults = soak.FaultStreams("127.0.0.1:1", ["p"], abandon=0, cancel=2, max_tokens=8, model="m", epoch=0.0).start()
+    assert not faults.wait_first_tokens(0.5)  # the second never has a first token
+    faults.cut()
+    for t in [t for t in threading.enumerate() if t.name.startswith("soak-cancel-")]:
+        t.join(5)
+    summary = faults.summary()["cancel"]
+    assert (summary["cut_mid_stream"], summary["no_first_token"], summary["failed"]) == (1, 1, 0), faults.errors
+    assert all(c.closed for c in faults._clients.values()) and faults._clients[1].cancelled.is_set()
+    failing, events = _FakeStreamClient(first=False), []
+    failing.cancel()  # a stream that fails before its first token: its error, one line
+    soak._fault_stream(failing, "p", 4, lambda *event: events.append(event))
+    assert events == [("error", "Locally cancelled by application!")] and failing.closed

@@ -11,7 +11,6 @@ import contextlib
 import ipaddress
 import json
 import os
-import queue
 import re
 import signal
 import statistics
@@ -22,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 from trtspec.bench.metrics import fetch_metrics
@@ -30,7 +30,8 @@ from trtspec.bench.soak_report import (SoakReport, SoakRequest, format_minutes, 
 from trtspec.bench.summary import first_divergence
 from trtspec.errors import ConfigError, ServerError
 from trtspec.procfs import alive, cmdline, port_owner, process_stat, process_tree, rss_kib
-from trtspec.triton.client import first_line
+from trtspec.speculative.loop import GenerationConfig
+from trtspec.triton.client import TritonClient, first_line
 
 PROBE_TOKENS = 16  # the time-to-first-token probe (unloaded, and again after the faults)
 PROBES = 3
@@ -299,8 +300,6 @@ class ServeProcess:
 def _request(client, prompt: str, max_tokens: int, reference: list[int], record: SoakRequest, **generate) -> None:
     """One greedy request on `client` (a TritonClient): its times, tokens and outcome against `reference` into
     `record`. Raises what the client raises."""
-    from trtspec.speculative.loop import GenerationConfig
-
     g = client.generate(prompt, GenerationConfig(max_tokens=max_tokens), **generate)
     record.ttft_s = round(g.ttft_s, 5) if g.output_ids else None
     record.latency_s = round(g.total_s, 5)
@@ -342,8 +341,6 @@ class Load:
             return seq
 
     def _user(self, user: int) -> None:
-        from trtspec.triton.client import TritonClient
-
         client = None
         try:
             while (seq := self._take()) is not None:
@@ -416,51 +413,39 @@ def _close_quietly(client, timeout: float = 10.0) -> None:
 
 # ---- faults ---------------------------------------------------------------------------------------------------
 
-def _open_stream(url: str, model: str, prompt: str, max_tokens: int, accepted: set[str] | None, request_id: str,
-                 on_event: Callable[..., None]):
-    """A gRPC client with one stream sending `prompt`; on_event("first") at its first token, on_event("final") at
-    its final response, on_event("error", message) on an error. Returns the client."""
-    import tritonclient.grpc as grpcclient
-
-    from trtspec.speculative.loop import GenerationConfig
-    from trtspec.triton.client import build_inputs
-
-    seen_first = threading.Event()
-
-    def callback(result=None, error=None):
-        if error is not None:
-            on_event("error", first_line(error, 300))
-            return
-        response = result.get_response()
-        if response.outputs and not seen_first.is_set():
-            seen_first.set()
-            on_event("first")
-        final = response.parameters.get("triton_final_response")
-        if final is not None and final.bool_param:
-            on_event("final")
-
-    client = grpcclient.InferenceServerClient(url)
-    client.start_stream(callback=callback)
-    inputs = build_inputs(prompt, GenerationConfig(max_tokens=max_tokens), stream=True, accepted=accepted)
-    client.async_stream_infer(model, inputs, request_id=request_id, enable_empty_final_response=True)
-    return client
+def _fault_stream(client: TritonClient, prompt: str, max_tokens: int, on_event: Callable[..., bool | None]) -> None:
+    """One fault stream on `client`: on_event("first") at its first token, whose answer says whether to cut it there
+    (leaving the stream cancels it on the server); on_event("final") when it ended by itself, ("error", message)
+    otherwise."""
+    try:
+        with contextlib.closing(client.stream(prompt, GenerationConfig(max_tokens=max_tokens))) as responses:
+            for _ in responses:
+                if on_event("first"):
+                    return
+        on_event("final")
+    except Exception as e:  # noqa: BLE001: a failed fault stream is counted, not raised
+        on_event("error", first_line(e, 300))
+    finally:
+        _close_quietly(client)
 
 
 ABANDON_CHILD = "import sys; from trtspec.bench.soak import abandoning_client; abandoning_client(sys.argv[1])"
 
 
 def abandoning_client(spec_json: str) -> None:
-    """The child process of one --abandon stream: opens it, prints `first I` once it sent its first token (`error I
-    MESSAGE` / `final I` otherwise), then waits to be killed with the stream open (its connection dropped by the
-    kernel, as a client that crashes or loses its network). Gives up after 10 min."""
+    """The child process of one --abandon stream: prints `first I` once it has its first token (`error I MESSAGE` /
+    `final I` otherwise), then waits to be killed with the stream open (its connection dropped by the kernel, as a
+    client that crashes or loses its network). Gives up after 10 min."""
     spec = json.loads(spec_json)
-    i, accepted = spec["index"], spec["accepted"]
-    say = lambda event, message="": print(f"{event} {i} {message}".rstrip(), flush=True)  # noqa: E731
-    client = _open_stream(spec["url"], spec["model"], spec["prompt"], spec["max_tokens"],
-                          set(accepted) if accepted is not None else None, f"soak-abandon-{i}", say)
-    time.sleep(600)  # killed long before, with `client` and its stream open
-    client.close()
-    os._exit(3)
+
+    def say(event: str, message: str = "") -> None:
+        print(f"{event} {spec['index']} {message}".rstrip(), flush=True)
+        time.sleep(600)  # killed long before (at "first": with the stream open)
+        os._exit(3)
+
+    accepted = spec["accepted"]
+    client = TritonClient(spec["url"], model=spec["model"], inputs=set(accepted) if accepted is not None else None)
+    _fault_stream(client, spec["prompt"], spec["max_tokens"], say)
 
 
 class FaultStreams:
@@ -477,9 +462,8 @@ class FaultStreams:
         self.errors: list[str] = []
         self._changed = threading.Condition()
         self._children: dict[int, subprocess.Popen] = {}
-        self._clients: dict[int, object] = {}
+        self._clients: dict[int, TritonClient] = {}
         self._cut: dict[str, set[int]] = {"abandon": set(), "cancel": set()}
-        self._to_cancel: queue.Queue = queue.Queue()
         self.started_at = self.cut_at = None
 
     def _mark(self, kind: str, i: int, event: str, message: str = "") -> None:
@@ -499,10 +483,13 @@ class FaultStreams:
                 self.state[kind][i] = event
             self._changed.notify_all()
 
-    def _on_cancel_stream(self, i: int, event: str, message: str = "") -> None:
+    def _on_cancel_stream(self, i: int, event: str, message: str = "") -> bool:
+        """At its first token a --cancel stream is cut: its own thread leaves the stream."""
         self._mark("cancel", i, event, message)
         if event == "first":
-            self._to_cancel.put(i)  # cancelled by another thread, not the stream's own callback
+            with self._changed:
+                self._cut["cancel"].add(i)
+        return event == "first"
 
     def start(self) -> FaultStreams:
         self.started_at = time.monotonic() - self.epoch
@@ -514,29 +501,24 @@ class FaultStreams:
                                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
                                                  start_new_session=True)
             threading.Thread(target=self._read_child, args=(i,), name=f"soak-abandon-{i}", daemon=True).start()
-        if self.cancel:
-            threading.Thread(target=self._cancel_each, name="soak-cancel", daemon=True).start()
         for i in range(self.cancel):
-            self._clients[i] = _open_stream(self.url, self.model, self.prompts[(self.abandon + i) % len(self.prompts)],
-                                            self.max_tokens, self.accepted, f"soak-cancel-{i}",
-                                            lambda *event, i=i: self._on_cancel_stream(i, *event))
+            self._clients[i] = TritonClient(self.url, model=self.model, inputs=self.accepted)
+            threading.Thread(target=_fault_stream, name=f"soak-cancel-{i}", daemon=True, args=(
+                self._clients[i], self.prompts[(self.abandon + i) % len(self.prompts)], self.max_tokens,
+                partial(self._on_cancel_stream, i))).start()
         return self
 
-    def _cancel_each(self) -> None:
-        while (i := self._to_cancel.get()) is not None:
-            self._cancel(i)
-
     def _cancel(self, i: int) -> None:
+        """Cut cancel stream i from this thread (it had no first token when the wait was over)."""
         with self._changed:
-            if i in self._cut["cancel"] or i not in self._clients:
+            if i in self._cut["cancel"]:
                 return
             self._cut["cancel"].add(i)
             client = self._clients[i]
         try:
-            client.stop_stream(cancel_requests=True)
+            client.cancel()
         except Exception as e:  # noqa: BLE001
             self.errors.append(f"cancel: {first_line(e, 300)}")
-        _close_quietly(client)
 
     def _read_child(self, i: int) -> None:
         """Abandon stream i: its child process is SIGKILLed once the stream sent its first token."""
@@ -578,7 +560,6 @@ class FaultStreams:
         self.kill()
         for i in list(self._clients):
             self._cancel(i)
-        self._to_cancel.put(None)
 
     def kill(self) -> None:
         for i, child in self._children.items():
@@ -606,8 +587,6 @@ class FaultStreams:
 def _probe(url: str, model: str, prompt: str, reference: list[int], epoch: float, seq: int,
            timeout: float, tokens: int = PROBE_TOKENS) -> SoakRequest:
     """One short request alone: its time to first token, and its tokens against the reference's first ones."""
-    from trtspec.triton.client import TritonClient
-
     record = SoakRequest(seq, -1, "probe", 0, round(time.monotonic() - epoch, 4))
     try:
         with TritonClient(url, model=model, timeout_s=timeout) as client:
@@ -644,8 +623,6 @@ def run_soak(options: SoakOptions, show: Callable[[str], None] = print) -> SoakR
     """One soak run (docs/serving-faults.md); writes report.json, requests.csv and soak.png to options.out if
     given."""
     from trtspec.data.prompts import load_prompts
-    from trtspec.speculative.loop import GenerationConfig
-    from trtspec.triton.client import TritonClient
 
     _validate(options)
     epoch = time.monotonic()

@@ -298,9 +298,8 @@ class TritonClient:
             with self._lock:
                 self._responses.pop(request_id, None)
             if sent and not ended and self._streaming:  # abandoned: end it on the server too
-                self._streaming = False
                 try:
-                    self._client.stop_stream(cancel_requests=True)
+                    self.cancel()
                 except Exception:  # a connection already gone has nothing left to cancel
                     pass
 
@@ -344,6 +343,12 @@ class TritonClient:
         if reason is not None and reason.size and reason.reshape(-1)[0]:
             out.finish_reason = reason.reshape(-1)[0].decode()
         out.responses += 1
+
+    def cancel(self) -> None:
+        """End the stream and cancel its requests on the server, from any thread: a request waiting on it raises
+        ServerError. The next request opens a new stream."""
+        self._streaming = False
+        self._client.stop_stream(cancel_requests=True)
 
     def close(self) -> None:
         if self._streaming:
