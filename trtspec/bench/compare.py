@@ -1,11 +1,9 @@
-"""`trtspec bench ENGINES`: engines × methods × prompt sets (× peers) side by side, interleaved, in one run.
+"""Compare mode of `trtspec bench ENGINES`: engines × methods × prompt sets (× peers) side by side in one run.
 
-Every system (an engine; a peer at one of the engines' weight formats) decodes the same prompt token ids in its own
-child process (`peers.run_child`). Within a system its methods take turns prompt by prompt, the order rotating: plain
-decoding and each drafter on an engine, plain decoding and its own speculation on a peer. The systems take turns by
-rounds, the order reversed every other round. Reported per system, method and set: tokens/s end to end and after the
-first token, the speedup over the same system's plain decoding, τ, and how many outputs equal that plain decoding's;
-on request each engine's verify curve. How to read it: docs/measuring.md.
+Every system (an engine, or a peer at one of the engines' weight formats) decodes the same token ids in its own child
+process, its methods in the loop requests mode shares (`peers.alternate`); the systems take turns by rounds, the
+order reversed every other round. Per system, method and set: tokens/s, the speedup over the same system's plain
+decoding, τ, identical outputs; on request the verify curves. How to read it: docs/measuring.md.
 """
 
 from __future__ import annotations
@@ -149,10 +147,9 @@ def engine_methods(engine: dict, methods: tuple[str, ...], own_drafter: bool = T
 
 def prompt_ids(engines: list[dict], sets: tuple[str, ...], limit: int, max_tokens: int, *, log: Path,
                show: Callable[[str], None] = print, threads: int = 2) -> list[dict]:
-    """Each set's first `limit` measured prompts through the engines' tokenizer (chat template), those that fit every
-    engine: [{"set", "id", "ids"}]. A two-turn set's second turn follows the first engine's plain, greedy first answer
-    (`second_turns`, in a child process logging to `log`): one answer for all, so that every system decodes the same
-    ids."""
+    """Each set's first `limit` measured prompts as ids through the engines' tokenizer, those that fit every engine:
+    [{"set", "id", "ids"}]. A two-turn set's second turn follows the first engine's plain, greedy first answer (in a
+    child process, `second_turns`): one answer for all, so that every system decodes the same ids."""
     from trtspec.bench.peers import run_child
     from trtspec.bench.workload import load_bench_prompts
     from trtspec.data.prompts import PROMPT_SETS
@@ -186,8 +183,8 @@ def prompt_ids(engines: list[dict], sets: tuple[str, ...], limit: int, max_token
 # ---- the child runners (python -m trtspec.bench.peers trtspec.bench.compare:...) ----------------------------
 
 def second_turns(engine: str, *, name: str, limit: int, max_tokens: int, threads: int) -> Iterator[dict]:
-    """A two-turn set's first `limit` prompts as their second turn after the engine's plain, greedy first answer of
-    up to `max_tokens` tokens (`workload.load_bench_prompts`): {"id", "messages"} each."""
+    """A two-turn set's first `limit` prompts as their second turn after the engine's first answer: {"id",
+    "messages"} each."""
     from trtspec.bench.workload import load_bench_prompts
     from trtspec.runtime.generator import LocalGenerator
 
@@ -277,8 +274,7 @@ def curve_from_samples(engine: str, past: int, samples: dict[str, list[float]], 
 
 
 def merge_curves(parts: list[dict]) -> dict:
-    """One engine's curve from several `measure_curve` calls (rounds that alternated with other engines): their
-    samples pooled, the medians and step costs taken again."""
+    """One engine's curve from several `measure_curve` calls (one per round): their samples pooled."""
     first = parts[0]
     samples = {n: [t for part in parts for t in part["samples"][n]] for n in first["samples"]}
     return curve_from_samples(first["engine"], first["past"], samples, first["step_costs"]["profiles"])
@@ -329,8 +325,8 @@ def llama_cpp_gguf(hf: Path) -> Path:
 
 
 def gguf_facts(gguf: Path) -> dict:
-    """A GGUF model's vocabulary size and format label: `Q4_1, lm_head Q8_0` (the GGUF type of the transformer
-    blocks' matrices, then the lm_head's, an untied `output` or the tied `token_embd`, where it differs)."""
+    """A GGUF model's vocabulary size and format label: `Q4_1, lm_head Q8_0` (the blocks' matrices' GGUF type, then
+    the lm_head's, `output` or the tied `token_embd`, where it differs)."""
     from collections import Counter
 
     from gguf import GGUFReader
@@ -347,9 +343,8 @@ def gguf_facts(gguf: Path) -> dict:
 
 def peer_systems(options: CompareOptions, work: Path, show: Callable[[str], None], vocab_size: int | None = None,
                  formats: tuple[str, ...] = ()) -> tuple[list[System], dict]:
-    """The installed peers ready to run, each at every one of the engines' `formats` it is matched to (its model
-    built or exported once under `work`; llama.cpp's GGUF checked against the engines' vocabulary); the others with
-    the reason, each shown as one line."""
+    """The installed peers, each at every one of the engines' `formats` it is matched to (its model built once under
+    `work`; llama.cpp's GGUF checked against the engines' vocabulary), and the others with the reason, shown."""
     from trtspec.bench.peers import (GENAI_INSTALL, GENAI_MODULES, LLAMA_CPP_INSTALL, LLAMA_CPP_MODULES,
                                      OPENVINO_INSTALL, OPENVINO_MODULES, TRANSFORMERS_INSTALL, TRANSFORMERS_MODULES,
                                      build_genai_model, build_openvino_model, missing_modules, OPENVINO_IR)
@@ -464,11 +459,8 @@ def run_compare(options: CompareOptions, *, show: Callable[[str], None] = print,
         report["systems"][label]["step_costs"] = costs
     report["skipped"] = skipped
     report["load_average"] = {k: [round(x, 2) for x in v] for k, v in load.items()}
-    report["settings"] = {**{k: v for k, v in asdict(options).items()
-                             if k not in ("engines", "hf", "gguf", "work", "datastore", "step_costs")},
-                          "engines": [str(e) for e in options.engines], "hf": str(options.hf) if options.hf else None,
-                          "gguf": str(options.gguf) if options.gguf else None, "work": str(work),
-                          "datastore": str(options.datastore) if options.datastore else None,
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(options).items() if k != "step_costs"}
+    report["settings"] = {**settings, "engines": [str(e) for e in options.engines], "work": str(work),
                           "prompts": len(prompts), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
     return report
 
@@ -531,8 +523,7 @@ def speculation_cell(spec: list[dict], plain: list[dict]) -> dict:
 
 
 def summarize(systems: list[System], samples: dict[str, list[dict]], prompts: list[dict], curves: dict) -> dict:
-    """Per system: plain rates per set and overall; per method: `speculation_cell` against the same system's plain
-    runs of the same prompts and rounds."""
+    """Per system: plain rates per set and overall; per method, `speculation_cell` against the same runs' plain."""
     sets = list(dict.fromkeys(p["set"] for p in prompts))
     report = {"sets": sets, "systems": {}}
     for system in systems:

@@ -1,10 +1,7 @@
-"""The peers' greedy decode runners (onnxruntime-genai, llama.cpp, OpenVINO GenAI, transformers: plain decoding and
-each one's own speculation) and the child process every benchmarked system runs in, so that no two systems share
-threads, allocators or warm caches.
-
-A runner takes prompt token ids and yields one row per prompt, {"prompt", "runs": {method: sample}} (`alternate`).
-`run_child("trtspec.bench.peers:run_genai", {...})` starts `python -m trtspec.bench.peers`, which calls the named
-function and prints its rows as JSON lines.
+"""The interleaved loop every system's runner shares (`alternate`), the peers' greedy runners (onnxruntime-genai,
+llama.cpp, OpenVINO GenAI, transformers: plain decoding and each one's own speculation), and the child process each
+system runs in, so that no two share threads, allocators or warm caches: `run_child("trtspec.bench.peers:run_genai",
+{...})` runs `python -m trtspec.bench.peers`, which prints the named runner's rows as JSON lines.
 """
 
 from __future__ import annotations
@@ -39,28 +36,22 @@ LOOKUP = "lookup"  # a row's run of the peer's own speculation
 # scripts/setup-peers.sh makes: optimum-intel needs an older transformers than trtspec's venv holds
 OPENVINO_EXPORTER = Path(__file__).resolve().parents[2] / ".venv-tools" / "openvino-export" / "bin" / "optimum-cli"
 OPENVINO_IR = "openvino_model.xml"
-# optimum-cli's weight compression (nncf) per weight format, each matched to trtspec's engines of that format:
-# - int8: nncf's int8 mode, asymmetric with one scale and zero point per output channel, on every matrix (the tied
-#   embedding / lm_head too): OpenVINO's default int8 layout (its CPU kernels' fast path); per channel int8 keeps
-#   about the precision of trtspec's symmetric block-32 int8.
-# - int4: symmetric, group size 32, every matrix (--ratio 1.0: no share left in int8; --all-layers: the tied embedding
-#   / lm_head too, which nncf otherwise keeps in int8): the grid of trtspec's int4 engines (symmetric, block 32, lm_head
-#   int4), so neither side's quality comes from a finer format. Group size 128 reads a quarter of the scales and is
-#   OpenVINO's fastest int4, but coarser than trtspec's block 32: it would buy its speed with quality.
-# - fp32: no compression (the peer of fp32 engines).
+# optimum-cli's weight compression (nncf) per weight format, matched to trtspec's engines of that format:
+# - int8: asymmetric per output channel on every matrix, OpenVINO's default int8 layout (its CPU kernels' fast path),
+#   about as precise as trtspec's symmetric block-32 int8.
+# - int4: symmetric, group 32, every matrix (--ratio 1.0, --all-layers: the tied lm_head too): trtspec's int4 grid, so
+#   neither side's quality comes from a finer format (group 128 is OpenVINO's fastest, but buys speed with quality).
 OPENVINO_WEIGHTS = {
     "fp32": ("--weight-format", "fp32"),
     "int8": ("--weight-format", "int8"),
     "int4": ("--weight-format", "int4", "--group-size", "32", "--ratio", "1.0", "--sym", "--all-layers"),
 }
-# prompt lookup's defaults, (GenerationConfig.max_ngram_size, num_assistant_tokens): the values of openvino.genai's
-# prompt lookup sample (samples/python/text_generation/prompt_lookup_decoding_lm.py)
+# prompt lookup's (max_ngram_size, num_assistant_tokens): openvino.genai's prompt lookup sample's values
 OPENVINO_LOOKUP_SETTINGS = (3, 5)
 
 
 def _run_offline(cmd: list[str], log: Path) -> int:
-    """A peer's model builder or exporter, offline (the HF folder only, no hub), its output into `log`: its exit
-    code."""
+    """A peer's model builder or exporter, offline, its output into `log`: its exit code."""
     with open(log, "w") as f:
         return subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **OFFLINE}).returncode
 
@@ -98,8 +89,8 @@ def alternate(prompts: list[list[int]], max_tokens: int, runners: dict[str, Call
 # ---- onnxruntime-genai --------------------------------------------------------------------------------------
 
 def build_genai_model(hf_dir: Path, out: Path, *, log: Path, precision: str = "fp32") -> Path:
-    """Run onnxruntime-genai's model builder (CPU, `precision` fp32 or int4: its defaults for the CPU, block 32 and
-    accuracy level 4) offline on a local HF folder; reuse a finished build."""
+    """onnxruntime-genai's model builder on a local HF folder (CPU, `precision` fp32 or int4 at its CPU defaults,
+    block 32, accuracy level 4); a finished build is reused."""
     if (out / GENAI_CONFIG).is_file():
         return out
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out),
@@ -112,9 +103,8 @@ def build_genai_model(hf_dir: Path, out: Path, *, log: Path, precision: str = "f
 
 def run_genai(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int,
               lookup: tuple[int, int] | None = None) -> Iterator[dict]:
-    """Greedy search with onnxruntime-genai's Generator (max_length = prompt + max_tokens) and, with `lookup` =
-    (ngram_size, max_draft_tokens), its own n-gram speculation (`set_speculative_options`; its
-    docs/SpeculativeDecoding.md suggests starting at n = 3-4, K = 4), alternating per prompt (`alternate`)."""
+    """Greedy search with onnxruntime-genai's Generator and, with `lookup` = (ngram_size, max_draft_tokens), its own
+    n-gram speculation (`set_speculative_options`), alternating per prompt."""
     import onnxruntime_genai as og
 
     loaded = _genai_model(model, threads)
@@ -154,12 +144,9 @@ def _genai_model(model: str, threads: int):
 
 def run_llama_cpp(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int,
                   lookup: tuple[int, int] | None = None) -> Iterator[dict]:
-    """Greedy decoding of a GGUF model with llama-cpp-python (`Llama.generate` at temperature 0, top_k 1, no
-    repetition penalty), stopping at its end-of-sequence token or after `max_tokens`; every prompt from an empty cache
-    (`Llama.reset`: generate would otherwise reuse the previous prompt's common prefix, which no other system does).
-    With `lookup` = (max_ngram_size, num_pred_tokens), also its own speculation, prompt lookup
-    (`llama_cpp.llama_speculative.LlamaPromptLookupDecoding` as the draft model of a second Llama), alternating per
-    prompt, its samples with the drafted tokens and decode steps."""
+    """Greedy decoding of a GGUF model with llama-cpp-python, every prompt from an empty cache (`Llama.reset`: no
+    other system reuses the previous prompt's common prefix) and, with `lookup` = (max_ngram_size, num_pred_tokens),
+    its own prompt lookup (`LlamaPromptLookupDecoding` drafting for a second Llama), alternating per prompt."""
     from llama_cpp import Llama
 
     n_ctx = max(len(ids) for ids in prompts) + max_tokens + 8 + (lookup[1] if lookup else 0)
@@ -198,9 +185,8 @@ def run_llama_cpp(model: str, prompts: list[list[int]], *, max_tokens: int, thre
 
 
 class _CountingDraft:
-    """A llama-cpp-python draft model that counts its calls and the tokens the wrapped one drafts. `Llama.generate`
-    asks for a draft after each evaluation whose tokens it has yielded and evaluates it with the next token, so the
-    calls made while a generation is read are its decode steps."""
+    """A llama-cpp-python draft model counting its calls and drafted tokens: `Llama.generate` asks for one draft per
+    evaluation, so its calls are the decode steps."""
 
     def __init__(self, draft):
         self.draft, self.drafted, self.calls = draft, 0, 0
@@ -215,10 +201,8 @@ class _CountingDraft:
 # ---- OpenVINO GenAI -----------------------------------------------------------------------------------------
 
 def build_openvino_model(hf_dir: Path, out: Path, *, log: Path, weights: str = "int8") -> Path:
-    """Export a local HF folder to OpenVINO IR with optimum-intel (`optimum-cli export openvino --task
-    text-generation-with-past`, the `OPENVINO_WEIGHTS[weights]` compression; its tokenizer converted beside it);
-    reuse a finished export. The export lands in `out` only once complete, so a failed or interrupted one is never
-    reused."""
+    """A local HF folder exported to OpenVINO IR by optimum-intel at `OPENVINO_WEIGHTS[weights]`; a finished export
+    is reused (it lands in `out` only once complete, so a failed or interrupted one never is)."""
     if (out / OPENVINO_IR).is_file():
         return out
     if weights not in OPENVINO_WEIGHTS:
@@ -237,16 +221,15 @@ def build_openvino_model(hf_dir: Path, out: Path, *, log: Path, weights: str = "
 
 
 def _openvino_pipeline(model: str, threads: int, **options):
-    """An `openvino_genai.LLMPipeline` on the CPU with `threads` inference threads (the CPU plugin's
-    INFERENCE_NUM_THREADS property; the plugin's other defaults as they are)."""
+    """An `openvino_genai.LLMPipeline` on the CPU with `threads` inference threads (INFERENCE_NUM_THREADS)."""
     import openvino_genai as ov_genai
 
     return ov_genai.LLMPipeline(model, "CPU", INFERENCE_NUM_THREADS=threads, **options)
 
 
 def _openvino_config(pipeline, max_tokens: int, lookup: tuple[int, int] | None = None):
-    """Greedy search for `max_tokens` new tokens, stopping at the model's end-of-sequence token(s) as the pipeline
-    reads them from generation_config.json; `lookup` = (max_ngram_size, num_assistant_tokens) for prompt lookup."""
+    """Greedy search for `max_tokens` new tokens, stopping where the model's generation_config.json says; `lookup` =
+    (max_ngram_size, num_assistant_tokens) for prompt lookup."""
     import openvino_genai as ov_genai
 
     own = pipeline.get_generation_config()
@@ -262,10 +245,9 @@ def _openvino_config(pipeline, max_tokens: int, lookup: tuple[int, int] | None =
 
 
 def _openvino_generate(pipeline, ids: list[int], config) -> tuple[list[int], float, float, float, int]:
-    """One generation from token ids (an int64 [1, n] tensor: the pipeline neither tokenizes nor adds anything): the
-    new ids, start, first-token and end times, and the streamer's calls. The pipeline hands the streamer each
-    step's new tokens at once (openvino_genai.StreamerBase.write takes a token or a list of them), so after the
-    first call, which brings the prompt's token, every call is one decode step."""
+    """One generation from token ids (an int64 tensor: nothing tokenized or added): the new ids, start, first-token
+    and end times, and the streamer's calls. The streamer gets each step's new tokens at once, so every call after
+    the first (the prompt's token) is one decode step."""
     import numpy as np
     import openvino as ov
     import openvino_genai as ov_genai
@@ -294,10 +276,9 @@ def _openvino_generate(pipeline, ids: list[int], config) -> tuple[list[int], flo
 
 def run_openvino(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int,
                  lookup: tuple[int, int] | None = None) -> Iterator[dict]:
-    """Greedy decoding with OpenVINO GenAI's `LLMPipeline` on the CPU (an IR folder `build_openvino_model` wrote) from
-    the prompts' token ids and, with `lookup` = (max_ngram_size, num_assistant_tokens), its own speculation, prompt
-    lookup (a second pipeline of the same IR with `prompt_lookup=True`), alternating per prompt; a lookup sample
-    counts its decode steps (a step verifies one draft and yields its accepted tokens and one more)."""
+    """Greedy decoding with OpenVINO GenAI's `LLMPipeline` on the CPU and, with `lookup` = (max_ngram_size,
+    num_assistant_tokens), its own prompt lookup (a second pipeline with `prompt_lookup=True`) counting its decode
+    steps, alternating per prompt."""
     def runner(pipeline, settings):
         configs = {}  # new tokens → its GenerationConfig
 
@@ -333,9 +314,8 @@ class _FirstTokenClock:
 
 def run_transformers(model: str, prompts: list[list[int]], *, max_tokens: int, threads: int,
                      lookup: int | None = None) -> Iterator[dict]:
-    """Greedy `generate` of Hugging Face transformers in fp32 with `threads` torch threads and, with `lookup`
-    (prompt_lookup_num_tokens; its default n-gram size 2), its own speculation, prompt lookup, alternating per
-    prompt."""
+    """Greedy `generate` of Hugging Face transformers in fp32 and, with `lookup` (prompt_lookup_num_tokens), its own
+    prompt lookup, alternating per prompt."""
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -1,15 +1,10 @@
-"""One `trtspec bench` run: plain decoding and every method asked for, on the same engine (in process or served),
-over a prompt set's measured prompts, at each concurrency, interleaved so that the machine's drift hits all alike.
+"""Requests mode of `trtspec bench`: plain decoding and every method on one engine (in process or served) over a
+prompt set, at each concurrency, in the loop compare mode shares: a warm-up per method, then at concurrency 1 every
+method on a prompt before the next, the order `rotated` per prompt; at C, the set as one group per method.
 
-At concurrency 1 the prompts go one at a time, every method on a prompt before the next prompt, the order rotating
-from prompt to prompt; at concurrency C the whole set runs as one closed-loop group per method (`workload`), the
-methods' order rotating between concurrencies. A short warm-up request per method comes first.
-
-Serving mode (ENGINE with --serve, or ENGINE with --url of a server deployed from it): the same requests also go
-through the served ensemble, each group in process and served back to back (the order alternating), so the report
-has both sets of figures, the served ÷ in-process ratio per method and concurrency (what `bench serving` measured:
-the target at concurrency 1 is ≥ 0.9), whether the served outputs equal the in-process ones, and — with a server this
-run started — how many sequences the engine batched per step.
+Serving mode (ENGINE with --serve, or with --url of its server): each group also runs served, back to back with in
+process, for the served ÷ in-process ratio (target ≥ 0.9 at concurrency 1), identical outputs and the engine's
+batching per step.
 """
 
 from __future__ import annotations
@@ -124,8 +119,7 @@ def _local_generator(options: BenchOptions):
 
 @contextmanager
 def _started_server(options: BenchOptions, local, show):
-    """ENGINE deployed into a temporary repository (threads and spinning as in process) and served on free loopback
-    ports: the running TritonServer."""
+    """ENGINE deployed into a temporary repository (threads and spinning as in process), served on loopback."""
     import tempfile
 
     from trtspec.triton.deploy import deploy
@@ -174,8 +168,7 @@ def _run(options: BenchOptions, target, served, metrics, show) -> BenchRun:
     total = len(prompts) * len(runs) * len(options.concurrency) * len(targets)
     with progress_bar("bench", total=total, enabled=options.show_progress) as advance:
         for c_index, concurrency in enumerate(options.concurrency):
-            # each level a fresh pass over the same prompts: what the drafters learnt at the last level (suffix: its
-            # answers to these very prompts) is forgotten
+            # each level forgets what the drafters learnt at the last (suffix: its answers to these very prompts)
             memory = method_memory(runs) if local else {}
             groups = [[p] for p in prompts] if concurrency == 1 else [prompts]
             before = _counters(metrics)
@@ -212,8 +205,7 @@ def _run(options: BenchOptions, target, served, metrics, show) -> BenchRun:
 
 
 def _open_loop(options: BenchOptions, target, prompts: list[BenchPrompt], runs: dict) -> tuple[list, dict]:
-    """Every method at every --request-rate: the same Poisson arrivals for each method at a rate (its seed), the
-    methods in a rotating order."""
+    """Every method at every --request-rate, the same arrivals for each at a rate, the methods' order rotating."""
     records, walls = [], {}
     for r_index, rate in enumerate(options.request_rate):
         for label in rotated(runs, r_index):
@@ -227,8 +219,7 @@ def _counters(metrics) -> dict | None:
 
 
 def _serving(report: dict, records: list[RequestRecord], temperature: float, batching: dict) -> dict:
-    """Per concurrency and method: served ÷ in-process output tokens/s and TTFT p50, and how many served outputs
-    equal the in-process ones (T = 0)."""
+    """Per concurrency and method: served ÷ in-process tokens/s and TTFT p50, outputs identical to in-process."""
     local = {(r.concurrency, r.method, r.prompt_id): r.output_ids for r in records if r.target == "in-process"}
     out = {}
     for c, methods in report["served"]["results"].items():

@@ -1,15 +1,9 @@
-"""What `trtspec bench` sends and how: a prompt set's measured prompts, and the two targets that run a group of
-them at a concurrency, in process (`LocalTarget`, over `LocalGenerator`) or through a served ensemble
-(`ServedTarget`, over the Triton client), each returning one `Timed` record per request.
+"""What `trtspec bench` sends and how: a prompt set's measured prompts, each method's settings and memory, and the
+targets that run a group of prompts, in process (`LocalTarget`) or served (`ServedTarget`), one `Timed` per request.
 
-Concurrency C is a closed loop of C users: a user sends its next prompt when its last reply has finished. In
-process that is the in-flight batch of up to C sequences (a sequence joins when another leaves); served, C client
-threads, each its own gRPC connection and stream. Either way TTFT and latency count from the request's arrival: in
-process a sequence joining with others also waits for their prefills, as a served request does.
-
-A request rate R is an open loop (served only, `ServedTarget.run_open`): requests arrive as a Poisson process of R
-per second (exponential gaps from a seeded generator, as vLLM's serving benchmark and genai-perf send them), each
-sent at its arrival whatever is still in flight, and its TTFT and latency count from that arrival.
+Concurrency C is a closed loop of C users (in process: the in-flight batch of up to C sequences; served: C client
+threads, each its own stream). A request rate R is an open loop (served only): Poisson arrivals of R per second from
+a seeded generator, as vLLM's serving benchmark sends them. TTFT and latency always count from a request's arrival.
 """
 
 from __future__ import annotations
@@ -28,8 +22,7 @@ from trtspec.speculative.stats import SpecStats
 
 @dataclass(frozen=True)
 class BenchPrompt:
-    """One measured prompt: chat messages (served targets send the last one as text) and, in process, its ids (a
-    served run has none: its input token counts are the server's, `Timed.input_tokens`)."""
+    """One measured prompt: chat messages (served targets send the last one as text) and, in process, its ids."""
 
     id: str
     category: str
@@ -70,11 +63,10 @@ class Timed:
 
 def load_bench_prompts(name: str, *, limit: int | None, split: str | None = "measure",
                        generator=None, max_tokens: int = 128, show=print) -> list[BenchPrompt]:
-    """A set's first `limit` measured prompts: its measurement split where it has one, else, for a known set of
-    several categories, its prompts spread across them (`spread_categories`: MT-Bench's first 8 are one of each
-    category, not its first 8 writing prompts); a .jsonl file's in its order. With an in-process `generator`,
-    their ids too, dropping those that do not fit the engine. Two-turn sets ask the second turn after the
-    engine's own plain, greedy first answer (in process only). May be empty."""
+    """A set's first `limit` measured prompts: its measurement split where it has one, else spread across its
+    categories (`spreads`: MT-Bench's first 8 are one of each category, not 8 writing prompts); a .jsonl file's in
+    order. With an in-process `generator`, their ids too (those that do not fit the engine dropped), and a two-turn
+    set's second turn after the engine's plain, greedy first answer. May be empty."""
     from trtspec.data.prompts import PROMPT_SETS, load_prompts, second_turn
 
     source = PROMPT_SETS.get(name)
@@ -115,8 +107,7 @@ def _fits(prompt_id: str, tokens: int, generator, max_tokens: int, show) -> bool
 
 
 def spreads(name: str) -> bool:
-    """Whether `load_bench_prompts` takes a set spread across its categories: a known set of several categories
-    without a measurement split."""
+    """Whether `load_bench_prompts` spreads a set across its categories (a known set of several, without a split)."""
     from trtspec.data.prompts import PROMPT_SETS
 
     source = PROMPT_SETS.get(name)
@@ -135,9 +126,8 @@ def method_configs(base: GenerationConfig, methods) -> dict[str, GenerationConfi
 
 
 def method_memory(labels, keep: dict | None = None) -> dict:
-    """In process, each method its own recent outputs (suffix and hybrid draft from them: never from another
-    method's answer to the same prompt) and its own acceptance model (how much ngram and suffix draft), the latter
-    taken from `keep` when given."""
+    """In process, each method its own recent outputs (suffix and hybrid never draft from another method's answer
+    to the same prompt) and acceptance model (how much ngram and suffix draft; `keep`'s, when given)."""
     from trtspec.speculative.datastore import RecentOutputs
     from trtspec.speculative.ngram_proposer import AcceptanceModel
 
@@ -181,11 +171,10 @@ class LocalTarget:
 
 
 def _queue_waits(start: float, runs: list[tuple[float, float]], concurrency: int) -> list[float]:
-    """How long each request waited, between arriving and its own prefill starting: what a served client counts in
-    its TTFT and latency and the loop's own clock leaves out. `runs` holds each request's (prefill start, seconds
-    from there to its end). The closed loop's first `concurrency` requests arrive at `start`; request C + k when the
-    k-th request to finish frees its row (the loop takes them in order). Sequences joining at once prefill one after
-    another: the later ones wait for the earlier ones' prefills."""
+    """How long each request waited between arriving and its own prefill starting (`runs`: each one's prefill start
+    and seconds from there to its end), which a served client counts and the loop's clock leaves out. The first
+    `concurrency` requests arrive at `start`, request C + k when the k-th to finish frees its row; sequences joining
+    at once prefill one after another."""
     finishes = sorted(begin + total for begin, total in runs)
     arrivals = [start if i < concurrency else finishes[i - concurrency] for i in range(len(runs))]
     return [max(0.0, begin - arrival) for (begin, _), arrival in zip(runs, arrivals)]
