@@ -1,7 +1,5 @@
-"""What a `trtspec bench` run leaves: the compact table it prints (after `vllm bench serve`'s), and in --out
-summary.json, requests.csv and the plots (τ and speedup per category, per-position acceptance, throughput, speedup
-and latency against concurrency and against the open loop's request rate), each titled with the target, served or
-in process, the prompt set and n."""
+"""What a requests-mode `trtspec bench` run leaves: the table it prints (after `vllm bench serve`'s) and in --out
+summary.json, requests.csv and the plots, each titled with what was measured."""
 
 from __future__ import annotations
 
@@ -109,8 +107,7 @@ def _x(value: float | None) -> str:
 
 
 def write_outputs(run: BenchRun, out: Path) -> dict[str, Path]:
-    """summary.json, requests.csv and the PNG plots that the run has levels for into `out` (an existing or new
-    folder), each file atomically."""
+    """summary.json, requests.csv and the plots the run has levels for into `out`, each file atomically."""
     from trtspec.outdir import atomic_output_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -131,8 +128,7 @@ def write_outputs(run: BenchRun, out: Path) -> dict[str, Path]:
 
 
 def _figure(report: dict, columns: int):
-    """A figure of `columns` panels titled with what was measured: the target, served or in process, the prompt set
-    and how many prompts."""
+    """A figure of `columns` panels titled with the target, the mode, the prompt set and n."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -227,8 +223,8 @@ def plot_open_loop(report: dict, path: Path) -> None:
 
 
 def _plot_levels(report: dict, path: Path, levels: list, rows: dict, xlabel: str, *, log_x: bool, panels) -> None:
-    """One panel per (title, value of a level's figures), one line per method, ticks at the measured levels (a log
-    axis for concurrency levels, labelled with the levels themselves), every value axis from zero."""
+    """One panel per (title, value of a level's figures), one line per method, ticks at the measured levels, every
+    value axis from zero."""
     plt, fig, axes = _figure(report, len(panels))
     for method, figures in rows.items():
         for ax, (title, value) in zip(axes, panels):

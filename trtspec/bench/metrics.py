@@ -59,11 +59,8 @@ def fetch_metrics(url: str, timeout: float = 3.0) -> dict[str, float] | None:
 
 
 def read_counters(metrics_url: str, *, publish_via: str | None = None) -> dict[str, float]:
-    """trtspec's counters from Triton's Prometheus endpoint (summed over models and instances, and per model and per
-    slot profile beside that, e.g. trtspec_engine_profile_steps_total[5]).
-
-    The engine model publishes its counters when it receives a request; `publish_via` (a gRPC URL) sends a
-    one-token request first so the counters cover everything before this call."""
+    """trtspec's counters (`flatten_metrics`). The engine model publishes them when it receives a request, so
+    `publish_via` (a gRPC URL) sends a one-token request first: the counters then cover everything before this."""
     if publish_via is not None:
         from trtspec.speculative.loop import GenerationConfig
         from trtspec.triton.client import TritonClient

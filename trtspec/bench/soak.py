@@ -1,8 +1,6 @@
-"""A soak benchmark of a served deployment: N users streaming real prompts for M minutes, every greedy output
-checked against the same prompt served alone, the server's resident memory and `/metrics` sampled every second,
-faults injected on request, and a report (JSON, CSV of every request, PNG of latency and memory over time).
-The order of a run, its two modes, how memory growth is counted and the targets: docs/serving-faults.md; the
-report, its table and files: trtspec.bench.soak_report.
+"""A soak of a served deployment: N users streaming real prompts for M minutes, every greedy output checked against
+the prompt served alone, the server's memory and `/metrics` sampled, faults injected on request. The order of a run,
+its modes, memory growth and the targets: docs/serving-faults.md; the report and its files: bench.soak_report.
 """
 
 from __future__ import annotations
@@ -298,8 +296,7 @@ class ServeProcess:
 # ---- load -----------------------------------------------------------------------------------------------------
 
 def _request(client, prompt: str, max_tokens: int, reference: list[int], record: SoakRequest, **generate) -> None:
-    """One greedy request on `client` (a TritonClient): its times, tokens and outcome against `reference` into
-    `record`. Raises what the client raises."""
+    """One greedy request on `client`: its times, tokens and outcome against `reference` into `record`."""
     g = client.generate(prompt, GenerationConfig(max_tokens=max_tokens), **generate)
     record.ttft_s = round(g.ttft_s, 5) if g.output_ids else None
     record.latency_s = round(g.total_s, 5)
@@ -433,9 +430,8 @@ ABANDON_CHILD = "import sys; from trtspec.bench.soak import abandoning_client; a
 
 
 def abandoning_client(spec_json: str) -> None:
-    """The child process of one --abandon stream: prints `first I` once it has its first token (`error I MESSAGE` /
-    `final I` otherwise), then waits to be killed with the stream open (its connection dropped by the kernel, as a
-    client that crashes or loses its network). Gives up after 10 min."""
+    """The child process of one --abandon stream: prints `first I` at its first token (`error I MESSAGE` / `final I`
+    otherwise), then waits to be killed with the stream open, its connection dropped as a crashed client's is."""
     spec = json.loads(spec_json)
 
     def say(event: str, message: str = "") -> None:
@@ -620,8 +616,7 @@ def _validate(options: SoakOptions) -> None:
 
 
 def run_soak(options: SoakOptions, show: Callable[[str], None] = print) -> SoakReport:
-    """One soak run (docs/serving-faults.md); writes report.json, requests.csv and soak.png to options.out if
-    given."""
+    """One soak run (docs/serving-faults.md), its files into options.out if given."""
     from trtspec.data.prompts import load_prompts
 
     _validate(options)

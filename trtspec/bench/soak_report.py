@@ -78,8 +78,7 @@ class SoakReport:
 
 
 def summarize(values: Iterable[float]) -> dict:
-    """Count, bench.summary's distribution (mean, p50 / p90 / p99) and max of some seconds (None each when empty):
-    the soak's table needs the count and the max too."""
+    """Count, bench.summary's distribution and max of some seconds (None each when empty)."""
     xs = list(values)
     figures = distribution(xs) or {"mean": None, **{f"p{p}": None for p in PERCENTILES}}
     return {"count": len(xs), **figures, "max": round(max(xs), 3) if xs else None}

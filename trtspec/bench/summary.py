@@ -1,12 +1,8 @@
-"""The figures of a `trtspec bench` run, from its per-request records: latency percentiles (TTFT, TPOT, ITL,
-end to end), throughputs, the drafter's acceptance and the speedup over plain decoding of the same engine.
-
-Definitions (vLLM's `bench serve` where it has one): TTFT = first token's arrival; TPOT = (end to end − TTFT) ÷
-(output tokens − 1); ITL = the gaps between streamed chunks (a speculative step's chunk carries τ tokens, so ITL
-grows with τ while TPOT falls); request throughput and output tokens/s over the group's duration (its wall time;
-a category's share of it is its requests' summed latency ÷ the concurrency); tokens/s per user = the mean of each
-request's tokens ÷ its latency; speedup = output tokens/s ÷ plain decoding's on the same prompts at the same
-concurrency; τ, acceptance rate and per-position acceptance as `trtspec.speculative.stats` defines them.
+"""The figures of a requests-mode `trtspec bench` run from its per-request records, as vLLM's `bench serve` defines
+them where it has them: TTFT, TPOT = (end to end − TTFT) ÷ (output tokens − 1), ITL = the gaps between streamed
+chunks (a speculative step's carries τ tokens: ITL grows with τ while TPOT falls), throughputs over the group's wall
+time (a category's: its summed latency ÷ the concurrency), speedup over plain decoding on the same prompts and
+concurrency; τ and acceptance as `trtspec.speculative.stats` defines them.
 """
 
 from __future__ import annotations
@@ -126,9 +122,8 @@ def group_figures(records: list[RequestRecord], duration_s: float) -> dict:
 
 
 def summarize(records: list[RequestRecord], walls: dict[tuple[int, str], float]) -> dict:
-    """{concurrency: {method: {"overall": figures, "categories": {category: figures}}}}, with speedups over plain.
-
-    `walls[(concurrency, method)]` is the summed wall time of that method's groups at that concurrency."""
+    """{concurrency: {method: {"overall": figures, "categories": {category: figures}}}}, with speedups over plain;
+    `walls[(concurrency, method)]` sums the wall time of that method's groups."""
     out: dict = {}
     for (concurrency, method), wall in walls.items():
         mine = [r for r in records if r.concurrency == concurrency and r.method == method]
@@ -149,9 +144,8 @@ def summarize(records: list[RequestRecord], walls: dict[tuple[int, str], float])
 
 def summarize_open_loop(records: list[RequestRecord], walls: dict[tuple[float, str], float],
                         slos: dict[str, float]) -> dict:
-    """{rate: {method: figures}} of the open-loop levels (`walls[(rate, method)]`: first arrival to last reply), with
-    the speedup over plain decoding at the same rate and, given SLOs in ms ({"ttft": 500, ...}), the goodput: the
-    requests per second that met all of them."""
+    """{rate: {method: figures}} of the open-loop levels, with the speedup over plain at the same rate and, given SLOs
+    in ms ({"ttft": 500, ...}), the goodput: requests per second that met them all."""
     out: dict = {}
     for (rate, method), wall in walls.items():
         mine = [r for r in records if r.request_rate == rate and r.method == method]
