@@ -102,7 +102,7 @@ def test_a_fresh_process_with_the_engines_session_options_loads_the_op_and_keeps
 def test_builds_for_older_cpus_keep_every_ops_test(tmp_path, march):
     """The setup compiles for the machine (-march=native: AVX-512 here). A CPU with AVX2, FMA and F16C (x86-64-v3)
     compiles the 256-bit paths, one with neither FMA nor F16C (x86-64-v2) the separate multiply and add and the
-    software half conversion: each such build passes both ops' own tests (numbers, bit-identical rows, errors) in
+    software half conversion (and BlockMatMul its portable loop): each such build passes every op's own tests (numbers, bit-identical rows, errors) in
     a fresh process, with the library of that build in place of the setup's."""
     import platform
     import shutil
@@ -123,7 +123,8 @@ def test_builds_for_older_cpus_keep_every_ops_test(tmp_path, march):
     """)
     tests = Path(__file__).parent
     result = subprocess.run([sys.executable, "-c", run, str(library), str(tests / "test_tree_attention.py"),
-                             str(tests / "test_block_offsets.py")], capture_output=True, text=True,
+                             str(tests / "test_block_offsets.py"), str(tests / "test_block_matmul.py")],
+                            capture_output=True, text=True,
                             cwd=Path(trtspec.__file__).parents[1])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "failed" not in result.stdout and "error" not in result.stdout.lower()

@@ -39,6 +39,8 @@ def engine_summary(directory: Path) -> dict:
     if m.backend.value == "onnx":  # the drafters `generate --method` / `draft_method` may ask for
         out["attention"] = ("TreeAttention (trtspec's kernel: every tree slot exact)" if m.attention == "tree" else
                             "GroupQueryAttention" + (" (quantized: chains only)" if m.chains_only else ""))
+        if m.prefill_kernel == "block":  # build --native-prefill
+            out["prefill"] = "BlockMatMul over the blocks (trtspec's kernel: AVX-512 VNNI, else a slower portable loop)"
         if m.native_ops:  # what the engine's sessions load from trtspec's compiled library
             out["compiled_ops"] = ", ".join(m.native_ops) + " (trtspec/native, built by scripts/setup.sh)"
         out["methods"] = list(m.runnable_methods())

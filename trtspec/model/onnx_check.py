@@ -12,6 +12,7 @@ import onnx
 from trtspec.checkpoint.model_shape import ModelShape
 from trtspec.errors import BuildError
 from trtspec.model.onnx_graph import ExportedGraph, WeightPlan
+from trtspec.model.onnx_ops import MS_DOMAIN
 from trtspec.model.quantize import QuantSpec, fake_quantize
 from trtspec.model.ort_session import ort_session
 from trtspec import native
@@ -32,13 +33,22 @@ def check_graph(path: Path) -> None:
 def with_accuracy_level(graphs: dict[str, ExportedGraph], level: int, suffix: str) -> dict[str, ExportedGraph]:
     """Copies of the graphs (beside them, over the same weights, named `<role><suffix>.onnx`) whose MatMulNBits nodes
     run at accuracy level `level`; level 1 computes in fp32 with the dequantized weights, exactly the reference's
-    arithmetic, so a comparison checks everything the build wrote (packing, scales, layout) at the fp32 tolerance."""
+    arithmetic, so a comparison checks everything the build wrote (packing, scales, layout) at the fp32 tolerance.
+    BlockMatMul nodes (MatMulNBits' level-4 numbers) become MatMulNBits nodes at that level over the same blocks."""
     import dataclasses
 
     twins = {}
     for role, graph in graphs.items():
         model = onnx.load(str(graph.path), load_external_data=False)
+        dims = {init.name: tuple(init.dims) for init in model.graph.initializer}
         for node in model.graph.node:
+            if node.op_type == native.BLOCK_MATMUL and node.domain == native.DOMAIN:
+                n, blocks, blob = dims[node.input[1]]
+                node.op_type, node.domain = "MatMulNBits", MS_DOMAIN
+                node.attribute.extend([onnx.helper.make_attribute(key, value) for key, value in (
+                    ("K", blocks * 32), ("N", n), ("bits", blob * 8 // 32), ("block_size", 32),
+                    ("accuracy_level", level))])
+                continue
             if node.op_type == "MatMulNBits":
                 for attr in node.attribute:
                     if attr.name == "accuracy_level":

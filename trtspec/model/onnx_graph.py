@@ -71,6 +71,9 @@ class WeightPlan:
     # a prompt's rows run ONNX Runtime's fp32 GEMM instead of MatMulNBits, whose many-row int8 kernels are slower
     # on CPUs without VNNI; decode steps still read the blocks
     prefill_fp32: bool = False
+    # the target's context graph runs its quantized decoder-layer products in trtspec's BlockMatMul (the numbers
+    # MatMulNBits computes at accuracy level 4, faster over a prompt's rows on CPUs with AVX-512 VNNI)
+    prefill_native: bool = False
 
     @property
     def quantizes(self) -> bool:
@@ -349,15 +352,17 @@ def _io(c: ModelShape, tree: bool, extra_inputs=(), logit_rows: int | None = Non
 
 
 def base_graph(c: ModelShape, layout: _Layout, wf: WeightFile, positions: int, *, tree: bool,
-               attention_rows: int = 1, attention: str = "gqa") -> onnx.ModelProto:
+               attention_rows: int = 1, attention: str = "gqa", native_products: bool = False) -> onnx.ModelProto:
     """The base network over any number T of new tokens at positions below `positions`; a generation graph (tree)
     takes tree positions and mask, a context graph is causal. `attention_rows`, `attention` (the kernel): see
-    prelude."""
+    prelude. `native_products`: the decoder layers' quantized products run BlockMatMul (onnx_ops.Graph)."""
     g = Graph(wf, fp32_copies=not tree)  # a prompt's rows: the layers' fp32 copies, where the build wrote them
     pre = prelude(g, _inv_freq(c), positions, tree=tree, attention_rows=attention_rows, kernel=attention)
     x = Residual(embed(g, "input_ids", tied=layout.tied))  # [B, T, H]
+    g.native_products = native_products  # not the lm_head: a prompt scores one row with it
     for layer in range(c.num_layers):
         x = decoder_layer(g, _dims(c), pre, x, f"layers.{layer}", layer, c.intermediate_size)
+    g.native_products = False
     hidden, _ = x.norm(g, "ln_f.weight", c.rms_norm_eps, "ln_f")
     g.op("Identity", hidden, name="hidden")
     if tree:
@@ -519,17 +524,21 @@ def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, max_positions: int, 
             target = build is base_graph
             kernel = attention if target else "gqa"
             rows = weights.attention_rows if target and kernel == "gqa" else 1
-            graphs.update(_build_graphs(c, layout, wf, role_prefix, build, out_dir, max_positions, rows, kernel))
+            graphs.update(_build_graphs(c, layout, wf, role_prefix, build, out_dir, max_positions, rows, kernel,
+                                        native_products=target and weights.prefill_native))
     return graphs
 
 
 def _build_graphs(c: ModelShape, layout: _Layout, wf: WeightFile, role_prefix: str, build, out_dir: Path,
-                  max_positions: int, attention_rows: int = 1, attention: str = "gqa") -> dict[str, ExportedGraph]:
+                  max_positions: int, attention_rows: int = 1, attention: str = "gqa", *,
+                  native_products: bool = False) -> dict[str, ExportedGraph]:
     graphs = {}
     for role, tree in (("context", False), ("generation", True)):
         extra = {"attention_rows": attention_rows} if attention_rows > 1 and tree else {}
         if attention != "gqa" and tree:
             extra["attention"] = attention
+        if native_products and not tree:
+            extra["native_products"] = True
         graphs[role_prefix + role] = _save(build(c, layout, wf, max_positions, tree=tree, **extra),
                                            out_dir / f"{role_prefix}{role}.onnx")
     if layout.medusa_lm_heads:

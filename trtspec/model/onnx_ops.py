@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from trtspec import native
-from trtspec.model.quantize import QuantizedMatrix, QuantSpec, dequantize, quantize
+from trtspec.model.quantize import ACCURACY_LEVEL, QuantizedMatrix, QuantSpec, dequantize, quantize
 
 OPSET = 23  # RMSNormalization is standard from opset 23 (ONNX Runtime >= 1.22 runs it)
 IR_VERSION = 10
@@ -133,6 +133,9 @@ class Graph:
     def __init__(self, weights: WeightFile, *, fp32_copies: bool = False):
         self.weights = weights
         self.fp32_copies = fp32_copies  # linear() reads a quantized matrix's `<name>.fp32` copy where there is one
+        # while set, a quantized product in blocks of 32 runs trtspec's BlockMatMul instead of MatMulNBits (the same
+        # numbers; a context graph's decoder layers in a build with --native-prefill)
+        self.native_products = False
         self.nodes: list[onnx.NodeProto] = []
         self.used: dict[str, TensorProto] = {}
         self.consts: dict[tuple, str] = {}
@@ -290,8 +293,13 @@ def matmul_nbits(g: Graph, x: str, weight: str, name: str | None = None) -> str:
     q = g.weights.quantized[weight]
     if f"{weight}.pre_scale" in g.weights:  # AWQ: the activation times the pre-quant scale first
         x = g.op("Mul", x, g.w(f"{weight}.pre_scale"), name=None if name is None else f"{name}_pre_scale")
-    y = g.ms("MatMulNBits", x, g.w(f"{weight}.q"), g.w(f"{weight}.scales"), name=None if q.offsets else name,
-             K=q.k, N=q.n, bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
+    if g.native_products and q.block_size == 32 and q.accuracy_level == ACCURACY_LEVEL:
+        # MatMulNBits' numbers at accuracy level 4 in trtspec's kernel (trtspec/native/block_matmul.cc)
+        y = g.op(native.BLOCK_MATMUL, x, g.w(f"{weight}.q"), g.w(f"{weight}.scales"), domain=native.DOMAIN,
+                 name=None if q.offsets else name)
+    else:
+        y = g.ms("MatMulNBits", x, g.w(f"{weight}.q"), g.w(f"{weight}.scales"), name=None if q.offsets else name,
+                 K=q.k, N=q.n, bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
     if not q.offsets:
         return y
     # the min scheme: + sum_b blocksum_b(x) * offsets[b, :] (float16 offsets, float32 arithmetic), in one trtspec op

@@ -1,7 +1,8 @@
 """trtspec's own ONNX Runtime ops, compiled from C++ at setup: the library that adds the domain com.trtspec to a
 session, with TreeAttention (rotary attention over a KV cache and a tree of new slots whose result for a query row
 does not depend on the other rows of the call) and AddBlockOffsets (what an int4 product with a minimum per block
-adds to MatMulNBits' output, in one op).
+adds to MatMulNBits' output, in one op) and BlockMatMul (MatMulNBits' product at accuracy level 4, for a prompt's
+many rows: AVX-512 VNNI kernels over weights repacked once).
 
 `bash scripts/setup.sh` builds it (python -m trtspec.native.build) into this package's _build folder for the
 machine it runs on; nothing compiles at run time. `register(options)` adds it to an onnxruntime.SessionOptions.
@@ -24,10 +25,11 @@ if TYPE_CHECKING:
 DOMAIN = "com.trtspec"
 TREE_ATTENTION = "TreeAttention"
 ADD_BLOCK_OFFSETS = "AddBlockOffsets"
-OPS = (TREE_ATTENTION, ADD_BLOCK_OFFSETS)  # every op the library adds to the domain
+BLOCK_MATMUL = "BlockMatMul"
+OPS = (TREE_ATTENTION, ADD_BLOCK_OFFSETS, BLOCK_MATMUL)  # every op the library adds to the domain
 
 SOURCE_DIR = Path(__file__).resolve().parent
-SOURCES = ("ops.cc", "tree_attention.cc", "block_offsets.cc")
+SOURCES = ("ops.cc", "tree_attention.cc", "block_offsets.cc", "block_matmul.cc")
 HEADERS = ("ort_abi.h", "op_support.h")
 BUILD_DIR = SOURCE_DIR / "_build"
 LIBRARY = BUILD_DIR / "libtrtspec_ops.so"

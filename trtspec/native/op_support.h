@@ -316,5 +316,6 @@ inline OpRecord make_record(const char* name, const ONNXTensorElementDataType* i
 // the ops of the library (defined in their own files)
 const OrtCustomOp* tree_attention_op();
 const OrtCustomOp* add_block_offsets_op();
+const OrtCustomOp* block_matmul_op();
 
 }  // namespace trtspec_ops

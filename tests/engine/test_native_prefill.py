@@ -1,0 +1,150 @@
+"""`trtspec build --weights int8|int4 --native-prefill`: the context graph's decoder-layer products run trtspec's
+BlockMatMul over the same blocks (no extra weights), the generation graph and the lm_head keep MatMulNBits, the
+manifest and inspect record it, the prompt computes the numbers MatMulNBits does, speculation stays lossless, and the
+flag is refused where it means nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from trtspec.cli import cli
+from trtspec.engine.manifest import Manifest, read_manifest
+from trtspec.engine.onnx_builder import NUMERICS_TOLERANCE, BuildOptions, build
+from trtspec.errors import ConfigError
+from trtspec.native import BLOCK_MATMUL
+from trtspec.runtime.ort_engine import OrtEngine, _Cache, _feeds
+from trtspec.speculative.loop import GenerationConfig, Request, generate, generate_batch
+from trtspec.speculative.methods import make_proposer
+from trtspec.speculative.tree import build_tree
+from trtspec.testing import TinyModel, tiny_trtllm_checkpoints
+
+MODEL = TinyModel(vocab_size=64, tie_word_embeddings=True)
+TREE = "[[0],[1],[0,0],[0,1],[0,0,0]]"
+FORMATS = [("int8", None), ("int4", None), ("int4", "min")]
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    return tiny_trtllm_checkpoints(tmp_path_factory.mktemp("native-prefill-ckpts"), MODEL)
+
+
+@pytest.fixture(scope="module")
+def engines(ckpts, tmp_path_factory):
+    """(weights, scheme, name, native) → engine dir; name: none (K = 8) or eagle."""
+    root = tmp_path_factory.mktemp("native-prefill-engines")
+    out = {}
+    for weights, scheme in FORMATS:
+        for name, extra in (("none", {"max_draft_len": 8}), ("eagle", {"choices": TREE})):
+            for native in (True, False):
+                if not native and name != "none":
+                    continue
+                key = (weights, scheme, name, native)
+                out[key] = root / f"{name}-{weights}-{scheme}-{native}"
+                build(BuildOptions(source=ckpts[name], out=out[key], max_input_len=64, max_seq_len=160,
+                                   weights=weights, int4_scheme=scheme, native_prefill=native, **extra))
+    return out
+
+
+def _nodes(path) -> list[onnx.NodeProto]:
+    return list(onnx.load(str(path), load_external_data=False).graph.node)
+
+
+@pytest.mark.parametrize("weights,scheme", FORMATS)
+def test_the_context_graph_runs_blockmatmul_over_the_same_blocks(engines, weights, scheme):
+    engine, plain = engines[weights, scheme, "none", True], engines[weights, scheme, "none", False]
+    context = _nodes(engine / "context.onnx")
+    blocks = [n.input[1] for n in context if n.op_type == BLOCK_MATMUL]
+    assert blocks == [f"layers.{layer}.{m}.weight.q" for layer in range(MODEL.num_layers)
+                      for m in ("qkv", "o", "gate_up", "down")]
+    # the lm_head (one row a prompt) keeps MatMulNBits; the generation graph is the plain build's
+    assert [n.input[1] for n in context if n.op_type == "MatMulNBits"] == ["lm_head.weight.q"]
+    assert not any(n.op_type == BLOCK_MATMUL for n in _nodes(engine / "generation.onnx"))
+    assert ([n.op_type for n in _nodes(engine / "generation.onnx")]
+            == [n.op_type for n in _nodes(plain / "generation.onnx")])
+    assert (engine / "weights.bin").stat().st_size == (plain / "weights.bin").stat().st_size
+
+
+@pytest.mark.parametrize("weights,scheme", FORMATS)
+def test_the_manifest_and_inspect_record_it(engines, weights, scheme):
+    m = read_manifest(engines[weights, scheme, "eagle", True])
+    assert m.prefill_kernel == "block" and BLOCK_MATMUL in m.native_ops
+    assert m.numerics and max(m.numerics.values()) < NUMERICS_TOLERANCE
+    assert Manifest.from_dict(m.to_dict()) == m
+    plain = read_manifest(engines[weights, scheme, "none", False])
+    assert plain.prefill_kernel == "matmulnbits" and BLOCK_MATMUL not in plain.native_ops
+    result = CliRunner().invoke(cli, ["inspect", str(engines[weights, scheme, "eagle", True])])
+    assert result.exit_code == 0, result.output
+    assert "BlockMatMul over the blocks" in result.output
+
+
+def test_an_unknown_prefill_kernel_is_refused_in_one_line(engines):
+    data = read_manifest(engines["int8", None, "none", True]).to_dict()
+    data["prefill_kernel"] = "fancy"
+    with pytest.raises(ConfigError, match="prefill_kernel 'fancy' is not a kernel this trtspec runs"):
+        Manifest.from_dict(data)
+
+
+@pytest.mark.parametrize("weights,scheme", FORMATS)
+def test_the_prompt_computes_what_matmulnbits_computes(engines, weights, scheme):
+    """The same prompt through both builds' context graphs: the same logits and cache rows up to the order of the
+    float sums (and a rare activation rounding tie)."""
+    outputs = []
+    for native in (True, False):
+        engine = OrtEngine(engines[weights, scheme, "none", native], threads=2)
+        m = engine.manifest.model
+        cache = _Cache.allocate(m.num_layers, 48, m.num_kv_heads, m.head_dim)
+        prompt = np.random.default_rng(5).integers(0, m.vocab_size, 37)
+        out = engine._context.run(_feeds(prompt, 0), cache)
+        outputs.append((out["logits"].copy(), cache.kv[:, :, 0, :, :37].copy()))
+    (logits, kv), (logits_ref, kv_ref) = outputs
+    assert np.abs(logits - logits_ref).max() <= 1e-2 * np.abs(logits_ref).max()
+    assert np.abs(kv - kv_ref).max() <= 1e-2 * np.abs(kv_ref).max()
+
+
+def _prompts(n, seed):
+    rng = np.random.default_rng(seed)
+    return [np.tile(rng.integers(0, MODEL.vocab_size, int(rng.integers(2, 6))), 8)[:int(rng.integers(10, 40))]
+            if i % 2 else rng.integers(0, MODEL.vocab_size, int(rng.integers(1, 40))) for i in range(n)]
+
+
+@pytest.mark.parametrize("weights,scheme", FORMATS)
+@pytest.mark.parametrize("name,method", [("none", "ngram"), ("eagle", "eagle")])
+def test_speculation_equals_its_plain_greedy_output(engines, weights, scheme, name, method):
+    engine = OrtEngine(engines[weights, scheme, name, True], threads=1)
+    config = GenerationConfig(max_tokens=24)
+    prompts = _prompts(8, seed=len(name) + len(weights))
+
+    def proposer():
+        tree = {"tree": build_tree(eval(TREE))} if method == "eagle" else {}
+        return make_proposer(method, engine, backoff=False, **tree)
+
+    plain = [generate(engine, p, make_proposer("none", engine), config).output_ids for p in prompts]
+    spec = [generate(engine, p, proposer(), config) for p in prompts]
+    assert [r.output_ids for r in spec] == plain
+    assert sum(r.stats.draft_tokens for r in spec) > 0
+    batched = generate_batch(engine, [Request(p, proposer(), config) for p in prompts], max_batch_size=4)
+    assert [r.output_ids for r in batched] == plain
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "--native-prefill: applies to quantized linear layers (--weights int8 or int4), not --weights fp32"),
+    (["--weights", "int8", "--fp32-prefill"], "--native-prefill and --fp32-prefill: choose one"),
+    (["--weights", "int8", "--block-size", "64"], "--native-prefill: BlockMatMul runs blocks of 32; --block-size is 64"),
+])
+def test_what_it_cannot_build_is_one_line(ckpts, tmp_path, args, message):
+    result = CliRunner().invoke(cli, ["build", str(ckpts["none"]), "--out", str(tmp_path / "e"), "--native-prefill",
+                                      *args])
+    assert result.exit_code != 0
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), result.output
+    assert not (tmp_path / "e").exists()
+
+
+def test_it_is_refused_on_the_trtllm_backend(ckpts, tmp_path):
+    result = CliRunner().invoke(cli, ["build", str(ckpts["none"]), "--backend", "trtllm", "--out", str(tmp_path / "e"),
+                                      "--weights", "int8", "--native-prefill"])
+    assert result.exit_code == 2
+    assert "--native-prefill applies to --backend onnx only" in result.output
