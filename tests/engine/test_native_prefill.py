@@ -148,3 +148,14 @@ def test_it_is_refused_on_the_trtllm_backend(ckpts, tmp_path):
                                       "--weights", "int8", "--native-prefill"])
     assert result.exit_code == 2
     assert "--native-prefill applies to --backend onnx only" in result.output
+
+
+def test_a_cpu_without_avx512_vnni_is_told_once_when_the_engine_loads(engines, monkeypatch, caplog):
+    from trtspec import native
+
+    monkeypatch.setattr(native, "block_matmul_vectorized", lambda: False)
+    with caplog.at_level("WARNING", logger="trtspec.runtime.ort_engine"):
+        OrtEngine(engines["int8", None, "none", True], threads=1)
+        OrtEngine(engines["int8", None, "none", False], threads=1)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "portable loop on this CPU (no AVX-512 VNNI)" in warnings[0]

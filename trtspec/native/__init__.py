@@ -61,6 +61,13 @@ def _cpu_features() -> str:
     return next((line for line in text.splitlines() if line.startswith(("flags", "Features"))), "")
 
 
+def block_matmul_vectorized() -> bool:
+    """Whether this CPU runs BlockMatMul's AVX-512 VNNI kernels (the library is built with -march=native here);
+    elsewhere the op runs its portable loop, slower than MatMulNBits."""
+    flags = _cpu_features().split()
+    return "avx512_vnni" in flags and "avx512f" in flags
+
+
 def is_built() -> bool:
     """Whether the library exists and was built from the current sources for this CPU."""
     try:
