@@ -111,3 +111,17 @@ def test_inputs_it_cannot_run_are_one_error_naming_the_op(feeds, message):
         session.run(None, feeds(x, q.packed, q.scales.reshape(-1)))
     text = str(info.value)
     assert "BlockMatMul: " in text and message in text, text
+
+
+def test_the_benchmark_prints_both_kernels_for_each_row_count():
+    """benchmarks/block_gemm.py (BlockMatMul beside MatMulNBits over one layer's products): its table; no times
+    asserted, only that both ran and agreed."""
+    from click.testing import CliRunner
+
+    from benchmarks.block_gemm import main
+
+    result = CliRunner().invoke(main, ["--rows", "1,9", "--repeats", "3", "--bits", "4"])
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.output.splitlines() if line.split()[:1] in (["1"], ["9"])]
+    assert [r[0] for r in rows] == ["1", "9"]
+    assert all(float(r[-1]) < 1e-3 for r in rows)  # max |diff| / max |y| of the two kernels' outputs
