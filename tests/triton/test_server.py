@@ -864,3 +864,32 @@ def test_the_python_models_import_the_trtspec_that_starts_the_server():
 
     first = find_tritonserver().env["TRTSPEC_SITE_PACKAGES"].split(os.pathsep)[0]
     assert Path(first) == Path(trtspec.__file__).resolve().parent.parent
+
+
+def test_free_port_never_hands_out_the_same_port_twice(monkeypatch):
+    """The OS may give two binds in a row the same ephemeral port; a server's three ports must still differ."""
+    import socket
+
+    from trtspec.triton import server
+
+    ports = iter([50001, 50001, 50001, 50002])
+
+    class Socket:
+        def __init__(self, *args):
+            self.port = next(ports)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def bind(self, address):
+            pass
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+    monkeypatch.setattr(server, "_HANDED_OUT", set())
+    monkeypatch.setattr(socket, "socket", Socket)
+    assert [server.free_port(), server.free_port()] == [50001, 50002]

@@ -104,10 +104,20 @@ def find_tritonserver(binary: str | Path | None = None, *, cache: Path | None = 
     return TritonInstall(root / "bin" / "tritonserver", _prepare_backends(root, cache), env)
 
 
+_HANDED_OUT: set[int] = set()  # ports free_port has returned in this process
+
+
 def free_port(address: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
+    """A port free on `address` now, never one this process was given before: the OS may hand the same ephemeral port
+    to two binds in a row, and a server's gRPC, HTTP and metrics ports asked for one after another must differ."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind((address, 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise ServerError(f"no free port on {address} that this process has not used already")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -362,7 +372,8 @@ def wait_for_ports(address: str, ports: tuple[int, ...], wait_s: float) -> None:
 
 def _failure_reason(lines: list[str]) -> str:
     for line in lines:
-        if "failed to load" in line or line.startswith("error:") or "UNAVAILABLE:" in line:
+        if ("failed to load" in line or line.startswith("error:") or "UNAVAILABLE:" in line
+                or "failed to start" in line or "already in use" in line):
             return line.strip()[:400]
     return ""
 
