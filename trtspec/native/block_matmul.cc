@@ -18,7 +18,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -187,23 +186,6 @@ void run_unit(const Problem& p, size_t pair) {
   for (; r < p.rows; ++r) tile<1>(p, r, int64_t(pair));
 }
 
-struct Work {
-  const Problem* problem;
-  std::mutex lock;
-  std::exception_ptr failure;
-};
-
-void run_task(void* data, size_t unit) {
-  Work& work = *static_cast<Work*>(data);
-  const WorkerMode mode(work.problem->mode);
-  try {
-    run_unit(*work.problem, unit);
-  } catch (...) {
-    std::lock_guard<std::mutex> guard(work.lock);
-    if (!work.failure) work.failure = std::current_exception();
-  }
-}
-
 struct Kernel {
   std::mutex lock;  // guards `packed` while it is (re)built
   std::shared_ptr<const Packed> packed;
@@ -261,10 +243,7 @@ void compute(Kernel& kernel, OrtKernelContext* context) {
     for (size_t unit = 0; unit < units; ++unit) run_unit(p, unit);
     return;
   }
-  Work work;
-  work.problem = &p;
-  check(g_api->KernelContext_ParallelFor(context, run_task, units, 0, &work));
-  if (work.failure) std::rethrow_exception(work.failure);
+  parallel_for(context, units, p.mode, [&p](size_t unit) { run_unit(p, unit); });
 }
 
 OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo* info, void** kernel) noexcept {

@@ -18,8 +18,6 @@
 // the same code on zero-padded copies. Built with -fno-fast-math -ffp-contract=off, as the library is.
 #include <algorithm>
 #include <cstring>
-#include <exception>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -105,23 +103,6 @@ void run_unit(const Problem& p, size_t unit) {
   for (; r < p.rows; ++r) rows_of<1>(p, r, begin, end);
 }
 
-struct Work {
-  const Problem* problem;
-  std::mutex lock;
-  std::exception_ptr failure;
-};
-
-void run_task(void* data, size_t unit) {
-  Work& work = *static_cast<Work*>(data);
-  const WorkerMode mode(work.problem->mode);
-  try {
-    run_unit(*work.problem, unit);
-  } catch (...) {
-    std::lock_guard<std::mutex> guard(work.lock);
-    if (!work.failure) work.failure = std::current_exception();
-  }
-}
-
 void compute(OrtKernelContext* context) {
   expect_input_count(context, kInputCount);
   const TensorView product = input(context, 0, -1, kInputNames[0]), x = input(context, 1, -1, kInputNames[1]);
@@ -167,10 +148,7 @@ void compute(OrtKernelContext* context) {
     for (size_t unit = 0; unit < units; ++unit) run_unit(p, unit);
     return;
   }
-  Work work;
-  work.problem = &p;
-  check(g_api->KernelContext_ParallelFor(context, run_task, units, 0, &work));
-  if (work.failure) std::rethrow_exception(work.failure);
+  parallel_for(context, units, p.mode, [&p](size_t unit) { run_unit(p, unit); });
 }
 
 struct Kernel {};  // no state: everything comes from the inputs

@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <new>
 #include <string>
 #include <utility>
@@ -163,6 +164,36 @@ class WorkerMode {
   unsigned int saved_ = 0;
 #endif
 };
+
+// ---- work across ONNX Runtime's intra-op threads ---------------------------------------------------------------------
+// body(unit) for every unit in [0, units) through KernelContext_ParallelFor, each task in the caller's floating-point
+// mode; the first exception a task throws (an allocation) is rethrown here once all have run.
+template <typename Body>
+struct ParallelWork {
+  Body* body;
+  CallerMode mode;
+  std::mutex lock;
+  std::exception_ptr failure;
+};
+
+template <typename Body>
+void parallel_task(void* data, size_t unit) {
+  ParallelWork<Body>& work = *static_cast<ParallelWork<Body>*>(data);
+  const WorkerMode mode(work.mode);
+  try {
+    (*work.body)(unit);
+  } catch (...) {
+    std::lock_guard<std::mutex> guard(work.lock);
+    if (!work.failure) work.failure = std::current_exception();
+  }
+}
+
+template <typename Body>
+void parallel_for(OrtKernelContext* context, size_t units, const CallerMode& mode, Body body) {
+  ParallelWork<Body> work{&body, mode, {}, {}};
+  check(g_api->KernelContext_ParallelFor(context, parallel_task<Body>, units, 0, &work));
+  if (work.failure) std::rethrow_exception(work.failure);
+}
 
 // ---- vector arithmetic ----------------------------------------------------------------------------------------------
 // Vectors of 16 floats (one AVX-512 register; two AVX2 ones elsewhere). Every floating-point result of an op is an

@@ -36,9 +36,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <exception>
 #include <limits>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -331,25 +329,12 @@ void attend_any(const Problem& p, int b, int kvh, int h0, int h1) {
   attend_dispatch(std::make_integer_sequence<int, kMaxChunks>{}, (p.hd + kWidth - 1) / kWidth, p, b, kvh, h0, h1);
 }
 
-struct Work {
-  const Problem* problem;
-  std::mutex lock;
-  std::exception_ptr failure;  // the first task that threw (allocation), reported after the ParallelFor
-};
-
-void run_unit(void* data, size_t unit) {
-  Work& work = *static_cast<Work*>(data);
-  const Problem& p = *work.problem;
-  const WorkerMode mode(p.mode);
-  try {
-    const int per_batch = p.kv_heads * p.splits;
-    const int b = int(unit / per_batch), kvh = int(unit % per_batch) / p.splits, s = int(unit % p.splits);
-    const int h0 = kvh * p.group + s * p.group / p.splits, h1 = kvh * p.group + (s + 1) * p.group / p.splits;
-    attend_any(p, b, kvh, h0, h1);
-  } catch (...) {
-    std::lock_guard<std::mutex> guard(work.lock);
-    if (!work.failure) work.failure = std::current_exception();
-  }
+// one work unit: (batch row, kv head, a share of its query heads)
+void run_unit(const Problem& p, size_t unit) {
+  const int per_batch = p.kv_heads * p.splits;
+  const int b = int(unit / per_batch), kvh = int(unit % per_batch) / p.splits, s = int(unit % p.splits);
+  const int h0 = kvh * p.group + s * p.group / p.splits, h1 = kvh * p.group + (s + 1) * p.group / p.splits;
+  attend_any(p, b, kvh, h0, h1);
 }
 
 // ---- the kernel -----------------------------------------------------------------------------------------------------
@@ -446,11 +431,8 @@ void compute(const Kernel& kernel, OrtKernelContext* context) {
   // work units: (batch row, kv head, a share of its query heads); with few (b, kv head) pairs each query head is a
   // unit of its own so that two threads share the work evenly (each re-reads its kv head's cache from L2)
   p.splits = p.batch * p.kv_heads >= 8 ? 1 : p.group;
-  Work work;
-  work.problem = &p;
   const size_t units = size_t(p.batch) * p.kv_heads * p.splits;
-  check(g_api->KernelContext_ParallelFor(context, run_unit, units, 0, &work));
-  if (work.failure) std::rethrow_exception(work.failure);
+  parallel_for(context, units, p.mode, [&p](size_t unit) { run_unit(p, unit); });
 }
 
 // ---- the OrtCustomOp callbacks --------------------------------------------------------------------------------------
