@@ -10,6 +10,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
+from tests.engine.test_fp32_prefill import FORMATS, MODEL, TREE, _prompts  # the same tiny model, formats and prompts
 from trtspec.cli import cli
 from trtspec.engine.manifest import Manifest, read_manifest
 from trtspec.engine.onnx_builder import NUMERICS_TOLERANCE, BuildOptions, build
@@ -19,11 +20,7 @@ from trtspec.runtime.ort_engine import OrtEngine, _Cache, _feeds
 from trtspec.speculative.loop import GenerationConfig, Request, generate, generate_batch
 from trtspec.speculative.methods import make_proposer
 from trtspec.speculative.tree import build_tree
-from trtspec.testing import TinyModel, tiny_trtllm_checkpoints
-
-MODEL = TinyModel(vocab_size=64, tie_word_embeddings=True)
-TREE = "[[0],[1],[0,0],[0,1],[0,0,0]]"
-FORMATS = [("int8", None), ("int4", None), ("int4", "min")]
+from trtspec.testing import tiny_trtllm_checkpoints
 
 
 @pytest.fixture(scope="module")
@@ -102,12 +99,6 @@ def test_the_prompt_computes_what_matmulnbits_computes(engines, weights, scheme)
     (logits, kv), (logits_ref, kv_ref) = outputs
     assert np.abs(logits - logits_ref).max() <= 1e-2 * np.abs(logits_ref).max()
     assert np.abs(kv - kv_ref).max() <= 1e-2 * np.abs(kv_ref).max()
-
-
-def _prompts(n, seed):
-    rng = np.random.default_rng(seed)
-    return [np.tile(rng.integers(0, MODEL.vocab_size, int(rng.integers(2, 6))), 8)[:int(rng.integers(10, 40))]
-            if i % 2 else rng.integers(0, MODEL.vocab_size, int(rng.integers(1, 40))) for i in range(n)]
 
 
 @pytest.mark.parametrize("weights,scheme", FORMATS)
