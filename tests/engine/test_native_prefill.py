@@ -150,3 +150,13 @@ def test_a_cpu_without_avx512_vnni_is_told_once_when_the_engine_loads(engines, m
         OrtEngine(engines["int8", None, "none", False], threads=1)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "portable loop on this CPU (no AVX-512 VNNI)" in warnings[0]
+
+
+def test_an_awq_checkpoint_in_groups_other_than_32_is_refused_in_one_line(ckpts, tmp_path):
+    from tests.engine.test_awq import write_awq_checkpoint
+
+    write_awq_checkpoint(ckpts["none"], tmp_path / "awq", 64)
+    with pytest.raises(ConfigError, match="^--native-prefill: BlockMatMul runs blocks of 32; the checkpoint's linear "
+                                          "layers keep groups of 64$"):
+        build(BuildOptions(source=tmp_path / "awq", out=tmp_path / "e", max_draft_len=4, native_prefill=True))
+    assert not (tmp_path / "e").exists()

@@ -28,6 +28,7 @@ from trtspec.engine.resolve import MethodRequest, resolve_method, resolve_tree
 from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, PREFILL_BLOCK, Backend, EngineWeights, Manifest, Method,
                                      ModelInfo, Profile, WeightFormat, default_slot_profiles, parse_slot_profiles)
 from trtspec.errors import BuildError, ConfigError
+from trtspec.native import BLOCK_MATMUL_BLOCK_SIZE
 from trtspec.model.quantize import (ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, QuantScheme, QuantSpec, WeightDtype,
                                     check_block_size)
 from trtspec.engine.integrity import record_files
@@ -176,8 +177,6 @@ def weight_plan(opts: BuildOptions, raw_config: dict):
         if opts.fp32_prefill:
             raise ConfigError("--native-prefill and --fp32-prefill: choose one (the prompt's products run either "
                               "BlockMatMul over the blocks or fp32 copies)")
-        if block_size != 32:
-            raise ConfigError(f"--native-prefill: BlockMatMul runs blocks of 32; --block-size is {block_size}")
     if dtype is WeightDtype.FP32 and head is WeightDtype.FP32:
         return WeightPlan()
 
@@ -193,9 +192,10 @@ def weight_plan(opts: BuildOptions, raw_config: dict):
                  "the lm_head and drafter are quantized here (--lm-head-weights, --block-size %d)", block_size)
     if not opts.quantize_heads:
         log.info("--no-quantize-heads: the Medusa heads / EAGLE draft keep fp32 weights")
-    if opts.native_prefill and (base is None or base.block_size != 32):
-        raise ConfigError(f"--native-prefill: BlockMatMul runs blocks of 32; the checkpoint's linear layers keep "
-                          f"groups of {base.block_size if base else 0}")
+    if opts.native_prefill and base.block_size != BLOCK_MATMUL_BLOCK_SIZE:  # base: --weights int8 / int4 (above)
+        given = ("the checkpoint's linear layers keep groups of" if base.prequantized else "--block-size is")
+        raise ConfigError(f"--native-prefill: BlockMatMul runs blocks of {BLOCK_MATMUL_BLOCK_SIZE}; {given} "
+                          f"{base.block_size}")
     return WeightPlan(base=base, drafter=spec(dtype) if opts.quantize_heads else None, lm_head=spec(head),
                       prefill_fp32=opts.fp32_prefill, prefill_native=opts.native_prefill)
 

@@ -44,9 +44,10 @@ def with_accuracy_level(graphs: dict[str, ExportedGraph], level: int, suffix: st
         for node in model.graph.node:
             if node.op_type == native.BLOCK_MATMUL and node.domain == native.DOMAIN:
                 n, blocks, blob = dims[node.input[1]]
+                size = native.BLOCK_MATMUL_BLOCK_SIZE
                 node.op_type, node.domain = "MatMulNBits", MS_DOMAIN
                 node.attribute.extend([onnx.helper.make_attribute(key, value) for key, value in (
-                    ("K", blocks * 32), ("N", n), ("bits", blob * 8 // 32), ("block_size", 32),
+                    ("K", blocks * size), ("N", n), ("bits", blob * 8 // size), ("block_size", size),
                     ("accuracy_level", level))])
                 continue
             if node.op_type == "MatMulNBits":

@@ -293,7 +293,7 @@ def matmul_nbits(g: Graph, x: str, weight: str, name: str | None = None) -> str:
     q = g.weights.quantized[weight]
     if f"{weight}.pre_scale" in g.weights:  # AWQ: the activation times the pre-quant scale first
         x = g.op("Mul", x, g.w(f"{weight}.pre_scale"), name=None if name is None else f"{name}_pre_scale")
-    if g.native_products and q.block_size == 32 and q.accuracy_level == ACCURACY_LEVEL:
+    if g.native_products and q.block_size == native.BLOCK_MATMUL_BLOCK_SIZE and q.accuracy_level == ACCURACY_LEVEL:
         # MatMulNBits' numbers at accuracy level 4 in trtspec's kernel (trtspec/native/block_matmul.cc)
         y = g.op(native.BLOCK_MATMUL, x, g.w(f"{weight}.q"), g.w(f"{weight}.scales"), domain=native.DOMAIN,
                  name=None if q.offsets else name)

@@ -26,6 +26,7 @@ DOMAIN = "com.trtspec"
 TREE_ATTENTION = "TreeAttention"
 ADD_BLOCK_OFFSETS = "AddBlockOffsets"
 BLOCK_MATMUL = "BlockMatMul"
+BLOCK_MATMUL_BLOCK_SIZE = 32  # the only block size BlockMatMul runs (kBlock in block_matmul.cc)
 OPS = (TREE_ATTENTION, ADD_BLOCK_OFFSETS, BLOCK_MATMUL)  # every op the library adds to the domain
 
 SOURCE_DIR = Path(__file__).resolve().parent
