@@ -215,10 +215,11 @@ def tree(choices: str | None, preset: str | None, as_json: bool, png: Path | Non
               help="onnx, int8 / int4: the prompt (context graph) runs fp32 products over copies of the dequantized "
                    "linear layers: a faster prefill, for 4 more bytes per linear-layer weight on disk and in memory; "
                    "decode steps still read the quantized blocks.")
-@click.option("--native-prefill", is_flag=True,
-              help="onnx, int8 / int4 in blocks of 32: the prompt's decoder-layer products run trtspec's BlockMatMul "
-                   "(MatMulNBits' numbers, AVX-512 VNNI kernels over the same blocks, no extra weights): a faster "
-                   "prefill on CPUs with AVX-512 VNNI; elsewhere a portable loop, slower than MatMulNBits.")
+@click.option("--native-matmul", is_flag=True,
+              help="onnx, int8 / int4 in blocks of 32: the target's quantized products (prompt and decode steps, "
+                   "lm_head too) run trtspec's BlockMatMul (MatMulNBits' numbers, AVX-512 VNNI kernels over the same "
+                   "blocks and bytes, no extra weights on disk): faster prompts and cheaper verify steps on CPUs with "
+                   "AVX-512 VNNI; elsewhere a portable loop, slower than MatMulNBits.")
 @click.option("--attention", type=click.Choice(["tree", "gqa"]),
               help="onnx: the generation graph's attention kernel: tree (trtspec's TreeAttention: a slot computes "
                    "exactly as a plain step at any place of any tree, so quantized engines verify trees; built by "
@@ -287,7 +288,7 @@ def _build_trtllm(source: Path, eagle2: str | None, dry_run: bool, *, as_json: b
         raise click.UsageError("--int4-scheme applies to --backend onnx only")
     if flags.pop("attention") is not None:
         raise click.UsageError("--attention applies to --backend onnx only")
-    for key in ("fp32_prefill", "native_prefill"):
+    for key in ("fp32_prefill", "native_matmul"):
         if flags.pop(key):
             raise click.UsageError(f"--{key.replace('_', '-')} applies to --backend onnx only")
     if flags.pop("lm_head_weights") is not None:

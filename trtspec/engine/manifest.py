@@ -23,13 +23,13 @@ from trtspec.model.quantize import QuantScheme, WeightDtype, min_step_slots
 from trtspec.speculative.method import Method
 
 MANIFEST_FILE = "manifest.json"
-MANIFEST_VERSION = 5
+MANIFEST_VERSION = 6
 # The onnx backend's graph contract (inputs, outputs, KV layout) the runtime runs: KV buffers [B, nkv, capacity, hd]
 # bound as both past and present, the EAGLE draft's context graph scoring the rows `logit_rows` names. Kept apart
 # from MANIFEST_VERSION so that a change to the CPU graphs refuses CPU engines only, not TensorRT-LLM engines.
 ONNX_GRAPH_FORMAT = 3
-PREFILL_KERNELS = ("matmulnbits", "block")  # Manifest.prefill_kernel
-PREFILL_BLOCK = "block"
+MATMUL_NBITS, MATMUL_BLOCK = "matmulnbits", "block"
+MATMUL_KERNELS = (MATMUL_NBITS, MATMUL_BLOCK)  # Manifest.matmul_kernel
 
 
 class Backend(enum.Enum):
@@ -288,10 +288,10 @@ class Manifest:
     # Runtime's GroupQueryAttention) or "tree" (trtspec's TreeAttention, trtspec/native: a slot computes exactly as a
     # plain step at any place of any tree, so quantized engines verify trees too)
     attention: str = "gqa"
-    # onnx backend: the kernel of the target context graph's quantized decoder-layer products: "matmulnbits" (ONNX
-    # Runtime's MatMulNBits) or "block" (trtspec's BlockMatMul, trtspec/native: the same numbers, build
-    # --native-prefill)
-    prefill_kernel: str = "matmulnbits"
+    # onnx backend: the kernel of the target's quantized products (decoder layers and lm_head, prompt and decode
+    # steps): "matmulnbits" (ONNX Runtime's MatMulNBits) or "block" (trtspec's BlockMatMul, trtspec/native: the same
+    # numbers, build --native-matmul)
+    matmul_kernel: str = MATMUL_NBITS
 
     @property
     def chains_only(self) -> bool:
@@ -303,14 +303,14 @@ class Manifest:
     @property
     def native_ops(self) -> tuple[str, ...]:
         """trtspec's own ONNX Runtime ops (trtspec/native) the engine's graphs run, which its sessions must load:
-        TreeAttention (attention "tree"), AddBlockOffsets (int4 weights with block minima) and BlockMatMul (prefill
+        TreeAttention (attention "tree"), AddBlockOffsets (int4 weights with block minima) and BlockMatMul (matmul
         kernel "block")."""
         from trtspec import native  # no onnx, no numpy: the serving path's import
 
         ops = (native.TREE_ATTENTION,) if self.attention == "tree" else ()
         if self.weights.has_block_minima:
             ops += (native.ADD_BLOCK_OFFSETS,)
-        if self.prefill_kernel == PREFILL_BLOCK:
+        if self.matmul_kernel == MATMUL_BLOCK:
             ops += (native.BLOCK_MATMUL,)
         return ops
 
@@ -354,9 +354,9 @@ class Manifest:
         if data["attention"] not in ("gqa", "tree"):
             raise ConfigError(f"{where}: attention {data['attention']!r} is not an attention kernel this trtspec runs "
                               "(gqa, tree)")
-        if data["prefill_kernel"] not in PREFILL_KERNELS:
-            raise ConfigError(f"{where}: prefill_kernel {data['prefill_kernel']!r} is not a kernel this trtspec runs "
-                              f"({', '.join(PREFILL_KERNELS)})")
+        if data["matmul_kernel"] not in MATMUL_KERNELS:
+            raise ConfigError(f"{where}: matmul_kernel {data['matmul_kernel']!r} is not a kernel this trtspec runs "
+                              f"({', '.join(MATMUL_KERNELS)})")
         data["weights"] = EngineWeights.from_dict(data["weights"], f"{where}: weights")
         _check_redrafter(data, where)
         return _from_dict(cls, data, where)

@@ -25,7 +25,7 @@ from trtspec.checkpoint.quantization import AWQ_DEFAULT_GROUP, CheckpointQuantiz
 from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
 from trtspec.engine.resolve import MethodRequest, resolve_method, resolve_tree
-from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, PREFILL_BLOCK, Backend, EngineWeights, Manifest, Method,
+from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, MATMUL_BLOCK, MATMUL_NBITS, Backend, EngineWeights, Manifest, Method,
                                      ModelInfo, Profile, WeightFormat, default_slot_profiles, parse_slot_profiles)
 from trtspec.errors import BuildError, ConfigError
 from trtspec.native import BLOCK_MATMUL_BLOCK_SIZE
@@ -62,8 +62,8 @@ class BuildOptions(EngineBuildOptions):
     quantize_heads: bool = True  # the Medusa heads / EAGLE draft in the --weights format too (else fp32)
     # `--fp32-prefill`: the context graph reads fp32 copies of the quantized linear layers (onnx_graph.WeightPlan)
     fp32_prefill: bool = False
-    # `--native-prefill`: the context graph's quantized decoder-layer products run trtspec's BlockMatMul
-    native_prefill: bool = False
+    # `--native-matmul`: the target's quantized products (prompt and decode steps) run trtspec's BlockMatMul
+    native_matmul: bool = False
     attention: str | None = None  # `--attention tree|gqa` (default: attention_kernel)
 
 
@@ -109,7 +109,7 @@ def plan_build(opts: BuildOptions) -> Manifest:
                     redrafter=beams.to_dict() if beams else None,
                     source=str(Path(opts.source).resolve()), versions=_versions(), graph_format=ONNX_GRAPH_FORMAT,
                     weights=_engine_weights(plan, cfg, embedding_gathered=_gathers_embedding(plan, cfg)),
-                    prefill_kernel=PREFILL_BLOCK if plan.prefill_native else "matmulnbits", **_attention(opts, plan))
+                    matmul_kernel=MATMUL_BLOCK if plan.native_matmul else MATMUL_NBITS, **_attention(opts, plan))
 
 
 def attention_kernel(opts: BuildOptions) -> str:
@@ -170,12 +170,12 @@ def weight_plan(opts: BuildOptions, raw_config: dict):
     if opts.fp32_prefill and dtype is WeightDtype.FP32:
         raise ConfigError("--fp32-prefill: applies to quantized linear layers (--weights int8 or int4); with "
                           "--weights fp32 the prompt already runs fp32 products")
-    if opts.native_prefill:
+    if opts.native_matmul:
         if dtype is WeightDtype.FP32:
-            raise ConfigError("--native-prefill: applies to quantized linear layers (--weights int8 or int4), not "
+            raise ConfigError("--native-matmul: applies to quantized linear layers (--weights int8 or int4), not "
                               "--weights fp32")
         if opts.fp32_prefill:
-            raise ConfigError("--native-prefill and --fp32-prefill: choose one (the prompt's products run either "
+            raise ConfigError("--native-matmul and --fp32-prefill: choose one (the prompt's products run either "
                               "BlockMatMul over the blocks or fp32 copies)")
     if dtype is WeightDtype.FP32 and head is WeightDtype.FP32:
         return WeightPlan()
@@ -192,12 +192,12 @@ def weight_plan(opts: BuildOptions, raw_config: dict):
                  "the lm_head and drafter are quantized here (--lm-head-weights, --block-size %d)", block_size)
     if not opts.quantize_heads:
         log.info("--no-quantize-heads: the Medusa heads / EAGLE draft keep fp32 weights")
-    if opts.native_prefill and base.block_size != BLOCK_MATMUL_BLOCK_SIZE:  # base: --weights int8 / int4 (above)
+    if opts.native_matmul and base.block_size != BLOCK_MATMUL_BLOCK_SIZE:  # base: --weights int8 / int4 (above)
         given = ("the checkpoint's linear layers keep groups of" if base.prequantized else "--block-size is")
-        raise ConfigError(f"--native-prefill: BlockMatMul runs blocks of {BLOCK_MATMUL_BLOCK_SIZE}; {given} "
+        raise ConfigError(f"--native-matmul: BlockMatMul runs blocks of {BLOCK_MATMUL_BLOCK_SIZE}; {given} "
                           f"{base.block_size}")
     return WeightPlan(base=base, drafter=spec(dtype) if opts.quantize_heads else None, lm_head=spec(head),
-                      prefill_fp32=opts.fp32_prefill, prefill_native=opts.native_prefill)
+                      prefill_fp32=opts.fp32_prefill, native_matmul=opts.native_matmul)
 
 
 def _check_min_scheme(raw_config: dict, dtype: WeightDtype, head: WeightDtype, block_size: int) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trtspec.engine.manifest import MANIFEST_FILE, PREFILL_BLOCK, read_manifest
+from trtspec.engine.manifest import MANIFEST_FILE, MATMUL_BLOCK, read_manifest
 
 CURVE_FILE = "verify_curve.json"  # written by runtime.verify_curve beside the engine
 
@@ -39,8 +39,9 @@ def engine_summary(directory: Path) -> dict:
     if m.backend.value == "onnx":  # the drafters `generate --method` / `draft_method` may ask for
         out["attention"] = ("TreeAttention (trtspec's kernel: every tree slot exact)" if m.attention == "tree" else
                             "GroupQueryAttention" + (" (quantized: chains only)" if m.chains_only else ""))
-        if m.prefill_kernel == PREFILL_BLOCK:  # build --native-prefill
-            out["prefill"] = "BlockMatMul over the blocks (trtspec's kernel: AVX-512 VNNI, else a slower portable loop)"
+        if m.matmul_kernel == MATMUL_BLOCK:  # build --native-matmul
+            out["products"] = ("BlockMatMul over the blocks (trtspec's kernel: AVX-512 VNNI, else a slower portable "
+                               "loop)")
         if m.native_ops:  # what the engine's sessions load from trtspec's compiled library
             out["compiled_ops"] = ", ".join(m.native_ops) + " (trtspec/native, built by scripts/setup.sh)"
         out["methods"] = list(m.runnable_methods())

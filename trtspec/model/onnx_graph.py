@@ -71,9 +71,9 @@ class WeightPlan:
     # a prompt's rows run ONNX Runtime's fp32 GEMM instead of MatMulNBits, whose many-row int8 kernels are slower
     # on CPUs without VNNI; decode steps still read the blocks
     prefill_fp32: bool = False
-    # the target's context graph runs its quantized decoder-layer products in trtspec's BlockMatMul (the numbers
-    # MatMulNBits computes at accuracy level 4, faster over a prompt's rows on CPUs with AVX-512 VNNI)
-    prefill_native: bool = False
+    # the target's graphs run their quantized products (decoder layers and lm_head, prompt and decode steps) in
+    # trtspec's BlockMatMul: the numbers MatMulNBits computes at accuracy level 4, faster on CPUs with AVX-512 VNNI
+    native_matmul: bool = False
 
     @property
     def quantizes(self) -> bool:
@@ -355,14 +355,13 @@ def base_graph(c: ModelShape, layout: _Layout, wf: WeightFile, positions: int, *
                attention_rows: int = 1, attention: str = "gqa", native_products: bool = False) -> onnx.ModelProto:
     """The base network over any number T of new tokens at positions below `positions`; a generation graph (tree)
     takes tree positions and mask, a context graph is causal. `attention_rows`, `attention` (the kernel): see
-    prelude. `native_products`: the decoder layers' quantized products run BlockMatMul (onnx_ops.Graph)."""
+    prelude. `native_products`: the quantized products run BlockMatMul (onnx_ops.Graph)."""
     g = Graph(wf, fp32_copies=not tree)  # a prompt's rows: the layers' fp32 copies, where the build wrote them
     pre = prelude(g, _inv_freq(c), positions, tree=tree, attention_rows=attention_rows, kernel=attention)
     x = Residual(embed(g, "input_ids", tied=layout.tied))  # [B, T, H]
-    g.native_products = native_products  # not the lm_head: a prompt scores one row with it
+    g.native_products = native_products
     for layer in range(c.num_layers):
         x = decoder_layer(g, _dims(c), pre, x, f"layers.{layer}", layer, c.intermediate_size)
-    g.native_products = False
     hidden, _ = x.norm(g, "ln_f.weight", c.rms_norm_eps, "ln_f")
     g.op("Identity", hidden, name="hidden")
     if tree:
@@ -525,7 +524,7 @@ def export_graphs(ckpt: TrtllmCheckpoint, out_dir: Path, *, max_positions: int, 
             kernel = attention if target else "gqa"
             rows = weights.attention_rows if target and kernel == "gqa" else 1
             graphs.update(_build_graphs(c, layout, wf, role_prefix, build, out_dir, max_positions, rows, kernel,
-                                        native_products=target and weights.prefill_native))
+                                        native_products=target and weights.native_matmul))
     return graphs
 
 
@@ -537,7 +536,7 @@ def _build_graphs(c: ModelShape, layout: _Layout, wf: WeightFile, role_prefix: s
         extra = {"attention_rows": attention_rows} if attention_rows > 1 and tree else {}
         if attention != "gqa" and tree:
             extra["attention"] = attention
-        if native_products and not tree:
+        if native_products:
             extra["native_products"] = True
         graphs[role_prefix + role] = _save(build(c, layout, wf, max_positions, tree=tree, **extra),
                                            out_dir / f"{role_prefix}{role}.onnx")

@@ -134,7 +134,7 @@ class Graph:
         self.weights = weights
         self.fp32_copies = fp32_copies  # linear() reads a quantized matrix's `<name>.fp32` copy where there is one
         # while set, a quantized product in blocks of 32 runs trtspec's BlockMatMul instead of MatMulNBits (the same
-        # numbers; a context graph's decoder layers in a build with --native-prefill)
+        # numbers; the target's graphs in a build with --native-matmul)
         self.native_products = False
         self.nodes: list[onnx.NodeProto] = []
         self.used: dict[str, TensorProto] = {}

@@ -9,11 +9,13 @@
 //          2 scales  float [N · blocks]            MatMulNBits' scales
 // Output   0 y       float [..., N]
 //
-// Why: a prompt's many rows. With AVX-512 VNNI each block's sums for 8 rows x 32 columns come from vpdpbusd over
-// weights repacked once (on the first call, kept by the kernel) into 16-column groups of 4-byte k-quads; ONNX
-// Runtime's own many-row path is slower on such CPUs. Elsewhere a portable loop computes the same numbers, slowly.
-// A row's numbers depend on nothing but the row: per output column, acc = fma(float(sum_b), scale_x · scale_w, acc)
-// over the blocks in order from zero, on every path and in any tile. Built with -ffp-contract=off, as the library.
+// Why: ONNX Runtime's many-row path is slow on CPUs with AVX-512 VNNI, and a verify step's or a prompt's rows are
+// many. The codes are regrouped once (on the first call, kept by the kernel) so that one vector load holds 4 bytes
+// of each of 16 columns; the bytes stay as stored (a 4-bit code stays a nibble), so a one-row call reads no more
+// than MatMulNBits does. vpdpbusd sums code · q; minus offset · sum(q) that is the block's exact sum of value · q.
+// Elsewhere a portable loop computes the same numbers, slowly. A row's numbers depend on nothing but the row: per
+// output column, acc = fma(float(sum_b), scale_w · scale_x, acc) over the blocks in order from zero, on every path
+// and in any tile. Built with -ffp-contract=off, as the library.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -35,52 +37,57 @@ const ONNXTensorElementDataType kInputTypes[] = {ONNX_TENSOR_ELEMENT_DATA_TYPE_F
 constexpr size_t kInputCount = sizeof(kInputTypes) / sizeof(kInputTypes[0]);
 constexpr int64_t kBlock = 32;
 constexpr int64_t kGroup = 16;                     // output columns a vector holds
-constexpr int kTileRows = 8;
-constexpr int64_t kInlineBelow = int64_t(1) << 20;  // multiply-adds under which one thread does it all
+constexpr int kTileRows = 16;
+constexpr int64_t kInlineBelow = int64_t(1) << 15;  // multiply-adds under which one thread does it all
 
-// W in the layout the kernels read, built once from the inputs: [pair][block][2 groups][8 quads][16 columns][4]
-// signed values, the scales [pair][block][2][16] and -128 · each block's value sum (x is fed as u8 = q + 128),
-// columns padded with zeros to whole pairs of groups
+// Where element i of a block sits among the 32 bytes of x a block's codes pair with. 8-bit: in order, 4-byte quads.
+// 4-bit: a column's 4-byte word j (octet j) holds elements 8j + 2t (low nibble of byte t) and 8j + 2t + 1 (high
+// nibble), so x's bytes 8j..8j+3 are the octet's even elements and 8j+4..8j+7 its odd ones.
+inline int64_t x_position(int64_t i, int bits) {
+  return bits == 8 ? i : (i / 8) * 8 + (i % 2) * 4 + (i % 8) / 2;
+}
+
+// W in the layout the kernels read, built once from the inputs: [group][block][words][16 columns][4 bytes] of the
+// stored codes (8 words of 4 codes at 8 bits, 4 words of 8 nibbles at 4), the scales [group][block][16], columns
+// padded with zero codes and scales to whole groups
 struct Packed {
   const void* codes = nullptr;  // the inputs it was built from
   const void* scales = nullptr;
-  int64_t n = 0, k = 0, blocks = 0, pairs = 0;
-  std::vector<int8_t> values;
+  int64_t n = 0, k = 0, blocks = 0, groups = 0;
+  int bits = 8;
+  std::vector<uint8_t> words;
   std::vector<float> block_scales;
-  std::vector<int32_t> neg_sums;
+  int64_t unit_bytes() const { return kGroup * kBlock * bits / 8; }  // one group's block
 };
 
 void pack(Packed& p, const uint8_t* codes, const float* scales, int64_t n, int64_t blocks, int bits) {
-  p.n = n, p.blocks = blocks, p.k = blocks * kBlock, p.pairs = (n + 2 * kGroup - 1) / (2 * kGroup);
-  p.values.assign(size_t(p.pairs * blocks * 2 * kGroup * kBlock), 0);
-  p.block_scales.assign(size_t(p.pairs * blocks * 2 * kGroup), 0.0f);
-  p.neg_sums.assign(size_t(p.pairs * blocks * 2 * kGroup), 0);
-  const int64_t blob = kBlock * bits / 8;
+  p.n = n, p.blocks = blocks, p.k = blocks * kBlock, p.groups = (n + kGroup - 1) / kGroup, p.bits = bits;
+  const int64_t blob = kBlock * bits / 8, unit_bytes = p.unit_bytes();
+  p.words.assign(size_t(p.groups * blocks * unit_bytes), 0);
+  p.block_scales.assign(size_t(p.groups * blocks * kGroup), 0.0f);
   for (int64_t col = 0; col < n; ++col) {
-    const int64_t pair = col / (2 * kGroup), half = (col / kGroup) % 2, c = col % kGroup;
+    const int64_t group = col / kGroup, c = col % kGroup;
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* code = codes + (col * blocks + b) * blob;
-      const size_t unit = size_t((pair * blocks + b) * 2 + half);
-      int32_t sum = 0;
-      for (int64_t i = 0; i < kBlock; ++i) {
-        const int v = bits == 8 ? int(code[i]) - 128 : int((code[i / 2] >> (4 * (i % 2))) & 0x0f) - 8;
-        p.values[unit * kGroup * kBlock + size_t((i / 4) * kGroup * 4 + c * 4 + i % 4)] = int8_t(v);
-        sum += v;
-      }
-      p.neg_sums[unit * kGroup + size_t(c)] = -128 * sum;
+      const size_t unit = size_t(group * blocks + b);
+      uint8_t* out = p.words.data() + unit * size_t(unit_bytes);
+      for (int64_t byte = 0; byte < blob; ++byte)  // stored byte `byte` is word byte / 4, byte byte % 4 of it
+        out[(byte / 4) * kGroup * 4 + c * 4 + byte % 4] = code[byte];
       p.block_scales[unit * kGroup + size_t(c)] = scales[col * blocks + b];
     }
   }
 }
 
-// x's rows as u8 (q + 128) with a scale per block: q = round-to-nearest-even(x · (1 / scale)), scale = max|x| / 127
-// (the AVX-512 loop computes the same numbers: max is exact, one rounding per product, the same rounding rule)
-void quantize_rows(const float* x, int64_t rows, int64_t k, uint8_t* q, float* scales) {
+// x's rows as signed int8 q = round-to-nearest-even(x · (1 / scale)), scale = max|x| / 127, each block's bytes at
+// x_position, and offset · sum(q) per block (offset 8 or 128: what the codes add to each value). The AVX-512 loop
+// computes the same numbers: max is exact, one rounding per product, the same rounding rule, integer sums.
+void quantize_rows(const float* x, int64_t rows, int64_t k, int bits, int8_t* q, float* scales, int32_t* zero) {
   const int64_t blocks = k / kBlock;
+  const int32_t offset = bits == 8 ? 128 : 8;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
       const float* v = x + r * k + b * kBlock;
-      uint8_t* out = q + r * k + b * kBlock;
+      int8_t* out = q + r * k + b * kBlock;
 #if defined(__AVX512F__)
       const __m512 lo = _mm512_loadu_ps(v), hi = _mm512_loadu_ps(v + 16);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
@@ -92,15 +99,24 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, uint8_t* q, float* s
       scales[r * blocks + b] = scale;
 #if defined(__AVX512F__)
       const __m512 s = _mm512_set1_ps(inverse);
-      const __m512i offset = _mm512_set1_epi32(128);
-      const auto code = [&](__m512 part) {
-        return _mm512_cvtepi32_epi8(_mm512_add_epi32(
-            _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(part, s), _MM_FROUND_TO_NEAREST_INT)), offset));
-      };
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out), code(lo));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), code(hi));
+      const __m512i q_lo = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(lo, s), _MM_FROUND_TO_NEAREST_INT));
+      const __m512i q_hi = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(hi, s), _MM_FROUND_TO_NEAREST_INT));
+      zero[r * blocks + b] = offset * _mm512_reduce_add_epi32(_mm512_add_epi32(q_lo, q_hi));
+      __m256i bytes = _mm256_set_m128i(_mm512_cvtepi32_epi8(q_hi), _mm512_cvtepi32_epi8(q_lo));
+      if (bits == 4) {  // within each 8 bytes: the even elements, then the odd ones
+        const __m256i order = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15,
+                                               0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+        bytes = _mm256_shuffle_epi8(bytes, order);
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), bytes);
 #else
-      for (int64_t i = 0; i < kBlock; ++i) out[i] = uint8_t(int(std::nearbyint(v[i] * inverse)) + 128);
+      int32_t sum = 0;
+      for (int64_t i = 0; i < kBlock; ++i) {
+        const int value = int(std::nearbyint(v[i] * inverse));
+        out[x_position(i, bits)] = int8_t(value);
+        sum += value;
+      }
+      zero[r * blocks + b] = offset * sum;
 #endif
     }
 }
@@ -108,83 +124,105 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, uint8_t* q, float* s
 struct Problem {
   const Packed* w;
   int64_t rows;
-  const uint8_t* q;   // [rows, k]
-  const float* qs;    // [rows, blocks]
-  float* out;         // [rows, n]
+  const int8_t* q;      // [rows, k], blocks in x_position order
+  const float* qs;      // [rows, blocks]
+  const int32_t* zero;  // [rows, blocks]
+  float* out;           // [rows, n]
   CallerMode mode;
 };
 
-// columns [32 · pair, + 32) of R rows from r0, through a 32-float staging row (the last pair may be partial)
-inline void store_pair(const Problem& p, int64_t r, int64_t pair, const float* lanes) {
-  const int64_t c0 = pair * 2 * kGroup, width = std::min<int64_t>(2 * kGroup, p.w->n - c0);
+// columns [16 · group, + 16) of row r, through a 16-float staging row (the last group may be partial)
+inline void store_group(const Problem& p, int64_t r, int64_t group, const float* lanes) {
+  const int64_t c0 = group * kGroup, width = std::min<int64_t>(kGroup, p.w->n - c0);
   std::memcpy(p.out + r * p.w->n + c0, lanes, sizeof(float) * size_t(width));
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
-template <int R>
-void tile(const Problem& p, int64_t r0, int64_t pair) {
+template <int R, int Bits>
+void tile(const Problem& p, int64_t r0, int64_t group) {
   const Packed& w = *p.w;
-  __m512 acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  constexpr int kWords = Bits == 8 ? 8 : 4;
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < w.blocks; ++b) {
-    const size_t unit = size_t((pair * w.blocks + b) * 2);
-    const int8_t* v0 = w.values.data() + unit * kGroup * kBlock;
-    const int8_t* v1 = v0 + kGroup * kBlock;
-    const __m512i n0 = _mm512_loadu_si512(w.neg_sums.data() + unit * kGroup);
-    const __m512i n1 = _mm512_loadu_si512(w.neg_sums.data() + (unit + 1) * kGroup);
-    const __m512 s0 = _mm512_loadu_ps(w.block_scales.data() + unit * kGroup);
-    const __m512 s1 = _mm512_loadu_ps(w.block_scales.data() + (unit + 1) * kGroup);
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* a = p.q + (r0 + r) * w.k + b * kBlock;
-      __m512i i0 = n0, i1 = n1;
-      for (int j = 0; j < 8; ++j) {
-        int32_t quad;
-        std::memcpy(&quad, a + 4 * j, 4);
-        const __m512i x = _mm512_set1_epi32(quad);
-        i0 = _mm512_dpbusd_epi32(i0, x, _mm512_loadu_si512(v0 + 64 * j));
-        i1 = _mm512_dpbusd_epi32(i1, x, _mm512_loadu_si512(v1 + 64 * j));
+    const size_t unit = size_t(group * w.blocks + b);
+    const uint8_t* words = w.words.data() + unit * size_t(kGroup * kBlock * Bits / 8);
+    // codes[i]: the 16 columns' codes paired with x bytes 4i..4i+3 of the block
+    __m512i codes[8];
+    for (int j = 0; j < kWords; ++j) {
+      const __m512i raw = _mm512_loadu_si512(words + 64 * j);
+      if (Bits == 8) {
+        codes[j] = raw;
+      } else {
+        codes[2 * j] = _mm512_and_si512(raw, nibble);
+        codes[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
       }
+    }
+    const __m512 s = _mm512_loadu_ps(w.block_scales.data() + unit * kGroup);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* a = p.q + (r0 + r) * w.k + b * kBlock;
+      __m512i sum = _mm512_setzero_si512();
+      for (int i = 0; i < 8; ++i) {
+        int32_t quad;
+        std::memcpy(&quad, a + 4 * i, 4);
+        sum = _mm512_dpbusd_epi32(sum, codes[i], _mm512_set1_epi32(quad));
+      }
+      sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(p.zero[(r0 + r) * w.blocks + b]));
       const __m512 sx = _mm512_set1_ps(p.qs[(r0 + r) * w.blocks + b]);
-      acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i0), _mm512_mul_ps(s0, sx), acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i1), _mm512_mul_ps(s1, sx), acc[r][1]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, sx), acc[r]);
     }
   }
   for (int r = 0; r < R; ++r) {
-    float lanes[2 * kGroup];
-    _mm512_storeu_ps(lanes, acc[r][0]);
-    _mm512_storeu_ps(lanes + kGroup, acc[r][1]);
-    store_pair(p, r0 + r, pair, lanes);
+    float lanes[kGroup];
+    _mm512_storeu_ps(lanes, acc[r]);
+    store_group(p, r0 + r, group, lanes);
   }
 }
 #else
 // the same numbers, one row at a time: integer sums exact, then fma(float(sum), scale_w · scale_x, acc)
-template <int R>
-void tile(const Problem& p, int64_t r0, int64_t pair) {
+template <int R, int Bits>
+void tile(const Problem& p, int64_t r0, int64_t group) {
   const Packed& w = *p.w;
   for (int r = 0; r < R; ++r) {
-    float acc[2 * kGroup] = {};
+    float acc[kGroup] = {};
     for (int64_t b = 0; b < w.blocks; ++b) {
-      const size_t unit = size_t((pair * w.blocks + b) * 2);
-      const uint8_t* a = p.q + (r0 + r) * w.k + b * kBlock;
+      const int8_t* a = p.q + (r0 + r) * w.k + b * kBlock;
       const float sx = p.qs[(r0 + r) * w.blocks + b];
-      for (int c = 0; c < 2 * kGroup; ++c) {
-        const size_t u = unit + size_t(c / kGroup), lane = size_t(c % kGroup);
-        const int8_t* v = w.values.data() + u * kGroup * kBlock;
-        int32_t sum = w.neg_sums[u * kGroup + lane];
-        for (int i = 0; i < kBlock; ++i) sum += int32_t(a[i]) * int32_t(v[(i / 4) * kGroup * 4 + lane * 4 + i % 4]);
-        acc[c] = std::fma(float(sum), w.block_scales[u * kGroup + lane] * sx, acc[c]);
+      const size_t unit = size_t(group * w.blocks + b);
+      const uint8_t* words = w.words.data() + unit * size_t(kGroup * kBlock * Bits / 8);
+      for (int64_t c = 0; c < kGroup; ++c) {
+        int32_t sum = -p.zero[(r0 + r) * w.blocks + b];
+        for (int64_t i = 0; i < kBlock; ++i) {
+          const int64_t byte = i * Bits / 8;  // the stored byte holding element i
+          const uint8_t stored = words[(byte / 4) * kGroup * 4 + c * 4 + byte % 4];
+          const int code = Bits == 8 ? stored : (stored >> (4 * (i % 2))) & 0x0f;
+          sum += int32_t(code) * int32_t(a[x_position(i, Bits)]);
+        }
+        acc[c] = std::fma(float(sum), w.block_scales[unit * kGroup + size_t(c)] * sx, acc[c]);
       }
     }
-    store_pair(p, r0 + r, pair, acc);
+    store_group(p, r0 + r, group, acc);
   }
 }
 #endif
 
-void run_unit(const Problem& p, size_t pair) {
-  int64_t r = 0;
-  for (; r + kTileRows <= p.rows; r += kTileRows) tile<kTileRows>(p, r, int64_t(pair));
-  for (; r < p.rows; ++r) tile<1>(p, r, int64_t(pair));
+template <int Bits, int R = 1>
+void rest(const Problem& p, int64_t r0, int64_t group, int64_t rows) {  // one tile of `rows` < kTileRows rows
+  if constexpr (R < kTileRows) {
+    if (rows == R) return tile<R, Bits>(p, r0, group);
+    rest<Bits, R + 1>(p, r0, group, rows);
+  }
 }
+
+template <int Bits>
+void run_rows(const Problem& p, size_t group) {
+  int64_t r = 0;
+  for (; r + kTileRows <= p.rows; r += kTileRows) tile<kTileRows, Bits>(p, r, int64_t(group));
+  if (r < p.rows) rest<Bits>(p, r, int64_t(group), p.rows - r);
+}
+
+void run_unit(const Problem& p, size_t group) { p.w->bits == 8 ? run_rows<8>(p, group) : run_rows<4>(p, group); }
 
 struct Kernel {
   std::mutex lock;  // guards `packed` while it is (re)built
@@ -231,14 +269,17 @@ void compute(Kernel& kernel, OrtKernelContext* context) {
   float* out = output(context, 0, out_shape);
   if (rows == 0 || n == 0) return;
 
-  const std::shared_ptr<const Packed> w = packed_weights(kernel, codes, scales, n, blocks, int(blob * 8 / kBlock));
-  thread_local std::vector<uint8_t> q;
+  const int bits = int(blob * 8 / kBlock);
+  const std::shared_ptr<const Packed> w = packed_weights(kernel, codes, scales, n, blocks, bits);
+  thread_local std::vector<int8_t> q;
   thread_local std::vector<float> qs;
+  thread_local std::vector<int32_t> zero;
   q.resize(size_t(rows * k));
   qs.resize(size_t(rows * blocks));
-  quantize_rows(static_cast<const float*>(x.data), rows, k, q.data(), qs.data());
-  Problem p{w.get(), rows, q.data(), qs.data(), out, CallerMode{}};
-  const size_t units = size_t(w->pairs);
+  zero.resize(size_t(rows * blocks));
+  quantize_rows(static_cast<const float*>(x.data), rows, k, bits, q.data(), qs.data(), zero.data());
+  Problem p{w.get(), rows, q.data(), qs.data(), zero.data(), out, CallerMode{}};
+  const size_t units = size_t(w->groups);
   if (units == 1 || rows * n * k < kInlineBelow) {  // small: the calling thread, the same arithmetic
     for (size_t unit = 0; unit < units; ++unit) run_unit(p, unit);
     return;

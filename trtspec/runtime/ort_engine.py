@@ -20,7 +20,7 @@ import numpy as np
 import onnxruntime as ort
 
 from trtspec import native
-from trtspec.engine.manifest import PREFILL_BLOCK, Manifest, check_decoded_on_cpu, read_manifest
+from trtspec.engine.manifest import MATMUL_BLOCK, Manifest, check_decoded_on_cpu, read_manifest
 from trtspec.errors import BuildError, ConfigError, RuntimeEngineError
 from trtspec.speculative.engine import StepOutput
 from trtspec.model.ort_session import effective_spin, session_options
@@ -186,9 +186,9 @@ class OrtEngine:
         # computes one row as many (TreeAttention, or GroupQueryAttention padded inside the graph) and this host's
         # kernels compute one row as they do many, else 2 slots (one masked)
         self._min_slots = self._plain_step_slots()
-        if self.manifest.prefill_kernel == PREFILL_BLOCK and not native.block_matmul_vectorized():
-            log.warning("%s: built with --native-prefill, whose BlockMatMul runs a portable loop on this CPU (no "
-                        "AVX-512 VNNI): prompts are slower than MatMulNBits'; rebuild without the flag here",
+        if self.manifest.matmul_kernel == MATMUL_BLOCK and not native.block_matmul_vectorized():
+            log.warning("%s: built with --native-matmul, whose BlockMatMul runs a portable loop on this CPU (no "
+                        "AVX-512 VNNI): it is slower than MatMulNBits; rebuild without the flag here",
                         self.engine_dir)
         # ... which makes a chain's slots exact, not a tree's second branches: drafters draft chains on such engines
         self.chains_only = self.manifest.chains_only

@@ -1,7 +1,7 @@
-"""`trtspec build --weights int8|int4 --native-prefill`: the context graph's decoder-layer products run trtspec's
-BlockMatMul over the same blocks (no extra weights), the generation graph and the lm_head keep MatMulNBits, the
-manifest and inspect record it, the prompt computes the numbers MatMulNBits does, speculation stays lossless, and the
-flag is refused where it means nothing."""
+"""`trtspec build --weights int8|int4 --native-matmul`: every quantized product of the target's graphs (decoder layers
+and lm_head, prompt and decode steps) runs trtspec's BlockMatMul over the same blocks (no extra weights), the drafter
+keeps MatMulNBits, the manifest and inspect record it, the graphs compute the numbers MatMulNBits does, a plain step
+feeds one slot, speculation stays lossless, and the flag is refused where it means nothing."""
 
 from __future__ import annotations
 
@@ -25,13 +25,13 @@ from trtspec.testing import tiny_trtllm_checkpoints
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
-    return tiny_trtllm_checkpoints(tmp_path_factory.mktemp("native-prefill-ckpts"), MODEL)
+    return tiny_trtllm_checkpoints(tmp_path_factory.mktemp("native-matmul-ckpts"), MODEL)
 
 
 @pytest.fixture(scope="module")
 def engines(ckpts, tmp_path_factory):
     """(weights, scheme, name, native) → engine dir; name: none (K = 8) or eagle."""
-    root = tmp_path_factory.mktemp("native-prefill-engines")
+    root = tmp_path_factory.mktemp("native-matmul-engines")
     out = {}
     for weights, scheme in FORMATS:
         for name, extra in (("none", {"max_draft_len": 8}), ("eagle", {"choices": TREE})):
@@ -41,7 +41,7 @@ def engines(ckpts, tmp_path_factory):
                 key = (weights, scheme, name, native)
                 out[key] = root / f"{name}-{weights}-{scheme}-{native}"
                 build(BuildOptions(source=ckpts[name], out=out[key], max_input_len=64, max_seq_len=160,
-                                   weights=weights, int4_scheme=scheme, native_prefill=native, **extra))
+                                   weights=weights, int4_scheme=scheme, native_matmul=native, **extra))
     return out
 
 
@@ -50,37 +50,40 @@ def _nodes(path) -> list[onnx.NodeProto]:
 
 
 @pytest.mark.parametrize("weights,scheme", FORMATS)
-def test_the_context_graph_runs_blockmatmul_over_the_same_blocks(engines, weights, scheme):
+def test_the_target_graphs_run_blockmatmul_over_the_same_blocks(engines, weights, scheme):
     engine, plain = engines[weights, scheme, "none", True], engines[weights, scheme, "none", False]
-    context = _nodes(engine / "context.onnx")
-    blocks = [n.input[1] for n in context if n.op_type == BLOCK_MATMUL]
-    assert blocks == [f"layers.{layer}.{m}.weight.q" for layer in range(MODEL.num_layers)
-                      for m in ("qkv", "o", "gate_up", "down")]
-    # the lm_head (one row a prompt) keeps MatMulNBits; the generation graph is the plain build's
-    assert [n.input[1] for n in context if n.op_type == "MatMulNBits"] == ["lm_head.weight.q"]
-    assert not any(n.op_type == BLOCK_MATMUL for n in _nodes(engine / "generation.onnx"))
-    assert ([n.op_type for n in _nodes(engine / "generation.onnx")]
-            == [n.op_type for n in _nodes(plain / "generation.onnx")])
+    for graph in ("context.onnx", "generation.onnx"):
+        nodes = _nodes(engine / graph)
+        assert [n.input[1] for n in nodes if n.op_type == BLOCK_MATMUL] == [
+            f"layers.{layer}.{m}.weight.q" for layer in range(MODEL.num_layers)
+            for m in ("qkv", "o", "gate_up", "down")] + ["lm_head.weight.q"]
+        assert not any(n.op_type == "MatMulNBits" for n in nodes)
+        # otherwise the plain build's graph, node for node
+        assert ([n.op_type for n in nodes if n.op_type != BLOCK_MATMUL]
+                == [n.op_type for n in _nodes(plain / graph) if n.op_type != "MatMulNBits"])
     assert (engine / "weights.bin").stat().st_size == (plain / "weights.bin").stat().st_size
+    # the EAGLE draft is the drafter's own network: it keeps MatMulNBits
+    draft = _nodes(engines[weights, scheme, "eagle", True] / "draft_generation.onnx")
+    assert any(n.op_type == "MatMulNBits" for n in draft) and not any(n.op_type == BLOCK_MATMUL for n in draft)
 
 
 @pytest.mark.parametrize("weights,scheme", FORMATS)
 def test_the_manifest_and_inspect_record_it(engines, weights, scheme):
     m = read_manifest(engines[weights, scheme, "eagle", True])
-    assert m.prefill_kernel == "block" and BLOCK_MATMUL in m.native_ops
+    assert m.matmul_kernel == "block" and BLOCK_MATMUL in m.native_ops
     assert m.numerics and max(m.numerics.values()) < NUMERICS_TOLERANCE
     assert Manifest.from_dict(m.to_dict()) == m
     plain = read_manifest(engines[weights, scheme, "none", False])
-    assert plain.prefill_kernel == "matmulnbits" and BLOCK_MATMUL not in plain.native_ops
+    assert plain.matmul_kernel == "matmulnbits" and BLOCK_MATMUL not in plain.native_ops
     result = CliRunner().invoke(cli, ["inspect", str(engines[weights, scheme, "eagle", True])])
     assert result.exit_code == 0, result.output
     assert "BlockMatMul over the blocks" in result.output
 
 
-def test_an_unknown_prefill_kernel_is_refused_in_one_line(engines):
+def test_an_unknown_matmul_kernel_is_refused_in_one_line(engines):
     data = read_manifest(engines["int8", None, "none", True]).to_dict()
-    data["prefill_kernel"] = "fancy"
-    with pytest.raises(ConfigError, match="prefill_kernel 'fancy' is not a kernel this trtspec runs"):
+    data["matmul_kernel"] = "fancy"
+    with pytest.raises(ConfigError, match="matmul_kernel 'fancy' is not a kernel this trtspec runs"):
         Manifest.from_dict(data)
 
 
@@ -99,6 +102,30 @@ def test_the_prompt_computes_what_matmulnbits_computes(engines, weights, scheme)
     (logits, kv), (logits_ref, kv_ref) = outputs
     assert np.abs(logits - logits_ref).max() <= 1e-2 * np.abs(logits_ref).max()
     assert np.abs(kv - kv_ref).max() <= 1e-2 * np.abs(kv_ref).max()
+
+
+@pytest.mark.parametrize("weights,scheme", FORMATS)
+def test_a_decode_step_computes_what_matmulnbits_computes_and_one_slot_is_exact(engines, weights, scheme):
+    """A verify step of 6 chained slots after the same prompt through both builds' generation graphs: the same logits
+    up to the order of the float sums. And on the BlockMatMul build a plain step feeds one slot: its row is
+    bit-identical to the same token as the first of many slots (BlockMatMul and TreeAttention compute a row alike in
+    calls of any size), so plain steps need no padding."""
+    outputs = []
+    for native in (True, False):
+        engine = OrtEngine(engines[weights, scheme, "none", native], threads=2)
+        m = engine.manifest.model
+        cache = _Cache.allocate(m.num_layers, 64, m.num_kv_heads, m.head_dim)
+        prompt = np.random.default_rng(6).integers(0, m.vocab_size, 29)
+        engine._context.run(_feeds(prompt[:23], 0), cache)
+        tokens, n = prompt[23:], 6
+        feeds = {"input_ids": tokens[None], "past_lengths": np.array([23], np.int32),
+                 "position_ids": (23 + np.arange(n))[None], "tree_mask": np.tril(np.ones((n, n), bool))[None]}
+        outputs.append(engine._generation.run(feeds, cache)["logits"][0].copy())
+        if native:
+            assert engine._min_slots == 1
+            one = engine._generation.run_plain(tokens[None, :1], np.array([23], np.int32), cache, 1)["logits"]
+            assert np.array_equal(one[0, 0], outputs[0][0])
+    assert np.abs(outputs[0] - outputs[1]).max() <= 1e-2 * np.abs(outputs[1]).max()
 
 
 @pytest.mark.parametrize("weights,scheme", FORMATS)
@@ -121,12 +148,12 @@ def test_speculation_equals_its_plain_greedy_output(engines, weights, scheme, na
 
 
 @pytest.mark.parametrize("args,message", [
-    ([], "--native-prefill: applies to quantized linear layers (--weights int8 or int4), not --weights fp32"),
-    (["--weights", "int8", "--fp32-prefill"], "--native-prefill and --fp32-prefill: choose one"),
-    (["--weights", "int8", "--block-size", "64"], "--native-prefill: BlockMatMul runs blocks of 32; --block-size is 64"),
+    ([], "--native-matmul: applies to quantized linear layers (--weights int8 or int4), not --weights fp32"),
+    (["--weights", "int8", "--fp32-prefill"], "--native-matmul and --fp32-prefill: choose one"),
+    (["--weights", "int8", "--block-size", "64"], "--native-matmul: BlockMatMul runs blocks of 32; --block-size is 64"),
 ])
 def test_what_it_cannot_build_is_one_line(ckpts, tmp_path, args, message):
-    result = CliRunner().invoke(cli, ["build", str(ckpts["none"]), "--out", str(tmp_path / "e"), "--native-prefill",
+    result = CliRunner().invoke(cli, ["build", str(ckpts["none"]), "--out", str(tmp_path / "e"), "--native-matmul",
                                       *args])
     assert result.exit_code != 0
     lines = result.output.strip().splitlines()
@@ -136,9 +163,9 @@ def test_what_it_cannot_build_is_one_line(ckpts, tmp_path, args, message):
 
 def test_it_is_refused_on_the_trtllm_backend(ckpts, tmp_path):
     result = CliRunner().invoke(cli, ["build", str(ckpts["none"]), "--backend", "trtllm", "--out", str(tmp_path / "e"),
-                                      "--weights", "int8", "--native-prefill"])
+                                      "--weights", "int8", "--native-matmul"])
     assert result.exit_code == 2
-    assert "--native-prefill applies to --backend onnx only" in result.output
+    assert "--native-matmul applies to --backend onnx only" in result.output
 
 
 def test_a_cpu_without_avx512_vnni_is_told_once_when_the_engine_loads(engines, monkeypatch, caplog):
@@ -156,7 +183,7 @@ def test_an_awq_checkpoint_in_groups_other_than_32_is_refused_in_one_line(ckpts,
     from tests.engine.test_awq import write_awq_checkpoint
 
     write_awq_checkpoint(ckpts["none"], tmp_path / "awq", 64)
-    with pytest.raises(ConfigError, match="^--native-prefill: BlockMatMul runs blocks of 32; the checkpoint's linear "
+    with pytest.raises(ConfigError, match="^--native-matmul: BlockMatMul runs blocks of 32; the checkpoint's linear "
                                           "layers keep groups of 64$"):
-        build(BuildOptions(source=tmp_path / "awq", out=tmp_path / "e", max_draft_len=4, native_prefill=True))
+        build(BuildOptions(source=tmp_path / "awq", out=tmp_path / "e", max_draft_len=4, native_matmul=True))
     assert not (tmp_path / "e").exists()
