@@ -12,7 +12,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -233,40 +232,28 @@ def run_engine(engine: str, prompts: list[list[int]], *, methods: list[str], max
 
 
 def measure_curve(engine: str, *, threads: int, past: int = 256, repeats: int = 10, warmup: int = 2) -> dict:
-    """Median time of one verify step of n chain slots, n = 1 .. K + 1, after a `past`-token prefill; rounds
-    alternate ascending and descending slot counts (`curve_from_samples`)."""
+    """Every timed verify step of n chain slots, n = 1 .. K + 1, after a `past`-token prefill (rounds alternating as
+    `verify_curve.step_samples` times them), as a curve (`curve_from_samples`)."""
     from trtspec.runtime.ort_engine import OrtEngine
+    from trtspec.runtime.verify_curve import step_samples
 
     ort_engine = OrtEngine(engine, threads=threads)
-    rng = np.random.default_rng(0)
-    counts = list(range(1, ort_engine.manifest.profile.max_draft_len + 2))
+    counts = tuple(range(1, ort_engine.manifest.profile.max_draft_len + 2))
     past = max(1, min(past, ort_engine.manifest.profile.max_input_len))
-    seq = ort_engine.open()
-    times: dict[int, list[float]] = {n: [] for n in counts}
-    try:
-        ort_engine.prefill(seq, rng.integers(0, ort_engine.vocab_size, past))
-        for r in range(warmup + repeats):
-            for n in counts if r % 2 else counts[::-1]:
-                args = (rng.integers(0, ort_engine.vocab_size, n), np.arange(n), np.tril(np.ones((n, n), bool)))
-                start = time.perf_counter()
-                ort_engine.verify(seq, *args)  # uncommitted: the cache stays at `past`
-                if r >= warmup:
-                    times[n].append(time.perf_counter() - start)
-    finally:
-        ort_engine.close(seq)
+    times = step_samples(ort_engine, counts, rounds=repeats, past=past, warmup=warmup)
     samples = {str(n): [round(1000 * t, 4) for t in times[n]] for n in counts}
     return curve_from_samples(engine, past, samples, [1, *(s for s in ort_engine.slot_profiles if s > 1)])
 
 
 def curve_from_samples(engine: str, past: int, samples: dict[str, list[float]], profiles: list[int]) -> dict:
     """A curve from timed samples (ms per slot count, keys as str): medians, ratios to one slot, and the step costs
-    per profile levelled so that no profile costs more than a larger one."""
+    per profile (`verify_curve.level`led)."""
+    from trtspec.runtime.verify_curve import level
+
     counts = sorted(int(n) for n in samples)
     ms = {n: statistics.median(samples[str(n)]) for n in counts}
     points = [{"slots": n, "ms": round(ms[n], 3), "ratio": round(ms[n] / ms[1], 4)} for n in counts]
-    step_ms = [ms[p] for p in profiles]
-    for i in range(len(step_ms) - 2, -1, -1):
-        step_ms[i] = min(step_ms[i], step_ms[i + 1])
+    step_ms = level([ms[p] for p in profiles])
     costs = {"profiles": profiles, "relative": [round(t / step_ms[0], 4) for t in step_ms],
              "step_ms": [round(t, 3) for t in step_ms]}
     return {"engine": engine, "past": past, "repeats": min(len(v) for v in samples.values()), "points": points,

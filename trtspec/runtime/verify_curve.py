@@ -66,9 +66,16 @@ def measure(engine, *, rounds: int = ROUNDS, past: int = PAST_TOKENS, batch: boo
 
 
 def _times(engine, profiles: tuple[int, ...], batch: int, rounds: int, past: int) -> list[float]:
-    """Median ms of a chain step per profile over `batch` sequences after `past` tokens, levelled so that no profile
-    costs more than a larger one (a step may always run padded into a larger profile: noise that says otherwise is
-    levelled down)."""
+    """Median ms of a chain step per profile over `batch` sequences after `past` tokens, `level`led."""
+    times = step_samples(engine, profiles, batch=batch, rounds=rounds, past=past)
+    return level([float(np.median(times[p])) * 1000 for p in profiles])
+
+
+def step_samples(engine, profiles: tuple[int, ...], *, batch: int = 1, rounds: int = ROUNDS, past: int = PAST_TOKENS,
+                 warmup: int = 1) -> dict[int, list[float]]:
+    """Seconds of every timed chain step of each slot count in `profiles` over `batch` sequences after `past` tokens
+    (prefilled in chunks of max_input_len; the steps are not committed, so each follows the same past): `rounds`
+    rounds alternating descending and ascending slot counts, after `warmup` untimed ones that warm every binding up."""
     rng = np.random.default_rng(0)
     seqs = [engine.open() for _ in range(batch)]
     times: dict[int, list[float]] = {p: [] for p in profiles}
@@ -77,19 +84,25 @@ def _times(engine, profiles: tuple[int, ...], batch: int, rounds: int, past: int
         for seq in seqs:
             for start in range(0, past, chunk):
                 engine.prefill(seq, rng.integers(0, engine.vocab_size, min(chunk, past - start)))
-        for r in range(rounds + 1):
+        for r in range(warmup + rounds):
             for slots in profiles if r % 2 else profiles[::-1]:
                 tree = chain_tree(slots - 1)
                 items = [(seq, rng.integers(0, engine.vocab_size, slots), tree.position_offsets, tree.mask)
                          for seq in seqs]
                 start = time.perf_counter()
                 engine.verify_batch(items) if batch > 1 else engine.verify(*items[0])
-                if r:  # round 0 warms every binding up
+                if r >= warmup:
                     times[slots].append(time.perf_counter() - start)
     finally:
         for seq in seqs:
             engine.close(seq)
-    ms = [float(np.median(times[p])) * 1000 for p in profiles]
+    return times
+
+
+def level(ms: list[float]) -> list[float]:
+    """Step costs ordered by slot count, levelled so that none costs more than a larger one (a step may always run
+    padded into a larger profile: noise that says otherwise is levelled down)."""
+    ms = list(ms)
     for i in range(len(ms) - 2, -1, -1):
         ms[i] = min(ms[i], ms[i + 1])
     return ms
