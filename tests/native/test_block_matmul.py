@@ -87,6 +87,27 @@ def test_a_row_is_the_same_bits_in_any_call(bits):
         assert np.array_equal(session.run(["y"], {"x": x[20:]})[0], many[20:])
 
 
+@pytest.mark.parametrize("bits", [8, 4])
+def test_sessions_over_the_same_matrix_share_its_regrouped_copy_and_others_keep_their_own(bits):
+    """Kernels share the regrouped weights of a matrix with the same bytes (an engine's two graphs): sessions over the
+    same codes and scales agree bit for bit, and a matrix of the same shape with other codes, or other scales alone,
+    computes its own product, whichever session ran first."""
+    rng = np.random.default_rng(11)
+    n, k = 48, 96
+    q, x = operands(rng, 5, n, k, bits)
+    other, _ = operands(rng, 5, n, k, bits)
+    matrices = {"same": q, "twin": q, "codes": other}
+    sessions = {name: make_session(m.packed, m.scales, n=n, k=k, bits=bits) for name, m in matrices.items()}
+    sessions["scales"] = make_session(q.packed, q.scales * 2, n=n, k=k, bits=bits)
+    for name in ["same", "codes", "scales", "twin", "same"]:
+        y, ref = sessions[name].run(None, {"x": x})
+        assert np.abs(y - ref).max() <= 2e-3 * np.abs(ref).max(), name
+        if name == "twin":
+            assert np.array_equal(y, sessions["same"].run(["y"], {"x": x})[0])
+    y_scales = sessions["scales"].run(["y"], {"x": x})[0]
+    assert np.allclose(y_scales, 2 * sessions["same"].run(["y"], {"x": x})[0], rtol=1e-5, atol=0)
+
+
 def test_leading_dimensions_and_an_empty_call():
     rng = np.random.default_rng(3)
     q, x = operands(rng, 6, 64, 64, 8)

@@ -10,8 +10,8 @@
 // Output   0 y       float [..., N]
 //
 // Why: ONNX Runtime's many-row path is slow on CPUs with AVX-512 VNNI, and a verify step's or a prompt's rows are
-// many. The codes are regrouped once (on the first call, kept by the kernel) so that one vector load holds 4 bytes
-// of each of 16 columns; the bytes stay as stored (a 4-bit code stays a nibble), so a one-row call reads no more
+// many. The codes are regrouped once (on the first call, shared by every kernel that reads the same matrix) so
+// that one vector load holds 4 bytes of each of 16 columns; the bytes stay as stored (a 4-bit code stays a nibble), so a one-row call reads no more
 // than MatMulNBits does. vpdpbusd sums code · q; minus offset · sum(q) that is the block's exact sum of value · q.
 // Elsewhere a portable loop computes the same numbers, slowly. A row's numbers depend on nothing but the row: per
 // output column, acc = fma(float(sum_b), scale_w · scale_x, acc) over the blocks in order from zero, on every path
@@ -20,9 +20,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "op_support.h"
@@ -51,8 +53,6 @@ inline int64_t x_position(int64_t i, int bits) {
 // stored codes (8 words of 4 codes at 8 bits, 4 words of 8 nibbles at 4), the scales [group][block][16], columns
 // padded with zero codes and scales to whole groups
 struct Packed {
-  const void* codes = nullptr;  // the inputs it was built from
-  const void* scales = nullptr;
   int64_t n = 0, k = 0, blocks = 0, groups = 0;
   int bits = 8;
   std::vector<uint8_t> words;
@@ -227,18 +227,67 @@ void run_unit(const Problem& p, size_t group) { p.w->bits == 8 ? run_rows<8>(p, 
 struct Kernel {
   std::mutex lock;  // guards `packed` while it is (re)built
   std::shared_ptr<const Packed> packed;
+  const void* codes = nullptr;  // the inputs `packed` was found for
+  const void* scales = nullptr;
 };
+
+// Kernels share one regrouped copy of the same matrix: an engine's context and generation graphs read the same
+// blocks, each session from its own copy of the initializers. A matrix is known by its shape and two independent
+// 64-bit hashes of its codes and scales (computed once per kernel, at its first call).
+struct Identity {
+  int64_t n, blocks;
+  int bits;
+  uint64_t first, second;
+  bool operator<(const Identity& o) const {
+    return std::tie(n, blocks, bits, first, second) < std::tie(o.n, o.blocks, o.bits, o.first, o.second);
+  }
+};
+
+void hash_bytes(const void* data, size_t size, uint64_t& first, uint64_t& second) {
+  const uint8_t* bytes = static_cast<const uint8_t*>(data);
+  size_t i = 0;
+  const auto mix = [&](uint64_t word) {
+    first = (first ^ word) * 0x9e3779b97f4a7c15ull, first ^= first >> 29;
+    second = (second + word) * 0xc2b2ae3d27d4eb4full, second ^= second >> 31;
+  };
+  for (; i + 8 <= size; i += 8) {
+    uint64_t word;
+    std::memcpy(&word, bytes + i, 8);
+    mix(word);
+  }
+  uint64_t rest = size;  // the length, then the last bytes
+  std::memcpy(&rest, bytes + i, size - i);
+  mix(rest ^ (uint64_t(size) << 56));
+}
+
+std::mutex g_shared_lock;
+std::map<Identity, std::weak_ptr<const Packed>> g_shared;  // guarded by g_shared_lock
 
 std::shared_ptr<const Packed> packed_weights(Kernel& kernel, const TensorView& codes, const TensorView& scales,
                                              int64_t n, int64_t blocks, int bits) {
   std::lock_guard<std::mutex> guard(kernel.lock);
-  if (!kernel.packed || kernel.packed->codes != codes.data || kernel.packed->scales != scales.data ||
-      kernel.packed->n != n || kernel.packed->blocks != blocks) {
+  if (kernel.packed && kernel.codes == codes.data && kernel.scales == scales.data && kernel.packed->n == n &&
+      kernel.packed->blocks == blocks && kernel.packed->bits == bits)
+    return kernel.packed;
+  Identity id{n, blocks, bits, 0x243f6a8885a308d3ull, 0x13198a2e03707344ull};
+  hash_bytes(codes.data, size_t(n * blocks * kBlock * bits / 8), id.first, id.second);
+  hash_bytes(scales.data, size_t(n * blocks) * sizeof(float), id.first, id.second);
+  std::shared_ptr<const Packed> shared;
+  {
+    std::lock_guard<std::mutex> registry(g_shared_lock);
+    auto found = g_shared.find(id);
+    if (found != g_shared.end()) shared = found->second.lock();
+  }
+  if (!shared) {
     auto p = std::make_shared<Packed>();
     pack(*p, static_cast<const uint8_t*>(codes.data), static_cast<const float*>(scales.data), n, blocks, bits);
-    p->codes = codes.data, p->scales = scales.data;
-    kernel.packed = std::move(p);
+    shared = std::move(p);
+    std::lock_guard<std::mutex> registry(g_shared_lock);
+    for (auto it = g_shared.begin(); it != g_shared.end();)  // forget matrices no kernel holds any more
+      it = it->second.expired() ? g_shared.erase(it) : std::next(it);
+    g_shared[id] = shared;
   }
+  kernel.packed = std::move(shared), kernel.codes = codes.data, kernel.scales = scales.data;
   return kernel.packed;
 }
 
