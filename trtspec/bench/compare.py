@@ -107,15 +107,16 @@ def read_engine(engine: Path) -> dict:
             "runnable": m.runnable_methods()}
 
 
-def format_label(weights: dict) -> str:
-    """`int4 b32`, `fp32`, `int4 b32, lm_head int8`: the linear layers' format, then lm_head where it differs."""
+def format_label(weights: dict, parts: tuple[str, ...] = ("lm_head",)) -> str:
+    """`int4 b32`, `fp32`, `int4 b32, lm_head int8`: the linear layers' format (of `EngineWeights.to_dict`), then
+    each of `parts` where it differs."""
     def short(fmt: dict | None) -> str:
         if not fmt or fmt.get("dtype", "fp32") == "fp32":
             return "fp32"
         return f"{fmt['dtype']} b{fmt.get('block_size')}" + (" min" if fmt.get("scheme") == "min" else "")
 
-    linear, head = short(weights.get("linear")), short(weights.get("lm_head"))
-    return linear if head == linear else f"{linear}, lm_head {head}"
+    formats = {part: short(weights.get(part)) for part in ("linear", *parts)}
+    return ", ".join([formats["linear"], *(f"{p} {f}" for p, f in formats.items() if f != formats["linear"])])
 
 
 def check_engines(engines: list[dict]) -> None:
@@ -150,13 +151,12 @@ def prompt_ids(engines: list[dict], sets: tuple[str, ...], limit: int, max_token
     [{"set", "id", "ids"}]. A two-turn set's second turn follows the first engine's plain, greedy first answer (in a
     child process, `second_turns`): one answer for all, so that every system decodes the same ids."""
     from trtspec.bench.peers import run_child
-    from trtspec.bench.workload import load_bench_prompts
+    from trtspec.bench.workload import fits, load_bench_prompts
     from trtspec.data.prompts import PROMPT_SETS
     from trtspec.runtime.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(Path(engines[0]["path"]) / engines[0]["tokenizer"])
-    max_input = min(e["max_input_len"] for e in engines)
-    max_seq = min(e["max_seq_len"] for e in engines)
+    limits = (min(e["max_input_len"] for e in engines), min(e["max_seq_len"] for e in engines))
     out = []
     for name in sets:
         source = PROMPT_SETS.get(name)
@@ -169,11 +169,8 @@ def prompt_ids(engines: list[dict], sets: tuple[str, ...], limit: int, max_token
             chosen = [(p.id, list(p.messages), p.ids) for p in load_bench_prompts(name, limit=limit, show=show)]
         for prompt_id, messages, given in chosen:
             ids = list(given) if given else tokenizer.encode_chat(messages)
-            if len(ids) > max_input or len(ids) + max_tokens > max_seq:
-                show(f"  {name} {prompt_id}: {len(ids)} prompt tokens + {max_tokens} do not fit every engine "
-                     f"(max_input_len {max_input}, max_seq_len {max_seq}); skipped")
-                continue
-            out.append({"set": name, "id": prompt_id, "ids": [int(t) for t in ids]})
+            if fits(f"{name} {prompt_id}", len(ids), max_tokens, limits, show, "every engine"):
+                out.append({"set": name, "id": prompt_id, "ids": [int(t) for t in ids]})
     if not out:
         raise ConfigError(f"--sets {','.join(sets)}: no prompt fits the engines")
     return out

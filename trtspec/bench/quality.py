@@ -27,6 +27,7 @@ SHAREGPT_START = 15_000
 SHAREGPT_MAX_PROMPT_CHARS = 1500
 SHAREGPT_MIN_REPLY_CHARS = 400
 MIN_ASCII = 0.95
+WEIGHT_PARTS = ("lm_head", "embedding")  # named in an engine's format where they differ from its linear layers
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,7 @@ class EngineQuality:
 
     engine: str
     weights: dict[str, str]
+    format: str = ""  # the table's `int4 b32` column: `compare.format_label` of the weights, lm_head and embedding too
     corpora: dict[str, CorpusScore] = field(default_factory=dict)
     first_divergence: list[int] = field(default_factory=list)  # free-running greedy, per context
     greedy_lengths: list[int] = field(default_factory=list)  # the reference's output length per context
@@ -234,6 +236,7 @@ def measure_quality(engines: list[Path], reference: Path, options: QualityOption
                     show: Callable[[str], None] = lambda line: None, progress: bool = True) -> QualityReport:
     """Score the reference and every engine on the same samples, one sample at a time across all of them (so the
     reference's logits of one text are all that is kept)."""
+    from trtspec.bench.compare import format_label
     from trtspec.progress import progress_bar
     from trtspec.runtime.ort_engine import OrtEngine
     from trtspec.runtime.tokenizer import Tokenizer
@@ -249,8 +252,9 @@ def measure_quality(engines: list[Path], reference: Path, options: QualityOption
         if engine.vocab_size != ref_engine.vocab_size:
             raise ConfigError(f"{path}: vocabulary of {engine.vocab_size} tokens; the reference {reference} has "
                               f"{ref_engine.vocab_size}: compare engines of the same model")
-    rows = [EngineQuality(str(p), e.manifest.weights.summary()) for p, e in zip([reference, *engines],
-                                                                                  [ref_engine, *opened])]
+    rows = [EngineQuality(str(p), e.manifest.weights.summary(),
+                          format_label(e.manifest.weights.to_dict(), WEIGHT_PARTS))
+            for p, e in zip([reference, *engines], [ref_engine, *opened])]
     samples = {corpus: load_samples(tokenizer, corpus, options) for corpus in options.corpora}
     slices = {corpus: slice_description(corpus, found, options) for corpus, found in samples.items()}
     for line in slices.values():
@@ -293,7 +297,7 @@ def format_report(report: QualityReport) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in [report.reference, *report.engines]:
         is_ref = row is report.reference
-        cells = [Path(row.engine).name, _weights_text(row.weights)]
+        cells = [Path(row.engine).name, row.format]
         for c in corpora:
             ppl = row.corpora[c].perplexity
             cells.append(f"{ppl:.3f}" if is_ref else f"{ppl:.3f} ({100 * (report.perplexity_ratio(row, c) - 1):+.1f}%)")
@@ -308,11 +312,3 @@ def format_report(report: QualityReport) -> list[str]:
                      f"median {int(np.median(row.first_divergence))} of {int(np.median(row.greedy_lengths))}")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
-
-
-def _weights_text(weights: dict[str, str]) -> str:
-    """`int4 b32` style: the linear layers' format, then lm_head / embedding where they differ."""
-    short = lambda text: text.replace(" (block ", " b").replace(", with block minima", " min").split(",")[0]  # noqa: E731
-    linear = short(weights.get("linear", "fp32"))
-    extra = [f"{k} {short(v)}" for k, v in weights.items() if k in ("lm_head", "embedding") and short(v) != linear]
-    return ", ".join([linear, *extra])

@@ -72,12 +72,14 @@ def load_bench_prompts(name: str, *, limit: int | None, split: str | None = "mea
     source = PROMPT_SETS.get(name)
     use_split = split if source is not None and source.measure_size else None
     prompts = load_prompts(name, limit=limit, split=use_split, spread=use_split is None and spreads(name))
+    limits = None if generator is None else (generator.manifest.profile.max_input_len,
+                                             generator.manifest.profile.max_seq_len)
     out = []
     for p in prompts:
         messages = tuple(p.messages)
         if p.input_ids:  # a JSONL line's token ids, sent as they are
             ids = list(p.input_ids)
-            if generator is not None and not _fits(p.id, len(ids), generator, max_tokens, show):
+            if generator is not None and not fits(p.id, len(ids), max_tokens, limits, show):
                 continue
             out.append(BenchPrompt(p.id, p.category, messages, tuple(ids)))
             continue
@@ -91,17 +93,18 @@ def load_bench_prompts(name: str, *, limit: int | None, split: str | None = "mea
             out.append(BenchPrompt(p.id, p.category, messages))
             continue
         ids = generator.encode(list(messages))
-        if _fits(p.id, len(ids), generator, max_tokens, show):
+        if fits(p.id, len(ids), max_tokens, limits, show):
             out.append(BenchPrompt(p.id, p.category, messages, tuple(ids)))
     return out
 
 
-def _fits(prompt_id: str, tokens: int, generator, max_tokens: int, show) -> bool:
-    """Whether a prompt of `tokens` tokens and its reply fit the engine (else one line says it is skipped)."""
-    profile = generator.manifest.profile
-    if tokens > profile.max_input_len or tokens + max_tokens > profile.max_seq_len:
-        show(f"  {prompt_id}: {tokens} prompt tokens + {max_tokens} do not fit the engine "
-             f"(max_input_len {profile.max_input_len}, max_seq_len {profile.max_seq_len}); skipped")
+def fits(prompt_id: str, tokens: int, max_tokens: int, limits: tuple[int, int], show,
+         engines: str = "the engine") -> bool:
+    """Whether a prompt of `tokens` tokens and its reply fit `limits`, the engines' (max_input_len, max_seq_len)
+    (else one line says it is skipped)."""
+    if tokens > limits[0] or tokens + max_tokens > limits[1]:
+        show(f"  {prompt_id}: {tokens} prompt tokens + {max_tokens} do not fit {engines} "
+             f"(max_input_len {limits[0]}, max_seq_len {limits[1]}); skipped")
         return False
     return True
 
