@@ -191,7 +191,7 @@ def test_the_build_matches_the_reference_and_records_the_scheme(engines):
     result = CliRunner().invoke(cli, ["inspect", str(engines["medusa"])])
     assert result.exit_code == 0, result.output
     assert "linear: int4 (block 32, with block minima, accuracy level 4)" in result.output
-    assert "TreeAttention, AddBlockOffsets (trtspec/native" in result.output
+    assert "TreeAttention, PromptAttention, AddBlockOffsets (trtspec/native" in result.output
     symmetric = WeightFormat(dtype="int4", block_size=32, accuracy_level=4)
     written = EngineWeights(linear=symmetric).to_dict()
     assert written["linear"]["scheme"] == "symmetric" and EngineWeights.from_dict(written, "w").linear == symmetric
@@ -207,7 +207,8 @@ def test_block_minima_need_the_compiled_ops_with_either_attention(engines, ckpts
     anything, naming the setup script, and the engine fails to load in the same one line."""
     from trtspec.errors import NativeLibraryError
 
-    assert read_manifest(engines["none"]).native_ops == (native.TREE_ATTENTION, native.ADD_BLOCK_OFFSETS)
+    assert read_manifest(engines["none"]).native_ops == (native.TREE_ATTENTION, native.PROMPT_ATTENTION,
+                                                         native.ADD_BLOCK_OFFSETS)
     gqa = build(BuildOptions(source=ckpts["none"], out=tmp_path / "gqa", max_input_len=64, max_seq_len=160,
                              max_draft_len=4, weights="int4", int4_scheme="min", attention="gqa"))
     assert gqa.native_ops == (native.ADD_BLOCK_OFFSETS,)
@@ -350,11 +351,11 @@ def test_smollm2_min_scheme_holds_its_q4_1_layers_and_speculates_losslessly(tmp_
 
 def test_bench_labels_name_the_scheme(engines):
     from trtspec.bench.compare import format_label
-    from trtspec.bench.quality import _weights_text
+    from trtspec.bench.quality import WEIGHT_PARTS
 
     m = read_manifest(engines["none"])
     assert format_label(m.to_dict()["weights"]) == "int4 b32 min"
-    assert _weights_text(m.weights.summary()) == "int4 b32 min"
+    assert format_label(m.to_dict()["weights"], WEIGHT_PARTS) == "int4 b32 min"  # bench quality's label
     assert format_label(EngineWeights(linear=MIN, lm_head=WeightFormat(dtype="int8", block_size=32,
                                                                        accuracy_level=4)).to_dict()) \
         == "int4 b32 min, lm_head int8 b32"

@@ -284,9 +284,10 @@ class Manifest:
     # the graph (onnx_ops.prelude; OrtEngine then feeds plain steps 1 slot where this CPU's kernels allow); 1 for
     # TreeAttention, which needs no padding
     attention_rows: int = 1
-    # onnx backend: the target generation graph's attention kernel (onnx_ops.ATTENTION_KERNELS): "gqa" (ONNX
-    # Runtime's GroupQueryAttention) or "tree" (trtspec's TreeAttention, trtspec/native: a slot computes exactly as a
-    # plain step at any place of any tree, so quantized engines verify trees too)
+    # onnx backend: the target's attention kernels (onnx_ops.ATTENTION_KERNELS): "gqa" (ONNX Runtime's
+    # GroupQueryAttention) or "tree" (trtspec/native: TreeAttention in the generation graph, where a slot computes
+    # exactly as a plain step at any place of any tree, so quantized engines verify trees too; PromptAttention in the
+    # context graph)
     attention: str = "gqa"
     # onnx backend: the kernel of the target's quantized products (decoder layers and lm_head, prompt and decode
     # steps): "matmulnbits" (ONNX Runtime's MatMulNBits) or "block" (trtspec's BlockMatMul, trtspec/native: the same
@@ -303,11 +304,11 @@ class Manifest:
     @property
     def native_ops(self) -> tuple[str, ...]:
         """trtspec's own ONNX Runtime ops (trtspec/native) the engine's graphs run, which its sessions must load:
-        TreeAttention (attention "tree"), AddBlockOffsets (int4 weights with block minima) and BlockMatMul (matmul
+        TreeAttention and PromptAttention (attention "tree"), AddBlockOffsets (int4 weights with block minima) and BlockMatMul (matmul
         kernel "block")."""
         from trtspec import native  # no onnx, no numpy: the serving path's import
 
-        ops = (native.TREE_ATTENTION,) if self.attention == "tree" else ()
+        ops = (native.TREE_ATTENTION, native.PROMPT_ATTENTION) if self.attention == "tree" else ()
         if self.weights.has_block_minima:
             ops += (native.ADD_BLOCK_OFFSETS,)
         if self.matmul_kernel == MATMUL_BLOCK:

@@ -5,8 +5,8 @@ Graphs: `context` (T dynamic, causal; logits of the last position only, hidden s
 slot profiles) over one shared `weights.bin`; for EAGLE also
 `draft_context` / `draft_generation` over `draft_weights.bin`. Compute is float32 whatever the stored dtype;
 a quantized build (`WeightPlan`) stores the matrices as int8 / int4 blocks that MatMulNBits reads.
-Each layer's attention is one GroupQueryAttention node over a KV buffer [B, nkv, capacity, hd] that the runtime
-binds as both past and present, so the new rows are written into the cache in place (at each row's past length).
+Each layer's attention is one node (GroupQueryAttention, or trtspec's TreeAttention / PromptAttention) over a KV
+buffer [B, nkv, capacity, hd] that the runtime binds as both past and present, so the new rows are written into the cache in place (at each row's past length).
 Importing this module does not import torch.
 """
 
@@ -24,7 +24,7 @@ from onnx import TensorProto, helper
 
 from trtspec.checkpoint.model_shape import REDRAFTER_ARCHITECTURES, ModelShape, ReDrafterNet
 from trtspec.errors import BuildError
-from trtspec.model.onnx_ops import (ATTENTION_KERNELS, HEAD_DIM_MULTIPLE, Dims, Graph, Residual, WeightFile,
+from trtspec.model.onnx_ops import (ATTENTION_KERNELS, HEAD_DIM_MULTIPLE, PROMPT_KERNEL, Dims, Graph, Residual, WeightFile,
                                     decoder_layer, embed, linear, logits, prelude, tie_quantized)
 from trtspec.model.quantize import QuantSpec, min_step_slots, pack
 from trtspec.progress import progress_bar
@@ -534,8 +534,8 @@ def _build_graphs(c: ModelShape, layout: _Layout, wf: WeightFile, role_prefix: s
     graphs = {}
     for role, tree in (("context", False), ("generation", True)):
         extra = {"attention_rows": attention_rows} if attention_rows > 1 and tree else {}
-        if attention != "gqa" and tree:
-            extra["attention"] = attention
+        if attention == "tree":  # trtspec's kernels: TreeAttention in decode steps, PromptAttention in prompts
+            extra["attention"] = attention if tree else PROMPT_KERNEL
         if native_products:
             extra["native_products"] = True
         graphs[role_prefix + role] = _save(build(c, layout, wf, max_positions, tree=tree, **extra),

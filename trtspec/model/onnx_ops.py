@@ -24,8 +24,10 @@ IR_VERSION = 10
 # SkipSimplifiedLayerNormalization, GroupQueryAttention: ONNX Runtime contrib ops with CPU kernels
 MS_DOMAIN = "com.microsoft"
 # the attention kernels a generation graph runs: ONNX Runtime's GroupQueryAttention, or trtspec's TreeAttention,
-# whose query row computes the same whatever the rows around it (see attention())
+# whose query row computes the same whatever the rows around it (see attention()); a target built with "tree" runs
+# its context graph's attention in trtspec's PromptAttention (causal, the prompt's keys only)
 ATTENTION_KERNELS = ("gqa", "tree")
+PROMPT_KERNEL = "prompt"
 # ONNX Runtime's CPU GroupQueryAttention rejects other head sizes at run time (1.32: "head_size shall be a
 # multiple of 16")
 HEAD_DIM_MULTIPLE = 16
@@ -209,7 +211,9 @@ class Prelude:
     # as an int64 [1] to cut the attention's output back to; "" when attention runs over the T rows fed
     attention_pads: str = ""
     rows: str = ""
-    kernel: str = "gqa"  # "tree": TreeAttention, which reads past_lengths and the tree mask itself (no seqlens, bias)
+    # "tree": TreeAttention, which reads past_lengths and the tree mask itself (no seqlens, bias); "prompt":
+    # PromptAttention, causal from past_lengths
+    kernel: str = "gqa"
     tree_mask: str = ""  # [B, T, T] bool, what TreeAttention reads ("" otherwise)
 
 
@@ -226,14 +230,21 @@ def prelude(g: Graph, inv_freq: np.ndarray, positions: int, *, tree: bool, atten
     (see quantize.PLAIN_STEP_SLOTS) without paying for a second slot in every MatMul and norm.
 
     `kernel` "tree" (a generation graph): attention runs in TreeAttention, which needs only the RoPE tables, the
-    position ids, past_lengths and the tree mask (and no padding: its one-row path is its many-row path)."""
-    if kernel not in ATTENTION_KERNELS:
-        raise ValueError(f"attention kernel {kernel!r}: expected one of {', '.join(ATTENTION_KERNELS)}")
+    position ids, past_lengths and the tree mask (and no padding: its one-row path is its many-row path). `kernel`
+    "prompt" (a context graph): PromptAttention, which needs only the RoPE tables and past_lengths."""
+    if kernel not in ATTENTION_KERNELS + (PROMPT_KERNEL,):
+        raise ValueError(f"attention kernel {kernel!r}: expected one of {', '.join(ATTENTION_KERNELS)}, "
+                         f"{PROMPT_KERNEL}")
     if kernel == "tree":
         if not tree or attention_rows > 1:
             raise ValueError("TreeAttention runs a generation graph's attention, unpadded")
         cos, sin = _rope_tables(g, inv_freq, positions)
         return Prelude("", "", "", cos, sin, "position_ids", "", kernel="tree", tree_mask="tree_mask")
+    if kernel == PROMPT_KERNEL:
+        if tree:
+            raise ValueError("PromptAttention runs a context graph's attention")
+        cos, sin = _rope_tables(g, inv_freq, positions)
+        return Prelude("", "", "", cos, sin, "", "", kernel=PROMPT_KERNEL)
     t = g.op("Cast", g.op("Shape", "input_ids", start=1, end=2), to=TensorProto.INT32)  # [1]
     pads = rows = ""
     position_ids, tree_mask = "position_ids", "tree_mask"
@@ -335,6 +346,12 @@ def attention(g: Graph, d: Dims, pre: Prelude, x: str, prefix: str, layer: int) 
     any tree, where GroupQueryAttention's one-row path and its column-dependent partial sums differ in the last bits
     (see quantize.PLAIN_STEP_SLOTS)."""
     qkv = linear(g, x, f"{prefix}.qkv", f"{prefix}.qkv")  # [B, T, (nh + 2 nkv) hd], q pre-scaled by 1/sqrt(hd)
+    if pre.kernel == PROMPT_KERNEL:  # causal over each row's past and the prompt; the same cache binding
+        out, _, _ = g.op(native.PROMPT_ATTENTION, qkv, f"past_key_{layer}", f"past_value_{layer}", "past_lengths",
+                         pre.cos, pre.sin, domain=native.DOMAIN,
+                         outputs=(f"{prefix}.attn", f"present_key_{layer}", f"present_value_{layer}"),
+                         num_heads=d.num_heads, kv_num_heads=d.num_kv_heads)
+        return linear(g, out, f"{prefix}.o", f"{prefix}.o")
     if pre.kernel == "tree":  # the same inputs and cache binding; a query row's arithmetic is its own (trtspec/native)
         out, _, _ = g.op(native.TREE_ATTENTION, qkv, f"past_key_{layer}", f"past_value_{layer}", "past_lengths",
                          pre.position_ids, pre.tree_mask, pre.cos, pre.sin, domain=native.DOMAIN,

@@ -24,13 +24,14 @@ if TYPE_CHECKING:
 
 DOMAIN = "com.trtspec"
 TREE_ATTENTION = "TreeAttention"
+PROMPT_ATTENTION = "PromptAttention"
 ADD_BLOCK_OFFSETS = "AddBlockOffsets"
 BLOCK_MATMUL = "BlockMatMul"
 BLOCK_MATMUL_BLOCK_SIZE = 32  # the only block size BlockMatMul runs (kBlock in block_matmul.cc)
-OPS = (TREE_ATTENTION, ADD_BLOCK_OFFSETS, BLOCK_MATMUL)  # every op the library adds to the domain
+OPS = (TREE_ATTENTION, PROMPT_ATTENTION, ADD_BLOCK_OFFSETS, BLOCK_MATMUL)  # every op the library adds to the domain
 
 SOURCE_DIR = Path(__file__).resolve().parent
-SOURCES = ("ops.cc", "tree_attention.cc", "block_offsets.cc", "block_matmul.cc")
+SOURCES = ("ops.cc", "tree_attention.cc", "prompt_attention.cc", "block_offsets.cc", "block_matmul.cc")
 HEADERS = ("ort_abi.h", "op_support.h")
 BUILD_DIR = SOURCE_DIR / "_build"
 LIBRARY = BUILD_DIR / "libtrtspec_ops.so"

@@ -280,6 +280,38 @@ inline float lane_sum(Vec v) {
   return s[0];
 }
 
+// e^x for x <= 0, lane by lane: x = n ln2 + r (Cody-Waite), e^r by a degree-6 polynomial (Horner), times 2^n;
+// 0 below -87.3 (where e^x leaves the normal range). Within 2 ulp of e^x; exactly 1 at x = 0.
+inline Vec exp_nonpositive(Vec x) {
+  const Vec round_magic = splat(12582912.0f);  // 1.5 · 2^23: adding it rounds to an integer (round to nearest)
+  const Vec n = (x * splat(1.44269504088896341f) + round_magic) - round_magic;
+  Vec r = x - n * splat(0.693145751953125f);   // ln 2, high part (exact products with n)
+  r = r - n * splat(1.42860682030941723212e-6f);  // ln 2, low part
+  Vec poly = splat(1.0f / 720.0f);
+  poly = poly * r + splat(1.0f / 120.0f);
+  poly = poly * r + splat(1.0f / 24.0f);
+  poly = poly * r + splat(1.0f / 6.0f);
+  poly = poly * r + splat(0.5f);
+  poly = poly * r + splat(1.0f);
+  poly = poly * r + splat(1.0f);
+  const IVec bits = (__builtin_convertvector(n, IVec) + 127) << 23;
+  Vec scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  const Vec result = poly * scale;
+  return x < splat(-87.3f) ? splat(0.0f) : result;
+}
+
+// half-split rotary embedding of one head vector (h = hd / 2):
+// out[i] = x[i] cos - x[i + h] sin, out[i + h] = x[i + h] cos + x[i] sin
+inline void rope(const float* x, const float* cos, const float* sin, int hd, float* out) {
+  const int half = hd / 2;
+  for (int i = 0; i < half; ++i) {
+    const float x1 = x[i], x2 = x[i + half];
+    out[i] = x1 * cos[i] - x2 * sin[i];
+    out[i + half] = x2 * cos[i] + x1 * sin[i];
+  }
+}
+
 // ---- an op's registration record ------------------------------------------------------------------------------------
 // OrtCustomOp first, so that the pointer ONNX Runtime hands every callback is the record's own; the rest says what
 // the callbacks report. Every output is float32; every input is required and lives in CPU memory.
@@ -346,6 +378,7 @@ inline OpRecord make_record(const char* name, const ONNXTensorElementDataType* i
 
 // the ops of the library (defined in their own files)
 const OrtCustomOp* tree_attention_op();
+const OrtCustomOp* prompt_attention_op();
 const OrtCustomOp* add_block_offsets_op();
 const OrtCustomOp* block_matmul_op();
 
