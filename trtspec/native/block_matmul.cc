@@ -79,9 +79,10 @@ void pack(Packed& p, const uint8_t* codes, const float* scales, int64_t n, int64
 }
 
 // x's rows as signed int8 q = round-to-nearest-even(x · (1 / scale)), scale = max|x| / 127, each block's bytes at
-// x_position, and offset · sum(q) per block (offset 8 or 128: what the codes add to each value). The AVX-512 loop
+// x_position, and -offset · sum(q) per block (offset 8 or 128: what the codes add to each value), where the block's
+// sum of code · q starts so that it ends as the sum of value · q. The AVX-512 loop
 // computes the same numbers: max is exact, one rounding per product, the same rounding rule, integer sums.
-void quantize_rows(const float* x, int64_t rows, int64_t k, int bits, int8_t* q, float* scales, int32_t* zero) {
+void quantize_rows(const float* x, int64_t rows, int64_t k, int bits, int8_t* q, float* scales, int32_t* start) {
   const int64_t blocks = k / kBlock;
   const int32_t offset = bits == 8 ? 128 : 8;
   for (int64_t r = 0; r < rows; ++r)
@@ -101,7 +102,7 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, int bits, int8_t* q,
       const __m512 s = _mm512_set1_ps(inverse);
       const __m512i q_lo = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(lo, s), _MM_FROUND_TO_NEAREST_INT));
       const __m512i q_hi = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(hi, s), _MM_FROUND_TO_NEAREST_INT));
-      zero[r * blocks + b] = offset * _mm512_reduce_add_epi32(_mm512_add_epi32(q_lo, q_hi));
+      start[r * blocks + b] = -offset * _mm512_reduce_add_epi32(_mm512_add_epi32(q_lo, q_hi));
       __m256i bytes = _mm256_set_m128i(_mm512_cvtepi32_epi8(q_hi), _mm512_cvtepi32_epi8(q_lo));
       if (bits == 4) {  // within each 8 bytes: the even elements, then the odd ones
         const __m256i order = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15,
@@ -116,7 +117,7 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, int bits, int8_t* q,
         out[x_position(i, bits)] = int8_t(value);
         sum += value;
       }
-      zero[r * blocks + b] = offset * sum;
+      start[r * blocks + b] = -offset * sum;
 #endif
     }
 }
@@ -126,7 +127,7 @@ struct Problem {
   int64_t rows;
   const int8_t* q;      // [rows, k], blocks in x_position order
   const float* qs;      // [rows, blocks]
-  const int32_t* zero;  // [rows, blocks]
+  const int32_t* start;  // [rows, blocks]: -offset · sum(q), where each block's integer sum starts
   float* out;           // [rows, n]
   CallerMode mode;
 };
@@ -162,13 +163,12 @@ void tile(const Problem& p, int64_t r0, int64_t group) {
     const __m512 s = _mm512_loadu_ps(w.block_scales.data() + unit * kGroup);
     for (int r = 0; r < R; ++r) {
       const int8_t* a = p.q + (r0 + r) * w.k + b * kBlock;
-      __m512i sum = _mm512_setzero_si512();
+      __m512i sum = _mm512_set1_epi32(p.start[(r0 + r) * w.blocks + b]);
       for (int i = 0; i < 8; ++i) {
         int32_t quad;
         std::memcpy(&quad, a + 4 * i, 4);
         sum = _mm512_dpbusd_epi32(sum, codes[i], _mm512_set1_epi32(quad));
       }
-      sum = _mm512_sub_epi32(sum, _mm512_set1_epi32(p.zero[(r0 + r) * w.blocks + b]));
       const __m512 sx = _mm512_set1_ps(p.qs[(r0 + r) * w.blocks + b]);
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, sx), acc[r]);
     }
@@ -192,7 +192,7 @@ void tile(const Problem& p, int64_t r0, int64_t group) {
       const size_t unit = size_t(group * w.blocks + b);
       const uint8_t* words = w.words.data() + unit * size_t(kGroup * kBlock * Bits / 8);
       for (int64_t c = 0; c < kGroup; ++c) {
-        int32_t sum = -p.zero[(r0 + r) * w.blocks + b];
+        int32_t sum = p.start[(r0 + r) * w.blocks + b];
         for (int64_t i = 0; i < kBlock; ++i) {
           const int64_t byte = i * Bits / 8;  // the stored byte holding element i
           const uint8_t stored = words[(byte / 4) * kGroup * 4 + c * 4 + byte % 4];
@@ -322,12 +322,12 @@ void compute(Kernel& kernel, OrtKernelContext* context) {
   const std::shared_ptr<const Packed> w = packed_weights(kernel, codes, scales, n, blocks, bits);
   thread_local std::vector<int8_t> q;
   thread_local std::vector<float> qs;
-  thread_local std::vector<int32_t> zero;
+  thread_local std::vector<int32_t> start;
   q.resize(size_t(rows * k));
   qs.resize(size_t(rows * blocks));
-  zero.resize(size_t(rows * blocks));
-  quantize_rows(static_cast<const float*>(x.data), rows, k, bits, q.data(), qs.data(), zero.data());
-  Problem p{w.get(), rows, q.data(), qs.data(), zero.data(), out, CallerMode{}};
+  start.resize(size_t(rows * blocks));
+  quantize_rows(static_cast<const float*>(x.data), rows, k, bits, q.data(), qs.data(), start.data());
+  Problem p{w.get(), rows, q.data(), qs.data(), start.data(), out, CallerMode{}};
   const size_t units = size_t(w->groups);
   if (units == 1 || rows * n * k < kInlineBelow) {  // small: the calling thread, the same arithmetic
     for (size_t unit = 0; unit < units; ++unit) run_unit(p, unit);
