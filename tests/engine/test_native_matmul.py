@@ -187,3 +187,42 @@ def test_an_awq_checkpoint_in_groups_other_than_32_is_refused_in_one_line(ckpts,
                                           "layers keep groups of 64$"):
         build(BuildOptions(source=tmp_path / "awq", out=tmp_path / "e", max_draft_len=4, native_matmul=True))
     assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_smollm2_with_blockmatmul_speculates_losslessly_on_real_prompts(tmp_path, weights):
+    """SmolLM2-135M-Instruct with every product on BlockMatMul (about 2 min a format on 2 cores): a plain step of
+    one slot is bit-identical to the first slot of a 9-slot verify step, and ngram and suffix equal plain greedy
+    decoding on real code-edit and mt-bench prompts, alone and batched."""
+    from dataclasses import replace
+
+    from trtspec import ConvertOptions, convert
+    from trtspec.data.prompts import load_prompts
+    from trtspec.hub.fetch import fetch_model
+    from trtspec.runtime.generator import LocalGenerator
+
+    convert(ConvertOptions(base=fetch_model("smollm2-135m"), out=tmp_path / "ckpt"), show_progress=False)
+    m = build(BuildOptions(source=tmp_path / "ckpt", out=tmp_path / "e", max_input_len=768, max_seq_len=1024,
+                           max_draft_len=15, weights=weights, native_matmul=True))
+    assert m.matmul_kernel == "block" and max(m.numerics.values()) < NUMERICS_TOLERANCE
+    generator = LocalGenerator(tmp_path / "e", threads=2)
+    engine = generator.engine
+    assert engine._min_slots == 1
+    seq = engine.open()
+    engine.prefill(seq, np.arange(100, 140))
+    draft = np.array([9, 2, 6, 5, 3, 5, 8, 9, 7]) * 101
+    plain_step = engine.verify(seq, draft[:1], np.zeros(1, np.int64), np.ones((1, 1), bool))
+    verify_step = engine.verify(seq, draft, np.arange(9), np.tril(np.ones((9, 9), bool)))
+    assert np.array_equal(plain_step.logits[0], verify_step.logits[0])
+    engine.close(seq)
+    prompts = [p.text for s in ("code-edit", "mt-bench") for p in load_prompts(s, limit=5)]
+    config = GenerationConfig(max_tokens=96, end_id=generator.manifest.model.end_id)
+    plain = [r.output_ids for r in generator.generate_many(prompts, replace(config, no_spec=True))]
+    for method in ("ngram", "suffix"):
+        ids = [generator.encode(p) for p in prompts]
+        alone = [generate(engine, p, generator.proposer(replace(config, method=method)), config) for p in ids]
+        assert [r.output_ids for r in alone] == plain, method
+        assert sum(r.stats.accepted_tokens for r in alone) > 50, method
+        batched = generator.generate_many(prompts, replace(config, method=method))
+        assert [r.output_ids for r in batched] == plain, method
