@@ -312,6 +312,45 @@ inline void rope(const float* x, const float* cos, const float* sin, int hd, flo
   }
 }
 
+// ---- the attention ops' shared parts (TreeAttention, PromptAttention) ---------------------------------------------
+struct PresentCache {
+  float* key;
+  float* value;
+};
+
+// outputs 1 and 2, present_key / present_value [B, nkv, needed, hd], as GroupQueryAttention's: bound to the past's
+// own buffer (the runtime's IO binding, which sizes the cache for every step) the new rows are appended in place;
+// otherwise the present starts as a copy of the past, with room for the new rows
+inline PresentCache present_cache(OrtKernelContext* context, const TensorView& past_key, const TensorView& past_value,
+                                  int64_t needed) {
+  const int64_t batch = past_key.shape[0], kv_heads = past_key.shape[1], capacity = past_key.shape[2];
+  const int64_t hd = past_key.shape[3];
+  const std::vector<int64_t> shape{batch, kv_heads, needed, hd};
+  PresentCache present{output(context, 1, shape), output(context, 2, shape)};
+  if ((present.key == past_key.data || present.value == past_value.data) && needed != capacity)
+    throw OpError("the present cache shares the past's buffer, which has no room for the new rows");
+  const float* pasts[] = {static_cast<const float*>(past_key.data), static_cast<const float*>(past_value.data)};
+  float* presents[] = {present.key, present.value};
+  for (int i = 0; i < 2; ++i) {
+    if (presents[i] == pasts[i]) continue;
+    const size_t block = size_t(capacity) * hd, stride = size_t(needed) * hd;
+    for (size_t head = 0; head < size_t(batch) * kv_heads; ++head)
+      std::memcpy(presents[i] + head * stride, pasts[i] + head * block, block * sizeof(float));
+  }
+  return present;
+}
+
+// the num_heads and kv_num_heads attributes, num_heads a positive multiple of kv_num_heads
+inline void attention_heads(const OrtApi* api, const OrtKernelInfo* info, int& heads, int& kv_heads) {
+  int64_t h = 0, kv = 0;
+  check(api->KernelInfoGetAttribute_int64(info, "num_heads", &h));
+  check(api->KernelInfoGetAttribute_int64(info, "kv_num_heads", &kv));
+  if (h <= 0 || kv <= 0 || h % kv != 0)
+    throw OpError("num_heads " + std::to_string(h) + " must be a positive multiple of kv_num_heads " +
+                  std::to_string(kv));
+  heads = int(h), kv_heads = int(kv);
+}
+
 // ---- an op's registration record ------------------------------------------------------------------------------------
 // OrtCustomOp first, so that the pointer ONNX Runtime hands every callback is the record's own; the rest says what
 // the callbacks report. Every output is float32; every input is required and lives in CPU memory.

@@ -357,22 +357,8 @@ void compute(const Kernel& kernel, OrtKernelContext* context) {
   }
 
   float* out = output(context, 0, {batch, slots, kernel.heads * hd});
-  // present [B, nkv, max(capacity, past + T), hd], as GroupQueryAttention's: bound to the past's own buffer (the
-  // runtime's IO binding, which sizes the cache for every step) the new rows are appended in place; otherwise the
-  // present starts as a copy of the past, with room for the new rows
-  const std::vector<int64_t> present_shape{batch, kv_heads, needed, hd};
-  float* present_key = output(context, 1, present_shape);
-  float* present_value = output(context, 2, present_shape);
-  if ((present_key == past_key.data || present_value == past_value.data) && needed != capacity)
-    throw OpError("the present cache shares the past's buffer but the new slots do not fit its rows");
-  const float* pasts[] = {static_cast<const float*>(past_key.data), static_cast<const float*>(past_value.data)};
-  float* presents[] = {present_key, present_value};
-  for (int i = 0; i < 2; ++i) {
-    if (presents[i] == pasts[i]) continue;
-    const size_t block = size_t(capacity) * hd, stride = size_t(needed) * hd;
-    for (size_t head = 0; head < size_t(batch) * kv_heads; ++head)
-      std::memcpy(presents[i] + head * stride, pasts[i] + head * block, block * sizeof(float));
-  }
+  const PresentCache present = present_cache(context, past_key, past_value, needed);  // max(capacity, past + T) rows
+  float *present_key = present.key, *present_value = present.value;
   if (batch == 0 || slots == 0) return;
 
   Problem p{};
@@ -407,12 +393,8 @@ void compute(const Kernel& kernel, OrtKernelContext* context) {
 OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi* api, const OrtKernelInfo* info, void** kernel) noexcept {
   if (g_api == nullptr) g_api = api;
   return guarded(kOpName, [&] {
-    int64_t heads = 0, kv_heads = 0;
-    check(api->KernelInfoGetAttribute_int64(info, "num_heads", &heads));
-    check(api->KernelInfoGetAttribute_int64(info, "kv_num_heads", &kv_heads));
-    if (heads <= 0 || kv_heads <= 0 || heads % kv_heads != 0)
-      throw OpError("num_heads " + std::to_string(heads) + " must be a positive multiple of kv_num_heads " +
-                    std::to_string(kv_heads));
+    int heads = 0, kv_heads = 0;
+    attention_heads(api, info, heads, kv_heads);
     size_t inputs = 0;
     check(api->KernelInfo_GetInputCount(info, &inputs));
     if (inputs != kInputCount) throw OpError("expects 8 inputs, got " + std::to_string(inputs));
@@ -433,7 +415,7 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi* api, const OrtKernelI
       throw;
     }
     api->ReleaseTypeInfo(type);
-    *kernel = new Kernel{int(heads), int(kv_heads)};
+    *kernel = new Kernel{heads, kv_heads};
   });
 }
 
