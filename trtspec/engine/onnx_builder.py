@@ -25,8 +25,9 @@ from trtspec.checkpoint.quantization import AWQ_DEFAULT_GROUP, CheckpointQuantiz
 from trtspec.checkpoint.trtllm_reader import read_trtllm_checkpoint
 from trtspec.engine.build_options import EngineBuildOptions, read_checkpoint_config
 from trtspec.engine.resolve import MethodRequest, resolve_method, resolve_tree
-from trtspec.engine.manifest import (ONNX_GRAPH_FORMAT, MATMUL_BLOCK, MATMUL_NBITS, Backend, EngineWeights, Manifest, Method,
-                                     ModelInfo, Profile, WeightFormat, default_slot_profiles, parse_slot_profiles)
+from trtspec.engine.manifest import (MATMUL_BLOCK, MATMUL_NBITS, ONNX_GRAPH_FORMAT, Backend, EngineWeights, Manifest,
+                                     Method, ModelInfo, Profile, WeightFormat, default_slot_profiles,
+                                     parse_slot_profiles)
 from trtspec.errors import BuildError, ConfigError
 from trtspec.native import BLOCK_MATMUL_BLOCK_SIZE
 from trtspec.model.quantize import (ACCURACY_LEVEL, DEFAULT_BLOCK_SIZE, QuantScheme, QuantSpec, WeightDtype,

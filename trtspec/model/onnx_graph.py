@@ -6,7 +6,8 @@ slot profiles) over one shared `weights.bin`; for EAGLE also
 `draft_context` / `draft_generation` over `draft_weights.bin`. Compute is float32 whatever the stored dtype;
 a quantized build (`WeightPlan`) stores the matrices as int8 / int4 blocks that MatMulNBits reads.
 Each layer's attention is one node (GroupQueryAttention, or trtspec's TreeAttention / PromptAttention) over a KV
-buffer [B, nkv, capacity, hd] that the runtime binds as both past and present, so the new rows are written into the cache in place (at each row's past length).
+buffer [B, nkv, capacity, hd] that the runtime binds as both past and present, so the new rows are written into the
+cache in place (at each row's past length).
 Importing this module does not import torch.
 """
 
@@ -24,8 +25,8 @@ from onnx import TensorProto, helper
 
 from trtspec.checkpoint.model_shape import REDRAFTER_ARCHITECTURES, ModelShape, ReDrafterNet
 from trtspec.errors import BuildError
-from trtspec.model.onnx_ops import (ATTENTION_KERNELS, HEAD_DIM_MULTIPLE, PROMPT_KERNEL, Dims, Graph, Residual, WeightFile,
-                                    decoder_layer, embed, linear, logits, prelude, tie_quantized)
+from trtspec.model.onnx_ops import (ATTENTION_KERNELS, HEAD_DIM_MULTIPLE, PROMPT_KERNEL, Dims, Graph, Residual,
+                                    WeightFile, decoder_layer, embed, linear, logits, prelude, tie_quantized)
 from trtspec.model.quantize import QuantSpec, min_step_slots, pack
 from trtspec.progress import progress_bar
 

@@ -10,12 +10,13 @@
 // Output   0 y       float [..., N]
 //
 // Why: ONNX Runtime's many-row path is slow on CPUs with AVX-512 VNNI, and a verify step's or a prompt's rows are
-// many. The codes are regrouped once (on the first call, shared by every kernel that reads the same matrix) so
-// that one vector load holds 4 bytes of each of 16 columns; the bytes stay as stored (a 4-bit code stays a nibble), so a one-row call reads no more
-// than MatMulNBits does. vpdpbusd sums code · q; minus offset · sum(q) that is the block's exact sum of value · q.
-// Elsewhere a portable loop computes the same numbers, slowly. A row's numbers depend on nothing but the row: per
-// output column, acc = fma(float(sum_b), scale_w · scale_x, acc) over the blocks in order from zero, on every path
-// and in any tile. Built with -ffp-contract=off, as the library.
+// many. The codes are regrouped once (on the first call, shared by every kernel that reads the same matrix) so that
+// one vector load holds 4 bytes of each of 16 columns; the bytes stay as stored (a 4-bit code stays a nibble), so a
+// one-row call reads no more than MatMulNBits does. vpdpbusd adds code · q to a block's integer sum started at
+// -offset · sum(q), which leaves the exact sum of value · q. Elsewhere a portable loop computes the same numbers,
+// slowly. A row's numbers depend on nothing but the row: per output column, acc = fma(float(sum_b), scale_w ·
+// scale_x, acc) over the blocks in order from zero, on every path and in any tile. Built with -ffp-contract=off, as
+// the library.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

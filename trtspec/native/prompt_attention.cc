@@ -9,7 +9,7 @@
 //          4 cos_cache     float [P, hd / 2]
 //          5 sin_cache     float [P, hd / 2]
 // Outputs  0 attn          float [B, T, nh hd]
-//          1 present_key   float [B, nkv, S, hd]   past + the new rows at past_lengths[b] + t; S = max(capacity, past + T)
+//          1 present_key   float [B, nkv, S, hd]   past, new rows at past_lengths[b] + t; S = max(capacity, past + T)
 //          2 present_value float [B, nkv, S, hd]   (in place when bound to the past's buffer, then S = capacity)
 // Attributes num_heads, kv_num_heads; query head h reads kv head h / (nh / nkv).
 //
