@@ -13,10 +13,10 @@
 //          2 present_value float [B, nkv, S, hd]   (in place when bound to the past's buffer, then S = capacity)
 // Attributes num_heads, kv_num_heads; query head h reads kv head h / (nh / nkv).
 //
-// Why: a prompt's attention is a third of its time in GroupQueryAttention, which scores every (row, key) pair of the
-// square. Here token t meets keys 0 .. past + t only, in blocks of 16: the scores of 16 query rows (of the kv head's
-// query heads) against a block of keys come from fused multiply-adds over the transposed block, and each row keeps
-// a running maximum, sum and output (the online softmax), so nothing of size T x T is ever written. A prompt's
+// Why: GroupQueryAttention scores every (row, key) pair of a prompt's square, a large share of the prompt's time.
+// Here token t meets keys 0 .. past + t only. The keys are transposed once in blocks of 16; 8 query rows (the kv
+// head's query heads over 16 tokens make a unit) score a block with fused multiply-adds, and each row keeps a
+// running maximum, sum and output over spans of 64 keys (the online softmax), so nothing T x T is ever written. A prompt's
 // numbers are shared by plain decoding and every drafter (the prefill runs once), so they need not match any other
 // kernel bit for bit; they are fp32 attention, as GroupQueryAttention's.
 #include <algorithm>
