@@ -10,7 +10,8 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from tests.engine.test_fp32_prefill import FORMATS, MODEL, TREE, _prompts  # the same tiny model, formats and prompts
+# the same tiny model, formats, layer matrices and prompts as the --fp32-prefill tests
+from tests.engine.test_fp32_prefill import FORMATS, LAYER_MATRICES, MODEL, TREE, _prompts
 from trtspec.cli import cli
 from trtspec.engine.manifest import Manifest, read_manifest
 from trtspec.engine.onnx_builder import NUMERICS_TOLERANCE, BuildOptions, build
@@ -56,7 +57,7 @@ def test_the_target_graphs_run_blockmatmul_over_the_same_blocks(engines, weights
         nodes = _nodes(engine / graph)
         assert [n.input[1] for n in nodes if n.op_type == BLOCK_MATMUL] == [
             f"layers.{layer}.{m}.weight.q" for layer in range(MODEL.num_layers)
-            for m in ("qkv", "o", "gate_up", "down")] + ["lm_head.weight.q"]
+            for m in LAYER_MATRICES] + ["lm_head.weight.q"]
         assert not any(n.op_type == "MatMulNBits" for n in nodes)
         # otherwise the plain build's graph, node for node
         assert ([n.op_type for n in nodes if n.op_type != BLOCK_MATMUL]
@@ -87,16 +88,21 @@ def test_an_unknown_matmul_kernel_is_refused_in_one_line(engines):
         Manifest.from_dict(data)
 
 
+def _engine_cache_prompt(engine_dir, rows: int, *, seed: int, length: int):
+    """The engine, a scratch cache of `rows` rows and a random prompt of `length` token ids."""
+    engine = OrtEngine(engine_dir, threads=2)
+    m = engine.manifest.model
+    cache = _Cache.allocate(m.num_layers, rows, m.num_kv_heads, m.head_dim)
+    return engine, cache, np.random.default_rng(seed).integers(0, m.vocab_size, length)
+
+
 @pytest.mark.parametrize("weights,scheme", FORMATS)
 def test_the_prompt_computes_what_matmulnbits_computes(engines, weights, scheme):
     """The same prompt through both builds' context graphs: the same logits and cache rows up to the order of the
     float sums (and a rare activation rounding tie)."""
     outputs = []
     for native in (True, False):
-        engine = OrtEngine(engines[weights, scheme, "none", native], threads=2)
-        m = engine.manifest.model
-        cache = _Cache.allocate(m.num_layers, 48, m.num_kv_heads, m.head_dim)
-        prompt = np.random.default_rng(5).integers(0, m.vocab_size, 37)
+        engine, cache, prompt = _engine_cache_prompt(engines[weights, scheme, "none", native], 48, seed=5, length=37)
         out = engine._context.run(_feeds(prompt, 0), cache)
         outputs.append((out["logits"].copy(), cache.kv[:, :, 0, :, :37].copy()))
     (logits, kv), (logits_ref, kv_ref) = outputs
@@ -112,10 +118,7 @@ def test_a_decode_step_computes_what_matmulnbits_computes_and_one_slot_is_exact(
     calls of any size), so plain steps need no padding."""
     outputs = []
     for native in (True, False):
-        engine = OrtEngine(engines[weights, scheme, "none", native], threads=2)
-        m = engine.manifest.model
-        cache = _Cache.allocate(m.num_layers, 64, m.num_kv_heads, m.head_dim)
-        prompt = np.random.default_rng(6).integers(0, m.vocab_size, 29)
+        engine, cache, prompt = _engine_cache_prompt(engines[weights, scheme, "none", native], 64, seed=6, length=29)
         engine._context.run(_feeds(prompt[:23], 0), cache)
         tokens, n = prompt[23:], 6
         feeds = {"input_ids": tokens[None], "past_lengths": np.array([23], np.int32),
