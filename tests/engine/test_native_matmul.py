@@ -50,6 +50,21 @@ def _nodes(path) -> list[onnx.NodeProto]:
     return list(onnx.load(str(path), load_external_data=False).graph.node)
 
 
+def _without_swiglu(nodes: list[onnx.NodeProto], *, gated: bool) -> list[str]:
+    """The op types of a MatMulNBits graph's nodes but its products, and if `gated`, but each layer's
+    Split-Sigmoid-Mul-Mul after gate_up."""
+    ops, skip = [], 0
+    for node in nodes:
+        if gated and node.op_type == "Split" and node.name.endswith(".gate_up_split"):
+            skip = 4
+        if skip:
+            assert node.op_type == ("Split", "Sigmoid", "Mul", "Mul")[4 - skip]
+            skip -= 1
+        elif node.op_type != "MatMulNBits":
+            ops.append(node.op_type)
+    return ops
+
+
 @pytest.mark.parametrize("weights,scheme", FORMATS)
 def test_the_target_graphs_run_blockmatmul_over_the_same_blocks(engines, weights, scheme):
     engine, plain = engines[weights, scheme, "none", True], engines[weights, scheme, "none", False]
@@ -59,9 +74,14 @@ def test_the_target_graphs_run_blockmatmul_over_the_same_blocks(engines, weights
             f"layers.{layer}.{m}.weight.q" for layer in range(MODEL.num_layers)
             for m in LAYER_MATRICES] + ["lm_head.weight.q"]
         assert not any(n.op_type == "MatMulNBits" for n in nodes)
-        # otherwise the plain build's graph, node for node
+        # gate_up computes silu(gate) · up in its own tiles, where no min-scheme offsets follow the product
+        gated = [n.input[1] for n in nodes if n.op_type == BLOCK_MATMUL
+                 and any(a.name == "gated" and a.i == 1 for a in n.attribute)]
+        assert gated == ([] if scheme == "min" else [f"layers.{layer}.gate_up.weight.q"
+                                                     for layer in range(MODEL.num_layers)])
+        # otherwise the plain build's graph, node for node, less its SwiGLU nodes where gated
         assert ([n.op_type for n in nodes if n.op_type != BLOCK_MATMUL]
-                == [n.op_type for n in _nodes(plain / graph) if n.op_type != "MatMulNBits"])
+                == _without_swiglu(_nodes(plain / graph), gated=bool(gated)))
     assert (engine / "weights.bin").stat().st_size == (plain / "weights.bin").stat().st_size
     # the EAGLE draft is the drafter's own network: it keeps MatMulNBits
     draft = _nodes(engines[weights, scheme, "eagle", True] / "draft_generation.onnx")

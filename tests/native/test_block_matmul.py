@@ -17,13 +17,14 @@ from trtspec.native import BLOCK_MATMUL, DOMAIN
 
 
 def make_session(codes: np.ndarray | None, scales: np.ndarray | None, *, n: int, k: int, bits: int = 8,
-                 threads: int = 2, rank: int = 2) -> ort.InferenceSession:
-    """BlockMatMul (output y) beside MatMulNBits at accuracy level 4 (output ref) over the same initializers; codes
-    and scales graph inputs where None (then the session has only BlockMatMul)."""
+                 threads: int = 2, rank: int = 2, gated: int | None = None) -> ort.InferenceSession:
+    """BlockMatMul (output y; its `gated` attribute where given) beside MatMulNBits at accuracy level 4 (output ref)
+    over the same initializers; codes and scales graph inputs where None (then the session has only BlockMatMul)."""
     lead = ["B", "T"][: rank - 1]
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*lead, "K"])]
-    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*lead, "N"])]
-    nodes = [helper.make_node(BLOCK_MATMUL, ["x", "codes", "scales"], ["y"], domain=DOMAIN)]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*lead, "M"])]
+    attributes = {} if gated is None else {"gated": gated}
+    nodes = [helper.make_node(BLOCK_MATMUL, ["x", "codes", "scales"], ["y"], domain=DOMAIN, **attributes)]
     initializers = []
     if codes is None:
         inputs += [helper.make_tensor_value_info("codes", TensorProto.UINT8, ["N", "blocks", "blob"]),
@@ -106,6 +107,53 @@ def test_sessions_over_the_same_matrix_share_its_regrouped_copy_and_others_keep_
             assert np.array_equal(y, sessions["same"].run(["y"], {"x": x})[0])
     y_scales = sessions["scales"].run(["y"], {"x": x})[0]
     assert np.allclose(y_scales, 2 * sessions["same"].run(["y"], {"x": x})[0], rtol=1e-5, atol=0)
+
+
+def silu_times_up(product: np.ndarray) -> np.ndarray:
+    """silu(first half) · second half, in float64"""
+    gate, up = np.split(product.astype(np.float64), 2, axis=-1)
+    return gate / (1 + np.exp(-gate)) * up
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("n,k", [(3072, 576), (64, 96), (96, 64)])
+def test_gated_it_is_silu_of_the_gate_times_the_up_of_the_same_product(bits, n, k):
+    rng = np.random.default_rng(n + k + bits)
+    q, x = operands(rng, 19, n, k, bits)
+    product = make_session(q.packed, q.scales, n=n, k=k, bits=bits).run(["y"], {"x": x})[0]
+    assert np.array_equal(product, make_session(q.packed, q.scales, n=n, k=k, bits=bits, gated=0).run(
+        ["y"], {"x": x})[0])
+    y = make_session(q.packed, q.scales, n=n, k=k, bits=bits, gated=1).run(["y"], {"x": x})[0]
+    assert y.dtype == np.float32 and y.shape == (19, n // 2)
+    expected = silu_times_up(product)
+    # the sigmoid's exp within 2 ulp: a few float32 roundings of each element
+    assert np.all(np.abs(y - expected) <= 8 * np.finfo(np.float32).eps * np.abs(expected) + 1e-30)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_gated_a_row_is_the_same_bits_in_any_call(bits):
+    rng = np.random.default_rng(8)
+    n, k = 160, 192  # 5 groups of 16 columns a half: gate and up groups paired across an odd count
+    q, x = operands(rng, 21, n, k, bits)
+    x[4] *= 1e4  # silu's tails: e^-|g| below float's range, and far above
+    many = make_session(q.packed, q.scales, n=n, k=k, bits=bits, gated=1).run(["y"], {"x": x})[0]
+    assert np.isfinite(many).all()
+    for threads in (1, 2):
+        session = make_session(q.packed, q.scales, n=n, k=k, bits=bits, threads=threads, gated=1)
+        for rows in (1, 2, 3, 5, 9, 16, 17):
+            assert np.array_equal(session.run(["y"], {"x": x[:rows]})[0], many[:rows]), (threads, rows)
+
+
+@pytest.mark.parametrize("n,gated,message", [(48, 1, "gated = 1 needs N a multiple of 32"),
+                                             (64, 2, "attribute gated is 2, not 0 or 1")])
+def test_gated_inputs_it_cannot_run_are_one_error_naming_the_op(n, gated, message):
+    rng = np.random.default_rng(5)
+    q, x = operands(rng, 2, n, 64, 8)
+    with pytest.raises(Exception) as info:
+        make_session(None, None, n=n, k=64, gated=gated).run(None, {"x": x, "codes": q.packed,
+                                                                    "scales": q.scales.reshape(-1)})
+    text = str(info.value)
+    assert "BlockMatMul: " in text and message in text, text
 
 
 def test_leading_dimensions_and_an_empty_call():

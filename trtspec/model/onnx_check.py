@@ -34,26 +34,45 @@ def with_accuracy_level(graphs: dict[str, ExportedGraph], level: int, suffix: st
     """Copies of the graphs (beside them, over the same weights, named `<role><suffix>.onnx`) whose MatMulNBits nodes
     run at accuracy level `level`; level 1 computes in fp32 with the dequantized weights, exactly the reference's
     arithmetic, so a comparison checks everything the build wrote (packing, scales, layout) at the fp32 tolerance.
-    BlockMatMul nodes (MatMulNBits' level-4 numbers) become MatMulNBits nodes at that level over the same blocks."""
+    BlockMatMul nodes (MatMulNBits' level-4 numbers) become MatMulNBits nodes at that level over the same blocks, a
+    gated one followed by ONNX's Split, Sigmoid and Mul (silu(gate) · up)."""
     import dataclasses
+
+    from onnx import helper, numpy_helper
 
     twins = {}
     for role, graph in graphs.items():
         model = onnx.load(str(graph.path), load_external_data=False)
         dims = {init.name: tuple(init.dims) for init in model.graph.initializer}
+        nodes = []
         for node in model.graph.node:
+            nodes.append(node)
             if node.op_type == native.BLOCK_MATMUL and node.domain == native.DOMAIN:
                 n, blocks, blob = dims[node.input[1]]
                 size = native.BLOCK_MATMUL_BLOCK_SIZE
+                gated = any(attr.name == "gated" and attr.i == 1 for attr in node.attribute)
                 node.op_type, node.domain = "MatMulNBits", MS_DOMAIN
-                node.attribute.extend([onnx.helper.make_attribute(key, value) for key, value in (
+                del node.attribute[:]
+                node.attribute.extend([helper.make_attribute(key, value) for key, value in (
                     ("K", blocks * size), ("N", n), ("bits", blob * 8 // size), ("block_size", size),
                     ("accuracy_level", level))])
+                if gated:
+                    out = node.output[0]
+                    node.output[0] = f"{out}_product"
+                    model.graph.initializer.append(numpy_helper.from_array(np.array([n // 2] * 2, np.int64),
+                                                                           f"{out}_halves"))
+                    nodes += [helper.make_node("Split", [f"{out}_product", f"{out}_halves"],
+                                               [f"{out}_gate", f"{out}_up"], axis=-1),
+                              helper.make_node("Sigmoid", [f"{out}_gate"], [f"{out}_sigmoid"]),
+                              helper.make_node("Mul", [f"{out}_gate", f"{out}_sigmoid"], [f"{out}_silu"]),
+                              helper.make_node("Mul", [f"{out}_silu", f"{out}_up"], [out])]
                 continue
             if node.op_type == "MatMulNBits":
                 for attr in node.attribute:
                     if attr.name == "accuracy_level":
                         attr.i = level
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
         path = graph.path.with_name(f"{graph.path.stem}{suffix}.onnx")
         onnx.save_model(model, str(path))
         twins[role] = dataclasses.replace(graph, path=path)

@@ -299,12 +299,24 @@ def rms_norm(g: Graph, x: str, weight: str, eps: float, name: str) -> str:
     return g.op("RMSNormalization", x, g.w(weight), axis=-1, epsilon=eps, name=name)
 
 
-def matmul_nbits(g: Graph, x: str, weight: str, name: str | None = None) -> str:
-    """x [..., k] @ W.T for a quantized W [n, k]: one MatMulNBits (com.microsoft) over its blocks and scales."""
+def runs_block_matmul(g: Graph, weight: str) -> bool:
+    """Whether matmul_nbits puts the quantized `weight` on trtspec's BlockMatMul (a --native-matmul graph, blocks of
+    32 at accuracy level 4)."""
+    q = g.weights.quantized[weight]
+    return g.native_products and q.block_size == native.BLOCK_MATMUL_BLOCK_SIZE and q.accuracy_level == ACCURACY_LEVEL
+
+
+def matmul_nbits(g: Graph, x: str, weight: str, name: str | None = None, *, gated: bool = False) -> str:
+    """x [..., k] @ W.T for a quantized W [n, k]: one MatMulNBits (com.microsoft) over its blocks and scales. `gated`
+    (BlockMatMul only, see runs_block_matmul): silu(first n / 2 columns) · the rest, in the same node."""
     q = g.weights.quantized[weight]
     if f"{weight}.pre_scale" in g.weights:  # AWQ: the activation times the pre-quant scale first
         x = g.op("Mul", x, g.w(f"{weight}.pre_scale"), name=None if name is None else f"{name}_pre_scale")
-    if g.native_products and q.block_size == native.BLOCK_MATMUL_BLOCK_SIZE and q.accuracy_level == ACCURACY_LEVEL:
+    if gated:
+        assert runs_block_matmul(g, weight) and not q.offsets, weight
+        return g.op(native.BLOCK_MATMUL, x, g.w(f"{weight}.q"), g.w(f"{weight}.scales"), domain=native.DOMAIN,
+                    name=name, gated=1)
+    if runs_block_matmul(g, weight):
         # MatMulNBits' numbers at accuracy level 4 in trtspec's kernel (trtspec/native/block_matmul.cc)
         y = g.op(native.BLOCK_MATMUL, x, g.w(f"{weight}.q"), g.w(f"{weight}.scales"), domain=native.DOMAIN,
                  name=None if q.offsets else name)
@@ -371,7 +383,14 @@ def attention(g: Graph, d: Dims, pre: Prelude, x: str, prefix: str, layer: int) 
 
 
 def mlp(g: Graph, x: str, prefix: str, intermediate: int) -> str:
-    """SwiGLU with gate and up in one MatMul: down(silu(gate) * up); TRT `fc` = gate, TRT `gate` = up."""
+    """SwiGLU with gate and up in one MatMul: down(silu(gate) * up); TRT `fc` = gate, TRT `gate` = up. On BlockMatMul
+    the silu and the product happen in the matmul's own tiles (gated), so the gate_up product is never stored."""
+    weight = f"{prefix}.gate_up.weight"
+    if (weight in g.weights.quantized and runs_block_matmul(g, weight) and not g.weights.quantized[weight].offsets
+            and f"{prefix}.gate_up.bias" not in g.weights and intermediate % 16 == 0
+            and not (g.fp32_copies and f"{weight}.fp32" in g.weights)):
+        act = matmul_nbits(g, x, weight, f"{prefix}.gate_up", gated=True)
+        return linear(g, act, f"{prefix}.down", f"{prefix}.down")
     gate, up = g.op("Split", linear(g, x, f"{prefix}.gate_up", f"{prefix}.gate_up"),
                     g.const([intermediate, intermediate]), axis=-1, outputs=2, name=f"{prefix}.gate_up_split")
     act = g.op("Mul", gate, g.op("Sigmoid", gate))

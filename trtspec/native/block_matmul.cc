@@ -7,7 +7,9 @@
 //          1 codes   uint8 [N, blocks, 16 | 32]    MatMulNBits' B: code = value + 8 (4-bit, two a byte, low nibble
 //                                                  first) or value + 128 (8-bit)
 //          2 scales  float [N · blocks]            MatMulNBits' scales
-// Output   0 y       float [..., N]
+// Output   0 y       float [..., N], or [..., N / 2] with gated = 1
+// Attribute gated    int, default 0. 1: y = silu(g) · u for g = the product's first N / 2 columns and u = the rest
+//                    (SwiGLU's gate and up in one matrix; N / 2 a multiple of 16), so the product is never stored
 //
 // Why: ONNX Runtime's many-row path is slow on CPUs with AVX-512 VNNI, and a verify step's or a prompt's rows are
 // many. The codes are regrouped once (on the first call, shared by every kernel that reads the same matrix) so that
@@ -15,8 +17,8 @@
 // one-row call reads no more than MatMulNBits does. vpdpbusd adds code · q to a block's integer sum started at
 // -offset · sum(q), which leaves the exact sum of value · q. Elsewhere a portable loop computes the same numbers,
 // slowly. A row's numbers depend on nothing but the row: per output column, acc = fma(float(sum_b), scale_w ·
-// scale_x, acc) over the blocks in order from zero, on every path and in any tile. Built with -ffp-contract=off, as
-// the library.
+// scale_x, acc) over the blocks in order from zero, on every path and in any tile; gated, silu(g) = g · sigmoid(g),
+// elementwise (sigmoid_of in op_support.h). Built with -ffp-contract=off, as the library.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -125,6 +127,7 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, int bits, int8_t* q,
 
 struct Problem {
   const Packed* w;
+  bool gated;           // y = silu(first half) · second half
   int64_t rows;
   const int8_t* q;      // [rows, k], blocks in x_position order
   const float* qs;      // [rows, blocks]
@@ -135,13 +138,13 @@ struct Problem {
 
 // columns [16 · group, + 16) of row r, through a 16-float staging row (the last group may be partial)
 inline void store_group(const Problem& p, int64_t r, int64_t group, const float* lanes) {
-  const int64_t c0 = group * kGroup, width = std::min<int64_t>(kGroup, p.w->n - c0);
-  std::memcpy(p.out + r * p.w->n + c0, lanes, sizeof(float) * size_t(width));
+  const int64_t n = p.gated ? p.w->n / 2 : p.w->n, c0 = group * kGroup, width = std::min<int64_t>(kGroup, n - c0);
+  std::memcpy(p.out + r * n + c0, lanes, sizeof(float) * size_t(width));
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
 template <int R, int Bits>
-void tile(const Problem& p, int64_t r0, int64_t group) {
+void tile(const Problem& p, int64_t r0, int64_t group, float (*lanes)[kGroup]) {
   const Packed& w = *p.w;
   constexpr int kWords = Bits == 8 ? 8 : 4;
   const __m512i nibble = _mm512_set1_epi8(0x0f);
@@ -174,19 +177,16 @@ void tile(const Problem& p, int64_t r0, int64_t group) {
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, sx), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) {
-    float lanes[kGroup];
-    _mm512_storeu_ps(lanes, acc[r]);
-    store_group(p, r0 + r, group, lanes);
-  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(lanes[r], acc[r]);
 }
 #else
 // the same numbers, one row at a time: integer sums exact, then fma(float(sum), scale_w · scale_x, acc)
 template <int R, int Bits>
-void tile(const Problem& p, int64_t r0, int64_t group) {
+void tile(const Problem& p, int64_t r0, int64_t group, float (*lanes)[kGroup]) {
   const Packed& w = *p.w;
   for (int r = 0; r < R; ++r) {
-    float acc[kGroup] = {};
+    float* acc = lanes[r];
+    std::fill(acc, acc + kGroup, 0.0f);
     for (int64_t b = 0; b < w.blocks; ++b) {
       const int8_t* a = p.q + (r0 + r) * w.k + b * kBlock;
       const float sx = p.qs[(r0 + r) * w.blocks + b];
@@ -203,15 +203,30 @@ void tile(const Problem& p, int64_t r0, int64_t group) {
         acc[c] = std::fma(float(sum), w.block_scales[unit * kGroup + size_t(c)] * sx, acc[c]);
       }
     }
-    store_group(p, r0 + r, group, acc);
   }
 }
 #endif
 
+// rows r0 .. r0 + R of output group `group`: the product's columns, or gated, silu of the gate's times the up's
+template <int R, int Bits>
+void output_tile(const Problem& p, int64_t r0, int64_t group) {
+  float lanes[R][kGroup];
+  tile<R, Bits>(p, r0, group, lanes);
+  if (p.gated) {
+    float up[R][kGroup];
+    tile<R, Bits>(p, r0, group + p.w->groups / 2, up);
+    for (int r = 0; r < R; ++r) {
+      const Vec g = load(lanes[r]);
+      store(lanes[r], (g * sigmoid_of(g)) * load(up[r]));
+    }
+  }
+  for (int r = 0; r < R; ++r) store_group(p, r0 + r, group, lanes[r]);
+}
+
 template <int Bits, int R = 1>
 void rest(const Problem& p, int64_t r0, int64_t group, int64_t rows) {  // one tile of `rows` < kTileRows rows
   if constexpr (R < kTileRows) {
-    if (rows == R) return tile<R, Bits>(p, r0, group);
+    if (rows == R) return output_tile<R, Bits>(p, r0, group);
     rest<Bits, R + 1>(p, r0, group, rows);
   }
 }
@@ -219,13 +234,15 @@ void rest(const Problem& p, int64_t r0, int64_t group, int64_t rows) {  // one t
 template <int Bits>
 void run_rows(const Problem& p, size_t group) {
   int64_t r = 0;
-  for (; r + kTileRows <= p.rows; r += kTileRows) tile<kTileRows, Bits>(p, r, int64_t(group));
+  for (; r + kTileRows <= p.rows; r += kTileRows) output_tile<kTileRows, Bits>(p, r, int64_t(group));
   if (r < p.rows) rest<Bits>(p, r, int64_t(group), p.rows - r);
 }
 
+// one output group of every row (gated: the gate's group and the up's)
 void run_unit(const Problem& p, size_t group) { p.w->bits == 8 ? run_rows<8>(p, group) : run_rows<4>(p, group); }
 
 struct Kernel {
+  bool gated = false;  // the gated attribute
   std::mutex lock;  // guards `packed` while it is (re)built
   std::shared_ptr<const Packed> packed;
   const void* codes = nullptr;  // the inputs `packed` was found for
@@ -312,8 +329,11 @@ void compute(Kernel& kernel, OrtKernelContext* context) {
   if (scale_count != n * blocks)
     throw OpError("input scales has " + std::to_string(scale_count) + " values, expected " +
                   std::to_string(n * blocks) + " (N x blocks)");
+  if (kernel.gated && n % (2 * kGroup) != 0)
+    throw OpError("gated = 1 needs N a multiple of 32 (gate and up of 16-column groups), codes has N = " +
+                  std::to_string(n));
   std::vector<int64_t> out_shape(x.shape.begin(), x.shape.end() - 1);
-  out_shape.push_back(n);
+  out_shape.push_back(kernel.gated ? n / 2 : n);
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < x.shape.size(); ++i) rows *= x.shape[i];
   float* out = output(context, 0, out_shape);
@@ -327,13 +347,23 @@ void compute(Kernel& kernel, OrtKernelContext* context) {
   q.resize(size_t(rows * k));
   qs.resize(size_t(rows * blocks));
   start.resize(size_t(rows * blocks));
-  quantize_rows(static_cast<const float*>(x.data), rows, k, bits, q.data(), qs.data(), start.data());
-  Problem p{w.get(), rows, q.data(), qs.data(), start.data(), out, CallerMode{}};
-  const size_t units = size_t(w->groups);
+  const float* xs = static_cast<const float*>(x.data);
+  Problem p{w.get(), kernel.gated, rows, q.data(), qs.data(), start.data(), out, CallerMode{}};
+  const size_t units = size_t(kernel.gated ? w->groups / 2 : w->groups);
   if (units == 1 || rows * n * k < kInlineBelow) {  // small: the calling thread, the same arithmetic
+    quantize_rows(xs, rows, k, bits, q.data(), qs.data(), start.data());
     for (size_t unit = 0; unit < units; ++unit) run_unit(p, unit);
     return;
   }
+  // x's rows in chunks (each row's numbers its own; into this thread's buffers), then the products
+  const int64_t chunks = (rows + kTileRows - 1) / kTileRows;
+  int8_t* const q_rows = q.data();
+  float* const q_scales = qs.data();
+  int32_t* const q_starts = start.data();
+  parallel_for(context, size_t(chunks), p.mode, [=](size_t chunk) {
+    const int64_t r = int64_t(chunk) * kTileRows, count = std::min<int64_t>(kTileRows, rows - r);
+    quantize_rows(xs + r * k, count, k, bits, q_rows + r * k, q_scales + r * blocks, q_starts + r * blocks);
+  });
   parallel_for(context, units, p.mode, [&p](size_t unit) { run_unit(p, unit); });
 }
 
@@ -343,7 +373,11 @@ OrtStatus* create_kernel(const OrtCustomOp*, const OrtApi* api, const OrtKernelI
     size_t inputs = 0;
     check(api->KernelInfo_GetInputCount(info, &inputs));
     if (inputs != kInputCount) throw OpError("expects 3 inputs, got " + std::to_string(inputs));
-    *kernel = new Kernel{};
+    const int64_t gated = optional_int_attribute(api, info, "gated", 0);
+    if (gated != 0 && gated != 1) throw OpError("attribute gated is " + std::to_string(gated) + ", not 0 or 1");
+    auto* k = new Kernel{};
+    k->gated = gated == 1;
+    *kernel = k;
   });
 }
 

@@ -301,6 +301,13 @@ inline Vec exp_nonpositive(Vec x) {
   return x < splat(-87.3f) ? splat(0.0f) : result;
 }
 
+// the logistic function 1 / (1 + e^-x), lane by lane, from e^-|x| (exp_nonpositive): 1 / (1 + e^-x) for x >= 0,
+// e^x / (1 + e^x) below, so nothing overflows
+inline Vec sigmoid_of(Vec x) {
+  const Vec e = exp_nonpositive(x < splat(0.0f) ? x : -x);
+  return (x < splat(0.0f) ? e : splat(1.0f)) / (splat(1.0f) + e);
+}
+
 // half-split rotary embedding of one head vector (h = hd / 2):
 // out[i] = x[i] cos - x[i + h] sin, out[i + h] = x[i + h] cos + x[i] sin
 inline void rope(const float* x, const float* cos, const float* sin, int hd, float* out) {
@@ -338,6 +345,17 @@ inline PresentCache present_cache(OrtKernelContext* context, const TensorView& p
       std::memcpy(presents[i] + head * stride, pasts[i] + head * block, block * sizeof(float));
   }
   return present;
+}
+
+// an int attribute the node may leave out (then `fallback`)
+inline int64_t optional_int_attribute(const OrtApi* api, const OrtKernelInfo* info, const char* name,
+                                      int64_t fallback) {
+  int64_t value = fallback;
+  if (OrtStatus* status = api->KernelInfoGetAttribute_int64(info, name, &value)) {
+    api->ReleaseStatus(status);
+    return fallback;
+  }
+  return value;
 }
 
 // the num_heads and kv_num_heads attributes, num_heads a positive multiple of kv_num_heads
