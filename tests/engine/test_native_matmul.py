@@ -16,7 +16,7 @@ from trtspec.cli import cli
 from trtspec.engine.manifest import Manifest, read_manifest
 from trtspec.engine.onnx_builder import NUMERICS_TOLERANCE, BuildOptions, build
 from trtspec.errors import ConfigError
-from trtspec.native import BLOCK_MATMUL
+from trtspec.native import BLOCK_MATMUL, SKIP_RMS_NORM
 from trtspec.runtime.ort_engine import OrtEngine, _Cache, _feeds
 from trtspec.speculative.loop import GenerationConfig, Request, generate, generate_batch
 from trtspec.speculative.methods import make_proposer
@@ -50,9 +50,9 @@ def _nodes(path) -> list[onnx.NodeProto]:
     return list(onnx.load(str(path), load_external_data=False).graph.node)
 
 
-def _without_swiglu(nodes: list[onnx.NodeProto], *, gated: bool) -> list[str]:
-    """The op types of a MatMulNBits graph's nodes but its products, and if `gated`, but each layer's
-    Split-Sigmoid-Mul-Mul after gate_up."""
+def _native_counterpart(nodes: list[onnx.NodeProto], *, gated: bool) -> list[str]:
+    """The op types of a MatMulNBits graph's nodes but its products, SkipRMSNorm for its
+    SkipSimplifiedLayerNormalization, and if `gated`, without each layer's Split-Sigmoid-Mul-Mul after gate_up."""
     ops, skip = [], 0
     for node in nodes:
         if gated and node.op_type == "Split" and node.name.endswith(".gate_up_split"):
@@ -61,7 +61,7 @@ def _without_swiglu(nodes: list[onnx.NodeProto], *, gated: bool) -> list[str]:
             assert node.op_type == ("Split", "Sigmoid", "Mul", "Mul")[4 - skip]
             skip -= 1
         elif node.op_type != "MatMulNBits":
-            ops.append(node.op_type)
+            ops.append(SKIP_RMS_NORM if node.op_type == "SkipSimplifiedLayerNormalization" else node.op_type)
     return ops
 
 
@@ -79,9 +79,10 @@ def test_the_target_graphs_run_blockmatmul_over_the_same_blocks(engines, weights
                  and any(a.name == "gated" and a.i == 1 for a in n.attribute)]
         assert gated == ([] if scheme == "min" else [f"layers.{layer}.gate_up.weight.q"
                                                      for layer in range(MODEL.num_layers)])
-        # otherwise the plain build's graph, node for node, less its SwiGLU nodes where gated
+        # otherwise the plain build's graph, node for node, its norms trtspec's, less its SwiGLU nodes where gated
+        assert SKIP_RMS_NORM in {n.op_type for n in nodes}
         assert ([n.op_type for n in nodes if n.op_type != BLOCK_MATMUL]
-                == _without_swiglu(_nodes(plain / graph), gated=bool(gated)))
+                == _native_counterpart(_nodes(plain / graph), gated=bool(gated)))
     assert (engine / "weights.bin").stat().st_size == (plain / "weights.bin").stat().st_size
     # the EAGLE draft is the drafter's own network: it keeps MatMulNBits
     draft = _nodes(engines[weights, scheme, "eagle", True] / "draft_generation.onnx")
@@ -91,7 +92,7 @@ def test_the_target_graphs_run_blockmatmul_over_the_same_blocks(engines, weights
 @pytest.mark.parametrize("weights,scheme", FORMATS)
 def test_the_manifest_and_inspect_record_it(engines, weights, scheme):
     m = read_manifest(engines[weights, scheme, "eagle", True])
-    assert m.matmul_kernel == "block" and BLOCK_MATMUL in m.native_ops
+    assert m.matmul_kernel == "block" and {BLOCK_MATMUL, SKIP_RMS_NORM} <= set(m.native_ops)
     assert m.numerics and max(m.numerics.values()) < NUMERICS_TOLERANCE
     assert Manifest.from_dict(m.to_dict()) == m
     plain = read_manifest(engines[weights, scheme, "none", False])

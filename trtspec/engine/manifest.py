@@ -304,15 +304,15 @@ class Manifest:
     @property
     def native_ops(self) -> tuple[str, ...]:
         """trtspec's own ONNX Runtime ops (trtspec/native) the engine's graphs run, which its sessions must load:
-        TreeAttention and PromptAttention (attention "tree"), AddBlockOffsets (int4 weights with block minima) and
-        BlockMatMul (matmul kernel "block")."""
+        TreeAttention and PromptAttention (attention "tree"), AddBlockOffsets (int4 weights with block minima),
+        BlockMatMul and SkipRMSNorm (matmul kernel "block")."""
         from trtspec import native  # no onnx, no numpy: the serving path's import
 
         ops = (native.TREE_ATTENTION, native.PROMPT_ATTENTION) if self.attention == "tree" else ()
         if self.weights.has_block_minima:
             ops += (native.ADD_BLOCK_OFFSETS,)
         if self.matmul_kernel == MATMUL_BLOCK:
-            ops += (native.BLOCK_MATMUL,)
+            ops += (native.BLOCK_MATMUL, native.SKIP_RMS_NORM)
         return ops
 
     def runnable_methods(self) -> tuple[str, ...]:

@@ -405,9 +405,14 @@ class Residual:
     delta: str | None = None
 
     def norm(self, g: Graph, weight: str, eps: float, name: str) -> tuple[str, str]:
-        """(RMSNorm(x + delta) · weight, x + delta) in one SkipSimplifiedLayerNormalization when an Add is pending."""
+        """(RMSNorm(x + delta) · weight, x + delta) in one SkipSimplifiedLayerNormalization when an Add is pending (in
+        a --native-matmul graph, trtspec's SkipRMSNorm, which runs a decode step's one row on the calling thread)."""
         if self.delta is None:
             return rms_norm(g, self.x, weight, eps, name), self.x
+        if g.native_products:
+            normed, total = g.op(native.SKIP_RMS_NORM, self.x, self.delta, g.w(weight), domain=native.DOMAIN,
+                                 epsilon=eps, outputs=(f"{name}_0", f"{name}_3"), name=name)
+            return normed, total
         # outputs 1 and 2 (mean, inverse std) left unnamed: nothing reads them, ONNX Runtime need not make them
         normed, _, _, total = g.ms("SkipSimplifiedLayerNormalization", self.x, self.delta, g.w(weight), epsilon=eps,
                                    outputs=(f"{name}_0", "", "", f"{name}_3"), name=name)

@@ -28,10 +28,13 @@ PROMPT_ATTENTION = "PromptAttention"
 ADD_BLOCK_OFFSETS = "AddBlockOffsets"
 BLOCK_MATMUL = "BlockMatMul"
 BLOCK_MATMUL_BLOCK_SIZE = 32  # the only block size BlockMatMul runs (kBlock in block_matmul.cc)
-OPS = (TREE_ATTENTION, PROMPT_ATTENTION, ADD_BLOCK_OFFSETS, BLOCK_MATMUL)  # every op the library adds to the domain
+SKIP_RMS_NORM = "SkipRMSNorm"
+# every op the library adds to the domain
+OPS = (TREE_ATTENTION, PROMPT_ATTENTION, ADD_BLOCK_OFFSETS, BLOCK_MATMUL, SKIP_RMS_NORM)
 
 SOURCE_DIR = Path(__file__).resolve().parent
-SOURCES = ("ops.cc", "tree_attention.cc", "prompt_attention.cc", "block_offsets.cc", "block_matmul.cc")
+SOURCES = ("ops.cc", "tree_attention.cc", "prompt_attention.cc", "block_offsets.cc", "block_matmul.cc",
+           "skip_rms_norm.cc")
 HEADERS = ("ort_abi.h", "op_support.h")
 BUILD_DIR = SOURCE_DIR / "_build"
 LIBRARY = BUILD_DIR / "libtrtspec_ops.so"

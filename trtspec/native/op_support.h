@@ -438,5 +438,6 @@ const OrtCustomOp* tree_attention_op();
 const OrtCustomOp* prompt_attention_op();
 const OrtCustomOp* add_block_offsets_op();
 const OrtCustomOp* block_matmul_op();
+const OrtCustomOp* skip_rms_norm_op();
 
 }  // namespace trtspec_ops

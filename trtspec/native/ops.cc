@@ -10,7 +10,8 @@ const OrtApi* g_api = nullptr;
 
 using namespace trtspec_ops;
 
-// Adds the domain com.trtspec with TreeAttention, PromptAttention, AddBlockOffsets and BlockMatMul to `options`. The
+// Adds the domain com.trtspec with TreeAttention, PromptAttention, AddBlockOffsets, BlockMatMul and SkipRMSNorm to
+// `options`. The
 // domain lives as long as the process (sessions keep pointers to it).
 extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
                                                                                const OrtApiBase* base) noexcept {
@@ -27,7 +28,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
     OrtCustomOpDomain* domain = nullptr;
     check(api->CreateCustomOpDomain(kDomain, &domain));
     for (const OrtCustomOp* op :
-         {tree_attention_op(), prompt_attention_op(), add_block_offsets_op(), block_matmul_op()})
+         {tree_attention_op(), prompt_attention_op(), add_block_offsets_op(), block_matmul_op(), skip_rms_norm_op()})
       check(api->CustomOpDomain_Add(domain, op));
     check(api->AddCustomOpDomain(options, domain));
   });

@@ -82,12 +82,12 @@ static_assert(sizeof(OrtApiBase) == 2 * sizeof(void*), "OrtApiBase has exactly t
 //     0 CreateStatus                    61 GetDimensionsCount              93 ReleaseStatus
 //     1 GetErrorCode                    62 GetDimensions                   98 ReleaseTypeInfo
 //     2 GetErrorMessage                 65 GetTensorTypeAndShape           99 ReleaseTensorTypeAndShapeInfo
-//    26 CreateCustomOpDomain            86 KernelInfoGetAttribute_int64   230 KernelInfo_GetInputCount
-//    27 CustomOpDomain_Add              88 KernelContext_GetInputCount    234 KernelInfo_GetInputTypeInfo
-//    28 AddCustomOpDomain               89 KernelContext_GetOutputCount   274 KernelContext_ParallelFor
-//    51 GetTensorMutableData            90 KernelContext_GetInput
-//    55 CastTypeInfoToTensorInfo        91 KernelContext_GetOutput
-//    60 GetTensorElementType
+//    26 CreateCustomOpDomain            85 KernelInfoGetAttribute_float   230 KernelInfo_GetInputCount
+//    27 CustomOpDomain_Add              86 KernelInfoGetAttribute_int64   234 KernelInfo_GetInputTypeInfo
+//    28 AddCustomOpDomain               88 KernelContext_GetInputCount    274 KernelContext_ParallelFor
+//    51 GetTensorMutableData            89 KernelContext_GetOutputCount
+//    55 CastTypeInfoToTensorInfo        90 KernelContext_GetInput
+//    60 GetTensorElementType            91 KernelContext_GetOutput
 // Every other slot is an opaque placeholder; `unused_A_B` covers slots A..B inclusive.
 using Status = OrtStatus*;
 
@@ -112,7 +112,8 @@ struct OrtApi {
                           size_t dim_values_length) noexcept;                                          // 62
   void* unused_63_64[2];
   Status (*GetTensorTypeAndShape)(const OrtValue* value, OrtTensorTypeAndShapeInfo** out) noexcept;   // 65
-  void* unused_66_85[20];
+  void* unused_66_84[19];
+  Status (*KernelInfoGetAttribute_float)(const OrtKernelInfo* info, const char* name, float* out) noexcept;  // 85
   Status (*KernelInfoGetAttribute_int64)(const OrtKernelInfo* info, const char* name,
                                          int64_t* out) noexcept;                                       // 86
   void* unused_87;
@@ -151,6 +152,7 @@ ORT_ABI_SLOT(GetTensorElementType, 60);
 ORT_ABI_SLOT(GetDimensionsCount, 61);
 ORT_ABI_SLOT(GetDimensions, 62);
 ORT_ABI_SLOT(GetTensorTypeAndShape, 65);
+ORT_ABI_SLOT(KernelInfoGetAttribute_float, 85);
 ORT_ABI_SLOT(KernelInfoGetAttribute_int64, 86);
 ORT_ABI_SLOT(KernelContext_GetInputCount, 88);
 ORT_ABI_SLOT(KernelContext_GetOutputCount, 89);
