@@ -107,7 +107,10 @@ def run_genai(model: str, prompts: list[list[int]], *, max_tokens: int, threads:
     n-gram speculation (`set_speculative_options`), alternating per prompt."""
     import onnxruntime_genai as og
 
-    loaded = _genai_model(model, threads)
+    config = og.Config(model)
+    options = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+    loaded = og.Model(config)
 
     def runner(speculative: dict | None):
         def generate(ids: list[int], new_tokens: int) -> dict:
@@ -129,15 +132,6 @@ def run_genai(model: str, prompts: list[list[int]], *, max_tokens: int, threads:
     if lookup is not None:
         runners[LOOKUP] = runner({"ngram_size": lookup[0], "max_draft_tokens": lookup[1]})
     yield from alternate(prompts, max_tokens, runners)
-
-
-def _genai_model(model: str, threads: int):
-    import onnxruntime_genai as og
-
-    config = og.Config(model)
-    options = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
-    config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
-    return og.Model(config)
 
 
 # ---- llama.cpp ----------------------------------------------------------------------------------------------
@@ -220,30 +214,6 @@ def build_openvino_model(hf_dir: Path, out: Path, *, log: Path, weights: str = "
     return out
 
 
-def _openvino_pipeline(model: str, threads: int, **options):
-    """An `openvino_genai.LLMPipeline` on the CPU with `threads` inference threads (INFERENCE_NUM_THREADS)."""
-    import openvino_genai as ov_genai
-
-    return ov_genai.LLMPipeline(model, "CPU", INFERENCE_NUM_THREADS=threads, **options)
-
-
-def _openvino_config(pipeline, max_tokens: int, lookup: tuple[int, int] | None = None):
-    """Greedy search for `max_tokens` new tokens, stopping where the model's generation_config.json says; `lookup` =
-    (max_ngram_size, num_assistant_tokens) for prompt lookup."""
-    import openvino_genai as ov_genai
-
-    own = pipeline.get_generation_config()
-    config = ov_genai.GenerationConfig()
-    config.max_new_tokens = max_tokens
-    config.do_sample = False
-    config.apply_chat_template = False  # for text input only; token ids go in as they are (no template, no BOS)
-    config.eos_token_id = own.eos_token_id
-    config.stop_token_ids = own.stop_token_ids
-    if lookup is not None:
-        config.max_ngram_size, config.num_assistant_tokens = lookup
-    return config
-
-
 def _openvino_generate(pipeline, ids: list[int], config) -> tuple[list[int], float, float, float, int]:
     """One generation from token ids (an int64 tensor: nothing tokenized or added): the new ids, start, first-token
     and end times, and the streamer's calls. The streamer gets each step's new tokens at once, so every call after
@@ -279,19 +249,29 @@ def run_openvino(model: str, prompts: list[list[int]], *, max_tokens: int, threa
     """Greedy decoding with OpenVINO GenAI's `LLMPipeline` on the CPU and, with `lookup` = (max_ngram_size,
     num_assistant_tokens), its own prompt lookup (a second pipeline with `prompt_lookup=True`) counting its decode
     steps, alternating per prompt."""
+    import openvino_genai as ov_genai
+
     def runner(pipeline, settings):
-        configs = {}  # new tokens → its GenerationConfig
+        own = pipeline.get_generation_config()
 
         def generate(ids: list[int], new_tokens: int) -> dict:
-            if new_tokens not in configs:
-                configs[new_tokens] = _openvino_config(pipeline, new_tokens, settings)
-            out, start, first, end, calls = _openvino_generate(pipeline, ids, configs[new_tokens])
+            # greedy, stopping where the model's generation_config.json says; `settings`: prompt lookup's
+            config = ov_genai.GenerationConfig()
+            config.max_new_tokens = new_tokens
+            config.do_sample = False
+            config.apply_chat_template = False  # for text input only; token ids go in as they are (no template, no BOS)
+            config.eos_token_id = own.eos_token_id
+            config.stop_token_ids = own.stop_token_ids
+            if settings is not None:
+                config.max_ngram_size, config.num_assistant_tokens = settings
+            out, start, first, end, calls = _openvino_generate(pipeline, ids, config)
             return sample(out, start, first, end, **({"steps": max(0, calls - 1)} if settings else {}))
         return generate
 
-    runners = {PLAIN: runner(_openvino_pipeline(model, threads), None)}
+    runners = {PLAIN: runner(ov_genai.LLMPipeline(model, "CPU", INFERENCE_NUM_THREADS=threads), None)}
     if lookup is not None:
-        runners[LOOKUP] = runner(_openvino_pipeline(model, threads, prompt_lookup=True), tuple(lookup))
+        runners[LOOKUP] = runner(ov_genai.LLMPipeline(model, "CPU", INFERENCE_NUM_THREADS=threads, prompt_lookup=True),
+                                 tuple(lookup))
     yield from alternate(prompts, max_tokens, runners)
 
 

@@ -76,25 +76,17 @@ def load_bench_prompts(name: str, *, limit: int | None, split: str | None = "mea
                                              generator.manifest.profile.max_seq_len)
     out = []
     for p in prompts:
-        messages = tuple(p.messages)
-        if p.input_ids:  # a JSONL line's token ids, sent as they are
-            ids = list(p.input_ids)
-            if generator is not None and not fits(p.id, len(ids), max_tokens, limits, show):
-                continue
-            out.append(BenchPrompt(p.id, p.category, messages, tuple(ids)))
-            continue
-        if source is not None and source.two_turn:
+        messages, ids = tuple(p.messages), tuple(p.input_ids)  # a JSONL line's token ids, sent as they are
+        if not ids and source is not None and source.two_turn:
             if generator is None:
                 raise ConfigError(f"--prompt-set {name}: a two-turn set needs the engine's own first answers; "
                                   "measure it in process (ENGINE_DIR), or use its first turns (mt-bench)")
             first = generator.generate(list(messages), GenerationConfig(max_tokens=max_tokens, no_spec=True))
             messages = tuple(second_turn(p, first.text))
-        if generator is None:
-            out.append(BenchPrompt(p.id, p.category, messages))
-            continue
-        ids = generator.encode(list(messages))
-        if fits(p.id, len(ids), max_tokens, limits, show):
-            out.append(BenchPrompt(p.id, p.category, messages, tuple(ids)))
+        if not ids and generator is not None:
+            ids = tuple(generator.encode(list(messages)))
+        if generator is None or fits(p.id, len(ids), max_tokens, limits, show):
+            out.append(BenchPrompt(p.id, p.category, messages, ids))
     return out
 
 
@@ -278,8 +270,8 @@ class ServedTarget:
 
 def _delayed(timed: Timed, wait_s: float) -> Timed:
     """`timed` as seen from a request's arrival `wait_s` seconds before it was sent."""
-    return Timed(timed.output_ids, timed.ttft_s + wait_s, timed.total_s + wait_s,
-                 [t + wait_s for t in timed.chunk_s], timed.stats, timed.finish_reason, timed.input_tokens)
+    return replace(timed, ttft_s=timed.ttft_s + wait_s, total_s=timed.total_s + wait_s,
+                   chunk_s=[t + wait_s for t in timed.chunk_s])
 
 
 def _served_one(client, prompt: BenchPrompt, options: GenerationConfig) -> Timed:
