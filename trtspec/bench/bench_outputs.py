@@ -3,12 +3,11 @@ summary.json, requests.csv and the plots, each titled with what was measured."""
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 from trtspec.bench.runner import BenchRun
-from trtspec.bench.summary import CSV_FIELDS, PLAIN
+from trtspec.bench.summary import CSV_FIELDS, PLAIN, num, write_csv
 
 RULE = 50
 
@@ -39,7 +38,7 @@ def format_table(report: dict) -> list[str]:
             lines.append(f"served ÷ in-process, concurrency {c}, {method}: {m['served_tok_s']:.1f} ÷ "
                          f"{m['in_process_tok_s']:.1f} tok/s = {_x(m['ratio'])}"
                          + (f" (target ≥ {report['serving']['target']})" if c == "1" else "")
-                         + f"; TTFT p50 {_num(m['served_ttft_ms_p50'])} vs {_num(m['in_process_ttft_ms_p50'])} ms"
+                         + f"; TTFT p50 {num(m['served_ttft_ms_p50'])} vs {num(m['in_process_ttft_ms_p50'])} ms"
                          + (f"; outputs identical {m['outputs_identical']}" if m["outputs_identical"] else ""))
         if level.get("engine_batching"):
             b = level["engine_batching"]
@@ -94,10 +93,6 @@ def _rows(results: dict) -> list[str]:
     return lines
 
 
-def _num(value) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
 def _ms(dist: dict | None, key: str) -> str:
     return "-" if dist is None else f"{dist[key]:.1f}"
 
@@ -115,10 +110,7 @@ def write_outputs(run: BenchRun, out: Path) -> dict[str, Path]:
     with atomic_output_file(written["summary"]) as tmp:
         tmp.write_text(json.dumps(run.report, indent=1) + "\n")
     with atomic_output_file(written["requests"]) as tmp, tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        for r in run.records:
-            writer.writerow(r.csv_row())
+        write_csv(f, run.records, CSV_FIELDS)
     for name, (applies, draw) in PLOTS.items():
         if applies(run.report):
             with atomic_output_file(out / name) as tmp:

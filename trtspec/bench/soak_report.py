@@ -3,13 +3,12 @@ prints and the files it writes (report.json, requests.csv, soak.png)."""
 
 from __future__ import annotations
 
-import csv
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from trtspec.bench.summary import PERCENTILES, distribution
+from trtspec.bench.summary import PERCENTILES, distribution, write_csv
 
 # the targets `--check` holds a run to (docs/serving-faults.md)
 TARGET_MEMORY_GROWTH_PCT = 2.0
@@ -239,10 +238,7 @@ def write_outputs(report: SoakReport, out: Path) -> dict[str, Path]:
     written = {"report": out / "report.json", "requests": out / "requests.csv"}
     written["report"].write_text(json.dumps(report.to_dict(), indent=1) + "\n")
     with written["requests"].open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        for r in report.records:
-            writer.writerow(asdict(r))
+        write_csv(f, report.records, CSV_FIELDS)
     try:
         plot(report, out / "soak.png")
         written["plot"] = out / "soak.png"

@@ -7,6 +7,7 @@ concurrency; τ and acceptance as `trtspec.speculative.stats` defines them.
 
 from __future__ import annotations
 
+import csv
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -19,7 +20,7 @@ PERCENTILES = (50, 90, 99)
 
 @dataclass
 class RequestRecord:
-    """One request of the run: a row of requests.csv (`stats` and `output_ids` stay in memory)."""
+    """One request of the run: a row of requests.csv (`itl_ms`, `stats` and `output_ids` stay in memory)."""
 
     concurrency: int
     method: str
@@ -42,12 +43,6 @@ class RequestRecord:
     stats: SpecStats | None = None
     output_ids: tuple[int, ...] = ()
     request_rate: float | None = None  # an open-loop level: Poisson arrivals at this many per second (concurrency 0)
-
-    def csv_row(self) -> dict:
-        row = asdict(self)
-        for key in ("itl_ms", "stats", "output_ids"):
-            row.pop(key)
-        return row
 
 
 CSV_FIELDS = [name for name in RequestRecord.__dataclass_fields__ if name not in ("itl_ms", "stats", "output_ids")]
@@ -75,6 +70,18 @@ def mark_identical(records: list[RequestRecord]) -> None:
     for r in records:
         key = (r.concurrency, r.request_rate, r.prompt_id)
         r.identical = r.output_ids == plain[key] if key in plain else None
+
+
+def write_csv(f, records: list, fields: list[str]) -> None:
+    """Dataclass records into the open file `f` as CSV rows of `fields` (their other fields left out)."""
+    writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(asdict(r) for r in records)
+
+
+def num(value, digits: int = 1) -> str:
+    """A table's figure: `digits` decimals, "-" for None."""
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def first_divergence(output, reference) -> int:
