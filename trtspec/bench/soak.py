@@ -121,9 +121,9 @@ class Sampler:
     """Every `interval` seconds: RSS of the server process tree and the trtspec / nv_inference metrics."""
 
     def __init__(self, root_pid: int | None, metrics_url: str | None, *, interval: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic, epoch: float | None = None):
+                 epoch: float | None = None):
         self.root_pid, self.metrics_url, self.interval = root_pid, metrics_url, interval
-        self.clock, self.epoch = clock, clock() if epoch is None else epoch
+        self.epoch = time.monotonic() if epoch is None else epoch
         self.samples: list[dict] = []
         self.first_metrics: dict[str, float] | None = None
         self.last_metrics: dict[str, float] | None = None
@@ -133,7 +133,7 @@ class Sampler:
         self._lock = threading.Lock()
 
     def sample(self) -> dict:
-        entry: dict = {"t": round(self.clock() - self.epoch, 3)}
+        entry: dict = {"t": round(time.monotonic() - self.epoch, 3)}
         if self.root_pid is not None:
             processes: dict[str, float] = {}
             total = 0
@@ -163,7 +163,7 @@ class Sampler:
             try:
                 self.sample()
             except Exception as e:  # noqa: BLE001: a sampler must not end the soak
-                self.samples.append({"t": round(self.clock() - self.epoch, 3), "error": first_line(e, 300)})
+                self.samples.append({"t": round(time.monotonic() - self.epoch, 3), "error": first_line(e, 300)})
 
     def start(self) -> Sampler:
         self.sample()
@@ -279,9 +279,10 @@ class ServeProcess:
                 "no_live_models_after_s": first("Found 0 live models"),
                 "last_log_lines": [line for _, line in list(self.lines)[-8:]]}
 
-    def write_log(self, path: Path, epoch: float) -> None:
-        """serve's stderr, each line after the second of the soak it arrived at."""
-        path.write_text("".join(f"[{t - epoch:9.3f}] {line}\n" for t, line in list(self.lines)))
+    def write_log(self, out: Path, epoch: float) -> None:
+        """serve.log in `out`: serve's stderr, each line after the second of the soak it arrived at."""
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "serve.log").write_text("".join(f"[{t - epoch:9.3f}] {line}\n" for t, line in list(self.lines)))
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -465,17 +466,11 @@ class FaultStreams:
     def _mark(self, kind: str, i: int, event: str, message: str = "") -> None:
         with self._changed:
             previous = self.state[kind].get(i)
-            if event == "error" and (self.cut_at is not None or i in self._cut[kind]):
-                return  # what a cut stream answers ("Locally cancelled by application!")
-            if event == "final" and i in self._cut[kind]:
-                return  # cut mid-stream: whatever ends it now is the cut's doing
+            if event != "first" and (i in self._cut[kind] or event == "error" and self.cut_at is not None):
+                return  # cut: whatever ends the stream now ("Locally cancelled by application!") is the cut's doing
             if event == "error":
                 self.errors.append(f"{kind} {i}: {message}")
-                if previous is None:
-                    self.state[kind][i] = "error"
-            elif event == "final":
-                self.state[kind][i] = "final" if previous in (None, "first") else previous
-            elif previous is None:
+            if previous is None or (event, previous) == ("final", "first"):
                 self.state[kind][i] = event
             self._changed.notify_all()
 
@@ -597,13 +592,11 @@ def _validate(options: SoakOptions) -> None:
     if (options.url is None) == (options.repo is None):
         raise ConfigError("give either URL (a running server's gRPC HOST:PORT) or --repo REPO (served by the soak)")
     for name, least in (("users", 1), ("max_tokens", 1), ("prompts", 1), ("fault_max_tokens", 1), ("abandon", 0),
-                        ("cancel", 0)):
-        if getattr(options, name) < least:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(options, name)}")
+                        ("cancel", 0), ("max_requests", 1)):
+        if (value := getattr(options, name)) is not None and value < least:  # max_requests None: no bound
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
     if not options.minutes > 0:
         raise ConfigError(f"--minutes must be > 0, got {options.minutes}")
-    if options.max_requests is not None and options.max_requests < 1:
-        raise ConfigError(f"--max-requests must be >= 1, got {options.max_requests}")
     if options.sigterm and options.repo is None:
         raise ConfigError("--sigterm needs --repo: the soak signals only a server it started itself")
     if options.url is not None:
@@ -756,8 +749,7 @@ def run_soak(options: SoakOptions, show: Callable[[str], None] = print) -> SoakR
         sampler.stop()
     except BaseException:
         if served is not None and options.out is not None:
-            Path(options.out).mkdir(parents=True, exist_ok=True)
-            served.write_log(Path(options.out) / "serve.log", epoch)
+            served.write_log(options.out, epoch)
         raise
     finally:
         if faults is not None:
@@ -797,8 +789,7 @@ def _stop(served: ServeProcess, options: SoakOptions, report: SoakReport, new_lo
     ends = [r.end_s - sigterm_t for r in records]
     shutdown["last_request_end_after_s"] = round(max(ends), 3) if ends else None
     if options.out is not None:
-        Path(options.out).mkdir(parents=True, exist_ok=True)
-        served.write_log(Path(options.out) / "serve.log", epoch)
+        served.write_log(options.out, epoch)
     if stop_load is not None:
         stop_load.join(30)
     outcomes = [r.outcome for r in records]

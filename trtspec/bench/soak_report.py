@@ -107,35 +107,33 @@ def memory_summary(samples: list[dict], *, before: float, warm: float, end: floa
 
 def targets(report: SoakReport) -> list[dict]:
     """The targets, each with its value and whether it is met (only those this run measured)."""
-    out = [{"name": "errors", "target": "0", "value": report.errors, "ok": report.errors == 0},
-           {"name": "mismatches", "target": "0", "value": report.mismatches, "ok": report.mismatches == 0}]
-    if report.memory is not None and report.memory.get("growth_pct") is not None:
-        g = report.memory["growth_pct"]
-        out.append({"name": "memory growth %", "target": f"< {TARGET_MEMORY_GROWTH_PCT:g}", "value": g,
-                    "ok": g < TARGET_MEMORY_GROWTH_PCT})
+    out: list[dict] = []
+
+    def target(name: str, goal: str, value, ok: bool) -> None:
+        out.append({"name": name, "target": goal, "value": value, "ok": ok})
+
+    target("errors", "0", report.errors, report.errors == 0)
+    target("mismatches", "0", report.mismatches, report.mismatches == 0)
+    if report.memory is not None and (g := report.memory.get("growth_pct")) is not None:
+        target("memory growth %", f"< {TARGET_MEMORY_GROWTH_PCT:g}", g, g < TARGET_MEMORY_GROWTH_PCT)
     if report.after_load.get("checked"):
-        out.append({"name": "nothing in flight after the load", "target": "0",
-                    "value": report.after_load.get("trtspec_engine_sequences_in_flight"),
-                    "ok": bool(report.after_load.get("in_flight_zero"))})
+        target("nothing in flight after the load", "0", report.after_load.get("trtspec_engine_sequences_in_flight"),
+               bool(report.after_load.get("in_flight_zero")))
     if report.faults is not None:
         ratio = report.faults.get("ttft_ratio")
-        out.append({"name": "TTFT after faults ÷ unloaded", "target": f"<= {TARGET_TTFT_RATIO:g}", "value": ratio,
-                    "ok": ratio is not None and ratio <= TARGET_TTFT_RATIO})
+        target("TTFT after faults ÷ unloaded", f"<= {TARGET_TTFT_RATIO:g}", ratio,
+               ratio is not None and ratio <= TARGET_TTFT_RATIO)
         if "cancelled_delta" in report.after_load:
             want, got = report.after_load["cancelled_expected"], report.after_load["cancelled_delta"]
-            out.append({"name": "faulted streams counted cancelled", "target": f">= {want}", "value": got,
-                        "ok": got >= want})
-    if report.shutdown is not None:
-        s = report.shutdown
-        out.append({"name": f"shutdown exit 0 within {TARGET_SHUTDOWN_S:g} s"
-                            + (" (SIGTERM mid-load)" if s["mid_load"] else " (idle)"),
-                    "target": f"0, <= {TARGET_SHUTDOWN_S:g} s", "value": f"{s['serve_exit']}, {s['seconds']:.2f} s",
-                    "ok": s["serve_exit"] == 0 and s["seconds"] <= TARGET_SHUTDOWN_S})
-        out.append({"name": "serve's exit status = tritonserver's", "target": "equal",
-                    "value": f"{s['serve_exit']} / {s['tritonserver_exit']}",
-                    "ok": s["serve_exit"] == s["tritonserver_exit"]})
-        out.append({"name": "no server process left", "target": "none", "value": s["leftover_pids"],
-                    "ok": not s["leftover_pids"]})
+            target("faulted streams counted cancelled", f">= {want}", got, got >= want)
+    if (s := report.shutdown) is not None:
+        how = " (SIGTERM mid-load)" if s["mid_load"] else " (idle)"
+        target(f"shutdown exit 0 within {TARGET_SHUTDOWN_S:g} s{how}", f"0, <= {TARGET_SHUTDOWN_S:g} s",
+               f"{s['serve_exit']}, {s['seconds']:.2f} s",
+               s["serve_exit"] == 0 and s["seconds"] <= TARGET_SHUTDOWN_S)
+        target("serve's exit status = tritonserver's", "equal", f"{s['serve_exit']} / {s['tritonserver_exit']}",
+               s["serve_exit"] == s["tritonserver_exit"])
+        target("no server process left", "none", s["leftover_pids"], not s["leftover_pids"])
     return out
 
 
