@@ -24,13 +24,10 @@ def format_table(report: dict) -> list[str]:
              "-" * RULE,
              f"{'conc':>4} {'method':<10} {'req/s':>6} {'tok/s':>7} {'tok/s/u':>7} {'TTFT p50':>8} {'p99':>7} "
              f"{'TPOT p50':>8} {'p99':>6} {'ITL p50':>7} {'τ':>5} {'acc':>5} {'speedup':>7} {'same':>5}"]
-    blocks = [("", report["results"])]
     if "served" in report:  # serving mode: the in-process rows, then the served ones
-        blocks = [("in-process", report["results"]), ("served", report["served"]["results"])]
-    for title, results in blocks:
-        if title:
-            lines.append(f"{title}:")
-        lines += _rows(results)
+        lines += ["in-process:", *_rows(report["results"]), "served:", *_rows(report["served"]["results"])]
+    else:
+        lines += _rows(report["results"])
     for c, level in report.get("serving", {}).items():
         if c == "target":
             continue

@@ -75,11 +75,11 @@ def rotated(items: Iterable, n: int) -> list:
 
 
 def alternate(prompts: list[list[int]], max_tokens: int, runners: dict[str, Callable[[list[int], int], dict]], *,
-              warmup: bool = True, before: Callable[[int], None] = lambda index: None) -> Iterator[dict]:
+              before: Callable[[int], None] = lambda index: None) -> Iterator[dict]:
     """Every prompt through each runner (plain decoding, each method), the order `rotated` from prompt to prompt,
-    after a short warm-up of each (unless the caller warmed them); `before(index)` runs ahead of each prompt. One
-    row per prompt, {"prompt": index, "runs": {name: sample}}."""
-    for run in runners.values() if warmup else ():
+    after a short warm-up of each; `before(index)` runs ahead of each prompt. One row per prompt, {"prompt": index,
+    "runs": {name: sample}}."""
+    for run in runners.values():
         run(prompts[0], WARMUP_TOKENS)
     for index, ids in enumerate(prompts):
         before(index)

@@ -1,7 +1,9 @@
 """The served ensemble measured by Triton's own load generator, perf_analyzer, on a trtspec prompt set: its
---input-data file and the command line (`trtspec bench perf-input`). perf_analyzer streams to a decoupled model
-(`--streaming`) and times the first response (its "latency" is TTFT for an LLM ensemble); its throughput counts
-requests. `scripts/setup-load-tools.sh` installs it (docs/serving.md, "Load tools").
+--input-data file and the command line (`trtspec bench perf-input`).
+
+perf_analyzer streams to a decoupled model (`--streaming`) and times the first response (its "latency" is TTFT for
+an LLM ensemble); its throughput counts requests. `scripts/setup-load-tools.sh` installs it (docs/serving.md, "Load
+tools").
 """
 
 from __future__ import annotations

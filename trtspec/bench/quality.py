@@ -44,11 +44,10 @@ class QualityOptions:
         for name in self.corpora:
             if name not in CORPORA:
                 raise ConfigError(f"--corpus {name}: unknown corpus; choose from {', '.join(CORPORA)}")
-        for name in ("samples", "max_target", "max_context", "greedy_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1")
-        if self.greedy_prompts < 0:
-            raise ConfigError(f"--greedy-prompts {self.greedy_prompts}: must be at least 0")
+        for name, least in (("samples", 1), ("max_target", 1), ("max_context", 1), ("greedy_tokens", 1),
+                            ("greedy_prompts", 0)):
+            if getattr(self, name) < least:
+                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least {least}")
 
 
 @dataclass(frozen=True)
@@ -108,12 +107,9 @@ def humaneval_pairs() -> Iterator[tuple[str, str, str]]:
 def load_samples(tokenizer, corpus: str, options: QualityOptions) -> list[Sample]:
     """The corpus's first `options.samples` texts whose context fits `max_context` tokens, tokenized."""
     out = []
-    pairs = sharegpt_pairs() if corpus == "sharegpt" else humaneval_pairs()
-    for sample_id, context_text, target_text in pairs:
-        if corpus == "sharegpt":
-            context = tokenizer.encode_chat([{"role": "user", "content": context_text}])
-        else:
-            context = tokenizer.encode(context_text)
+    for sample_id, context_text, target_text in sharegpt_pairs() if corpus == "sharegpt" else humaneval_pairs():
+        context = (tokenizer.encode_chat([{"role": "user", "content": context_text}]) if corpus == "sharegpt"
+                   else tokenizer.encode(context_text))
         target = tokenizer.encode(target_text)[:options.max_target]
         if 1 <= len(context) <= options.max_context and len(target) >= 2:
             out.append(Sample(sample_id, corpus, tuple(context), tuple(target)))
@@ -247,22 +243,20 @@ def measure_quality(engines: list[Path], reference: Path, options: QualityOption
     if ref_engine.manifest.tokenizer is None:
         raise ConfigError(f"--reference {reference}: the engine has no tokenizer; rebuild it with --tokenizer DIR")
     tokenizer = Tokenizer.from_dir(Path(reference) / ref_engine.manifest.tokenizer)
-    opened = [OrtEngine(path, threads=options.threads, spin=False) for path in engines]
-    for path, engine in zip(engines, opened):
+    all_engines = [ref_engine, *(OrtEngine(path, threads=options.threads, spin=False) for path in engines)]
+    for path, engine in zip(engines, all_engines[1:]):
         if engine.vocab_size != ref_engine.vocab_size:
             raise ConfigError(f"{path}: vocabulary of {engine.vocab_size} tokens; the reference {reference} has "
                               f"{ref_engine.vocab_size}: compare engines of the same model")
-    rows = [EngineQuality(str(p), e.manifest.weights.summary(),
-                          format_label(e.manifest.weights.to_dict(), WEIGHT_PARTS))
-            for p, e in zip([reference, *engines], [ref_engine, *opened])]
     samples = {corpus: load_samples(tokenizer, corpus, options) for corpus in options.corpora}
+    rows = [EngineQuality(str(p), e.manifest.weights.summary(),
+                          format_label(e.manifest.weights.to_dict(), WEIGHT_PARTS),
+                          {corpus: CorpusScore() for corpus in samples})
+            for p, e in zip([reference, *engines], all_engines)]
     slices = {corpus: slice_description(corpus, found, options) for corpus, found in samples.items()}
     for line in slices.values():
         show(line)
-    for row in rows:
-        row.corpora = {corpus: CorpusScore() for corpus in samples}
-    budget = min(e.manifest.profile.max_seq_len for e in [ref_engine, *opened])
-    all_engines = [ref_engine, *opened]
+    budget = min(e.manifest.profile.max_seq_len for e in all_engines)
     total = sum(len(found) for found in samples.values())
     with progress_bar("teacher-forced scoring", total=total, enabled=progress) as advance:
         for corpus, found in samples.items():

@@ -215,11 +215,7 @@ class ServedTarget:
         out = generate_concurrently(self.url, prompts, concurrency=concurrency, model=self.model,
                                     timeout_s=self.timeout_s,
                                     send=lambda client, i: _served_one(client, prompts[i], options))
-        wall = time.perf_counter() - start
-        for r in out:
-            if isinstance(r, BaseException):  # raised here, in the caller's thread
-                raise r
-        return out, wall
+        return _raised(out), time.perf_counter() - start
 
     def run_open(self, prompts: list[BenchPrompt], options: GenerationConfig, rate: float,
                  seed: int = 0) -> tuple[list[Timed], float]:
@@ -262,10 +258,15 @@ class ServedTarget:
         wall = time.perf_counter() - start
         for client in clients:
             client.close()
-        for r in out:
-            if isinstance(r, BaseException):
-                raise r
-        return out, wall
+        return _raised(out), wall
+
+
+def _raised(results: list) -> list:
+    """`results`, unless one is an exception (a request's, from its thread): the first is raised here."""
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
 
 
 def _delayed(timed: Timed, wait_s: float) -> Timed:
