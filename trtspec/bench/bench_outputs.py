@@ -37,18 +37,14 @@ def format_table(report: dict) -> list[str]:
                          + (f" (target ≥ {report['serving']['target']})" if c == "1" else "")
                          + f"; TTFT p50 {num(m['served_ttft_ms_p50'])} vs {num(m['in_process_ttft_ms_p50'])} ms"
                          + (f"; outputs identical {m['outputs_identical']}" if m["outputs_identical"] else ""))
-        if level.get("engine_batching"):
-            b = level["engine_batching"]
+        if b := level.get("engine_batching"):
             lines.append(f"engine batching at concurrency {c}: {b['steps']} steps, {b['sequences_per_step']} "
                          "sequences per step")
     lines += ["-" * RULE, f"{'conc':>4} {'method':<10} {'category':<16} {'τ':>5} {'speedup':>7}  per-position acceptance"]
-    for concurrency, methods in report["results"].items():
-        for method, figures in methods.items():
-            if method == PLAIN:
-                continue
-            for category, g in figures["categories"].items():
-                lines.append(f"{concurrency:>4} {method:<10} {category:<16} {g['tau']:>5.2f} {_x(g['speedup']):>7}  "
-                             + " ".join(f"{x:.2f}" for x in g["per_position_acceptance"]))
+    lines += [f"{concurrency:>4} {method:<10} {category:<16} {g['tau']:>5.2f} {_x(g['speedup']):>7}  "
+              + " ".join(f"{x:.2f}" for x in g["per_position_acceptance"])
+              for concurrency, methods in report["results"].items() for method, figures in methods.items()
+              if method != PLAIN for category, g in figures["categories"].items()]
     lines += _open_loop_rows(report.get("open_loop"))
     lines += [f"note: {note}" for note in report.get("notes", [])]
     lines.append("=" * RULE)

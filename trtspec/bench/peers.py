@@ -86,6 +86,12 @@ def alternate(prompts: list[list[int]], max_tokens: int, runners: dict[str, Call
         yield {"prompt": index, "runs": {name: runners[name](ids, max_tokens) for name in rotated(runners, index)}}
 
 
+def _with_lookup(prompts: list[list[int]], max_tokens: int, runner: Callable, lookup) -> Iterator[dict]:
+    """`alternate` over a peer's plain decoding, `runner(None)`, and, given its `lookup` settings, its own
+    speculation, `runner(lookup)`."""
+    return alternate(prompts, max_tokens, {PLAIN: runner(None), **({LOOKUP: runner(lookup)} if lookup else {})})
+
+
 # ---- onnxruntime-genai --------------------------------------------------------------------------------------
 
 def build_genai_model(hf_dir: Path, out: Path, *, log: Path, precision: str = "fp32") -> Path:
@@ -112,12 +118,12 @@ def run_genai(model: str, prompts: list[list[int]], *, max_tokens: int, threads:
     config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
     loaded = og.Model(config)
 
-    def runner(speculative: dict | None):
+    def runner(lookup: tuple[int, int] | None):
         def generate(ids: list[int], new_tokens: int) -> dict:
             params = og.GeneratorParams(loaded)
             params.set_search_options(do_sample=False, max_length=len(ids) + new_tokens)
-            if speculative:
-                params.set_speculative_options(**speculative)
+            if lookup:
+                params.set_speculative_options(ngram_size=lookup[0], max_draft_tokens=lookup[1])
             start = time.perf_counter()
             generator = og.Generator(loaded, params)
             generator.append_tokens([ids])  # runs the prompt
@@ -128,10 +134,7 @@ def run_genai(model: str, prompts: list[list[int]], *, max_tokens: int, threads:
             return sample(list(generator.get_sequence(0))[len(ids):], start, first, time.perf_counter())
         return generate
 
-    runners = {PLAIN: runner(None)}
-    if lookup is not None:
-        runners[LOOKUP] = runner({"ngram_size": lookup[0], "max_draft_tokens": lookup[1]})
-    yield from alternate(prompts, max_tokens, runners)
+    yield from _with_lookup(prompts, max_tokens, runner, lookup)
 
 
 # ---- llama.cpp ----------------------------------------------------------------------------------------------
@@ -145,7 +148,12 @@ def run_llama_cpp(model: str, prompts: list[list[int]], *, max_tokens: int, thre
 
     n_ctx = max(len(ids) for ids in prompts) + max_tokens + 8 + (lookup[1] if lookup else 0)
 
-    def runner(draft):
+    def runner(lookup: tuple[int, int] | None):
+        draft = None
+        if lookup:
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            draft = _CountingDraft(LlamaPromptLookupDecoding(max_ngram_size=lookup[0], num_pred_tokens=lookup[1]))
         # with a draft model, Llama keeps every position's logits but sizes that array by the logits_all argument
         # (llama-cpp-python 0.3.36 `Llama.__init__`): without logits_all=True a sequence past n_batch tokens overflows
         loaded = Llama(model_path=model, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False,
@@ -169,13 +177,7 @@ def run_llama_cpp(model: str, prompts: list[list[int]], *, max_tokens: int, thre
             return sample(out, start, first, time.perf_counter(), **extra)
         return generate
 
-    runners = {PLAIN: runner(None)}
-    if lookup is not None:
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        runners[LOOKUP] = runner(_CountingDraft(LlamaPromptLookupDecoding(max_ngram_size=lookup[0],
-                                                                          num_pred_tokens=lookup[1])))
-    yield from alternate(prompts, max_tokens, runners)
+    yield from _with_lookup(prompts, max_tokens, runner, lookup)
 
 
 class _CountingDraft:
@@ -251,28 +253,26 @@ def run_openvino(model: str, prompts: list[list[int]], *, max_tokens: int, threa
     steps, alternating per prompt."""
     import openvino_genai as ov_genai
 
-    def runner(pipeline, settings):
+    def runner(lookup: tuple[int, int] | None):
+        pipeline = ov_genai.LLMPipeline(model, "CPU", INFERENCE_NUM_THREADS=threads,
+                                        **({"prompt_lookup": True} if lookup else {}))
         own = pipeline.get_generation_config()
 
         def generate(ids: list[int], new_tokens: int) -> dict:
-            # greedy, stopping where the model's generation_config.json says; `settings`: prompt lookup's
+            # greedy, stopping where the model's generation_config.json says
             config = ov_genai.GenerationConfig()
             config.max_new_tokens = new_tokens
             config.do_sample = False
             config.apply_chat_template = False  # for text input only; token ids go in as they are (no template, no BOS)
             config.eos_token_id = own.eos_token_id
             config.stop_token_ids = own.stop_token_ids
-            if settings is not None:
-                config.max_ngram_size, config.num_assistant_tokens = settings
+            if lookup:
+                config.max_ngram_size, config.num_assistant_tokens = lookup
             out, start, first, end, calls = _openvino_generate(pipeline, ids, config)
-            return sample(out, start, first, end, **({"steps": max(0, calls - 1)} if settings else {}))
+            return sample(out, start, first, end, **({"steps": max(0, calls - 1)} if lookup else {}))
         return generate
 
-    runners = {PLAIN: runner(ov_genai.LLMPipeline(model, "CPU", INFERENCE_NUM_THREADS=threads), None)}
-    if lookup is not None:
-        runners[LOOKUP] = runner(ov_genai.LLMPipeline(model, "CPU", INFERENCE_NUM_THREADS=threads, prompt_lookup=True),
-                                 tuple(lookup))
-    yield from alternate(prompts, max_tokens, runners)
+    yield from _with_lookup(prompts, max_tokens, runner, lookup)
 
 
 # ---- transformers -------------------------------------------------------------------------------------------
@@ -303,7 +303,9 @@ def run_transformers(model: str, prompts: list[list[int]], *, max_tokens: int, t
     loaded = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     eos = loaded.generation_config.eos_token_id
 
-    def runner(extra: dict):
+    def runner(lookup: int | None):
+        extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
+
         def generate(ids: list[int], new_tokens: int) -> dict:
             x = torch.tensor([ids])
             clock = _FirstTokenClock()
@@ -315,10 +317,7 @@ def run_transformers(model: str, prompts: list[list[int]], *, max_tokens: int, t
             return sample(out[0, len(ids):].tolist(), start, clock.first or end, end)
         return generate
 
-    runners = {PLAIN: runner({})}
-    if lookup is not None:
-        runners[LOOKUP] = runner({"prompt_lookup_num_tokens": lookup})
-    yield from alternate(prompts, max_tokens, runners)
+    yield from _with_lookup(prompts, max_tokens, runner, lookup)
 
 
 # ---- the child process --------------------------------------------------------------------------------------

