@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from trtspec.bench.runner import BenchRun
-from trtspec.bench.summary import CSV_FIELDS, PLAIN, num, write_csv
+from trtspec.bench.summary import CSV_FIELDS, PLAIN, num, save_figure, subplots, write_csv
 
 RULE = 50
 
@@ -114,21 +114,10 @@ def write_outputs(run: BenchRun, out: Path) -> dict[str, Path]:
 
 def _figure(report: dict, columns: int):
     """A figure of `columns` panels titled with the target, the mode, the prompt set and n."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, columns, figsize=(5.5 * columns, 4.3))
+    fig, axes = subplots(1, columns, figsize=(5.5 * columns, 4.3), squeeze=False)
     fig.suptitle(f"{report['target']} ({report['mode']}), {report['prompt_set']}, n = {report['prompts']} prompts, "
                  f"T = {report['temperature']:g}", fontsize=10)
-    return plt, fig, axes if columns > 1 else [axes]
-
-
-def _save(plt, fig, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, format="png")
-    plt.close(fig)
+    return fig, axes[0]
 
 
 def _closed_loop(report: dict) -> bool:
@@ -137,7 +126,7 @@ def _closed_loop(report: dict) -> bool:
 
 def plot_categories(report: dict, path: Path) -> None:
     """τ and speedup per category, one bar per method, at the lowest concurrency."""
-    plt, fig, (tau_ax, speed_ax) = _figure(report, 2)
+    fig, (tau_ax, speed_ax) = _figure(report, 2)
     concurrency, methods = next(iter(report["results"].items()))
     drafters = [m for m in methods if m != PLAIN]
     categories = [*report["categories"], "overall"]
@@ -154,14 +143,14 @@ def plot_categories(report: dict, path: Path) -> None:
         if drafters:
             ax.legend()
     speed_ax.axhline(1.0, color="grey", lw=0.8)
-    _save(plt, fig, path)
+    save_figure(fig, path)
 
 
 def plot_positions(report: dict, path: Path) -> None:
     """Per-position acceptance (P(depth d accepted | depth d − 1 was)) of each method, at the lowest concurrency."""
     from matplotlib.ticker import MaxNLocator
 
-    plt, fig, (ax,) = _figure(report, 1)
+    fig, (ax,) = _figure(report, 1)
     concurrency, methods = next(iter(report["results"].items()))
     for method, figures in methods.items():
         rates = figures["overall"]["per_position_acceptance"]
@@ -174,7 +163,7 @@ def plot_positions(report: dict, path: Path) -> None:
     ax.set_title(f"per-position acceptance, concurrency {concurrency}")
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
-    _save(plt, fig, path)
+    save_figure(fig, path)
 
 
 def plot_concurrency(report: dict, path: Path) -> None:
@@ -210,7 +199,7 @@ def plot_open_loop(report: dict, path: Path) -> None:
 def _plot_levels(report: dict, path: Path, levels: list, rows: dict, xlabel: str, *, log_x: bool, panels) -> None:
     """One panel per (title, value of a level's figures), one line per method, ticks at the measured levels, every
     value axis from zero."""
-    plt, fig, axes = _figure(report, len(panels))
+    fig, axes = _figure(report, len(panels))
     for method, figures in rows.items():
         for ax, (title, value) in zip(axes, panels):
             if title.startswith("speedup") and method == PLAIN:
@@ -230,7 +219,7 @@ def _plot_levels(report: dict, path: Path, levels: list, rows: dict, xlabel: str
             ax.axhline(1.0, color="grey", lw=0.8)
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
-    _save(plt, fig, path)
+    save_figure(fig, path)
 
 
 PLOTS = {"categories.png": (_closed_loop, plot_categories), "acceptance.png": (_closed_loop, plot_positions),

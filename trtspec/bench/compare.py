@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from trtspec.bench.peers import LOOKUP, OPENVINO_LOOKUP_SETTINGS
-from trtspec.bench.summary import num
+from trtspec.bench.summary import num, save_figure, subplots
 from trtspec.errors import ConfigError
 from trtspec.speculative.method import PLAIN
 
@@ -557,13 +557,8 @@ def render_table(report: dict) -> list[str]:
 
 def plot(report: dict, png: Path) -> None:
     """tokens/s per system (plain and each method) beside the verify curves."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     with_curves = any("curve" in e for e in report["systems"].values())
-    fig, axes = plt.subplots(1, 2 if with_curves else 1, figsize=(13 if with_curves else 8, 5.5), squeeze=False)
+    fig, axes = subplots(1, 2 if with_curves else 1, figsize=(13 if with_curves else 8, 5.5), squeeze=False)
     bars = axes[0][0]
     labels = [f"{label}\n{e['format']}" for label, e in report["systems"].items()]
     series: dict[str, dict[int, float]] = {"plain": {}}
@@ -591,9 +586,7 @@ def plot(report: dict, png: Path) -> None:
                             label=f"{label} ({entry['format']})")
         curves.set(xlabel="slots per step (K + 1)", ylabel="step time ÷ plain step", title="verify cost curve")
         curves.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
+    save_figure(fig, png, dpi=120)
 
 
 def write_outputs(report: dict, out: Path) -> None:

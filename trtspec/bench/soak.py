@@ -536,14 +536,9 @@ class FaultStreams:
             os.killpg(child.pid, signal.SIGKILL)
 
     def wait_first_tokens(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
         with self._changed:
-            while len(self.state["abandon"]) < self.abandon or len(self.state["cancel"]) < self.cancel:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._changed.wait(left)
-        return True
+            return self._changed.wait_for(lambda: len(self.state["abandon"]) >= self.abandon
+                                          and len(self.state["cancel"]) >= self.cancel, timeout)
 
     def cut(self) -> None:
         """End every fault stream not cut yet (those without a first token: failed, or the wait was over)."""
@@ -806,7 +801,6 @@ def _settle(metrics_url: str | None, before: dict | None, expected_cancelled: in
     if metrics_url is None:
         return {"checked": False}
     start = time.monotonic()
-    metrics: dict = {}
     while True:
         metrics = fetch_metrics(metrics_url) or {}
         if "trtspec_engine_sequences_in_flight" not in metrics:
@@ -814,9 +808,7 @@ def _settle(metrics_url: str | None, before: dict | None, expected_cancelled: in
         delta = metrics.get("trtspec_requests_cancelled_total", 0.0) - (before or {}).get(
             "trtspec_requests_cancelled_total", 0.0)
         idle = all(metrics.get(g, 0.0) == 0 for g in GAUGES[:3])
-        if idle and (before is None or delta >= expected_cancelled):
-            break
-        if time.monotonic() - start > SETTLE_S:
+        if idle and (before is None or delta >= expected_cancelled) or time.monotonic() - start > SETTLE_S:
             break
         time.sleep(0.25)
     out = {"checked": True, "in_flight_zero": idle, "waited_s": round(time.monotonic() - start, 3),
@@ -841,8 +833,7 @@ def _fill(report: SoakReport, loads: list[Load], probes: list[SoakRequest], samp
                                 "outcome": r.outcome, "first_diff": r.first_diff, "tokens": r.tokens}
                                for r in wrong[:20]]
     report.latency_s = summarize(r.latency_s for r in done if r.latency_s is not None)
-    report.ttft_s = summarize(r.ttft_s for r in done if r.ttft_s is not None)
-    report.ttft_s["unloaded"] = unloaded_ttft
+    report.ttft_s = {**summarize(r.ttft_s for r in done if r.ttft_s is not None), "unloaded": unloaded_ttft}
     report.tokens = sum(r.tokens for r in done)
     window = max((r.end_s for r in done), default=load_start) - load_start
     report.tokens_per_s = round(report.tokens / window, 2) if window > 0 else 0.0

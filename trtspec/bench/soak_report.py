@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from trtspec.bench.summary import PERCENTILES, distribution, write_csv
+from trtspec.bench.summary import PERCENTILES, distribution, save_figure, subplots, write_csv
 
 # the targets `--check` holds a run to (docs/serving-faults.md)
 TARGET_MEMORY_GROWTH_PCT = 2.0
@@ -248,12 +248,7 @@ def write_outputs(report: SoakReport, out: Path) -> dict[str, Path]:
 def plot(report: SoakReport, png: Path) -> None:
     """Latency and time to first token per request (top), resident memory and requests in flight (bottom), over
     the run; the load, the faults and the SIGTERM marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
+    fig, (top, bottom) = subplots(2, 1, figsize=(10, 6.5), sharex=True)
     for phase, colour in (("soak", "tab:blue"), ("shutdown", "tab:red"), ("probe", "tab:green")):
         rows = [r for r in report.records if r.phase == phase and r.latency_s is not None]
         if rows:
@@ -296,6 +291,4 @@ def plot(report: SoakReport, png: Path) -> None:
                 ax.axvline(t, color="grey", ls=":", lw=1)
             top.annotate(label, (t, 1), xycoords=("data", "axes fraction"), fontsize=7, rotation=90, va="top",
                          ha="right", color="grey")
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    save_figure(fig, png, dpi=110)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -84,6 +85,25 @@ def num(value, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def subplots(*args, **kwargs):
+    """`matplotlib.pyplot.subplots` on the Agg backend (files only, no display): every bench plot's figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kwargs)
+
+
+def save_figure(fig, png: Path, dpi: int = 100) -> None:
+    """`fig`, laid out, into the PNG file `png`; then closed."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(png, dpi=dpi, format="png")
+    plt.close(fig)
+
+
 def first_divergence(output, reference) -> int:
     """The first index where two token sequences differ; the shorter one's length where it is a prefix of the other."""
     n = min(len(output), len(reference))
@@ -94,10 +114,8 @@ def distribution(values: list[float]) -> dict | None:
     """Mean and p50 / p90 / p99 of a list of milliseconds (None when empty)."""
     if not values:
         return None
-    out = {"mean": round(float(np.mean(values)), 3)}
-    for p in PERCENTILES:
-        out[f"p{p}"] = round(float(np.percentile(values, p)), 3)
-    return out
+    return {"mean": round(float(np.mean(values)), 3),
+            **{f"p{p}": round(float(np.percentile(values, p)), 3) for p in PERCENTILES}}
 
 
 def group_figures(records: list[RequestRecord], duration_s: float) -> dict:
@@ -134,10 +152,8 @@ def summarize(records: list[RequestRecord], walls: dict[tuple[int, str], float])
     out: dict = {}
     for (concurrency, method), wall in walls.items():
         mine = [r for r in records if r.concurrency == concurrency and r.method == method]
-        categories = {}
-        for category in dict.fromkeys(r.category for r in mine):
-            group = [r for r in mine if r.category == category]
-            categories[category] = group_figures(group, sum(r.e2e_ms for r in group) / 1000 / concurrency)
+        groups = {c: [r for r in mine if r.category == c] for c in dict.fromkeys(r.category for r in mine)}
+        categories = {c: group_figures(g, sum(r.e2e_ms for r in g) / 1000 / concurrency) for c, g in groups.items()}
         out.setdefault(concurrency, {})[method] = {"overall": group_figures(mine, wall), "categories": categories}
     for methods in out.values():
         plain = methods.get(PLAIN)
