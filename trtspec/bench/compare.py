@@ -86,8 +86,7 @@ class CompareOptions:
         for name, meaning in (("genai_lookup", "ngram_size, max_draft_tokens"),
                               ("llama_lookup", "the longest n-gram matched, the tokens drafted"),
                               ("openvino_lookup", "max_ngram_size, num_assistant_tokens")):
-            pair = getattr(self, name)
-            if len(pair) != 2 or min(pair) < 1:
+            if len(pair := getattr(self, name)) != 2 or min(pair) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} {','.join(map(str, pair))}: give N,K ({meaning}), "
                                   "each at least 1")
         if any(m.partition(":")[0] == PLAIN for m in self.methods):
@@ -161,8 +160,7 @@ def prompt_ids(engines: list[dict], sets: tuple[str, ...], limit: int, max_token
     limits = (min(e["max_input_len"] for e in engines), min(e["max_seq_len"] for e in engines))
     out = []
     for name in sets:
-        source = PROMPT_SETS.get(name)
-        if source is not None and source.two_turn:
+        if (source := PROMPT_SETS.get(name)) is not None and source.two_turn:
             rows = run_child("trtspec.bench.compare:second_turns", {
                 "engine": engines[0]["path"], "name": name, "limit": limit, "max_tokens": max_tokens,
                 "threads": threads}, log=log, threads=threads)
@@ -547,8 +545,7 @@ def render_table(report: dict) -> list[str]:
                              f"{num(c['decode_tokens_per_s']):>8}{num(c['decode_speedup'], 2):>7}×"
                              f"{num(c['tau'], 2):>6}{c['identical']:>4}/{c['compared']:<2}"
                              f"{num(c['draft_share'] and 100 * c['draft_share']):>6}%")
-    curves = [(label, e["curve"]) for label, e in report["systems"].items() if "curve" in e]
-    if curves:
+    if curves := [(label, e["curve"]) for label, e in report["systems"].items() if "curve" in e]:
         lines += ["", "verify cost curve: step ms ÷ plain step, slots 1 .. K + 1"]
         lines += [f"  {label:<{w - 2}} " + " ".join(f"{p['ratio']:.2f}" for p in curve["points"])
                   + f"  (plain step {curve['points'][0]['ms']:.1f} ms)" for label, curve in curves]

@@ -101,8 +101,7 @@ def build_genai_model(hf_dir: Path, out: Path, *, log: Path, precision: str = "f
         return out
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out),
            "-p", precision, "-e", "cpu", "-c", str(out.parent / "genai-cache")]
-    code = _run_offline(cmd, log)
-    if code or not (out / GENAI_CONFIG).is_file():
+    if (code := _run_offline(cmd, log)) or not (out / GENAI_CONFIG).is_file():
         raise ConfigError(f"onnxruntime-genai's model builder failed (exit code {code}); see {log}")
     return out
 
@@ -209,8 +208,7 @@ def build_openvino_model(hf_dir: Path, out: Path, *, log: Path, weights: str = "
     shutil.rmtree(partial, ignore_errors=True)
     cmd = [str(OPENVINO_EXPORTER), "export", "openvino", "--model", str(hf_dir), "--task", "text-generation-with-past",
            *OPENVINO_WEIGHTS[weights], str(partial)]
-    code = _run_offline(cmd, log)
-    if code or not (partial / OPENVINO_IR).is_file():
+    if (code := _run_offline(cmd, log)) or not (partial / OPENVINO_IR).is_file():
         raise ConfigError(f"OpenVINO's export of {hf_dir} ({weights}) failed (exit code {code}); see {log}")
     partial.rename(out)
     return out

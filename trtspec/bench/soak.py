@@ -148,8 +148,7 @@ class Sampler:
             entry["rss_mib"] = round(total / 1024, 2) if processes else None
             entry["processes"] = processes
         if self.metrics_url is not None:
-            metrics = fetch_metrics(self.metrics_url)
-            if metrics is not None:
+            if (metrics := fetch_metrics(self.metrics_url)) is not None:
                 if self.first_metrics is None:
                     self.first_metrics = metrics
                 self.last_metrics = metrics
@@ -243,8 +242,7 @@ class ServeProcess:
     def tritonserver_status(self) -> int | None:
         """tritonserver's exit status as `serve` reported it on stderr (None when it said nothing)."""
         for _, line in reversed(list(self.lines)):
-            m = re.match(r"(?:tritonserver exited \(|Error: tritonserver exited with status )(\d+)", line)
-            if m:
+            if m := re.match(r"(?:tritonserver exited \(|Error: tritonserver exited with status )(\d+)", line):
                 return int(m[1])
         return None
 
@@ -823,8 +821,7 @@ def _fill(report: SoakReport, loads: list[Load], probes: list[SoakRequest], samp
           unloaded_ttft: float | None, load_start: float) -> None:
     records = sorted([r for load in loads for r in load.records] + probes, key=lambda r: (r.start_s, r.seq))
     report.records = records
-    soak = [r for r in records if r.phase == "soak"]
-    done = [r for r in soak if r.outcome != "error"]
+    done = [r for r in records if r.phase == "soak" and r.outcome != "error"]
     failed = [r for r in records if r.outcome == "error" and r.phase != "shutdown"]
     wrong = [r for r in records if r.outcome == "mismatch" or (r.outcome == "truncated" and r.phase != "shutdown")]
     report.requests, report.errors, report.mismatches = len(done), len(failed), len(wrong)

@@ -179,8 +179,7 @@ def format_report(report: SoakReport) -> list[str]:
                      f"p99 {format_seconds(d.get('p99'))}, max {format_seconds(d.get('max'))}"
                      + (f" (unloaded {format_seconds(d.get('unloaded'))})" if name == "first token" else ""))
     lines.append(f"  tokens/s       {report.tokens_per_s:.1f} ({report.tokens:,} tokens)")
-    m = report.memory
-    if m is not None:
+    if (m := report.memory) is not None:
         procs = ", ".join(f"{k} {v:.0f}" for k, v in sorted(m["processes_end_mib"].items(), key=lambda kv: -kv[1]))
         lines.append(f"  memory (RSS)   start {m['start_mib']:.1f} MiB, peak {m['peak_mib']:.1f}, end "
                      f"{m['end_mib']:.1f}: growth {m['growth_pct']:+.2f}% "
@@ -188,20 +187,17 @@ def format_report(report: SoakReport) -> list[str]:
         lines.append(f"  processes      {procs} (MiB at the end of the load)")
     else:
         lines.append("  memory         not sampled")
-    a = report.after_load
-    if a.get("checked"):
+    if (a := report.after_load).get("checked"):
         lines.append(f"  after the load in flight {_num(a.get('trtspec_engine_sequences_in_flight'))}, queued "
                      f"{_num(a.get('trtspec_engine_queue_size'))}, KV rows used {_num(a.get('trtspec_kv_rows_used'))}"
                      f" / free {_num(a.get('trtspec_kv_rows_free'))} (waited {a['waited_s']:.1f} s)")
-    f = report.faults
-    if f is not None:
+    if (f := report.faults) is not None:
         ab, ca = f["abandon"], f["cancel"]
         lines.append(f"  faults         {ab['cut_mid_stream']}/{ab['requested']} abandoned and {ca['cut_mid_stream']}/"
                      f"{ca['requested']} cancelled mid-stream; cancelled counter +{_num(f['cancelled_counter_delta'])}; "
                      f"first token after them {format_seconds(f['fresh_ttft_median_s'])} = {f['ttft_ratio']}x "
                      "unloaded")
-    s = report.shutdown
-    if s is not None:
+    if (s := report.shutdown) is not None:
         how = (f"SIGTERM mid-load ({s['requests_open_at_sigterm']} requests open, {s['streaming_at_sigterm']} "
                "streaming)") if s["mid_load"] else "SIGTERM idle"
         lines.append(f"  shutdown       {how}: serve exited {s['serve_exit']} in {s['seconds']:.2f} s, tritonserver "
@@ -214,10 +210,9 @@ def format_report(report: SoakReport) -> list[str]:
             lines.append("  after SIGTERM  " + ", ".join(f"{label} {v:.2f} s" for label, v in steps if v is not None))
     if report.error_messages:
         lines.append(f"  first errors   {' | '.join(report.error_messages[:3])}")
-    for note in report.notes:
-        lines.append(f"  note           {note}")
-    marks = ", ".join(f"{t['name']} {t['value']} {'ok' if t['ok'] else 'MISSED'}" for t in report.targets)
-    lines.append(f"  targets        {marks}")
+    lines += [f"  note           {note}" for note in report.notes]
+    lines.append("  targets        " + ", ".join(f"{t['name']} {t['value']} {'ok' if t['ok'] else 'MISSED'}"
+                                                 for t in report.targets))
     return lines
 
 
@@ -250,8 +245,7 @@ def plot(report: SoakReport, png: Path) -> None:
     the run; the load, the faults and the SIGTERM marked."""
     fig, (top, bottom) = subplots(2, 1, figsize=(10, 6.5), sharex=True)
     for phase, colour in (("soak", "tab:blue"), ("shutdown", "tab:red"), ("probe", "tab:green")):
-        rows = [r for r in report.records if r.phase == phase and r.latency_s is not None]
-        if rows:
+        if rows := [r for r in report.records if r.phase == phase and r.latency_s is not None]:
             top.plot([r.end_s for r in rows], [r.latency_s for r in rows], ".", ms=3, color=colour,
                      label=f"latency ({phase})")
             top.plot([r.start_s + r.ttft_s for r in rows if r.ttft_s is not None],
