@@ -61,15 +61,12 @@ def _open_loop_rows(open_loop: dict | None) -> list[str]:
              f"{'rate':>5} {'method':<10} {'req/s':>6} {'tok/s':>7} {'TTFT p50':>8} {'p99':>7} {'TPOT p50':>8} "
              f"{'p99':>6} {'E2E p50':>8} {'p99':>8} {'τ':>5} {'speedup':>7} {'same':>5}"
              + (f" {'goodput':>8}" if slos else "")]
-    for rate, methods in open_loop["results"].items():
-        for method, g in methods.items():
-            lines.append(f"{rate:>5} {method:<10} {g['request_throughput']:>6.2f} {g['output_tokens_per_s']:>7.1f} "
-                         f"{_ms(g['ttft_ms'], 'p50'):>8} {_ms(g['ttft_ms'], 'p99'):>7} "
-                         f"{_ms(g['tpot_ms'], 'p50'):>8} {_ms(g['tpot_ms'], 'p99'):>6} "
-                         f"{_ms(g['e2e_ms'], 'p50'):>8} {_ms(g['e2e_ms'], 'p99'):>8} {g['tau']:>5.2f} "
-                         f"{_x(g['speedup']):>7} {g['identical'] or '-':>5}"
-                         + (f" {g['goodput']:>8.2f}" if slos else ""))
-    return lines
+    return lines + [f"{rate:>5} {method:<10} {g['request_throughput']:>6.2f} {g['output_tokens_per_s']:>7.1f} "
+                    f"{_ms(g['ttft_ms'], 'p50'):>8} {_ms(g['ttft_ms'], 'p99'):>7} "
+                    f"{_ms(g['tpot_ms'], 'p50'):>8} {_ms(g['tpot_ms'], 'p99'):>6} "
+                    f"{_ms(g['e2e_ms'], 'p50'):>8} {_ms(g['e2e_ms'], 'p99'):>8} {g['tau']:>5.2f} "
+                    f"{_x(g['speedup']):>7} {g['identical'] or '-':>5}" + (f" {g['goodput']:>8.2f}" if slos else "")
+                    for rate, methods in open_loop["results"].items() for method, g in methods.items()]
 
 
 def _rows(results: dict) -> list[str]:

@@ -530,8 +530,7 @@ def render_table(report: dict) -> list[str]:
         plain = entry["plain"]["all"]
         lines.append(f"{label:<{w}}{entry['format'][:27]:<28}{num(plain['tokens_per_s']):>8}"
                      f"{num(plain['decode_tokens_per_s']):>8}")
-    for peer, reason in report["skipped"].items():
-        lines.append(f"{peer:<{w}}skipped: {reason}")
+    lines += [f"{peer:<{w}}skipped: {reason}" for peer, reason in report["skipped"].items()]
     lines += ["", "each method against plain decoding on the same system (tok/s end to end; decode: after the first "
                   "token; same: outputs identical to that plain decoding)",
               f"{'system':<{w}}{'set':<19}{'method':<16}{'tok/s':>7}{'plain':>7}{'speedup':>8}{'decode':>8}"

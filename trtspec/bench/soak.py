@@ -91,8 +91,7 @@ def process_label(pid: int) -> str:
     """tritonserver; stub:MODEL for a Python backend stub (the model folder of its model.py); else its comm."""
     argv = cmdline(pid)
     if argv and "triton_python_backend_stub" in argv[0]:
-        script = next((arg for arg in argv[1:] if arg.endswith(".py")), "")
-        parts = Path(script).parts
+        parts = Path(next((arg for arg in argv[1:] if arg.endswith(".py")), "")).parts
         return f"stub:{parts[-3]}" if len(parts) >= 3 else "stub"
     stat = process_stat(pid)
     return stat[0] if stat else "?"

@@ -186,10 +186,7 @@ class _ChunkClock:
 
     def since(self, ttft_s: float) -> list[float]:
         """The times relative to the request's start, given that the first chunk came at ttft_s."""
-        if not self.times:
-            return []
-        start = self.times[0] - ttft_s
-        return [t - start for t in self.times]
+        return [ttft_s + (t - self.times[0]) for t in self.times]
 
 
 class ServedTarget:
