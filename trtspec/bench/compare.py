@@ -161,10 +161,9 @@ def prompt_ids(engines: list[dict], sets: tuple[str, ...], limit: int, max_token
     out = []
     for name in sets:
         if (source := PROMPT_SETS.get(name)) is not None and source.two_turn:
-            rows = run_child("trtspec.bench.compare:second_turns", {
+            chosen = [(row["id"], row["messages"], ()) for row in run_child("trtspec.bench.compare:second_turns", {
                 "engine": engines[0]["path"], "name": name, "limit": limit, "max_tokens": max_tokens,
-                "threads": threads}, log=log, threads=threads)
-            chosen = [(row["id"], row["messages"], ()) for row in rows]
+                "threads": threads}, log=log, threads=threads)]
         else:
             chosen = [(p.id, list(p.messages), p.ids) for p in load_bench_prompts(name, limit=limit, show=show)]
         for prompt_id, messages, given in chosen:

@@ -218,10 +218,8 @@ def _greedy(engine, context, tokens: int, end_ids: tuple[int, ...]) -> list[int]
     from trtspec.speculative.loop import GenerationConfig, generate
     from trtspec.speculative.methods import make_proposer
 
-    end_id = end_ids[0] if end_ids else None
-    result = generate(engine, np.asarray(context, np.int64), make_proposer("none", engine),
-                      GenerationConfig(max_tokens=tokens, end_id=end_id))
-    return list(result.output_ids)
+    return list(generate(engine, np.asarray(context, np.int64), make_proposer("none", engine),
+                         GenerationConfig(max_tokens=tokens, end_id=end_ids[0] if end_ids else None)).output_ids)
 
 
 def measure_quality(engines: list[Path], reference: Path, options: QualityOptions = QualityOptions(), *,
@@ -269,12 +267,10 @@ def measure_quality(engines: list[Path], reference: Path, options: QualityOption
     contexts = [s.context for found in samples.values() for s in found[:options.greedy_prompts]]
     with progress_bar("free-running greedy", total=len(contexts), enabled=progress and bool(contexts)) as advance:
         for context in contexts:
-            ref_out = _greedy(ref_engine, context, options.greedy_tokens, tokenizer.eos_token_ids)
-            for row, engine in zip(rows, all_engines):
-                out = ref_out if engine is ref_engine else _greedy(engine, context, options.greedy_tokens,
-                                                                   tokenizer.eos_token_ids)
-                row.first_divergence.append(first_divergence(out, ref_out))
-                row.greedy_lengths.append(len(ref_out))
+            outs = [_greedy(engine, context, options.greedy_tokens, tokenizer.eos_token_ids) for engine in all_engines]
+            for row, out in zip(rows, outs):  # outs[0]: the reference's
+                row.first_divergence.append(first_divergence(out, outs[0]))
+                row.greedy_lengths.append(len(outs[0]))
             advance()
     return QualityReport(rows[0], rows[1:], options, slices)
 

@@ -778,8 +778,7 @@ def _stop(served: ServeProcess, options: SoakOptions, report: SoakReport, new_lo
     sigterm_t = time.monotonic() - epoch
     shutdown = served.sigterm(set(sampler.pids_seen))
     records = stop_load.records if stop_load is not None else []
-    ends = [r.end_s - sigterm_t for r in records]
-    shutdown["last_request_end_after_s"] = round(max(ends), 3) if ends else None
+    shutdown["last_request_end_after_s"] = round(max(r.end_s for r in records) - sigterm_t, 3) if records else None
     if options.out is not None:
         served.write_log(options.out, epoch)
     if stop_load is not None:
