@@ -150,8 +150,7 @@ def plot_positions(report: dict, path: Path) -> None:
     fig, (ax,) = _figure(report, 1)
     concurrency, methods = next(iter(report["results"].items()))
     for method, figures in methods.items():
-        rates = figures["overall"]["per_position_acceptance"]
-        if method != PLAIN and rates:
+        if method != PLAIN and (rates := figures["overall"]["per_position_acceptance"]):
             ax.plot(range(1, len(rates) + 1), rates, marker="o", label=method)
     ax.set_xlabel("draft depth")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -525,10 +525,8 @@ def render_table(report: dict) -> list[str]:
              f"{s['max_tokens']} new tokens, {s['threads']} threads, {s['rounds']} round(s)",
              f"load average (1, 5, 15 min) before {load['before']}, after {load['after']} on {s['cpus']} CPUs", "",
              f"{'system':<{w}}{'format':<28}{'tok/s':>8}{'decode':>8}"]
-    for label, entry in report["systems"].items():
-        plain = entry["plain"]["all"]
-        lines.append(f"{label:<{w}}{entry['format'][:27]:<28}{num(plain['tokens_per_s']):>8}"
-                     f"{num(plain['decode_tokens_per_s']):>8}")
+    lines += [f"{label:<{w}}{e['format'][:27]:<28}{num(e['plain']['all']['tokens_per_s']):>8}"
+              f"{num(e['plain']['all']['decode_tokens_per_s']):>8}" for label, e in report["systems"].items()]
     lines += [f"{peer:<{w}}skipped: {reason}" for peer, reason in report["skipped"].items()]
     lines += ["", "each method against plain decoding on the same system (tok/s end to end; decode: after the first "
                   "token; same: outputs identical to that plain decoding)",

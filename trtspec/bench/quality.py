@@ -146,10 +146,9 @@ class CorpusScore:
     kl: float = 0.0  # sum of KL(reference || engine)
 
     def add(self, logp: np.ndarray, target, ref_logp: np.ndarray) -> None:
-        idx = np.arange(len(target))
         self.samples += 1
         self.tokens += len(target)
-        self.nll -= float(logp[idx, np.asarray(target)].sum())
+        self.nll -= float(logp[np.arange(len(target)), np.asarray(target)].sum())
         self.agree += int((logp.argmax(-1) == ref_logp.argmax(-1)).sum())
         self.kl += float((np.exp(ref_logp) * (ref_logp - logp)).sum())
 

@@ -190,19 +190,12 @@ class ServeProcess:
 
         self.repo, self.drain_s = Path(repo), drain_s
         self.grpc_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.grpc_url, self.metrics_url = f"127.0.0.1:{self.grpc_port}", f"http://127.0.0.1:{self.metrics_port}/metrics"
         self.process: subprocess.Popen | None = None
         self.lines: deque[tuple[float, str]] = deque(maxlen=20000)  # (time.monotonic() it arrived, line)
         self.ready = threading.Event()
         self.tritonserver_pid: int | None = None
         self._reader: threading.Thread | None = None
-
-    @property
-    def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "trtspec.cli", "serve", str(self.repo), "--grpc-port", str(self.grpc_port),
