@@ -231,8 +231,7 @@ def _serving(report: dict, records: list[RequestRecord], temperature: float, bat
                 "in_process_ttft_ms_p50": (mine["ttft_ms"] or {}).get("p50"),
                 "served_ttft_ms_p50": (theirs["ttft_ms"] or {}).get("p50"),
                 "outputs_identical": f"{sum(same)}/{len(same)}" if temperature == 0 else None}
-    out["target"] = SERVING_TARGET
-    return out
+    return {**out, "target": SERVING_TARGET}
 
 
 def _report(options: BenchOptions, target, prompts: list[BenchPrompt], methods, results: dict, load_before) -> dict:

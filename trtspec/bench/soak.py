@@ -456,7 +456,7 @@ class FaultStreams:
     def _mark(self, kind: str, i: int, event: str, message: str = "") -> None:
         with self._changed:
             previous = self.state[kind].get(i)
-            if event != "first" and (i in self._cut[kind] or event == "error" and self.cut_at is not None):
+            if event != "first" and (i in self._cut[kind] or (event == "error" and self.cut_at is not None)):
                 return  # cut: whatever ends the stream now ("Locally cancelled by application!") is the cut's doing
             if event == "error":
                 self.errors.append(f"{kind} {i}: {message}")

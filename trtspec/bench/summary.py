@@ -2,7 +2,8 @@
 them where it has them: TTFT, TPOT = (end to end − TTFT) ÷ (output tokens − 1), ITL = the gaps between streamed
 chunks (a speculative step's carries τ tokens: ITL grows with τ while TPOT falls), throughputs over the group's wall
 time (a category's: its summed latency ÷ the concurrency), speedup over plain decoding on the same prompts and
-concurrency; τ and acceptance as `trtspec.speculative.stats` defines them.
+concurrency; τ and acceptance as `trtspec.speculative.stats` defines them. Also what every bench command's tables,
+CSV files and plots share: `num`, `write_csv`, `subplots` and `save_figure`.
 """
 
 from __future__ import annotations
