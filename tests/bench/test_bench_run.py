@@ -120,7 +120,7 @@ def test_plots_name_what_was_measured_and_show_the_levels(run, monkeypatch, tmp_
     from trtspec.bench import bench_outputs
 
     figures = {}
-    monkeypatch.setattr(bench_outputs, "_save", lambda plt_, fig, path: figures.__setitem__(path.name, fig))
+    monkeypatch.setattr(bench_outputs, "save_figure", lambda fig, path: figures.__setitem__(path.name, fig))
     written = bench_outputs.write_outputs(run, tmp_path)
     assert set(written) == {"summary", "requests", "categories.png", "acceptance.png", "concurrency.png"}
     for name, fig in figures.items():

@@ -3,12 +3,11 @@ summary.json, requests.csv and the plots, each titled with what was measured."""
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 from trtspec.bench.runner import BenchRun
-from trtspec.bench.summary import CSV_FIELDS, PLAIN
+from trtspec.bench.summary import CSV_FIELDS, PLAIN, num, save_figure, subplots, write_csv
 
 RULE = 50
 
@@ -25,13 +24,10 @@ def format_table(report: dict) -> list[str]:
              "-" * RULE,
              f"{'conc':>4} {'method':<10} {'req/s':>6} {'tok/s':>7} {'tok/s/u':>7} {'TTFT p50':>8} {'p99':>7} "
              f"{'TPOT p50':>8} {'p99':>6} {'ITL p50':>7} {'τ':>5} {'acc':>5} {'speedup':>7} {'same':>5}"]
-    blocks = [("", report["results"])]
     if "served" in report:  # serving mode: the in-process rows, then the served ones
-        blocks = [("in-process", report["results"]), ("served", report["served"]["results"])]
-    for title, results in blocks:
-        if title:
-            lines.append(f"{title}:")
-        lines += _rows(results)
+        lines += ["in-process:", *_rows(report["results"]), "served:", *_rows(report["served"]["results"])]
+    else:
+        lines += _rows(report["results"])
     for c, level in report.get("serving", {}).items():
         if c == "target":
             continue
@@ -39,20 +35,16 @@ def format_table(report: dict) -> list[str]:
             lines.append(f"served ÷ in-process, concurrency {c}, {method}: {m['served_tok_s']:.1f} ÷ "
                          f"{m['in_process_tok_s']:.1f} tok/s = {_x(m['ratio'])}"
                          + (f" (target ≥ {report['serving']['target']})" if c == "1" else "")
-                         + f"; TTFT p50 {_num(m['served_ttft_ms_p50'])} vs {_num(m['in_process_ttft_ms_p50'])} ms"
+                         + f"; TTFT p50 {num(m['served_ttft_ms_p50'])} vs {num(m['in_process_ttft_ms_p50'])} ms"
                          + (f"; outputs identical {m['outputs_identical']}" if m["outputs_identical"] else ""))
-        if level.get("engine_batching"):
-            b = level["engine_batching"]
+        if b := level.get("engine_batching"):
             lines.append(f"engine batching at concurrency {c}: {b['steps']} steps, {b['sequences_per_step']} "
                          "sequences per step")
     lines += ["-" * RULE, f"{'conc':>4} {'method':<10} {'category':<16} {'τ':>5} {'speedup':>7}  per-position acceptance"]
-    for concurrency, methods in report["results"].items():
-        for method, figures in methods.items():
-            if method == PLAIN:
-                continue
-            for category, g in figures["categories"].items():
-                lines.append(f"{concurrency:>4} {method:<10} {category:<16} {g['tau']:>5.2f} {_x(g['speedup']):>7}  "
-                             + " ".join(f"{x:.2f}" for x in g["per_position_acceptance"]))
+    lines += [f"{concurrency:>4} {method:<10} {category:<16} {g['tau']:>5.2f} {_x(g['speedup']):>7}  "
+              + " ".join(f"{x:.2f}" for x in g["per_position_acceptance"])
+              for concurrency, methods in report["results"].items() for method, figures in methods.items()
+              if method != PLAIN for category, g in figures["categories"].items()]
     lines += _open_loop_rows(report.get("open_loop"))
     lines += [f"note: {note}" for note in report.get("notes", [])]
     lines.append("=" * RULE)
@@ -69,15 +61,12 @@ def _open_loop_rows(open_loop: dict | None) -> list[str]:
              f"{'rate':>5} {'method':<10} {'req/s':>6} {'tok/s':>7} {'TTFT p50':>8} {'p99':>7} {'TPOT p50':>8} "
              f"{'p99':>6} {'E2E p50':>8} {'p99':>8} {'τ':>5} {'speedup':>7} {'same':>5}"
              + (f" {'goodput':>8}" if slos else "")]
-    for rate, methods in open_loop["results"].items():
-        for method, g in methods.items():
-            lines.append(f"{rate:>5} {method:<10} {g['request_throughput']:>6.2f} {g['output_tokens_per_s']:>7.1f} "
-                         f"{_ms(g['ttft_ms'], 'p50'):>8} {_ms(g['ttft_ms'], 'p99'):>7} "
-                         f"{_ms(g['tpot_ms'], 'p50'):>8} {_ms(g['tpot_ms'], 'p99'):>6} "
-                         f"{_ms(g['e2e_ms'], 'p50'):>8} {_ms(g['e2e_ms'], 'p99'):>8} {g['tau']:>5.2f} "
-                         f"{_x(g['speedup']):>7} {g['identical'] or '-':>5}"
-                         + (f" {g['goodput']:>8.2f}" if slos else ""))
-    return lines
+    return lines + [f"{rate:>5} {method:<10} {g['request_throughput']:>6.2f} {g['output_tokens_per_s']:>7.1f} "
+                    f"{_ms(g['ttft_ms'], 'p50'):>8} {_ms(g['ttft_ms'], 'p99'):>7} "
+                    f"{_ms(g['tpot_ms'], 'p50'):>8} {_ms(g['tpot_ms'], 'p99'):>6} "
+                    f"{_ms(g['e2e_ms'], 'p50'):>8} {_ms(g['e2e_ms'], 'p99'):>8} {g['tau']:>5.2f} "
+                    f"{_x(g['speedup']):>7} {g['identical'] or '-':>5}" + (f" {g['goodput']:>8.2f}" if slos else "")
+                    for rate, methods in open_loop["results"].items() for method, g in methods.items()]
 
 
 def _rows(results: dict) -> list[str]:
@@ -92,10 +81,6 @@ def _rows(results: dict) -> list[str]:
                          f"{g['tau']:>5.2f} {g['acceptance_rate']:>5.2f} {_x(g['speedup']):>7} "
                          f"{g['identical'] or '-':>5}")
     return lines
-
-
-def _num(value) -> str:
-    return "-" if value is None else f"{value:.1f}"
 
 
 def _ms(dist: dict | None, key: str) -> str:
@@ -115,10 +100,7 @@ def write_outputs(run: BenchRun, out: Path) -> dict[str, Path]:
     with atomic_output_file(written["summary"]) as tmp:
         tmp.write_text(json.dumps(run.report, indent=1) + "\n")
     with atomic_output_file(written["requests"]) as tmp, tmp.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        for r in run.records:
-            writer.writerow(r.csv_row())
+        write_csv(f, run.records, CSV_FIELDS)
     for name, (applies, draw) in PLOTS.items():
         if applies(run.report):
             with atomic_output_file(out / name) as tmp:
@@ -129,21 +111,10 @@ def write_outputs(run: BenchRun, out: Path) -> dict[str, Path]:
 
 def _figure(report: dict, columns: int):
     """A figure of `columns` panels titled with the target, the mode, the prompt set and n."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, columns, figsize=(5.5 * columns, 4.3))
+    fig, axes = subplots(1, columns, figsize=(5.5 * columns, 4.3), squeeze=False)
     fig.suptitle(f"{report['target']} ({report['mode']}), {report['prompt_set']}, n = {report['prompts']} prompts, "
                  f"T = {report['temperature']:g}", fontsize=10)
-    return plt, fig, axes if columns > 1 else [axes]
-
-
-def _save(plt, fig, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100, format="png")
-    plt.close(fig)
+    return fig, axes[0]
 
 
 def _closed_loop(report: dict) -> bool:
@@ -152,7 +123,7 @@ def _closed_loop(report: dict) -> bool:
 
 def plot_categories(report: dict, path: Path) -> None:
     """τ and speedup per category, one bar per method, at the lowest concurrency."""
-    plt, fig, (tau_ax, speed_ax) = _figure(report, 2)
+    fig, (tau_ax, speed_ax) = _figure(report, 2)
     concurrency, methods = next(iter(report["results"].items()))
     drafters = [m for m in methods if m != PLAIN]
     categories = [*report["categories"], "overall"]
@@ -169,18 +140,17 @@ def plot_categories(report: dict, path: Path) -> None:
         if drafters:
             ax.legend()
     speed_ax.axhline(1.0, color="grey", lw=0.8)
-    _save(plt, fig, path)
+    save_figure(fig, path)
 
 
 def plot_positions(report: dict, path: Path) -> None:
     """Per-position acceptance (P(depth d accepted | depth d − 1 was)) of each method, at the lowest concurrency."""
     from matplotlib.ticker import MaxNLocator
 
-    plt, fig, (ax,) = _figure(report, 1)
+    fig, (ax,) = _figure(report, 1)
     concurrency, methods = next(iter(report["results"].items()))
     for method, figures in methods.items():
-        rates = figures["overall"]["per_position_acceptance"]
-        if method != PLAIN and rates:
+        if method != PLAIN and (rates := figures["overall"]["per_position_acceptance"]):
             ax.plot(range(1, len(rates) + 1), rates, marker="o", label=method)
     ax.set_xlabel("draft depth")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -189,7 +159,7 @@ def plot_positions(report: dict, path: Path) -> None:
     ax.set_title(f"per-position acceptance, concurrency {concurrency}")
     if ax.get_legend_handles_labels()[0]:
         ax.legend()
-    _save(plt, fig, path)
+    save_figure(fig, path)
 
 
 def plot_concurrency(report: dict, path: Path) -> None:
@@ -225,7 +195,7 @@ def plot_open_loop(report: dict, path: Path) -> None:
 def _plot_levels(report: dict, path: Path, levels: list, rows: dict, xlabel: str, *, log_x: bool, panels) -> None:
     """One panel per (title, value of a level's figures), one line per method, ticks at the measured levels, every
     value axis from zero."""
-    plt, fig, axes = _figure(report, len(panels))
+    fig, axes = _figure(report, len(panels))
     for method, figures in rows.items():
         for ax, (title, value) in zip(axes, panels):
             if title.startswith("speedup") and method == PLAIN:
@@ -245,7 +215,7 @@ def _plot_levels(report: dict, path: Path, levels: list, rows: dict, xlabel: str
             ax.axhline(1.0, color="grey", lw=0.8)
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
-    _save(plt, fig, path)
+    save_figure(fig, path)
 
 
 PLOTS = {"categories.png": (_closed_loop, plot_categories), "acceptance.png": (_closed_loop, plot_positions),

@@ -18,13 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
-from trtspec.bench.peers import LOOKUP, OPENVINO_LOOKUP_SETTINGS, WARMUP_TOKENS
+from trtspec.bench.peers import LOOKUP, OPENVINO_LOOKUP_SETTINGS
+from trtspec.bench.summary import num, save_figure, subplots
 from trtspec.errors import ConfigError
 from trtspec.speculative.method import PLAIN
 
 DEFAULT_SETS = ("sharegpt-grounded", "code-edit", "mt-bench-2turn", "mt-bench")
 TRANSFORMERS, GENAI, LLAMA_CPP, OPENVINO = "transformers", "onnxruntime-genai", "llama.cpp", "openvino"
 PEERS = (TRANSFORMERS, GENAI, LLAMA_CPP, OPENVINO)
+PEER_RUNNERS = {TRANSFORMERS: "run_transformers", GENAI: "run_genai", LLAMA_CPP: "run_llama_cpp",
+                OPENVINO: "run_openvino"}  # trtspec.bench.peers' functions
 # the engines' weight formats (their linear layers' dtype) each peer is run at, matched to the engines of that format;
 # llama.cpp reads one GGUF as it is, matched to int4 engines
 PEER_FORMATS = {TRANSFORMERS: ("fp32",), GENAI: ("fp32", "int4"), LLAMA_CPP: ("int4",),
@@ -69,11 +72,10 @@ class CompareOptions:
         object.__setattr__(self, "engines", tuple(Path(e) for e in self.engines))
         if not self.engines:
             raise ConfigError("give at least one ENGINE")
-        for name in ("limit", "max_tokens", "threads", "rounds", "past", "repeats", "transformers_lookup"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1")
-        if self.peer_limit is not None and self.peer_limit < 1:
-            raise ConfigError(f"--peer-limit {self.peer_limit}: must be at least 1")
+        for name in ("limit", "max_tokens", "threads", "rounds", "past", "repeats", "transformers_lookup",
+                     "peer_limit"):
+            if (value := getattr(self, name)) is not None and value < 1:  # peer_limit None: every prompt
+                raise ConfigError(f"--{name.replace('_', '-')} {value}: must be at least 1")
         for peer in self.peers:
             if peer not in PEERS:
                 raise ConfigError(f"--peers {peer}: unknown peer; choose from {', '.join(PEERS)}")
@@ -84,8 +86,7 @@ class CompareOptions:
         for name, meaning in (("genai_lookup", "ngram_size, max_draft_tokens"),
                               ("llama_lookup", "the longest n-gram matched, the tokens drafted"),
                               ("openvino_lookup", "max_ngram_size, num_assistant_tokens")):
-            pair = getattr(self, name)
-            if len(pair) != 2 or min(pair) < 1:
+            if len(pair := getattr(self, name)) != 2 or min(pair) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} {','.join(map(str, pair))}: give N,K ({meaning}), "
                                   "each at least 1")
         if any(m.partition(":")[0] == PLAIN for m in self.methods):
@@ -159,12 +160,10 @@ def prompt_ids(engines: list[dict], sets: tuple[str, ...], limit: int, max_token
     limits = (min(e["max_input_len"] for e in engines), min(e["max_seq_len"] for e in engines))
     out = []
     for name in sets:
-        source = PROMPT_SETS.get(name)
-        if source is not None and source.two_turn:
-            rows = run_child("trtspec.bench.compare:second_turns", {
+        if (source := PROMPT_SETS.get(name)) is not None and source.two_turn:
+            chosen = [(row["id"], row["messages"], ()) for row in run_child("trtspec.bench.compare:second_turns", {
                 "engine": engines[0]["path"], "name": name, "limit": limit, "max_tokens": max_tokens,
-                "threads": threads}, log=log, threads=threads)
-            chosen = [(row["id"], row["messages"], ()) for row in rows]
+                "threads": threads}, log=log, threads=threads)]
         else:
             chosen = [(p.id, list(p.messages), p.ids) for p in load_bench_prompts(name, limit=limit, show=show)]
         for prompt_id, messages, given in chosen:
@@ -346,33 +345,28 @@ def peer_systems(options: CompareOptions, work: Path, show: Callable[[str], None
         if peer in skipped:
             show(f"{peer}: skipped, {skipped[peer]}")
             continue
+        lookup = {TRANSFORMERS: options.transformers_lookup, GENAI: list(options.genai_lookup),
+                  LLAMA_CPP: list(options.llama_lookup), OPENVINO: list(options.openvino_lookup)}[peer]
         for dtype in matched:
             if peer == TRANSFORMERS:
-                systems.append(System(f"transformers {dtype}", peer, "trtspec.bench.peers:run_transformers",
-                                      {"model": str(options.hf), "lookup": options.transformers_lookup}, dtype,
-                                      (LOOKUP,), dtype, None))
+                label, model, weights, fmt = f"transformers {dtype}", options.hf, None, dtype
             elif peer == GENAI:
                 model = build_genai_model(options.hf, work / f"genai-{dtype}", log=work / f"genai-{dtype}-build.log",
                                           precision=dtype)
-                systems.append(System(f"onnxruntime-genai {dtype}", peer, "trtspec.bench.peers:run_genai",
-                                      {"model": str(model), "lookup": list(options.genai_lookup)},
-                                      FORMAT_LABELS[GENAI][dtype], (LOOKUP,), dtype, model / "model.onnx"))
+                label, weights, fmt = f"onnxruntime-genai {dtype}", model / "model.onnx", FORMAT_LABELS[GENAI][dtype]
             elif peer == OPENVINO:
                 model = build_openvino_model(options.hf, work / f"openvino-{dtype}",
                                              log=work / f"openvino-{dtype}-export.log", weights=dtype)
-                systems.append(System(f"OpenVINO GenAI {dtype}", peer, "trtspec.bench.peers:run_openvino",
-                                      {"model": str(model), "lookup": list(options.openvino_lookup)},
-                                      FORMAT_LABELS[OPENVINO][dtype], (LOOKUP,), dtype, model / OPENVINO_IR))
+                label, weights, fmt = f"OpenVINO GenAI {dtype}", model / OPENVINO_IR, FORMAT_LABELS[OPENVINO][dtype]
             else:
-                gguf = options.gguf or llama_cpp_gguf(options.hf)
-                facts = gguf_facts(gguf)
+                model = weights = options.gguf or llama_cpp_gguf(options.hf)
+                facts = gguf_facts(model)
                 if vocab_size is not None and facts["vocab_size"] != vocab_size:
-                    raise ConfigError(f"{gguf}: a vocabulary of {facts['vocab_size']} tokens, the engines have "
+                    raise ConfigError(f"{model}: a vocabulary of {facts['vocab_size']} tokens, the engines have "
                                       f"{vocab_size}: give --gguf the GGUF of the engines' model")
-                systems.append(System(f"llama.cpp {facts['format'].split(',')[0]}", peer,
-                                      "trtspec.bench.peers:run_llama_cpp",
-                                      {"model": str(gguf), "lookup": list(options.llama_lookup)}, facts["format"],
-                                      (LOOKUP,), dtype, gguf))
+                label, fmt = f"llama.cpp {facts['format'].split(',')[0]}", facts["format"]
+            systems.append(System(label, peer, f"trtspec.bench.peers:{PEER_RUNNERS[peer]}",
+                                  {"model": str(model), "lookup": lookup}, fmt, (LOOKUP,), dtype, weights))
     return systems, skipped
 
 
@@ -451,15 +445,8 @@ def run_compare(options: CompareOptions, *, show: Callable[[str], None] = print,
 
 def _chosen_prompts(prompts: list[dict], per_set: int | None) -> list[int]:
     """Indices of the prompts a system decodes: all, or each set's first `per_set`."""
-    if per_set is None:
-        return list(range(len(prompts)))
-    seen: dict[str, int] = {}
-    out = []
-    for i, p in enumerate(prompts):
-        seen[p["set"]] = seen.get(p["set"], 0) + 1
-        if seen[p["set"]] <= per_set:
-            out.append(i)
-    return out
+    return [i for i, p in enumerate(prompts)
+            if per_set is None or sum(q["set"] == p["set"] for q in prompts[:i]) < per_set]
 
 
 def _prompt_line(label: str, prompt: dict, runs: dict) -> str:
@@ -538,12 +525,9 @@ def render_table(report: dict) -> list[str]:
              f"{s['max_tokens']} new tokens, {s['threads']} threads, {s['rounds']} round(s)",
              f"load average (1, 5, 15 min) before {load['before']}, after {load['after']} on {s['cpus']} CPUs", "",
              f"{'system':<{w}}{'format':<28}{'tok/s':>8}{'decode':>8}"]
-    for label, entry in report["systems"].items():
-        plain = entry["plain"]["all"]
-        lines.append(f"{label:<{w}}{entry['format'][:27]:<28}{_num(plain['tokens_per_s']):>8}"
-                     f"{_num(plain['decode_tokens_per_s']):>8}")
-    for peer, reason in report["skipped"].items():
-        lines.append(f"{peer:<{w}}skipped: {reason}")
+    lines += [f"{label:<{w}}{e['format'][:27]:<28}{num(e['plain']['all']['tokens_per_s']):>8}"
+              f"{num(e['plain']['all']['decode_tokens_per_s']):>8}" for label, e in report["systems"].items()]
+    lines += [f"{peer:<{w}}skipped: {reason}" for peer, reason in report["skipped"].items()]
     lines += ["", "each method against plain decoding on the same system (tok/s end to end; decode: after the first "
                   "token; same: outputs identical to that plain decoding)",
               f"{'system':<{w}}{'set':<19}{'method':<16}{'tok/s':>7}{'plain':>7}{'speedup':>8}{'decode':>8}"
@@ -552,32 +536,22 @@ def render_table(report: dict) -> list[str]:
         for method, cells in entry["methods"].items():
             for name in [*report["sets"], "all"]:
                 c = cells[name]
-                lines.append(f"{label:<{w}}{name:<19}{method:<16}{_num(c['tokens_per_s']):>7}"
-                             f"{_num(c['plain_tokens_per_s']):>7}{_num(c['speedup'], 2):>7}×"
-                             f"{_num(c['decode_tokens_per_s']):>8}{_num(c['decode_speedup'], 2):>7}×"
-                             f"{_num(c['tau'], 2):>6}{c['identical']:>4}/{c['compared']:<2}"
-                             f"{_num(c['draft_share'] and 100 * c['draft_share']):>6}%")
-    curves = [(label, e["curve"]) for label, e in report["systems"].items() if "curve" in e]
-    if curves:
+                lines.append(f"{label:<{w}}{name:<19}{method:<16}{num(c['tokens_per_s']):>7}"
+                             f"{num(c['plain_tokens_per_s']):>7}{num(c['speedup'], 2):>7}×"
+                             f"{num(c['decode_tokens_per_s']):>8}{num(c['decode_speedup'], 2):>7}×"
+                             f"{num(c['tau'], 2):>6}{c['identical']:>4}/{c['compared']:<2}"
+                             f"{num(c['draft_share'] and 100 * c['draft_share']):>6}%")
+    if curves := [(label, e["curve"]) for label, e in report["systems"].items() if "curve" in e]:
         lines += ["", "verify cost curve: step ms ÷ plain step, slots 1 .. K + 1"]
         lines += [f"  {label:<{w - 2}} " + " ".join(f"{p['ratio']:.2f}" for p in curve["points"])
                   + f"  (plain step {curve['points'][0]['ms']:.1f} ms)" for label, curve in curves]
     return lines
 
 
-def _num(value, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def plot(report: dict, png: Path) -> None:
     """tokens/s per system (plain and each method) beside the verify curves."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     with_curves = any("curve" in e for e in report["systems"].values())
-    fig, axes = plt.subplots(1, 2 if with_curves else 1, figsize=(13 if with_curves else 8, 5.5), squeeze=False)
+    fig, axes = subplots(1, 2 if with_curves else 1, figsize=(13 if with_curves else 8, 5.5), squeeze=False)
     bars = axes[0][0]
     labels = [f"{label}\n{e['format']}" for label, e in report["systems"].items()]
     series: dict[str, dict[int, float]] = {"plain": {}}
@@ -605,9 +579,7 @@ def plot(report: dict, png: Path) -> None:
                             label=f"{label} ({entry['format']})")
         curves.set(xlabel="slots per step (K + 1)", ylabel="step time ÷ plain step", title="verify cost curve")
         curves.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
+    save_figure(fig, png, dpi=120)
 
 
 def write_outputs(report: dict, out: Path) -> None:

@@ -75,15 +75,21 @@ def rotated(items: Iterable, n: int) -> list:
 
 
 def alternate(prompts: list[list[int]], max_tokens: int, runners: dict[str, Callable[[list[int], int], dict]], *,
-              warmup: bool = True, before: Callable[[int], None] = lambda index: None) -> Iterator[dict]:
+              before: Callable[[int], None] = lambda index: None) -> Iterator[dict]:
     """Every prompt through each runner (plain decoding, each method), the order `rotated` from prompt to prompt,
-    after a short warm-up of each (unless the caller warmed them); `before(index)` runs ahead of each prompt. One
-    row per prompt, {"prompt": index, "runs": {name: sample}}."""
-    for run in runners.values() if warmup else ():
+    after a short warm-up of each; `before(index)` runs ahead of each prompt. One row per prompt, {"prompt": index,
+    "runs": {name: sample}}."""
+    for run in runners.values():
         run(prompts[0], WARMUP_TOKENS)
     for index, ids in enumerate(prompts):
         before(index)
         yield {"prompt": index, "runs": {name: runners[name](ids, max_tokens) for name in rotated(runners, index)}}
+
+
+def _with_lookup(prompts: list[list[int]], max_tokens: int, runner: Callable, lookup) -> Iterator[dict]:
+    """`alternate` over a peer's plain decoding, `runner(None)`, and, given its `lookup` settings, its own
+    speculation, `runner(lookup)`."""
+    return alternate(prompts, max_tokens, {PLAIN: runner(None), **({LOOKUP: runner(lookup)} if lookup else {})})
 
 
 # ---- onnxruntime-genai --------------------------------------------------------------------------------------
@@ -95,8 +101,7 @@ def build_genai_model(hf_dir: Path, out: Path, *, log: Path, precision: str = "f
         return out
     cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out),
            "-p", precision, "-e", "cpu", "-c", str(out.parent / "genai-cache")]
-    code = _run_offline(cmd, log)
-    if code or not (out / GENAI_CONFIG).is_file():
+    if (code := _run_offline(cmd, log)) or not (out / GENAI_CONFIG).is_file():
         raise ConfigError(f"onnxruntime-genai's model builder failed (exit code {code}); see {log}")
     return out
 
@@ -107,14 +112,17 @@ def run_genai(model: str, prompts: list[list[int]], *, max_tokens: int, threads:
     n-gram speculation (`set_speculative_options`), alternating per prompt."""
     import onnxruntime_genai as og
 
-    loaded = _genai_model(model, threads)
+    config = og.Config(model)
+    options = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+    loaded = og.Model(config)
 
-    def runner(speculative: dict | None):
+    def runner(lookup: tuple[int, int] | None):
         def generate(ids: list[int], new_tokens: int) -> dict:
             params = og.GeneratorParams(loaded)
             params.set_search_options(do_sample=False, max_length=len(ids) + new_tokens)
-            if speculative:
-                params.set_speculative_options(**speculative)
+            if lookup:
+                params.set_speculative_options(ngram_size=lookup[0], max_draft_tokens=lookup[1])
             start = time.perf_counter()
             generator = og.Generator(loaded, params)
             generator.append_tokens([ids])  # runs the prompt
@@ -125,19 +133,7 @@ def run_genai(model: str, prompts: list[list[int]], *, max_tokens: int, threads:
             return sample(list(generator.get_sequence(0))[len(ids):], start, first, time.perf_counter())
         return generate
 
-    runners = {PLAIN: runner(None)}
-    if lookup is not None:
-        runners[LOOKUP] = runner({"ngram_size": lookup[0], "max_draft_tokens": lookup[1]})
-    yield from alternate(prompts, max_tokens, runners)
-
-
-def _genai_model(model: str, threads: int):
-    import onnxruntime_genai as og
-
-    config = og.Config(model)
-    options = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
-    config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
-    return og.Model(config)
+    yield from _with_lookup(prompts, max_tokens, runner, lookup)
 
 
 # ---- llama.cpp ----------------------------------------------------------------------------------------------
@@ -151,7 +147,12 @@ def run_llama_cpp(model: str, prompts: list[list[int]], *, max_tokens: int, thre
 
     n_ctx = max(len(ids) for ids in prompts) + max_tokens + 8 + (lookup[1] if lookup else 0)
 
-    def runner(draft):
+    def runner(lookup: tuple[int, int] | None):
+        draft = None
+        if lookup:
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            draft = _CountingDraft(LlamaPromptLookupDecoding(max_ngram_size=lookup[0], num_pred_tokens=lookup[1]))
         # with a draft model, Llama keeps every position's logits but sizes that array by the logits_all argument
         # (llama-cpp-python 0.3.36 `Llama.__init__`): without logits_all=True a sequence past n_batch tokens overflows
         loaded = Llama(model_path=model, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False,
@@ -175,13 +176,7 @@ def run_llama_cpp(model: str, prompts: list[list[int]], *, max_tokens: int, thre
             return sample(out, start, first, time.perf_counter(), **extra)
         return generate
 
-    runners = {PLAIN: runner(None)}
-    if lookup is not None:
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        runners[LOOKUP] = runner(_CountingDraft(LlamaPromptLookupDecoding(max_ngram_size=lookup[0],
-                                                                          num_pred_tokens=lookup[1])))
-    yield from alternate(prompts, max_tokens, runners)
+    yield from _with_lookup(prompts, max_tokens, runner, lookup)
 
 
 class _CountingDraft:
@@ -213,35 +208,10 @@ def build_openvino_model(hf_dir: Path, out: Path, *, log: Path, weights: str = "
     shutil.rmtree(partial, ignore_errors=True)
     cmd = [str(OPENVINO_EXPORTER), "export", "openvino", "--model", str(hf_dir), "--task", "text-generation-with-past",
            *OPENVINO_WEIGHTS[weights], str(partial)]
-    code = _run_offline(cmd, log)
-    if code or not (partial / OPENVINO_IR).is_file():
+    if (code := _run_offline(cmd, log)) or not (partial / OPENVINO_IR).is_file():
         raise ConfigError(f"OpenVINO's export of {hf_dir} ({weights}) failed (exit code {code}); see {log}")
     partial.rename(out)
     return out
-
-
-def _openvino_pipeline(model: str, threads: int, **options):
-    """An `openvino_genai.LLMPipeline` on the CPU with `threads` inference threads (INFERENCE_NUM_THREADS)."""
-    import openvino_genai as ov_genai
-
-    return ov_genai.LLMPipeline(model, "CPU", INFERENCE_NUM_THREADS=threads, **options)
-
-
-def _openvino_config(pipeline, max_tokens: int, lookup: tuple[int, int] | None = None):
-    """Greedy search for `max_tokens` new tokens, stopping where the model's generation_config.json says; `lookup` =
-    (max_ngram_size, num_assistant_tokens) for prompt lookup."""
-    import openvino_genai as ov_genai
-
-    own = pipeline.get_generation_config()
-    config = ov_genai.GenerationConfig()
-    config.max_new_tokens = max_tokens
-    config.do_sample = False
-    config.apply_chat_template = False  # for text input only; token ids go in as they are (no template, no BOS)
-    config.eos_token_id = own.eos_token_id
-    config.stop_token_ids = own.stop_token_ids
-    if lookup is not None:
-        config.max_ngram_size, config.num_assistant_tokens = lookup
-    return config
 
 
 def _openvino_generate(pipeline, ids: list[int], config) -> tuple[list[int], float, float, float, int]:
@@ -279,20 +249,28 @@ def run_openvino(model: str, prompts: list[list[int]], *, max_tokens: int, threa
     """Greedy decoding with OpenVINO GenAI's `LLMPipeline` on the CPU and, with `lookup` = (max_ngram_size,
     num_assistant_tokens), its own prompt lookup (a second pipeline with `prompt_lookup=True`) counting its decode
     steps, alternating per prompt."""
-    def runner(pipeline, settings):
-        configs = {}  # new tokens → its GenerationConfig
+    import openvino_genai as ov_genai
+
+    def runner(lookup: tuple[int, int] | None):
+        pipeline = ov_genai.LLMPipeline(model, "CPU", INFERENCE_NUM_THREADS=threads,
+                                        **({"prompt_lookup": True} if lookup else {}))
+        own = pipeline.get_generation_config()
 
         def generate(ids: list[int], new_tokens: int) -> dict:
-            if new_tokens not in configs:
-                configs[new_tokens] = _openvino_config(pipeline, new_tokens, settings)
-            out, start, first, end, calls = _openvino_generate(pipeline, ids, configs[new_tokens])
-            return sample(out, start, first, end, **({"steps": max(0, calls - 1)} if settings else {}))
+            # greedy, stopping where the model's generation_config.json says
+            config = ov_genai.GenerationConfig()
+            config.max_new_tokens = new_tokens
+            config.do_sample = False
+            config.apply_chat_template = False  # for text input only; token ids go in as they are (no template, no BOS)
+            config.eos_token_id = own.eos_token_id
+            config.stop_token_ids = own.stop_token_ids
+            if lookup:
+                config.max_ngram_size, config.num_assistant_tokens = lookup
+            out, start, first, end, calls = _openvino_generate(pipeline, ids, config)
+            return sample(out, start, first, end, **({"steps": max(0, calls - 1)} if lookup else {}))
         return generate
 
-    runners = {PLAIN: runner(_openvino_pipeline(model, threads), None)}
-    if lookup is not None:
-        runners[LOOKUP] = runner(_openvino_pipeline(model, threads, prompt_lookup=True), tuple(lookup))
-    yield from alternate(prompts, max_tokens, runners)
+    yield from _with_lookup(prompts, max_tokens, runner, lookup)
 
 
 # ---- transformers -------------------------------------------------------------------------------------------
@@ -323,7 +301,9 @@ def run_transformers(model: str, prompts: list[list[int]], *, max_tokens: int, t
     loaded = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
     eos = loaded.generation_config.eos_token_id
 
-    def runner(extra: dict):
+    def runner(lookup: int | None):
+        extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
+
         def generate(ids: list[int], new_tokens: int) -> dict:
             x = torch.tensor([ids])
             clock = _FirstTokenClock()
@@ -335,10 +315,7 @@ def run_transformers(model: str, prompts: list[list[int]], *, max_tokens: int, t
             return sample(out[0, len(ids):].tolist(), start, clock.first or end, end)
         return generate
 
-    runners = {PLAIN: runner({})}
-    if lookup is not None:
-        runners[LOOKUP] = runner({"prompt_lookup_num_tokens": lookup})
-    yield from alternate(prompts, max_tokens, runners)
+    yield from _with_lookup(prompts, max_tokens, runner, lookup)
 
 
 # ---- the child process --------------------------------------------------------------------------------------

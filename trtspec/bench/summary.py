@@ -2,12 +2,15 @@
 them where it has them: TTFT, TPOT = (end to end − TTFT) ÷ (output tokens − 1), ITL = the gaps between streamed
 chunks (a speculative step's carries τ tokens: ITL grows with τ while TPOT falls), throughputs over the group's wall
 time (a category's: its summed latency ÷ the concurrency), speedup over plain decoding on the same prompts and
-concurrency; τ and acceptance as `trtspec.speculative.stats` defines them.
+concurrency; τ and acceptance as `trtspec.speculative.stats` defines them. Also what every bench command's tables,
+CSV files and plots share: `num`, `write_csv`, `subplots` and `save_figure`.
 """
 
 from __future__ import annotations
 
+import csv
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -19,7 +22,7 @@ PERCENTILES = (50, 90, 99)
 
 @dataclass
 class RequestRecord:
-    """One request of the run: a row of requests.csv (`stats` and `output_ids` stay in memory)."""
+    """One request of the run: a row of requests.csv (`itl_ms`, `stats` and `output_ids` stay in memory)."""
 
     concurrency: int
     method: str
@@ -42,12 +45,6 @@ class RequestRecord:
     stats: SpecStats | None = None
     output_ids: tuple[int, ...] = ()
     request_rate: float | None = None  # an open-loop level: Poisson arrivals at this many per second (concurrency 0)
-
-    def csv_row(self) -> dict:
-        row = asdict(self)
-        for key in ("itl_ms", "stats", "output_ids"):
-            row.pop(key)
-        return row
 
 
 CSV_FIELDS = [name for name in RequestRecord.__dataclass_fields__ if name not in ("itl_ms", "stats", "output_ids")]
@@ -77,6 +74,37 @@ def mark_identical(records: list[RequestRecord]) -> None:
         r.identical = r.output_ids == plain[key] if key in plain else None
 
 
+def write_csv(f, records: list, fields: list[str]) -> None:
+    """Dataclass records into the open file `f` as CSV rows of `fields` (their other fields left out)."""
+    writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(asdict(r) for r in records)
+
+
+def num(value, digits: int = 1) -> str:
+    """A table's figure: `digits` decimals, "-" for None."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def subplots(*args, **kwargs):
+    """`matplotlib.pyplot.subplots` on the Agg backend (files only, no display): every bench plot's figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kwargs)
+
+
+def save_figure(fig, png: Path, dpi: int = 100) -> None:
+    """`fig`, laid out, into the PNG file `png`; then closed."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(png, dpi=dpi, format="png")
+    plt.close(fig)
+
+
 def first_divergence(output, reference) -> int:
     """The first index where two token sequences differ; the shorter one's length where it is a prefix of the other."""
     n = min(len(output), len(reference))
@@ -87,10 +115,8 @@ def distribution(values: list[float]) -> dict | None:
     """Mean and p50 / p90 / p99 of a list of milliseconds (None when empty)."""
     if not values:
         return None
-    out = {"mean": round(float(np.mean(values)), 3)}
-    for p in PERCENTILES:
-        out[f"p{p}"] = round(float(np.percentile(values, p)), 3)
-    return out
+    return {"mean": round(float(np.mean(values)), 3),
+            **{f"p{p}": round(float(np.percentile(values, p)), 3) for p in PERCENTILES}}
 
 
 def group_figures(records: list[RequestRecord], duration_s: float) -> dict:
@@ -127,10 +153,8 @@ def summarize(records: list[RequestRecord], walls: dict[tuple[int, str], float])
     out: dict = {}
     for (concurrency, method), wall in walls.items():
         mine = [r for r in records if r.concurrency == concurrency and r.method == method]
-        categories = {}
-        for category in dict.fromkeys(r.category for r in mine):
-            group = [r for r in mine if r.category == category]
-            categories[category] = group_figures(group, sum(r.e2e_ms for r in group) / 1000 / concurrency)
+        groups = {c: [r for r in mine if r.category == c] for c in dict.fromkeys(r.category for r in mine)}
+        categories = {c: group_figures(g, sum(r.e2e_ms for r in g) / 1000 / concurrency) for c, g in groups.items()}
         out.setdefault(concurrency, {})[method] = {"overall": group_figures(mine, wall), "categories": categories}
     for methods in out.values():
         plain = methods.get(PLAIN)

@@ -76,25 +76,17 @@ def load_bench_prompts(name: str, *, limit: int | None, split: str | None = "mea
                                              generator.manifest.profile.max_seq_len)
     out = []
     for p in prompts:
-        messages = tuple(p.messages)
-        if p.input_ids:  # a JSONL line's token ids, sent as they are
-            ids = list(p.input_ids)
-            if generator is not None and not fits(p.id, len(ids), max_tokens, limits, show):
-                continue
-            out.append(BenchPrompt(p.id, p.category, messages, tuple(ids)))
-            continue
-        if source is not None and source.two_turn:
+        messages, ids = tuple(p.messages), tuple(p.input_ids)  # a JSONL line's token ids, sent as they are
+        if not ids and source is not None and source.two_turn:
             if generator is None:
                 raise ConfigError(f"--prompt-set {name}: a two-turn set needs the engine's own first answers; "
                                   "measure it in process (ENGINE_DIR), or use its first turns (mt-bench)")
             first = generator.generate(list(messages), GenerationConfig(max_tokens=max_tokens, no_spec=True))
             messages = tuple(second_turn(p, first.text))
-        if generator is None:
-            out.append(BenchPrompt(p.id, p.category, messages))
-            continue
-        ids = generator.encode(list(messages))
-        if fits(p.id, len(ids), max_tokens, limits, show):
-            out.append(BenchPrompt(p.id, p.category, messages, tuple(ids)))
+        if not ids and generator is not None:
+            ids = tuple(generator.encode(list(messages)))
+        if generator is None or fits(p.id, len(ids), max_tokens, limits, show):
+            out.append(BenchPrompt(p.id, p.category, messages, ids))
     return out
 
 
@@ -194,10 +186,7 @@ class _ChunkClock:
 
     def since(self, ttft_s: float) -> list[float]:
         """The times relative to the request's start, given that the first chunk came at ttft_s."""
-        if not self.times:
-            return []
-        start = self.times[0] - ttft_s
-        return [t - start for t in self.times]
+        return [ttft_s + (t - self.times[0]) for t in self.times]
 
 
 class ServedTarget:
@@ -223,11 +212,7 @@ class ServedTarget:
         out = generate_concurrently(self.url, prompts, concurrency=concurrency, model=self.model,
                                     timeout_s=self.timeout_s,
                                     send=lambda client, i: _served_one(client, prompts[i], options))
-        wall = time.perf_counter() - start
-        for r in out:
-            if isinstance(r, BaseException):  # raised here, in the caller's thread
-                raise r
-        return out, wall
+        return _raised(out), time.perf_counter() - start
 
     def run_open(self, prompts: list[BenchPrompt], options: GenerationConfig, rate: float,
                  seed: int = 0) -> tuple[list[Timed], float]:
@@ -270,16 +255,21 @@ class ServedTarget:
         wall = time.perf_counter() - start
         for client in clients:
             client.close()
-        for r in out:
-            if isinstance(r, BaseException):
-                raise r
-        return out, wall
+        return _raised(out), wall
+
+
+def _raised(results: list) -> list:
+    """`results`, unless one is an exception (a request's, from its thread): the first is raised here."""
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
 
 
 def _delayed(timed: Timed, wait_s: float) -> Timed:
     """`timed` as seen from a request's arrival `wait_s` seconds before it was sent."""
-    return Timed(timed.output_ids, timed.ttft_s + wait_s, timed.total_s + wait_s,
-                 [t + wait_s for t in timed.chunk_s], timed.stats, timed.finish_reason, timed.input_tokens)
+    return replace(timed, ttft_s=timed.ttft_s + wait_s, total_s=timed.total_s + wait_s,
+                   chunk_s=[t + wait_s for t in timed.chunk_s])
 
 
 def _served_one(client, prompt: BenchPrompt, options: GenerationConfig) -> Timed:
