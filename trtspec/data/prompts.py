@@ -60,14 +60,14 @@ HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n```python\n{
 
 
 def _read_mt_bench(path: Path) -> Iterator[Prompt]:
-    for row in _jsonl_rows(path):
+    for row in jsonl_rows(path):
         turns = tuple(row["turns"])
         yield Prompt(f"mt-bench/{row['question_id']}", row["category"], _user(turns[0]), turns)
 
 
 def _read_humaneval(path: Path) -> Iterator[Prompt]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
-        for row in _jsonl_rows(f):
+        for row in jsonl_rows(f):
             text = HUMANEVAL_INSTRUCTION.format(prompt=row["prompt"])
             yield Prompt(row["task_id"].replace("HumanEval", "humaneval"), "code", _user(text), (text,))
 
@@ -179,7 +179,7 @@ CODE_EDIT_TEMPLATE = "{instruction} Return the complete updated code.\n\n```pyth
 
 def _read_code_edit(path: Path) -> Iterator[Prompt]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
-        for i, row in enumerate(_jsonl_rows(f)):
+        for i, row in enumerate(jsonl_rows(f)):
             category, instruction = CODE_EDIT_INSTRUCTIONS[i % len(CODE_EDIT_INSTRUCTIONS)]
             code = row["prompt"].lstrip("\n") + row["canonical_solution"].rstrip("\n") + "\n"
             text = CODE_EDIT_TEMPLATE.format(instruction=instruction, code=code)
@@ -421,10 +421,11 @@ def _take(prompts: Iterator[Prompt], limit: int | None, category: str | None) ->
     return list(itertools.islice(prompts, limit))
 
 
-def _jsonl_rows(source: Path | TextIO) -> Iterator[dict]:
+def jsonl_rows(source: Path | TextIO) -> Iterator[dict]:
+    """The JSON object of each non-blank line of a JSONL file (a path, or a file open for text)."""
     if isinstance(source, Path):
         with source.open(encoding="utf-8") as f:
-            yield from _jsonl_rows(f)
+            yield from jsonl_rows(f)
         return
     for line in source:
         if line.strip():
