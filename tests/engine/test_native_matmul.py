@@ -213,6 +213,20 @@ def test_an_awq_checkpoint_in_groups_other_than_32_is_refused_in_one_line(ckpts,
     assert not (tmp_path / "e").exists()
 
 
+
+def test_the_step_benchmark_prints_each_engine_against_the_first(engines):
+    """benchmarks/engine_steps.py: a prompt and verify steps of each engine, each in its own process; no times
+    asserted, only that every cell of both engines ran and the first engine is the 1.00x row."""
+    from benchmarks.engine_steps import main
+
+    native, plain = engines["int8", None, "none", True], engines["int8", None, "none", False]
+    result = CliRunner().invoke(main, [str(native), str(plain), "--slots", "1,3", "--past", "20", "--prompt", "12",
+                                       "--rounds", "1", "--repeats", "2"])
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line.split()[1:] for line in result.output.splitlines()[2:]}
+    assert set(rows) == {native.name, plain.name}
+    assert rows[native.name][1::2] == ["(1.00x)"] * 3 and len(rows[plain.name]) == 6
+
 @pytest.mark.slow
 @pytest.mark.parametrize("weights", ["int4", "int8"])
 def test_smollm2_with_blockmatmul_speculates_losslessly_on_real_prompts(tmp_path, weights):
