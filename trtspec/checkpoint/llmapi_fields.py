@@ -7,10 +7,7 @@ EAGLE-3 (tensorrt_llm/_torch/models/modeling_speculative.py, Eagle3DraftModel / 
 `num_hidden_layers` (midlayer count), `draft_vocab_size` (vocab_size when absent) with a `d2t` tensor when it differs
 (`t2d` is not read), and `eagle_config` (eh_proj_before_attn, norm_before_fc, ...). The base layers whose outputs are
 fused are not read from the draft: TensorRT-LLM captures {1, N//2 - 1, N - 4} of an N-layer base unless
-speculative_config sets `eagle3_layers_to_capture`. Drafts that name their layers do so as
-`eagle_config.eagle_aux_hidden_state_layer_ids` (NVIDIA's Model Optimizer exports) or a top-level
-`eagle_aux_hidden_state_layer_ids` (vLLM speculators, which count one above TensorRT-LLM: its id i is the output of
-layer i - 1).
+speculative_config sets `eagle3_layers_to_capture` (drafts that name theirs: `eagle3_layer_ids`).
 
 MTP: DeepSeek-V3 / R1 declare `num_nextn_predict_layers`, Qwen3-Next `mtp_num_hidden_layers`.
 """
@@ -37,7 +34,9 @@ def mtp_field(config: dict) -> tuple[str | None, int]:
 
 def eagle3_layer_ids(config: dict) -> tuple[str | None, list | None]:
     """(where the draft's config names the base layers it fuses, the ids as written); (None, None) when it names
-    none."""
+    none. `eagle_config.eagle_aux_hidden_state_layer_ids` is how NVIDIA's Model Optimizer exports name them, a
+    top-level `eagle_aux_hidden_state_layer_ids` how vLLM speculators do (counting one above TensorRT-LLM: its id i
+    is the output of layer i - 1)."""
     eagle = config.get("eagle_config")
     if isinstance(eagle, dict) and eagle.get(EAGLE3_LAYER_FIELD) is not None:
         return f"eagle_config.{EAGLE3_LAYER_FIELD}", eagle[EAGLE3_LAYER_FIELD]

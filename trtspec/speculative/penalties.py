@@ -1,16 +1,8 @@
 """Repetition, presence and frequency penalties, with TensorRT-LLM's semantics, applied along draft paths.
 
 TensorRT-LLM (`cpp/tensorrt_llm/kernels/penaltyKernels.cu`, batchApplyPenalty) counts every token of the sequence so
-far, the prompt included, and for each token that occurred n > 0 times changes its logit l, after the embedding bias
-and the temperature:
-
-    l ← l · r if l < 0 else l / r      (repetition_penalty r > 0; 1 is off)
-    l ← l − p                          (presence_penalty p; 0 is off)
-    l ← l − f · n                      (frequency_penalty f; 0 is off)
-
-trtspec applies the temperature later (sampling.logits_to_probs divides by T), so it subtracts p · T and f · n · T
-from the raw logit: the same distribution. Greedy decoding (T = 0) penalizes the raw logits, as TensorRT-LLM does at
-its default temperature 1 with top_k 1.
+far, the prompt included, and changes the logit of each token that occurred (`_penalize`), after the embedding bias
+and the temperature.
 
 Speculation stays lossless because a verify row is penalized with the counts of its own context: the prompt, the
 output so far, and the draft tokens on the path to the row's node (`apply_penalties`), which is exactly what plain
@@ -72,7 +64,15 @@ def apply_penalties(logits: np.ndarray, counts: np.ndarray, paths: list[list[int
 
 
 def _penalize(values: np.ndarray, n: np.ndarray, penalties: Penalties, scale: np.float32) -> np.ndarray:
-    """The penalized logits of tokens that occurred n >= 1 times."""
+    """The penalized logits of tokens that occurred n >= 1 times:
+
+        l ← l · r if l < 0 else l / r      (repetition_penalty r > 0; 1 is off)
+        l ← l − p                          (presence_penalty p; 0 is off)
+        l ← l − f · n                      (frequency_penalty f; 0 is off)
+
+    trtspec applies the temperature later (sampling.logits_to_probs divides by T), so p and f · n come `scale` = T
+    times larger off the raw logit: the same distribution. Greedy decoding (T = 0) penalizes the raw logits, as
+    TensorRT-LLM does at its default temperature 1 with top_k 1."""
     r = np.float32(penalties.repetition)
     out = np.where(values < 0, values * r, values / r) if r != 1 else values
     return (out - (np.float32(penalties.presence) + np.float32(penalties.frequency) * n.astype(np.float32))
