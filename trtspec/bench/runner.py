@@ -16,17 +16,17 @@ from pathlib import Path
 
 from trtspec.bench.metrics import engine_batching, read_counters
 from trtspec.bench.peers import WARMUP_TOKENS, rotated
-from trtspec.bench.summary import (PLAIN, RequestRecord, mark_identical, ratio, record, summarize,
-                                   summarize_open_loop)
+from trtspec.bench.summary import RequestRecord, mark_identical, ratio, record, summarize, summarize_open_loop
 from trtspec.bench.workload import (BenchPrompt, LocalTarget, ServedTarget, load_bench_prompts, method_configs,
                                     method_memory, spreads, use_memory)
 from trtspec.errors import ConfigError
 from trtspec.progress import progress_bar
 from trtspec.speculative.loop import GenerationConfig
+from trtspec.speculative.method import PLAIN, Method
 from trtspec.speculative.sampling import SamplingParams
 
 SERVING_TARGET = 0.9  # served ÷ in-process tokens/s at concurrency 1 (the serving overhead's target)
-LEARNING_METHODS = {"suffix", "hybrid"}  # drafters that look up earlier outputs
+LEARNING_METHODS = {Method.SUFFIX.value, Method.HYBRID.value}  # drafters that look up earlier outputs
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -91,7 +91,7 @@ class LocalGenerator:
         ngram, lookahead = config.ngram, config.lookahead
         if self.draft_budget is not None:  # a request's own options win
             ngram = ngram or NgramConfig(max_draft_len=self.draft_budget)
-            if method == "lookahead" and lookahead is None:
+            if method == Method.LOOKAHEAD and lookahead is None:
                 lookahead = default_lookahead(self.draft_budget)  # the largest default step the budget holds
                 if lookahead is None:
                     raise ConfigError(f"method lookahead: the draft budget {self.draft_budget} holds no lookahead "

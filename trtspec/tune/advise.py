@@ -13,6 +13,7 @@ from pathlib import Path
 
 from trtspec.bench.runner import BenchOptions, open_target, run_bench
 from trtspec.errors import ConfigError
+from trtspec.speculative.method import PLAIN, Method
 
 GO_MARGIN = 1.05  # speedups within 5% of plain decoding are noise on a shared machine, and cost a drafter to run
 GO_TAU = 1.1  # tokens per step: below it the drafts hardly ever land
@@ -41,7 +42,7 @@ def candidate_methods(manifest) -> tuple[str, ...]:
     """The engine's own drafter (if any), then the training-free methods it runs."""
     own = manifest.method.value
     runnable = manifest.runnable_methods()
-    return tuple(m for m in (own, "ngram", "suffix") if m != "none" and m in runnable)
+    return tuple(m for m in (own, Method.NGRAM.value, Method.SUFFIX.value) if m != PLAIN and m in runnable)
 
 
 def run_advise(options: AdviseOptions, show=print) -> dict:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trtspec.errors import ConfigError
+from trtspec.speculative.method import Method
 
-BUDGETED = ("ngram", "suffix")  # drafters whose tokens a step the draft budget sets, as the LLM API's NGram drafts
+BUDGETED = (Method.NGRAM.value, Method.SUFFIX.value)  # drafters whose tokens a step the draft budget sets, as the LLM API's NGram drafts
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,7 +27,7 @@ class ScheduleOptions:
     prompt_set: str = "mt-bench"
     temperature: float = 0.0
     levels: tuple[int, ...] = ()  # concurrency levels (default: 1, 2, 4, ... up to the engine's max_batch_size)
-    method: str = "ngram"
+    method: str = Method.NGRAM.value
     limit: int = 4
     max_tokens: int = 128
     threads: int | None = 2

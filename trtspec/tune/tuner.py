@@ -129,8 +129,8 @@ def run_tune(options: TuneOptions, show=print) -> dict:
     engine, manifest = generator.engine, generator.manifest
     costs = engine.step_costs()
     calibration, evaluation, split = split_prompts(options, generator, show)
-    heads = engine.num_medusa_heads if manifest.method.value == "medusa" else 0
-    eagle = manifest.method.value == "eagle" and engine.has_eagle_draft
+    heads = engine.num_medusa_heads if manifest.method is Method.MEDUSA else 0
+    eagle = manifest.method is Method.EAGLE and engine.has_eagle_draft
     k = engine.max_draft_len
     generator.generate(list(calibration[0].ids), GenerationConfig(max_tokens=8, no_spec=True))  # warm up
     lengths = [len(p.ids) for p in calibration]
@@ -163,7 +163,7 @@ def run_tune(options: TuneOptions, show=print) -> dict:
         head_ms = 1000 * sum(r.head_s for r in recordings) / max(1, sum(len(r.output_ids) for r in recordings))
         for name, choices in trees:
             expected = {"expected_tau_independent_heads": round(medusa_expected(accuracies, choices), 3)}
-            settings.append(_tree_setting(name, "medusa", choices, recordings, costs, costing, options.max_tokens,
+            settings.append(_tree_setting(name, Method.MEDUSA.value, choices, recordings, costs, costing, options.max_tokens,
                                           head_ms, expected))
     own = manifest.method.value
     if eagle:
@@ -172,16 +172,16 @@ def run_tune(options: TuneOptions, show=print) -> dict:
                                options.max_tokens)
         for name, choices in trees:
             expected = {"expected_tau_per_root": round(eagle_expected(probabilities, choices), 3)}
-            settings.append(_tree_setting(name, "eagle", choices, recordings, costs, costing, options.max_tokens,
+            settings.append(_tree_setting(name, Method.EAGLE.value, choices, recordings, costs, costing, options.max_tokens,
                                           draft_ms[name], expected))
-    elif own not in (PLAIN, "medusa"):  # EAGLE-2's dynamic tree, ReDrafter's beams: run on the calibration prompts
+    elif own not in (PLAIN, Method.MEDUSA):  # EAGLE-2's dynamic tree, ReDrafter's beams: run on the calibration prompts
         settings.append(_calibrated_setting(generator, own, calibration, options.max_tokens, costing))
     chosen = _candidates(settings, options.candidates)
     held_out = _record(generator, evaluation, options.max_tokens + k, heads, eagle_depth, "evaluation", options,
                        forced_s)
     _measure(generator, chosen, evaluation, options, model, show)
     for s in chosen:  # the replay on the evaluation prompts themselves: how much of the error is the prompts'
-        replayable = s.method in (PLAIN, "medusa", *TRAINING_FREE) or (s.method == "eagle" and eagle)
+        replayable = s.method in (PLAIN, Method.MEDUSA, *TRAINING_FREE) or (s.method == Method.EAGLE and eagle)
         s.measured["replayed_tau"] = _tau(*_replay(generator, s, held_out, options.max_tokens, costs)) \
             if replayable else None
     winner = max(chosen, key=lambda s: s.measured["decode_tokens_per_s"])
@@ -248,7 +248,7 @@ def _eagle_trees(recordings, budgets: list[int], manifest, max_tokens: int, dept
     ranks = _eagle_ranks(manifest)
     probabilities = node_probabilities(recordings, max_tokens, ranks)
     accuracies = depth_accuracies(recordings, max_tokens, depth, ranks)
-    return probabilities, _budget_trees("eagle", accuracies, budgets, depth, manifest)
+    return probabilities, _budget_trees(Method.EAGLE.value, accuracies, budgets, depth, manifest)
 
 
 def _budget_trees(method: str, accuracies, budgets: list[int], depth: int, manifest) -> list:
@@ -282,7 +282,7 @@ def _medusa_trees(recordings, budgets: list[int], manifest) -> tuple[list[list[f
     from trtspec.tune.medusa_tree import head_accuracies
 
     accuracies = head_accuracies([r.head_ranks for r in recordings], HEAD_RANKS)
-    return accuracies, _budget_trees("medusa", accuracies, budgets, len(accuracies), manifest)
+    return accuracies, _budget_trees(Method.MEDUSA.value, accuracies, budgets, len(accuracies), manifest)
 
 
 def _candidates(settings: list[Setting], count: int) -> list[Setting]:
@@ -322,7 +322,7 @@ def _replays(generator, setting: Setting, recordings, max_tokens: int, costs) ->
     if setting.method == PLAIN:
         return [Replayed(SpecStats(steps=n, profile_steps={1: n} if n else {}), n)
                 for n in (min(max_tokens, len(r.output_ids)) - 1 for r in recordings)]
-    if setting.method in ("medusa", "eagle"):  # a tree over the recorded ranks (the heads', the EAGLE draft's)
+    if setting.method in (Method.MEDUSA, Method.EAGLE):  # a tree over the recorded ranks (the heads', the EAGLE draft's)
         return [Replayed(replay_tree([r], setting.choices, max_tokens, costs), min(max_tokens, len(r.output_ids)) - 1)
                 for r in recordings]
     model, recent = _learning_state()
@@ -490,7 +490,7 @@ def _proposer(generator, setting: Setting, state):
     if setting.method == PLAIN:
         return make_proposer(PLAIN, engine)
     # trees are measured whole every step, as the step model predicts them (no back-off)
-    if setting.method in ("medusa", "eagle") and setting.choices is not None:
+    if setting.method in (Method.MEDUSA, Method.EAGLE) and setting.choices is not None:
         return make_proposer(setting.method, engine, tree=build_tree(setting.choices), backoff=False)
     if setting.method not in TRAINING_FREE:  # the engine's own trained drafter, as it ships
         return generator.proposer(GenerationConfig(method=setting.method, backoff=False))
